@@ -4,7 +4,13 @@
 // plus a few of our own (-sd seed, -gc gradient clip, -tk tokenizer file, -Q recipe check).
 // Parsing and validation never touch the GPU: a bad flag reads the same on a machine without one.
 #pragma once
+#include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 #include "common.h"
@@ -69,9 +75,355 @@ struct TrainConfig {
 // fills grad_accum_steps. Throws InputError.
 // parse_model_descriptor: "d6|d12|d24|d36|d48", "gpt2:dN" (same), "gpt3:cC"; returns false if `s` is not
 // a descriptor (then it is taken as a checkpoint path); throws InputError for a malformed descriptor.
-TrainConfig parse_args(int argc, char** argv);
-void validate_config(TrainConfig& cfg);
-bool parse_model_descriptor(const std::string& s, ModelShape* shape);
-std::string usage();
+// check_seq_len: -t must fit the model, which is only known once -e is resolved (descriptor or file).
+// describe_models: the table of every descriptor with its shape and parameter count (part of usage()).
+inline TrainConfig parse_args(int argc, char** argv);
+inline void validate_config(TrainConfig& cfg);
+inline bool parse_model_descriptor(const std::string& s, ModelShape* shape);
+inline void check_seq_len(const TrainConfig& cfg, const ModelShape& shape);
+inline std::string describe_models();
+inline std::string usage();
+
+// ============================================================================================
+// implementation
+// ============================================================================================
+
+namespace cli_detail {
+
+// One row per flag. parse_args and usage() both walk this table, so a flag cannot be parsed
+// without being documented, and the printed default is read from a default-constructed
+// TrainConfig, so the help text cannot drift from the real defaults.
+enum class FlagKind { Str, Int, Int64, Float, U64 };
+struct Flag {
+    const char* name;
+    FlagKind kind;
+    void* target;       // the TrainConfig field this flag writes
+    const char* help;
+};
+
+inline std::vector<Flag> flag_table(TrainConfig& c) {
+    using K = FlagKind;
+    return {
+        {"-i", K::Str, &c.train_pattern, "training token shards (glob pattern)"},
+        {"-j", K::Str, &c.val_pattern, "validation token shards (glob pattern; \"\" = no validation)"},
+        {"-e", K::Str, &c.model, "model: a descriptor from the table below, or an llm.c model file to start from"},
+        {"-o", K::Str, &c.output_dir, "output directory for main.log and checkpoints (\"\" = write nothing)"},
+        {"-tk", K::Str, &c.tokenizer_path, "GPT-2 tokenizer file, used to decode samples"},
+        {"-Q", K::Str, &c.recipe_check, "fail unless this binary's recipe is NAME (\"\" = no check)"},
+        {"-b", K::Int, &c.B, "micro-batch size, in sequences"},
+        {"-t", K::Int, &c.T, "sequence length, in tokens"},
+        {"-d", K::Int64, &c.total_batch_size, "tokens per optimizer step; must be a multiple of B*T*processes (-1 = B*T*processes)"},
+        {"-l", K::Float, &c.learning_rate, "peak learning rate"},
+        {"-u", K::Int, &c.warmup_iterations, "linear warmup steps"},
+        {"-k", K::Str, &c.lr_schedule, "learning rate schedule after warmup: cosine | linear | constant | wsd"},
+        {"-q", K::Float, &c.final_lr_fraction, "final learning rate as a fraction of -l, in [0, 1]"},
+        {"-c", K::Float, &c.weight_decay, "AdamW weight decay (applied to 2-D weights only)"},
+        {"-gc", K::Float, &c.grad_clip, "clip the global gradient norm to this (0 = off)"},
+        {"-x", K::Int, &c.max_steps, "optimizer steps (-1 = one epoch of the training data)"},
+        {"-sd", K::U64, &c.seed, "random seed for init, data shuffling and stochastic rounding"},
+        {"-v", K::Int, &c.val_every, "validate every N steps (0 = never)"},
+        {"-m", K::Int, &c.val_max_steps, "batches per validation (-1 = the whole split)"},
+        {"-s", K::Int, &c.sample_every, "generate a sample every N steps (0 = never)"},
+        {"-g", K::Int, &c.gen_tokens, "tokens per sample"},
+        {"-r", K::Int, &c.recompute, "recompute in backward to save memory: 0 none, 1 GELU, 2 GELU + LayerNorm"},
+        {"-n", K::Int, &c.checkpoint_every, "write a checkpoint every N steps (0 = only at the end; needs -o)"},
+        {"-nk", K::Int, &c.checkpoint_keep, "keep only the newest K checkpoints (0 = keep all)"},
+        {"-y", K::Int, &c.resume, "1 = resume from the newest complete checkpoint in -o"},
+    };
+}
+
+inline const char* kind_placeholder(FlagKind k) {
+    switch (k) {
+        case FlagKind::Str: return "<str>";
+        case FlagKind::Int: return "<int>";
+        case FlagKind::Int64: return "<int>";
+        case FlagKind::Float: return "<float>";
+        case FlagKind::U64: return "<uint>";
+    }
+    return "";
+}
+
+inline std::string format_value(const Flag& f) {
+    switch (f.kind) {
+        case FlagKind::Str: return "\"" + *static_cast<const std::string*>(f.target) + "\"";
+        case FlagKind::Int: return strfmt("%d", *static_cast<const int*>(f.target));
+        case FlagKind::Int64: return strfmt("%lld", *static_cast<const long long*>(f.target));
+        case FlagKind::Float: return strfmt("%g", (double)*static_cast<const float*>(f.target));
+        case FlagKind::U64: return strfmt("%llu", (unsigned long long)*static_cast<const uint64_t*>(f.target));
+    }
+    return "";
+}
+
+// strtoll/strtof skip leading whitespace and stop at the first bad character; we want the whole
+// value to be a number, so "4x", " 4" and "" are all rejected.
+inline bool starts_cleanly(const char* text) {
+    return text[0] != '\0' && !std::isspace((unsigned char)text[0]);
+}
+
+inline long long parse_integer(const char* flag, const char* text, long long lo, long long hi) {
+    if (!starts_cleanly(text)) input_error("%s: expected an integer, got '%s'", flag, text);
+    errno = 0;
+    char* end = nullptr;
+    long long v = std::strtoll(text, &end, 10);
+    if (end == text || *end != '\0') input_error("%s: expected an integer, got '%s'", flag, text);
+    if (errno == ERANGE || v < lo || v > hi)
+        input_error("%s: %s is out of range (must be between %lld and %lld)", flag, text, lo, hi);
+    return v;
+}
+
+inline uint64_t parse_unsigned(const char* flag, const char* text) {
+    // strtoull accepts "-1" and wraps it to 2^64-1; a seed should be written as what it is.
+    if (!starts_cleanly(text) || text[0] == '-')
+        input_error("%s: expected a non-negative integer, got '%s'", flag, text);
+    errno = 0;
+    char* end = nullptr;
+    unsigned long long v = std::strtoull(text, &end, 10);
+    if (end == text || *end != '\0') input_error("%s: expected a non-negative integer, got '%s'", flag, text);
+    if (errno == ERANGE) input_error("%s: %s is out of range (must fit in 64 bits)", flag, text);
+    return (uint64_t)v;
+}
+
+inline float parse_float(const char* flag, const char* text) {
+    if (!starts_cleanly(text)) input_error("%s: expected a number, got '%s'", flag, text);
+    errno = 0;
+    char* end = nullptr;
+    float v = std::strtof(text, &end);
+    if (end == text || *end != '\0') input_error("%s: expected a number, got '%s'", flag, text);
+    // strtof also accepts "nan" and "inf"; no flag of ours means anything with those.
+    if (errno == ERANGE) input_error("%s: %s is out of range for a float", flag, text);
+    if (!std::isfinite(v)) input_error("%s: expected a finite number, got '%s'", flag, text);
+    return v;
+}
+
+inline void set_flag(const Flag& f, const char* text) {
+    switch (f.kind) {
+        case FlagKind::Str: *static_cast<std::string*>(f.target) = text; break;
+        case FlagKind::Int: *static_cast<int*>(f.target) = (int)parse_integer(f.name, text, INT32_MIN, INT32_MAX); break;
+        case FlagKind::Int64: *static_cast<long long*>(f.target) = parse_integer(f.name, text, INT64_MIN, INT64_MAX); break;
+        case FlagKind::Float: *static_cast<float*>(f.target) = parse_float(f.name, text); break;
+        case FlagKind::U64: *static_cast<uint64_t*>(f.target) = parse_unsigned(f.name, text); break;
+    }
+}
+
+// The named model sizes. GPT-2's are the released checkpoints (d12 = 124M ... d48 = 1558M) plus a
+// small d6 for quick runs; GPT-3's are the sizes of Table 2.1 of the GPT-3 paper, keyed by width.
+struct ModelPreset {
+    const char* name;
+    int L, C, NH, maxT;
+    const char* note;
+};
+
+inline const std::vector<ModelPreset>& gpt2_presets() {
+    static const std::vector<ModelPreset> p = {
+        {"d6", 6, 384, 6, 1024, "small, for quick tests"},
+        {"d12", 12, 768, 12, 1024, "GPT-2 124M"},
+        {"d24", 24, 1024, 16, 1024, "GPT-2 350M"},
+        {"d36", 36, 1280, 20, 1024, "GPT-2 774M"},
+        {"d48", 48, 1600, 25, 1024, "GPT-2 1558M"},
+    };
+    return p;
+}
+
+inline const std::vector<ModelPreset>& gpt3_presets() {
+    static const std::vector<ModelPreset> p = {
+        {"c768", 12, 768, 12, 2048, "GPT-3 Small 125M"},
+        {"c1024", 24, 1024, 16, 2048, "GPT-3 Medium 350M"},
+        {"c1536", 24, 1536, 12, 2048, "GPT-3 Large 760M"},
+        {"c2048", 24, 2048, 16, 2048, "GPT-3 XL 1.3B"},
+        {"c2560", 32, 2560, 20, 2048, "GPT-3 2.7B"},
+        {"c4096", 32, 4096, 32, 2048, "GPT-3 6.7B"},
+        {"c5120", 40, 5120, 40, 2048, "GPT-3 13B"},
+        {"c12288", 96, 12288, 96, 2048, "GPT-3 175B"},
+    };
+    return p;
+}
+
+inline ModelShape preset_shape(const ModelPreset& p) {
+    ModelShape s;  // vocab 50257 padded to 50304 for both families
+    s.max_seq_len = p.maxT;
+    s.num_layers = p.L;
+    s.channels = p.C;
+    s.num_heads = p.NH;
+    return s;
+}
+
+inline const ModelPreset* find_preset(const std::vector<ModelPreset>& table, const std::string& name) {
+    for (const ModelPreset& p : table)
+        if (name == p.name) return &p;
+    return nullptr;
+}
+
+inline bool is_d_number(const std::string& s) {
+    if (s.size() < 2 || s[0] != 'd') return false;
+    for (size_t i = 1; i < s.size(); i++)
+        if (!std::isdigit((unsigned char)s[i])) return false;
+    return true;
+}
+
+inline std::string valid_descriptors() {
+    std::string out;
+    for (const ModelPreset& p : gpt2_presets()) out += std::string(out.empty() ? "" : " ") + p.name;
+    out += " (also as gpt2:dN)";
+    for (const ModelPreset& p : gpt3_presets()) out += std::string(" gpt3:") + p.name;
+    return out;
+}
+
+// same formula as checkpoint.h's num_parameters (kept here so cli.h stands alone):
+// token + position embeddings, L blocks of (12C^2 + 13C), final LayerNorm.
+inline unsigned long long shape_params(const ModelShape& s) {
+    unsigned long long C = (unsigned long long)s.channels, L = (unsigned long long)s.num_layers;
+    return (unsigned long long)s.padded_vocab_size * C + (unsigned long long)s.max_seq_len * C +
+           L * (12 * C * C + 13 * C) + 2 * C;
+}
+
+inline std::string with_commas(unsigned long long v) {
+    std::string digits = strfmt("%llu", v), out;
+    for (size_t i = 0; i < digits.size(); i++) {
+        if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+        out += digits[i];
+    }
+    return out;
+}
+
+} // namespace cli_detail
+
+inline TrainConfig parse_args(int argc, char** argv) {
+    TrainConfig cfg;
+    // Help wins over everything else on the line, so "-b 4x -h" still shows the help.
+    for (int i = 1; i < argc; i++) {
+        if (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0) {
+            std::fputs(usage().c_str(), stdout);
+            std::fflush(stdout);
+            std::exit(0);
+        }
+    }
+    std::vector<cli_detail::Flag> flags = cli_detail::flag_table(cfg);
+    for (int i = 1; i < argc; i++) {
+        const char* arg = argv[i];
+        const cli_detail::Flag* flag = nullptr;
+        for (const cli_detail::Flag& f : flags)
+            if (std::strcmp(arg, f.name) == 0) flag = &f;
+        if (!flag) {
+            if (arg[0] == '-') input_error("unknown flag '%s' (run with -h to list the flags)", arg);
+            input_error("unexpected argument '%s': flags are given as -X value (run with -h to list them)", arg);
+        }
+        // The value is always the next argument, even if it starts with '-': "-x -1" is a value.
+        if (i + 1 >= argc)
+            input_error("%s: missing value (expected %s)", arg, cli_detail::kind_placeholder(flag->kind));
+        cli_detail::set_flag(*flag, argv[++i]);
+    }
+    return cfg;
+}
+
+inline void validate_config(TrainConfig& cfg) {
+    if (cfg.num_processes < 1 || cfg.process_rank < 0 || cfg.process_rank >= cfg.num_processes)
+        input_error("process rank %d of %d processes is invalid; check the launcher's settings",
+                    cfg.process_rank, cfg.num_processes);
+    if (cfg.train_pattern.empty()) input_error("-i: a training data pattern is required");
+    if (cfg.model.empty()) input_error("-e: a model descriptor or checkpoint file is required");
+    if (cfg.B < 1) input_error("-b %d: the micro-batch size must be at least 1", cfg.B);
+    if (cfg.T < 1) input_error("-t %d: the sequence length must be at least 1", cfg.T);
+
+    // tokens consumed by one forward/backward across all processes
+    long long tokens_per_micro = (long long)cfg.B * cfg.T * cfg.num_processes;
+    if (cfg.total_batch_size == -1) {
+        cfg.grad_accum_steps = 1;
+    } else {
+        if (cfg.total_batch_size <= 0)
+            input_error("-d %lld: the total batch size must be a positive number of tokens, or -1 for B*T*processes",
+                        cfg.total_batch_size);
+        if (cfg.total_batch_size % tokens_per_micro != 0) {
+            // suggest the nearest multiple (never zero) so the user can copy it straight back in
+            long long k = (cfg.total_batch_size + tokens_per_micro / 2) / tokens_per_micro;
+            if (k < 1) k = 1;
+            input_error("-d %lld: the total batch size must be a multiple of B*T*processes = %d*%d*%d = %lld; try -d %lld",
+                        cfg.total_batch_size, cfg.B, cfg.T, cfg.num_processes, tokens_per_micro, k * tokens_per_micro);
+        }
+        long long accum = cfg.total_batch_size / tokens_per_micro;
+        if (accum > INT32_MAX)
+            input_error("-d %lld: that is %lld gradient accumulation steps per optimizer step; use a smaller -d",
+                        cfg.total_batch_size, accum);
+        cfg.grad_accum_steps = (int)accum;
+    }
+
+    if (cfg.learning_rate < 0) input_error("-l %g: the learning rate must be >= 0", (double)cfg.learning_rate);
+    if (cfg.warmup_iterations < 0) input_error("-u %d: warmup steps must be >= 0", cfg.warmup_iterations);
+    if (cfg.lr_schedule != "cosine" && cfg.lr_schedule != "linear" && cfg.lr_schedule != "constant" &&
+        cfg.lr_schedule != "wsd")
+        input_error("-k %s: unknown learning rate schedule; use one of cosine, linear, constant, wsd",
+                    cfg.lr_schedule.c_str());
+    if (cfg.final_lr_fraction < 0 || cfg.final_lr_fraction > 1)
+        input_error("-q %g: the final learning rate fraction must be between 0 and 1", (double)cfg.final_lr_fraction);
+    if (cfg.weight_decay < 0) input_error("-c %g: weight decay must be >= 0", (double)cfg.weight_decay);
+    if (cfg.grad_clip < 0) input_error("-gc %g: the gradient clip must be >= 0 (0 turns it off)", (double)cfg.grad_clip);
+    if (cfg.max_steps != -1 && cfg.max_steps < 1)
+        input_error("-x %d: the number of steps must be at least 1, or -1 for one epoch", cfg.max_steps);
+    if (cfg.val_every < 0) input_error("-v %d: must be >= 0 (0 = never validate)", cfg.val_every);
+    if (cfg.val_max_steps != -1 && cfg.val_max_steps < 1)
+        input_error("-m %d: validation batches must be at least 1, or -1 for the whole split", cfg.val_max_steps);
+    if (cfg.sample_every < 0) input_error("-s %d: must be >= 0 (0 = never sample)", cfg.sample_every);
+    if (cfg.gen_tokens < 0) input_error("-g %d: tokens per sample must be >= 0", cfg.gen_tokens);
+    if (cfg.recompute < 0 || cfg.recompute > 2)
+        input_error("-r %d: recompute must be 0 (none), 1 (GELU) or 2 (GELU + LayerNorm)", cfg.recompute);
+    if (cfg.checkpoint_every < 0) input_error("-n %d: must be >= 0 (0 = checkpoint only at the end)", cfg.checkpoint_every);
+    if (cfg.checkpoint_keep < 0) input_error("-nk %d: must be >= 0 (0 = keep every checkpoint)", cfg.checkpoint_keep);
+    if (cfg.resume != 0 && cfg.resume != 1) input_error("-y %d: resume must be 0 or 1", cfg.resume);
+    if (cfg.resume == 1 && cfg.output_dir.empty())
+        input_error("-y 1: resuming needs the checkpoint directory; pass it with -o DIR");
+}
+
+inline bool parse_model_descriptor(const std::string& s, ModelShape* shape) {
+    using namespace cli_detail;
+    const ModelPreset* p = nullptr;
+    bool looks_like_descriptor = false;
+    if (s.compare(0, 5, "gpt2:") == 0) {
+        looks_like_descriptor = true;
+        p = find_preset(gpt2_presets(), s.substr(5));
+    } else if (s.compare(0, 5, "gpt3:") == 0) {
+        looks_like_descriptor = true;
+        p = find_preset(gpt3_presets(), s.substr(5));
+    } else if (is_d_number(s)) {
+        // only the whole-string form "d<digits>" counts, so a file named "d12.bin" is still a path
+        looks_like_descriptor = true;
+        p = find_preset(gpt2_presets(), s);
+    }
+    if (!looks_like_descriptor) return false;
+    if (!p) input_error("-e %s: unknown model descriptor; valid ones are %s", s.c_str(), valid_descriptors().c_str());
+    if (shape) *shape = preset_shape(*p);
+    return true;
+}
+
+inline void check_seq_len(const TrainConfig& cfg, const ModelShape& shape) {
+    if (cfg.T > shape.max_seq_len)
+        input_error("-t %d is longer than the model's maximum sequence length %d", cfg.T, shape.max_seq_len);
+}
+
+inline std::string describe_models() {
+    using namespace cli_detail;
+    std::string out = "models for -e (or give the path of an llm.c model file):\n";
+    out += strfmt("  %-13s %4s %6s %4s %5s %5s %16s\n", "descriptor", "L", "C", "NH", "head", "maxT", "parameters");
+    auto row = [&](const std::string& name, const ModelPreset& p) {
+        ModelShape s = preset_shape(p);
+        out += strfmt("  %-13s %4d %6d %4d %5d %5d %16s  %s\n", name.c_str(), p.L, p.C, p.NH, p.C / p.NH, p.maxT,
+                      with_commas(shape_params(s)).c_str(), p.note);
+    };
+    for (const ModelPreset& p : gpt2_presets()) row(p.name, p);
+    for (const ModelPreset& p : gpt3_presets()) row(std::string("gpt3:") + p.name, p);
+    out += "  (gpt2:dN is the same as dN; all use vocab 50257, padded to 50304)\n";
+    return out;
+}
+
+inline std::string usage() {
+    TrainConfig defaults;
+    std::vector<cli_detail::Flag> flags = cli_detail::flag_table(defaults);
+    std::string out = "usage: <trainer binary> [-flag value ...]   (every flag takes exactly one value)\n  -h, --help       print this help\n";
+    for (const cli_detail::Flag& f : flags) {
+        std::string lhs = std::string(f.name) + " " + cli_detail::kind_placeholder(f.kind);
+        out += strfmt("  %-15s  %s (default %s)\n", lhs.c_str(), f.help, cli_detail::format_value(f).c_str());
+    }
+    out += "\n";
+    out += describe_models();
+    return out;
+}
 
 } // namespace llmc

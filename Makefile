@@ -1,0 +1,82 @@
+# Makefile: one binary per precision recipe.
+#   make train_gpt_bf16          the BF16 trainer (Hopper, sm_90a)
+#   make test_gpt_bf16           the GPU test binary for it
+#   make train_gpt_fp32 / test_gpt_fp32   the FP32 reference-precision build (same as PRECISION=FP32)
+#   make test                    every test: CPU tests always, GPU tests when a CUDA device is present
+#   make all                     every target
+# Variables: GPU_ARCH (default sm_90a), PRECISION=FP32 (for the bf16 targets), CUDA_HOME, NVCC.
+
+SHELL := /bin/bash
+RECIPES := bf16
+
+# ---- toolchain discovery -----------------------------------------------------------------------
+CUDA_HOME ?= $(shell dirname $$(dirname $$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)))
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+ifeq ($(wildcard $(NVCC)),)
+  $(info [make] nvcc not found (looked at $(NVCC)); set CUDA_HOME. CPU tests still build.)
+  HAVE_NVCC := 0
+else
+  HAVE_NVCC := 1
+endif
+CUDA_LIB_DIRS := $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib $(CUDA_HOME)/targets/sbsa-linux/lib)
+CUBLASLT_FOUND := $(firstword $(wildcard $(addsuffix /libcublasLt.so,$(CUDA_LIB_DIRS)) /usr/lib/x86_64-linux-gnu/libcublasLt.so))
+NCCL_FOUND := $(firstword $(wildcard $(addsuffix /libnccl.so,$(CUDA_LIB_DIRS)) /usr/lib/x86_64-linux-gnu/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so.2))
+CUDNN_FOUND := $(firstword $(wildcard $(addsuffix /libcudnn.so,$(CUDA_LIB_DIRS)) /usr/lib/x86_64-linux-gnu/libcudnn.so /usr/lib/x86_64-linux-gnu/libcudnn.so.9))
+# doctest (CPU unit tests): the system's, or a copy in .deps/doctest/doctest.h (git-ignored)
+DOCTEST_INC := $(if $(wildcard /usr/include/doctest/doctest.h),,$(if $(wildcard .deps/doctest/doctest.h),-I.deps,))
+
+ifneq ($(filter-out clean,$(MAKECMDGOALS)),)
+  $(info [make] nvcc:      $(if $(filter 1,$(HAVE_NVCC)),$(NVCC) ($(shell $(NVCC) --version | grep -o 'release [0-9.]*')),not found))
+  $(info [make] cuBLASLt:  $(or $(CUBLASLT_FOUND),not found))
+  $(info [make] NCCL:      $(or $(NCCL_FOUND),not found (multi-GPU builds need it)))
+  $(info [make] cuDNN:     $(or $(CUDNN_FOUND),not found) (optional, off by default))
+endif
+
+# ---- flags ---------------------------------------------------------------------------------------
+GPU_ARCH ?= sm_90a
+GENCODE := -gencode arch=compute_$(subst sm_,,$(GPU_ARCH)),code=$(GPU_ARCH)
+NVCC_FLAGS := -O3 -std=c++17 $(GENCODE) -Xcompiler -Wall -lineinfo
+NVCC_LDFLAGS := $(addprefix -L,$(CUDA_LIB_DIRS)) -lcublasLt -lcublas
+FAST_MATH := --use_fast_math
+PRECISION ?= BF16
+ifeq ($(PRECISION),FP32)
+  PRECISION_FLAGS := -DENABLE_FP32
+  FAST_MATH :=
+else ifneq ($(PRECISION),BF16)
+  $(error PRECISION must be BF16 or FP32, got '$(PRECISION)')
+endif
+HEADERS := $(wildcard llmc/*.h llmc/*.cuh)
+
+# ---- targets -------------------------------------------------------------------------------------
+.PHONY: all test test_cpu clean
+all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 build/test_cpu
+
+train_gpt_bf16: train_gpt.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(PRECISION_FLAGS) -DRECIPE_BF16 $< $(NVCC_LDFLAGS) -o $@
+
+test_gpt_bf16: test_gpt.cu train_gpt.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(PRECISION_FLAGS) -DRECIPE_BF16 $< $(NVCC_LDFLAGS) -o $@
+
+# the FP32 reference-precision build of the BF16 recipe (no fast math, no TF32)
+train_gpt_fp32: train_gpt.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -DRECIPE_BF16 $< $(NVCC_LDFLAGS) -o $@
+
+test_gpt_fp32: test_gpt.cu train_gpt.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -DRECIPE_BF16 $< $(NVCC_LDFLAGS) -o $@
+
+# CPU unit tests (no GPU, no CUDA): every dev/test/*.cpp
+CPU_TEST_SOURCES := $(wildcard dev/test/*.cpp)
+build/test_cpu: $(CPU_TEST_SOURCES) $(HEADERS)
+	@mkdir -p build
+	g++ -std=c++17 -O1 -Wall -I. $(DOCTEST_INC) $(CPU_TEST_SOURCES) -o $@
+
+test_cpu: build/test_cpu
+	./build/test_cpu
+
+# The README's test command: CPU tests, the trainer's bad-input checks, and the GPU tests when a
+# CUDA device is present ("skipped: no CUDA device" otherwise).
+test:
+	bash dev/test/run_tests.sh
+
+clean:
+	rm -rf build train_gpt_bf16 test_gpt_bf16 train_gpt_fp32 test_gpt_fp32

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# bad_input.sh TRAINER: runs the trainer binary on bad input and checks that each case exits
+# non-zero with one clear message, and that nothing on disk was touched. These checks all happen
+# before the GPU is used, so they run on machines without one. Prints "N passed, N failed".
+set -u
+TRAINER=${1:?usage: bad_input.sh path/to/train_gpt_bf16}
+passed=0; failed=0
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+
+# write_shard FILE NTOKENS [MAGIC] [VERSION] [MAXTOKEN] [CLAIMED]: an llm.c token shard
+write_shard() {
+    python3 - "$@" <<'PY'
+import struct, sys, random
+path, n = sys.argv[1], int(sys.argv[2])
+magic = int(sys.argv[3]) if len(sys.argv) > 3 else 20240520
+version = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+maxtok = int(sys.argv[5]) if len(sys.argv) > 5 else 50256
+claimed = int(sys.argv[6]) if len(sys.argv) > 6 else n
+header = [0] * 256
+header[0], header[1], header[2] = magic, version, claimed
+rng = random.Random(0)
+tokens = [rng.randrange(0, 50257) for _ in range(n)]
+if maxtok > 50256: tokens[n // 2] = maxtok
+with open(path, "wb") as f:
+    f.write(struct.pack("<256i", *header))
+    f.write(struct.pack("<%dH" % n, *tokens))
+PY
+}
+
+# expect_error NAME FRAGMENT ARGS...: non-zero exit and FRAGMENT in the output
+expect_error() {
+    local name=$1 fragment=$2; shift 2
+    local out rc
+    out=$("$TRAINER" "$@" 2>&1); rc=$?
+    if [[ $rc -ne 0 ]] && grep -qF -- "$fragment" <<<"$out"; then
+        echo "[PASS] $name (exit $rc): $(grep -F -- "$fragment" <<<"$out" | head -n 1 | cut -c1-150)"
+        passed=$((passed + 1))
+    else
+        echo "[FAIL] $name: exit $rc, expected '$fragment' in: $(tail -n 2 <<<"$out")"
+        failed=$((failed + 1))
+    fi
+}
+
+good="$work/good.bin"; write_shard "$good" 20000
+write_shard "$work/badmagic.bin" 20000 12345
+write_shard "$work/badversion.bin" 20000 20240520 7
+write_shard "$work/badtoken.bin" 20000 20240520 1 60000
+write_shard "$work/truncated.bin" 20000 20240520 1 50256 30000
+write_shard "$work/tiny.bin" 100
+base=(-i "$good" -j "$good" -b 2 -t 64 -x 1 -s 0)
+
+# flags
+expect_error "unknown flag" "unknown flag" "${base[@]}" -zz 1
+expect_error "unknown flag prints the usage" "usage:" "${base[@]}" -zz 1
+expect_error "flag without a value" "-b" "${base[@]}" -b
+expect_error "non-numeric value" "expected an integer" "${base[@]}" -b 4x
+expect_error "bad float" "-l" "${base[@]}" -l abc
+expect_error "unknown schedule" "-k" "${base[@]}" -k triangle
+expect_error "-q out of range" "-q" "${base[@]}" -q 1.5
+expect_error "-r out of range" "-r" "${base[@]}" -r 3
+expect_error "-d not divisible by B*T" "-d" "${base[@]}" -d 1000
+expect_error "-t longer than the model's maxT" "maximum sequence length" "${base[@]}" -t 2048
+expect_error "unknown model descriptor" "d13" "${base[@]}" -e d13
+expect_error "-y without -o" "-o" "${base[@]}" -y 1
+expect_error "-Q of another recipe" "recipe" "${base[@]}" -Q fp8
+# data
+expect_error "missing shard" "no file matches" -i "$work/nothing_*.bin" -j "$good" -b 2 -t 64
+expect_error "wrong magic" "not a token shard" -i "$work/badmagic.bin" -j "$good" -b 2 -t 64
+expect_error "wrong version" "version" -i "$work/badversion.bin" -j "$good" -b 2 -t 64
+expect_error "truncated shard" "truncated" -i "$work/truncated.bin" -j "$good" -b 2 -t 64
+expect_error "token id >= vocab" "vocab size" -i "$work/badtoken.bin" -j "$good" -b 2 -t 64
+expect_error "bad validation shard" "badmagic.bin" -i "$good" -j "$work/badmagic.bin" -b 2 -t 64
+expect_error "shard smaller than one batch" "fewer than one batch" -i "$work/tiny.bin" -j "$good" -b 2 -t 64
+# checkpoints and output
+head -c 4096 /dev/urandom > "$work/garbage.bin"
+expect_error "-e file that is not a model" "not an llm.c model file" "${base[@]}" -e "$work/garbage.bin"
+expect_error "-e missing file" "cannot open" "${base[@]}" -e "$work/missing_model.bin"
+expect_error "unwritable -o" "not writable" "${base[@]}" -o /proc/llmc_cannot_write_here
+# a complete checkpoint of a smaller model in -o, resumed with -e d12
+ck="$work/ck"; mkdir -p "$ck"
+python3 - "$ck/model_00000010.bin" <<'PY'
+import struct, sys
+maxT, V, L, NH, C, Vp = 64, 50257, 1, 1, 64, 50304
+n = Vp*C + maxT*C + L*(12*C*C + 13*C) + 2*C
+h = [0]*256; h[0:8] = [20240326, 5, maxT, V, L, NH, C, Vp]
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", *h)); f.write(bytes(2*n))
+PY
+touch "$ck/state_00000010_00000.bin" "$ck/DONE_00000010"
+echo "keep me" > "$ck/main.log"
+expect_error "resume from a checkpoint of another shape" "shape" "${base[@]}" -o "$ck" -y 1
+if [[ "$(cat "$ck/main.log")" == "keep me" ]]; then
+    echo "[PASS] a failed start leaves main.log untouched"; passed=$((passed + 1))
+else
+    echo "[FAIL] a failed start overwrote main.log"; failed=$((failed + 1))
+fi
+# a truncated model file given with -e
+head -c 5000 "$ck/model_00000010.bin" > "$work/truncated_model.bin"
+expect_error "truncated model file" "truncated_model.bin" "${base[@]}" -e "$work/truncated_model.bin"
+
+echo "bad-input tests: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# run_tests.sh: every test of the project (what `make test` runs).
+#   1. CPU unit tests (doctest): number formats, data, tokenizer, checkpoints, CLI, schedules.
+#   2. The trainer's bad-input checks: the real binary, on any machine (they fail before the GPU).
+#   3. GPU tests when a CUDA device is present: the PyTorch reference is written first, then the
+#      FP32 and BF16 builds are compared against it. Without a device: "skipped: no CUDA device".
+# The last line is "tests: N passed, N failed, N skipped"; the exit status is non-zero on any failure.
+set -u -o pipefail
+cd "$(dirname "$0")/../.."
+passed=0; failed=0; skipped=0
+JOBS=${JOBS:-$(nproc)}
+
+# add the counts from a "... N passed, N failed" line of a suite's output
+count_suite() { # $1 = name, $2 = exit status, $3 = output file
+    local line p f
+    line=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$3" | tail -n 1)
+    p=$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line"); f=$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")
+    if [[ -z "$line" ]]; then p=0; f=1; echo "$1: no summary line (exit $2)"; fi
+    if [[ "$2" -ne 0 && "$f" -eq 0 ]]; then f=1; echo "$1: exit status $2"; fi
+    passed=$((passed + p)); failed=$((failed + f))
+    echo "== $1: $p passed, $f failed"
+}
+
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+# the tiny-shakespeare shards and tokenizer file (also used by the CPU tests that read real data)
+if [[ ! -f dev/data/tinyshakespeare/tiny_shakespeare_val.bin || ! -f dev/data/gpt2_tokenizer.bin ]]; then
+    echo "== preparing tiny-shakespeare"
+    python3 dev/data/tinyshakespeare.py || { echo "== preparing tiny-shakespeare failed"; failed=$((failed + 1)); }
+fi
+
+echo "== building CPU tests"
+if make -s build/test_cpu; then
+    ./build/test_cpu 2>&1 | tee "$tmp/cpu.log"; rc=$?
+    # doctest prints "[doctest] test cases: N | P passed | F failed | S skipped"
+    line=$(grep -E '^\[doctest\] test cases:' "$tmp/cpu.log" | tail -n 1)
+    p=$(sed -E 's/.*\| *([0-9]+) passed.*/\1/' <<<"$line"); f=$(sed -E 's/.*\| *([0-9]+) failed.*/\1/' <<<"$line")
+    echo "cpu unit tests: ${p:-0} passed, ${f:-1} failed" > "$tmp/cpu.sum"
+    count_suite "cpu unit tests" $rc "$tmp/cpu.sum"
+else
+    echo "== cpu unit tests: build failed"; failed=$((failed + 1))
+fi
+
+echo "== building the trainer for the bad-input tests"
+if make -s -j"$JOBS" train_gpt_bf16; then
+    bash dev/test/bad_input.sh ./train_gpt_bf16 2>&1 | tee "$tmp/bad.log"; rc=$?
+    count_suite "bad-input tests" $rc "$tmp/bad.log"
+else
+    echo "== bad-input tests: trainer build failed"; failed=$((failed + 1))
+fi
+
+if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    echo "== GPU tests on: $(nvidia-smi -L | head -n 1)"
+    REF=${REF_DIR:-dev/reference/out}
+    if python3 dev/reference/gpt_reference.py --write-reference --out "$REF"; then
+        for v in fp32 bf16; do
+            if make -s test_gpt_$v; then
+                ./test_gpt_$v "$REF" 2>&1 | tee "$tmp/gpu_$v.log"; rc=$?
+                count_suite "gpu tests ($v)" $rc "$tmp/gpu_$v.log"
+            else
+                echo "== gpu tests ($v): build failed"; failed=$((failed + 1))
+            fi
+        done
+        # out-of-memory is a clear message and a non-zero exit
+        out=$(./train_gpt_bf16 -b 4096 -x 1 -v 0 -s 0 2>&1); rc=$?
+        if [[ $rc -ne 0 ]] && grep -q "out of GPU memory" <<<"$out" && grep -q -- "-r 2" <<<"$out"; then
+            echo "[PASS] out-of-memory: clear message, exit $rc"; passed=$((passed + 1))
+        else
+            echo "[FAIL] out-of-memory: exit $rc, output: $(tail -n 3 <<<"$out")"; failed=$((failed + 1))
+        fi
+    else
+        echo "== GPU tests: writing the reference failed"; failed=$((failed + 1))
+    fi
+else
+    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16, resume, out-of-memory)"
+    skipped=$((skipped + 1))
+fi
+
+echo "tests: $passed passed, $failed failed, $skipped skipped"
+[[ $failed -eq 0 ]]

@@ -1,0 +1,557 @@
+// Tests for llmc/checkpoint.h: model files, state files, atomic writes and the checkpoint directory.
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "llmc/checkpoint.h"
+
+using llmc::ModelShape;
+
+namespace {
+
+// A fresh directory under /tmp, removed with everything in it when the test ends.
+struct TempDir {
+    std::string path;
+    TempDir() {
+        char tmpl[] = "/tmp/llmc_test_XXXXXX";
+        const char* p = mkdtemp(tmpl);
+        REQUIRE(p != nullptr);
+        path = p;
+    }
+    ~TempDir() {
+        nftw(path.c_str(),
+             [](const char* fpath, const struct stat*, int, struct FTW*) { return ::remove(fpath); }, 16,
+             FTW_DEPTH | FTW_PHYS);
+    }
+    std::string operator/(const std::string& name) const { return path + "/" + name; }
+};
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const llmc::InputError& e) {
+        return e.what();
+    }
+    FAIL_CHECK("expected an llmc::InputError, nothing was thrown");
+    return "<no error>";
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+    return haystack.find(needle) != std::string::npos;
+}
+
+bool exists(const std::string& path) {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0;
+}
+
+std::vector<unsigned char> read_bytes(const std::string& path) {
+    std::vector<unsigned char> out;
+    FILE* f = std::fopen(path.c_str(), "rb");
+    REQUIRE(f != nullptr);
+    unsigned char buf[65536];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.insert(out.end(), buf, buf + n);
+    std::fclose(f);
+    return out;
+}
+
+void write_bytes(const std::string& path, const std::vector<unsigned char>& bytes) {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    REQUIRE(f != nullptr);
+    if (!bytes.empty()) REQUIRE(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
+    std::fclose(f);
+}
+
+void touch(const std::string& path) { write_bytes(path, {}); }
+
+std::vector<std::string> list(const std::string& dir) {
+    std::vector<std::string> names;
+    DIR* d = opendir(dir.c_str());
+    REQUIRE(d != nullptr);
+    while (struct dirent* e = readdir(d))
+        if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.push_back(e->d_name);
+    closedir(d);
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+bool has_tmp_file(const std::string& dir) {
+    for (const std::string& n : list(dir))
+        if (contains(n, ".tmp")) return true;
+    return false;
+}
+
+// A model small enough to write hundreds of times: 64*8 + 16*8 + 2*(12*64 + 13*8) + 16 = 2400 params.
+ModelShape tiny_shape() {
+    ModelShape s;
+    s.max_seq_len = 16;
+    s.vocab_size = 50;
+    s.padded_vocab_size = 64;
+    s.num_layers = 2;
+    s.num_heads = 2;
+    s.channels = 8;
+    return s;
+}
+
+std::vector<float> ramp(size_t n, float scale) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; i++) v[i] = scale * (float)i - 3.0f;
+    return v;
+}
+
+// set header int32 number `index` of a model file
+void poke_header(const std::string& path, int index, int32_t value) {
+    std::vector<unsigned char> b = read_bytes(path);
+    std::memcpy(&b[(size_t)index * 4], &value, 4);
+    write_bytes(path, b);
+}
+
+// Write a complete checkpoint of `step` (model + state of each rank + DONE marker) into dir.
+void write_checkpoint(const std::string& dir, int step, int nprocs = 1, bool done = true) {
+    ModelShape s = tiny_shape();
+    std::vector<float> params = ramp(llmc::num_parameters(s), 0.5f);
+    llmc::write_model_file(llmc::model_path(dir, step), s, 3, params.data(), params.size() * 4);
+    for (int r = 0; r < nprocs; r++) {
+        llmc::StateWriter w(step, r, nprocs, "fp32");
+        w.add("m", params.data(), 64);
+        w.write_atomic(llmc::state_path(dir, step, r));
+    }
+    if (done) llmc::write_done_marker(dir, step);
+}
+
+} // namespace
+
+TEST_CASE("checkpoint: num_parameters") {
+    ModelShape d12;  // the defaults are GPT-2 124M
+    CHECK(llmc::num_parameters(d12) == 124475904u);
+    CHECK(llmc::num_parameters(tiny_shape()) == 2400u);
+}
+
+TEST_CASE("checkpoint: model file round trip, fp32 and bf16") {
+    TempDir dir;
+    ModelShape s = tiny_shape();
+    size_t n = llmc::num_parameters(s);
+
+    std::string p32 = dir / "m32.bin";
+    std::vector<float> params = ramp(n, 0.25f);
+    llmc::write_model_file(p32, s, 3, params.data(), n * 4);
+    CHECK(read_bytes(p32).size() == 1024 + n * 4);
+    llmc::ModelFileInfo info = llmc::read_model_header(p32);
+    CHECK(info.version == 3);
+    CHECK(info.shape.max_seq_len == 16);
+    CHECK(info.shape.vocab_size == 50);
+    CHECK(info.shape.padded_vocab_size == 64);
+    CHECK(info.shape.num_layers == 2);
+    CHECK(info.shape.num_heads == 2);
+    CHECK(info.shape.channels == 8);
+    std::vector<float> back(n);
+    llmc::read_model_params(p32, info, back.data(), n * 4);
+    CHECK(back == params);
+    // the header is llm.c's: magic, version, maxT, V, L, NH, C, Vp, then zeros
+    std::vector<unsigned char> raw = read_bytes(p32);
+    int32_t h[256];
+    std::memcpy(h, raw.data(), 1024);
+    CHECK(h[0] == 20240326);
+    CHECK(h[1] == 3);
+    CHECK(h[2] == 16);
+    CHECK(h[3] == 50);
+    CHECK(h[4] == 2);
+    CHECK(h[5] == 2);
+    CHECK(h[6] == 8);
+    CHECK(h[7] == 64);
+    CHECK(std::all_of(h + 8, h + 256, [](int32_t x) { return x == 0; }));
+
+    std::string p16 = dir / "m16.bin";
+    std::vector<uint16_t> half(n);
+    for (size_t i = 0; i < n; i++) half[i] = (uint16_t)(i * 7919u);
+    llmc::write_model_file(p16, s, 5, half.data(), n * 2);
+    CHECK(read_bytes(p16).size() == 1024 + n * 2);
+    info = llmc::read_model_header(p16);
+    CHECK(info.version == 5);
+    std::vector<uint16_t> half_back(n);
+    llmc::read_model_params(p16, info, half_back.data(), n * 2);
+    CHECK(half_back == half);
+
+    CHECK_FALSE(has_tmp_file(dir.path));
+    // a buffer of the wrong size is a caller bug, not bad input
+    CHECK_THROWS_AS(llmc::read_model_params(p16, info, half_back.data(), n * 4), std::invalid_argument);
+    CHECK_THROWS_AS(llmc::write_model_file(p16, s, 5, half.data(), n * 4), std::invalid_argument);
+    CHECK_THROWS_AS(llmc::write_model_file(p16, s, 4, half.data(), n * 4), std::invalid_argument);
+}
+
+TEST_CASE("checkpoint: corrupt model files are rejected, naming the file") {
+    TempDir dir;
+    ModelShape s = tiny_shape();
+    size_t n = llmc::num_parameters(s);
+    std::vector<float> params = ramp(n, 1.0f);
+    std::string p = dir / "model.bin";
+    auto fresh = [&] { llmc::write_model_file(p, s, 3, params.data(), n * 4); };
+    auto err = [&] { return error_of([&] { llmc::read_model_header(p); }); };
+
+    fresh();
+    REQUIRE(truncate(p.c_str(), (off_t)(1024 + n * 4 - 1)) == 0);  // one byte short
+    std::string msg = err();
+    CHECK(contains(msg, p));
+    CHECK(contains(msg, "truncated or has the wrong shape"));
+
+    fresh();
+    std::vector<unsigned char> b = read_bytes(p);
+    b.push_back(0);  // one byte too many
+    write_bytes(p, b);
+    CHECK(contains(err(), "truncated or has the wrong shape"));
+
+    fresh();
+    poke_header(p, 0, 20240327);
+    msg = err();
+    CHECK(contains(msg, p));
+    CHECK(contains(msg, "not an llm.c model file"));
+
+    fresh();
+    poke_header(p, 1, 4);
+    msg = err();
+    CHECK(contains(msg, p));
+    CHECK(contains(msg, "unsupported model file version 4"));
+
+    fresh();
+    poke_header(p, 1, 5);  // claims bf16 but holds fp32 data: twice too long
+    CHECK(contains(err(), "truncated or has the wrong shape"));
+
+    fresh();
+    poke_header(p, 4, 3);  // L=3 instead of 2
+    msg = err();
+    CHECK(contains(msg, p));
+    CHECK(contains(msg, "truncated or has the wrong shape"));
+    CHECK(contains(msg, "L=3"));
+
+    fresh();
+    poke_header(p, 7, 40);  // Vp < V
+    msg = err();
+    CHECK(contains(msg, p));
+    CHECK(contains(msg, "Vp=40"));
+
+    fresh();
+    poke_header(p, 5, 3);  // C=8 not divisible by NH=3
+    CHECK(contains(err(), "not divisible"));
+
+    fresh();
+    poke_header(p, 6, 0);
+    CHECK(contains(err(), "invalid shape"));
+
+    fresh();
+    poke_header(p, 6, 2000000000);  // absurd, must not overflow into a "matching" size
+    CHECK(contains(err(), p));
+
+    write_bytes(p, std::vector<unsigned char>(100, 0));
+    msg = err();
+    CHECK(contains(msg, p));
+    CHECK(contains(msg, "too short"));
+
+    msg = error_of([&] { llmc::read_model_header(dir / "missing.bin"); });
+    CHECK(contains(msg, dir / "missing.bin"));
+    CHECK(contains(msg, "No such file"));
+}
+
+TEST_CASE("checkpoint: atomic writes leave no temp file and never clobber on failure") {
+    TempDir dir;
+    ModelShape s = tiny_shape();
+    size_t n = llmc::num_parameters(s);
+    std::vector<float> a = ramp(n, 1.0f), b = ramp(n, 2.0f);
+
+    // a path under a directory that does not exist: fails cleanly, names the file
+    std::string nowhere = dir / "no/such/dir/model.bin";
+    std::string msg = error_of([&] { llmc::write_model_file(nowhere, s, 3, a.data(), n * 4); });
+    CHECK(contains(msg, "cannot write " + nowhere));
+    CHECK(contains(msg, "No such file"));
+    msg = error_of([&] { llmc::write_model_file("/proc/llmc_model.bin", s, 3, a.data(), n * 4); });
+    CHECK(contains(msg, "cannot write /proc/llmc_model.bin"));
+
+    // the temp name is occupied by a directory, so the temp file cannot be created (works as root too):
+    // the existing destination keeps its old contents
+    std::string p = dir / "model.bin";
+    llmc::write_model_file(p, s, 3, a.data(), n * 4);
+    std::vector<unsigned char> before = read_bytes(p);
+    REQUIRE(mkdir((p + ".tmp").c_str(), 0755) == 0);
+    msg = error_of([&] { llmc::write_model_file(p, s, 3, b.data(), n * 4); });
+    CHECK(contains(msg, "cannot write " + p));
+    CHECK(read_bytes(p) == before);
+    rmdir((p + ".tmp").c_str());
+
+    // the destination is a non-empty directory, so the final rename fails: the temp file is removed
+    std::string d = dir / "occupied";
+    REQUIRE(mkdir(d.c_str(), 0755) == 0);
+    touch(d + "/keep");
+    msg = error_of([&] { llmc::write_model_file(d, s, 3, b.data(), n * 4); });
+    CHECK(contains(msg, "cannot write " + d));
+    CHECK_FALSE(exists(d + ".tmp"));
+    CHECK(exists(d + "/keep"));
+
+    // state files go through the same path
+    llmc::StateWriter w(1, 0, 1, "x");
+    w.add("a", a.data(), 16);
+    msg = error_of([&] { w.write_atomic(nowhere); });
+    CHECK(contains(msg, "cannot write " + nowhere));
+
+    // success overwrites and leaves nothing behind
+    llmc::write_model_file(p, s, 3, b.data(), n * 4);
+    std::vector<float> back(n);
+    llmc::read_model_params(p, llmc::read_model_header(p), back.data(), n * 4);
+    CHECK(back == b);
+    CHECK_FALSE(has_tmp_file(dir.path));
+}
+
+TEST_CASE("checkpoint: state file round trip") {
+    TempDir dir;
+    std::vector<float> m = ramp(100, 0.1f), v = ramp(37, 3.0f);
+    uint64_t rng[2] = {0x0123456789abcdefULL, 42};
+    std::string long_name(32, 'z');  // a name may use all 32 bytes
+    int32_t tag = -7;
+
+    llmc::StateWriter w(123456789012LL, 3, 4, "bf16_recipe");
+    w.add("adam_m", m.data(), m.size() * 4);
+    w.add("adam_v", v.data(), v.size() * 4);
+    w.add("rng", rng, sizeof(rng));
+    w.add("empty", nullptr, 0);
+    w.add(long_name, &tag, 4);
+    std::string p = dir / "state.bin";
+    w.write_atomic(p);
+    CHECK_FALSE(has_tmp_file(dir.path));
+    // 64 header + 5 section headers + data + checksum
+    CHECK(read_bytes(p).size() == 64 + 5 * 40 + 400 + 148 + 16 + 0 + 4 + 8);
+
+    llmc::StateReader r;
+    r.open(p);
+    CHECK(r.step() == 123456789012LL);
+    CHECK(r.rank() == 3);
+    CHECK(r.num_processes() == 4);
+    CHECK(r.recipe() == "bf16_recipe");
+    CHECK(r.has("adam_m"));
+    CHECK(r.has("empty"));
+    CHECK(r.has(long_name));
+    CHECK_FALSE(r.has("adam"));
+    CHECK(r.size_of("adam_m") == 400);
+    CHECK(r.size_of("adam_v") == 148);
+    CHECK(r.size_of("empty") == 0);
+    std::vector<float> m2(100), v2(37);
+    uint64_t rng2[2];
+    int32_t tag2 = 0;
+    r.read("adam_m", m2.data(), 400);
+    r.read("adam_v", v2.data(), 148);
+    r.read("rng", rng2, sizeof(rng2));
+    r.read("empty", nullptr, 0);
+    r.read(long_name, &tag2, 4);
+    CHECK(m2 == m);
+    CHECK(v2 == v);
+    CHECK(rng2[0] == rng[0]);
+    CHECK(rng2[1] == rng[1]);
+    CHECK(tag2 == -7);
+
+    // a writer with no sections is valid too
+    llmc::StateWriter w0(0, 0, 1, "");
+    w0.write_atomic(dir / "empty_state.bin");
+    llmc::StateReader r0;
+    r0.open(dir / "empty_state.bin");
+    CHECK(r0.recipe() == "");
+    CHECK_FALSE(r0.has("m"));
+}
+
+TEST_CASE("checkpoint: state writer rejects bad names") {
+    llmc::StateWriter w(1, 0, 1, "r");
+    int x = 0;
+    w.add("a", &x, 4);
+    CHECK_THROWS_AS(w.add("a", &x, 4), std::invalid_argument);
+    CHECK_THROWS_AS(w.add("", &x, 4), std::invalid_argument);
+    CHECK_THROWS_AS(w.add(std::string(33, 'n'), &x, 4), std::invalid_argument);
+    CHECK_THROWS_AS(llmc::StateWriter(1, 0, 1, std::string(33, 'r')), std::invalid_argument);
+}
+
+TEST_CASE("checkpoint: a flipped byte anywhere in a state file is detected") {
+    TempDir dir;
+    std::vector<float> m = ramp(20, 0.5f);
+    int64_t pos = 99;
+    llmc::StateWriter w(500, 1, 2, "fp32");
+    w.add("m", m.data(), m.size() * 4);
+    w.add("loader_pos", &pos, 8);
+    std::string good = dir / "good.bin", bad = dir / "bad.bin";
+    w.write_atomic(good);
+    std::vector<unsigned char> bytes = read_bytes(good);
+    for (size_t i = 0; i < bytes.size(); i++) {
+        CAPTURE(i);
+        std::vector<unsigned char> b = bytes;
+        b[i] ^= 0x10;
+        write_bytes(bad, b);
+        llmc::StateReader r;
+        std::string msg = error_of([&] { r.open(bad); });
+        CHECK(contains(msg, bad));
+        // the magic is checked first, so a flip there reads as "not a state file"
+        CHECK(contains(msg, i < 4 ? "is not a state file" : "is corrupt (checksum mismatch)"));
+    }
+    // truncation is corruption too
+    for (size_t cut : {bytes.size() - 1, bytes.size() - 9, (size_t)100}) {
+        CAPTURE(cut);
+        write_bytes(bad, std::vector<unsigned char>(bytes.begin(), bytes.begin() + (long)cut));
+        llmc::StateReader r;
+        CHECK(contains(error_of([&] { r.open(bad); }), "checksum mismatch"));
+    }
+    write_bytes(bad, std::vector<unsigned char>(bytes.begin(), bytes.begin() + 20));
+    llmc::StateReader r;
+    CHECK(contains(error_of([&] { r.open(bad); }), "too short"));
+    // a model file is not a state file
+    ModelShape s = tiny_shape();
+    std::vector<float> params = ramp(llmc::num_parameters(s), 1.0f);
+    llmc::write_model_file(dir / "model.bin", s, 3, params.data(), params.size() * 4);
+    CHECK(contains(error_of([&] { r.open(dir / "model.bin"); }), "is not a state file"));
+    CHECK(contains(error_of([&] { r.open(dir / "absent.bin"); }), dir / "absent.bin"));
+    // the good file still reads
+    llmc::StateReader ok;
+    ok.open(good);
+    CHECK(ok.step() == 500);
+}
+
+TEST_CASE("checkpoint: missing sections and size mismatches") {
+    TempDir dir;
+    std::vector<float> m = ramp(10, 1.0f);
+    llmc::StateWriter w(7, 0, 1, "fp32");
+    w.add("adam_m", m.data(), 40);
+    std::string p = dir / "state.bin";
+    w.write_atomic(p);
+    llmc::StateReader r;
+    r.open(p);
+    std::vector<float> buf(20);
+    std::string msg = error_of([&] { r.read("adam_v", buf.data(), 40); });
+    CHECK(contains(msg, p));
+    CHECK(contains(msg, "no section 'adam_v'"));
+    msg = error_of([&] { r.size_of("master"); });
+    CHECK(contains(msg, "no section 'master'"));
+    msg = error_of([&] { r.read("adam_m", buf.data(), 80); });
+    CHECK(contains(msg, p));
+    CHECK(contains(msg, "'adam_m'"));
+    CHECK(contains(msg, "40 bytes"));
+    CHECK(contains(msg, "80"));
+}
+
+TEST_CASE("checkpoint: file names in the checkpoint directory") {
+    CHECK(llmc::model_path("out", 5) == "out/model_00000005.bin");
+    CHECK(llmc::state_path("out", 5, 2) == "out/state_00000005_00002.bin");
+    CHECK(llmc::done_path("out", 5) == "out/DONE_00000005");
+    CHECK(llmc::model_path("out", 123456789) == "out/model_123456789.bin");
+}
+
+TEST_CASE("checkpoint: DONE markers and finding the latest checkpoint") {
+    TempDir dir;
+    const std::string& d = dir.path;
+    CHECK(llmc::find_latest_checkpoint(d) == -1);
+    CHECK(llmc::find_latest_checkpoint(dir / "does_not_exist") == -1);
+
+    write_checkpoint(d, 10);
+    CHECK(exists(llmc::done_path(d, 10)));
+    CHECK(read_bytes(llmc::done_path(d, 10)).empty());
+    CHECK(llmc::find_latest_checkpoint(d) == 10);
+
+    // an interrupted checkpoint (no marker) and stray temp files are ignored
+    write_checkpoint(d, 20, 1, /*done=*/false);
+    touch(dir / "model_00000030.bin.tmp");
+    touch(dir / "DONE_00000040.tmp");
+    touch(dir / "DONE_notanumber");
+    touch(dir / "main.log");
+    CHECK(llmc::find_latest_checkpoint(d) == 10);
+
+    // a marker whose model file has gone is not resumable
+    write_checkpoint(d, 50);
+    CHECK(llmc::find_latest_checkpoint(d) == 50);
+    REQUIRE(unlink(llmc::model_path(d, 50).c_str()) == 0);
+    CHECK(llmc::find_latest_checkpoint(d) == 10);
+
+    // the marker is refused until every file of the step is there
+    std::string msg = error_of([&] { llmc::write_done_marker(d, 60); });
+    CHECK(contains(msg, llmc::model_path(d, 60)));
+    ModelShape s = tiny_shape();
+    std::vector<float> params = ramp(llmc::num_parameters(s), 1.0f);
+    llmc::write_model_file(llmc::model_path(d, 60), s, 3, params.data(), params.size() * 4);
+    msg = error_of([&] { llmc::write_done_marker(d, 60); });
+    CHECK(contains(msg, llmc::state_path(d, 60, 0)));
+    llmc::StateWriter w0(60, 0, 2, "fp32");
+    w0.write_atomic(llmc::state_path(d, 60, 0));
+    msg = error_of([&] { llmc::write_done_marker(d, 60); });
+    CHECK(contains(msg, llmc::state_path(d, 60, 1)));  // rank 0 says there are 2 ranks
+    CHECK_FALSE(exists(llmc::done_path(d, 60)));
+    llmc::StateWriter w1(60, 1, 2, "fp32");
+    w1.write_atomic(llmc::state_path(d, 60, 1));
+    llmc::write_done_marker(d, 60);
+    CHECK(llmc::find_latest_checkpoint(d) == 60);
+    CHECK_FALSE(exists(llmc::done_path(d, 60) + ".tmp"));
+}
+
+TEST_CASE("checkpoint: pruning keeps the newest complete checkpoints") {
+    TempDir dir;
+    const std::string& d = dir.path;
+    write_checkpoint(d, 5, 1, /*done=*/false);  // an old interrupted one
+    for (int step : {10, 20, 30, 40}) write_checkpoint(d, step, 2);
+    write_checkpoint(d, 50, 1, /*done=*/false);  // the newest, still being written
+    touch(dir / "model_00000020.bin.tmp");
+    touch(dir / "main.log");
+    touch(dir / "notes_00000001.txt");
+
+    std::vector<std::string> all = list(d);
+    llmc::prune_checkpoints(d, 0);  // 0 = keep everything
+    CHECK(list(d) == all);
+    llmc::prune_checkpoints(d, 4);  // exactly as many as there are
+    CHECK(list(d) == all);
+    llmc::prune_checkpoints(d, 9);
+    CHECK(list(d) == all);
+
+    llmc::prune_checkpoints(d, 2);
+    std::vector<std::string> expect = {
+        "DONE_00000030", "DONE_00000040", "main.log", "model_00000030.bin", "model_00000040.bin",
+        "model_00000050.bin", "notes_00000001.txt", "state_00000030_00000.bin", "state_00000030_00001.bin",
+        "state_00000040_00000.bin", "state_00000040_00001.bin", "state_00000050_00000.bin",
+    };
+    CHECK(list(d) == expect);
+    CHECK(llmc::find_latest_checkpoint(d) == 40);
+
+    llmc::prune_checkpoints(d, 1);
+    CHECK_FALSE(exists(llmc::model_path(d, 30)));
+    CHECK_FALSE(exists(llmc::done_path(d, 30)));
+    CHECK(exists(llmc::model_path(d, 40)));
+    CHECK(exists(llmc::model_path(d, 50)));  // newer than the cutoff: never touched
+    CHECK(exists(dir / "main.log"));
+    CHECK(llmc::find_latest_checkpoint(d) == 40);
+}
+
+TEST_CASE("checkpoint: ensure_output_dir") {
+    TempDir dir;
+    std::string nested = dir / "a/b/c";
+    llmc::ensure_output_dir(nested);
+    struct stat st;
+    REQUIRE(stat(nested.c_str(), &st) == 0);
+    CHECK(S_ISDIR(st.st_mode));
+    CHECK(list(nested).empty());  // the probe file is gone
+    llmc::ensure_output_dir(nested);  // existing is fine
+    llmc::ensure_output_dir(nested + "/");
+
+    touch(dir / "file");
+    std::string msg = error_of([&] { llmc::ensure_output_dir(dir / "file"); });
+    CHECK(contains(msg, "-o " + (dir / "file")));
+    CHECK(contains(msg, "not a directory"));
+    msg = error_of([&] { llmc::ensure_output_dir(dir / "file/sub"); });
+    CHECK(contains(msg, "-o " + (dir / "file/sub") + " is not writable"));
+
+    msg = error_of([] { llmc::ensure_output_dir("/proc/llmc_out/run"); });
+    CHECK(contains(msg, "-o /proc/llmc_out/run is not writable"));
+    msg = error_of([] { llmc::ensure_output_dir("/proc/self"); });  // exists, but nothing can be created in it
+    CHECK(contains(msg, "-o /proc/self is not writable"));
+    CHECK(contains(error_of([] { llmc::ensure_output_dir(""); }), "-o"));
+}

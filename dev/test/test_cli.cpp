@@ -1,0 +1,370 @@
+// Tests for llmc/cli.h: flag parsing, validation, model descriptors and the help text.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "llmc/checkpoint.h"  // num_parameters
+#include "llmc/cli.h"
+
+using llmc::ModelShape;
+using llmc::TrainConfig;
+
+namespace {
+
+// parse_args on a command line given as strings; argv[0] is added here.
+TrainConfig parse(const std::vector<std::string>& args) {
+    std::vector<std::string> storage = {"train_gpt2"};
+    storage.insert(storage.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& s : storage) argv.push_back(&s[0]);
+    argv.push_back(nullptr);
+    return llmc::parse_args((int)storage.size(), argv.data());
+}
+
+// The message of the InputError that f throws; fails the test if it throws nothing.
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const llmc::InputError& e) {
+        return e.what();
+    }
+    FAIL_CHECK("expected an llmc::InputError, nothing was thrown");
+    return "<no error>";
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+    return haystack.find(needle) != std::string::npos;
+}
+
+TrainConfig validated(const std::vector<std::string>& args, int nprocs = 1) {
+    TrainConfig c = parse(args);
+    c.num_processes = nprocs;
+    llmc::validate_config(c);
+    return c;
+}
+
+const std::vector<std::string> kAllFlags = {"-i", "-j", "-e", "-o", "-tk", "-Q", "-b", "-t", "-d",
+                                            "-l", "-u", "-k", "-q", "-c", "-gc", "-x", "-sd", "-v",
+                                            "-m", "-s", "-g", "-r", "-n", "-nk", "-y"};
+
+bool same_shape(const ModelShape& a, const ModelShape& b) {
+    return a.max_seq_len == b.max_seq_len && a.vocab_size == b.vocab_size &&
+           a.padded_vocab_size == b.padded_vocab_size && a.num_layers == b.num_layers &&
+           a.num_heads == b.num_heads && a.channels == b.channels;
+}
+
+} // namespace
+
+TEST_CASE("cli: no flags gives the defaults") {
+    TrainConfig c = parse({});
+    TrainConfig d;
+    CHECK(c.train_pattern == d.train_pattern);
+    CHECK(c.model == "d12");
+    CHECK(c.B == 8);
+    CHECK(c.T == 1024);
+    CHECK(c.total_batch_size == -1);
+    CHECK(c.learning_rate == doctest::Approx(6e-4));
+    CHECK(c.lr_schedule == "cosine");
+    CHECK(c.max_steps == 1000);
+    CHECK(c.resume == 0);
+}
+
+TEST_CASE("cli: every flag parses into its field") {
+    TrainConfig c = parse({"-i", "train_*.bin", "-j", "val_*.bin", "-e", "gpt3:c768", "-o", "out/run1",
+                           "-tk", "tok.bin", "-Q", "bf16", "-b", "4", "-t", "512", "-d", "524288",
+                           "-l", "0.0018", "-u", "700", "-k", "wsd", "-q", "0.05", "-c", "0.01",
+                           "-gc", "0.5", "-x", "18000", "-sd", "18446744073709551615", "-v", "250",
+                           "-m", "20", "-s", "0", "-g", "128", "-r", "2", "-n", "5000", "-nk", "3", "-y", "1"});
+    CHECK(c.train_pattern == "train_*.bin");
+    CHECK(c.val_pattern == "val_*.bin");
+    CHECK(c.model == "gpt3:c768");
+    CHECK(c.output_dir == "out/run1");
+    CHECK(c.tokenizer_path == "tok.bin");
+    CHECK(c.recipe_check == "bf16");
+    CHECK(c.B == 4);
+    CHECK(c.T == 512);
+    CHECK(c.total_batch_size == 524288);
+    CHECK(c.learning_rate == doctest::Approx(0.0018));
+    CHECK(c.warmup_iterations == 700);
+    CHECK(c.lr_schedule == "wsd");
+    CHECK(c.final_lr_fraction == doctest::Approx(0.05));
+    CHECK(c.weight_decay == doctest::Approx(0.01));
+    CHECK(c.grad_clip == doctest::Approx(0.5));
+    CHECK(c.max_steps == 18000);
+    CHECK(c.seed == 18446744073709551615ULL);
+    CHECK(c.val_every == 250);
+    CHECK(c.val_max_steps == 20);
+    CHECK(c.sample_every == 0);
+    CHECK(c.gen_tokens == 128);
+    CHECK(c.recompute == 2);
+    CHECK(c.checkpoint_every == 5000);
+    CHECK(c.checkpoint_keep == 3);
+    CHECK(c.resume == 1);
+}
+
+TEST_CASE("cli: values may start with '-', empty strings are allowed, the last repeat wins") {
+    TrainConfig c = parse({"-x", "-1", "-d", "-1", "-m", "-1", "-j", "", "-b", "2", "-b", "16"});
+    CHECK(c.max_steps == -1);
+    CHECK(c.total_batch_size == -1);
+    CHECK(c.val_max_steps == -1);
+    CHECK(c.val_pattern == "");
+    CHECK(c.B == 16);
+    CHECK(parse({"-l", "1e-3"}).learning_rate == doctest::Approx(1e-3));
+    CHECK(parse({"-d", "9000000000"}).total_batch_size == 9000000000LL);  // 64-bit
+}
+
+TEST_CASE("cli: a value that does not fully parse is rejected, naming the flag and value") {
+    struct Bad {
+        const char* flag;
+        const char* value;
+        const char* expect;
+    };
+    const Bad cases[] = {
+        {"-b", "4x", "-b: expected an integer, got '4x'"},
+        {"-b", "", "-b: expected an integer, got ''"},
+        {"-b", " 4", "expected an integer"},
+        {"-b", "99999999999", "out of range"},
+        {"-t", "1.5", "-t: expected an integer, got '1.5'"},
+        {"-d", "1e6", "-d: expected an integer"},
+        {"-d", "99999999999999999999", "out of range"},
+        {"-u", "abc", "-u: expected an integer"},
+        {"-x", "-", "-x: expected an integer"},
+        {"-nk", "2.0", "-nk: expected an integer"},
+        {"-l", "abc", "-l: expected a number, got 'abc'"},
+        {"-l", "3e-4x", "-l: expected a number"},
+        {"-l", "nan", "-l: expected a finite number"},
+        {"-q", "inf", "-q: expected a finite number"},
+        {"-c", "1e39", "-c: 1e39 is out of range"},
+        {"-gc", "", "-gc: expected a number"},
+        {"-sd", "-1", "-sd: expected a non-negative integer"},
+        {"-sd", "42a", "-sd: expected a non-negative integer"},
+        {"-sd", "99999999999999999999", "-sd: 99999999999999999999 is out of range"},
+    };
+    for (const Bad& b : cases) {
+        CAPTURE(b.flag);
+        CAPTURE(b.value);
+        std::string msg = error_of([&] { parse({b.flag, b.value}); });
+        CHECK(contains(msg, b.expect));
+        CHECK(contains(msg, b.flag));
+    }
+}
+
+TEST_CASE("cli: unknown flags, stray arguments and missing values") {
+    std::string msg = error_of([] { parse({"-zz", "3"}); });
+    CHECK(contains(msg, "unknown flag '-zz'"));
+    msg = error_of([] { parse({"-b", "4", "--batch", "4"}); });
+    CHECK(contains(msg, "'--batch'"));
+    msg = error_of([] { parse({"model.bin"}); });
+    CHECK(contains(msg, "unexpected argument 'model.bin'"));
+    for (const std::string& flag : kAllFlags) {
+        CAPTURE(flag);
+        msg = error_of([&] { parse({"-b", "4", flag}); });
+        CHECK(contains(msg, flag + ": missing value"));
+    }
+}
+
+TEST_CASE("cli: usage lists every flag with its default") {
+    std::string u = llmc::usage();
+    for (const std::string& flag : kAllFlags) {
+        CAPTURE(flag);
+        size_t at = u.find("\n  " + flag + " ");
+        REQUIRE(at != std::string::npos);
+        std::string line = u.substr(at + 1, u.find('\n', at + 1) - at - 1);
+        CHECK(contains(line, "(default "));
+    }
+    CHECK(contains(u, "-h, --help"));
+    CHECK(contains(u, "(default 8)"));        // -b
+    CHECK(contains(u, "(default 0.0006)"));   // -l
+    CHECK(contains(u, "(default \"cosine\")"));
+    CHECK(contains(u, "124,475,904"));        // the model table is included
+}
+
+TEST_CASE("cli: -h and --help print the usage and exit 0") {
+    for (const char* h : {"-h", "--help"}) {
+        CAPTURE(h);
+        int fds[2];
+        REQUIRE(pipe(fds) == 0);
+        std::fflush(stdout);  // the child must not re-flush our buffered output
+        pid_t pid = fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            dup2(fds[1], 1);
+            close(fds[0]);
+            close(fds[1]);
+            parse({"-b", "4x", h});  // help wins even over a bad value
+            _exit(99);
+        }
+        close(fds[1]);
+        std::string out;
+        char buf[4096];
+        ssize_t n;
+        while ((n = read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, (size_t)n);
+        close(fds[0]);
+        int status = 0;
+        waitpid(pid, &status, 0);
+        CHECK(WIFEXITED(status));
+        CHECK(WEXITSTATUS(status) == 0);
+        CHECK(out == llmc::usage());
+    }
+}
+
+TEST_CASE("cli: validate_config fills grad_accum_steps") {
+    CHECK(validated({}).grad_accum_steps == 1);
+    CHECK(validated({"-b", "8", "-t", "1024", "-d", "65536"}).grad_accum_steps == 8);
+    CHECK(validated({"-b", "8", "-t", "1024", "-d", "65536"}, 2).grad_accum_steps == 4);
+    CHECK(validated({"-b", "4", "-t", "64", "-d", "256"}).grad_accum_steps == 1);
+    CHECK(validated({"-d", "-1"}, 4).grad_accum_steps == 1);
+}
+
+TEST_CASE("cli: validate_config rejects a total batch that does not divide") {
+    std::string msg = error_of([] { validated({"-b", "8", "-t", "1024", "-d", "100000"}); });
+    CHECK(contains(msg, "-d 100000"));
+    CHECK(contains(msg, "8*1024*1 = 8192"));
+    CHECK(contains(msg, "try -d 98304"));
+    // with 3 processes the unit is 24576; the suggestion is the nearest multiple
+    msg = error_of([] { validated({"-b", "8", "-t", "1024", "-d", "65536"}, 3); });
+    CHECK(contains(msg, "8*1024*3 = 24576"));
+    CHECK(contains(msg, "try -d 73728"));
+    // smaller than one micro-batch: suggest one micro-batch, never 0
+    msg = error_of([] { validated({"-b", "8", "-t", "1024", "-d", "100"}); });
+    CHECK(contains(msg, "try -d 8192"));
+    CHECK(contains(error_of([] { validated({"-d", "0"}); }), "-d 0"));
+    CHECK(contains(error_of([] { validated({"-d", "-5"}); }), "-d -5"));
+}
+
+TEST_CASE("cli: validate_config range checks name the flag") {
+    struct Bad {
+        std::vector<std::string> args;
+        const char* expect;
+    };
+    const std::vector<Bad> cases = {
+        {{"-b", "0"}, "-b 0"},
+        {{"-b", "-3"}, "-b -3"},
+        {{"-t", "0"}, "-t 0"},
+        {{"-l", "-0.001"}, "-l -0.001"},
+        {{"-u", "-1"}, "-u -1"},
+        {{"-k", "step"}, "-k step"},
+        {{"-q", "1.5"}, "between 0 and 1"},
+        {{"-q", "-0.1"}, "between 0 and 1"},
+        {{"-c", "-0.1"}, "-c -0.1"},
+        {{"-gc", "-1"}, "-gc -1"},
+        {{"-x", "0"}, "-x 0"},
+        {{"-x", "-2"}, "-x -2"},
+        {{"-v", "-1"}, "-v -1"},
+        {{"-m", "0"}, "-m 0"},
+        {{"-m", "-2"}, "-m -2"},
+        {{"-s", "-1"}, "-s -1"},
+        {{"-g", "-1"}, "-g -1"},
+        {{"-r", "3"}, "-r 3"},
+        {{"-r", "-1"}, "-r -1"},
+        {{"-n", "-1"}, "-n -1"},
+        {{"-nk", "-1"}, "-nk -1"},
+        {{"-y", "2"}, "-y 2"},
+        {{"-y", "1"}, "-o"},  // resuming needs the checkpoint directory
+        {{"-i", ""}, "-i"},
+        {{"-e", ""}, "-e"},
+    };
+    for (const Bad& b : cases) {
+        CAPTURE(b.args[0]);
+        CAPTURE(b.args[1]);
+        CHECK(contains(error_of([&] { validated(b.args); }), b.expect));
+    }
+    // the edges that are allowed
+    CHECK_NOTHROW(validated({"-q", "0"}));
+    CHECK_NOTHROW(validated({"-q", "1"}));
+    CHECK_NOTHROW(validated({"-x", "-1", "-m", "-1", "-l", "0", "-gc", "0", "-c", "0", "-v", "0", "-s", "0", "-r", "0"}));
+    CHECK_NOTHROW(validated({"-y", "1", "-o", "out"}));
+    for (const char* k : {"cosine", "linear", "constant", "wsd"}) CHECK_NOTHROW(validated({"-k", k}));
+}
+
+TEST_CASE("cli: model descriptors give their shapes") {
+    struct Expect {
+        const char* name;
+        int L, C, NH, maxT;
+    };
+    const Expect table[] = {
+        {"d6", 6, 384, 6, 1024},          {"d12", 12, 768, 12, 1024},       {"d24", 24, 1024, 16, 1024},
+        {"d36", 36, 1280, 20, 1024},      {"d48", 48, 1600, 25, 1024},      {"gpt3:c768", 12, 768, 12, 2048},
+        {"gpt3:c1024", 24, 1024, 16, 2048}, {"gpt3:c1536", 24, 1536, 12, 2048}, {"gpt3:c2048", 24, 2048, 16, 2048},
+        {"gpt3:c2560", 32, 2560, 20, 2048}, {"gpt3:c4096", 32, 4096, 32, 2048}, {"gpt3:c5120", 40, 5120, 40, 2048},
+        {"gpt3:c12288", 96, 12288, 96, 2048},
+    };
+    for (const Expect& e : table) {
+        CAPTURE(e.name);
+        ModelShape s;
+        s.num_layers = -1;  // make sure every field is written
+        REQUIRE(llmc::parse_model_descriptor(e.name, &s));
+        CHECK(s.num_layers == e.L);
+        CHECK(s.channels == e.C);
+        CHECK(s.num_heads == e.NH);
+        CHECK(s.max_seq_len == e.maxT);
+        CHECK(s.vocab_size == 50257);
+        CHECK(s.padded_vocab_size == 50304);
+    }
+    ModelShape c1536;
+    llmc::parse_model_descriptor("gpt3:c1536", &c1536);
+    CHECK(c1536.channels / c1536.num_heads == 128);
+    // gpt2:dN is the same model as dN
+    for (const char* d : {"d6", "d12", "d24", "d36", "d48"}) {
+        ModelShape a, b;
+        REQUIRE(llmc::parse_model_descriptor(d, &a));
+        REQUIRE(llmc::parse_model_descriptor(std::string("gpt2:") + d, &b));
+        CHECK(same_shape(a, b));
+    }
+}
+
+TEST_CASE("cli: parameter counts of the descriptors") {
+    ModelShape s;
+    REQUIRE(llmc::parse_model_descriptor("d12", &s));
+    CHECK(llmc::num_parameters(s) == 124475904u);
+    REQUIRE(llmc::parse_model_descriptor("gpt3:c768", &s));
+    CHECK(llmc::num_parameters(s) == 125262336u);
+    REQUIRE(llmc::parse_model_descriptor("d48", &s));
+    CHECK(llmc::num_parameters(s) == 1557686400u);
+    std::string table = llmc::describe_models();
+    CHECK(contains(table, "124,475,904"));
+    CHECK(contains(table, "125,262,336"));
+    for (const char* name : {"d6 ", "d12 ", "d24 ", "d36 ", "d48 ", "gpt3:c768 ", "gpt3:c1024 ", "gpt3:c1536 ",
+                             "gpt3:c2048 ", "gpt3:c2560 ", "gpt3:c4096 ", "gpt3:c5120 ", "gpt3:c12288 "})
+        CHECK(contains(table, name));
+}
+
+TEST_CASE("cli: strings that are not descriptors are checkpoint paths") {
+    for (const char* path : {"model.bin", "d12.bin", "d12x", "runs/d12", "/tmp/gpt2_124M.bin", "dx", "d", "gpt2",
+                             "gpt3c768"}) {
+        CAPTURE(path);
+        ModelShape s;
+        s.num_layers = 777;
+        CHECK_FALSE(llmc::parse_model_descriptor(path, &s));
+        CHECK(s.num_layers == 777);  // untouched
+    }
+}
+
+TEST_CASE("cli: unknown descriptors list the valid ones") {
+    for (const char* bad : {"d13", "d0", "gpt2:d13", "gpt2:c768", "gpt3:c999", "gpt3:d12", "gpt3:", "gpt2:"}) {
+        CAPTURE(bad);
+        ModelShape s;
+        std::string msg = error_of([&] { llmc::parse_model_descriptor(bad, &s); });
+        CHECK(contains(msg, std::string("-e ") + bad + ":"));
+        CHECK(contains(msg, "d12"));
+        CHECK(contains(msg, "gpt3:c768"));
+        CHECK(contains(msg, "gpt3:c12288"));
+    }
+}
+
+TEST_CASE("cli: check_seq_len") {
+    ModelShape d12, c768;
+    llmc::parse_model_descriptor("d12", &d12);
+    llmc::parse_model_descriptor("gpt3:c768", &c768);
+    TrainConfig c = parse({"-t", "2048"});
+    CHECK(error_of([&] { llmc::check_seq_len(c, d12); }) ==
+          "-t 2048 is longer than the model's maximum sequence length 1024");
+    CHECK_NOTHROW(llmc::check_seq_len(c, c768));
+    CHECK_NOTHROW(llmc::check_seq_len(parse({"-t", "1024"}), d12));
+}

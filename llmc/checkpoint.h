@@ -1,0 +1,588 @@
+// checkpoint.h: model files, optimizer state files and the checkpoint directory (host only, no CUDA).
+//
+// Model file: llm.c's format, so checkpoints load in llm.c and llm.c's GPT-2 files load here.
+//   1024-byte header of 256 int32: [0]=20240326 magic, [1]=version (3 = fp32 params, 5 = bf16 params),
+//   [2]=maxT, [3]=V, [4]=L, [5]=NH, [6]=C, [7]=Vp, rest zero; then every parameter as one array in
+//   llm.c's tensor order.
+//
+// State file: everything else needed to resume (optimizer moments, master weights, data loader
+// position, RNG state, ...). It is our own format, sectioned so new state can be added without
+// breaking old readers, and checksummed because a silently corrupt optimizer state would ruin a run
+// without any visible error. Layout (little-endian, as the hosts we run on):
+//   offset  0  uint32  magic 20241122
+//           4  uint32  version 1
+//           8  int64   step
+//          16  int32   process_rank
+//          20  int32   num_processes
+//          24  char[32] recipe name, zero-padded
+//          56  uint32  num_sections
+//          60  uint32  reserved (0)
+//   then num_sections times: char[32] name (zero-padded), uint64 byte length, the bytes
+//   then uint64 FNV-1a 64 of every byte before it.
+//
+// Every file is written atomically (PATH.tmp, fsync, rename), so a crash mid-write never leaves a
+// half-written file under the real name. A checkpoint of step S is complete only once DONE_S exists;
+// it is written last, after the model file and every rank's state file.
+#pragma once
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cli.h"     // ModelShape
+#include "common.h"  // InputError, input_error, strfmt
+
+namespace llmc {
+
+constexpr int32_t kModelMagic = 20240326;
+constexpr int32_t kModelVersionFp32 = 3;
+constexpr int32_t kModelVersionBf16 = 5;
+constexpr size_t kModelHeaderBytes = 1024;  // 256 int32
+
+constexpr uint32_t kStateMagic = 20241122;
+constexpr uint32_t kStateVersion = 1;
+constexpr size_t kStateHeaderBytes = 64;
+constexpr size_t kStateNameBytes = 32;          // recipe and section names
+constexpr size_t kStateSectionHeaderBytes = 40; // name + uint64 length
+
+struct ModelFileInfo {
+    ModelShape shape;
+    int version = 0;  // kModelVersionFp32 or kModelVersionBf16
+};
+
+// Parameter count of a GPT-2/3 model: token embedding (Vp*C), position embedding (maxT*C), per layer
+// 2 LayerNorms (4C) + qkv (3C*C + 3C) + attention projection (C*C + C) + MLP (4C*C + 4C + 4C*C + C)
+// = 12C^2 + 13C, and the final LayerNorm (2C).
+inline size_t num_parameters(const ModelShape& s) {
+    size_t C = (size_t)s.channels, L = (size_t)s.num_layers;
+    return (size_t)s.padded_vocab_size * C + (size_t)s.max_seq_len * C + L * (12 * C * C + 13 * C) + 2 * C;
+}
+
+namespace ckpt_detail {
+
+inline size_t bytes_per_param(int version) {
+    if (version == kModelVersionFp32) return 4;
+    if (version == kModelVersionBf16) return 2;
+    throw std::invalid_argument(strfmt("model file version %d is neither 3 (fp32) nor 5 (bf16)", version));
+}
+
+struct Chunk {
+    const void* data;
+    size_t bytes;
+};
+
+// fsync the directory holding `path` so the rename itself survives a power loss. Best effort: some
+// file systems refuse fsync on a directory, and the data is already safe in the file.
+inline void fsync_parent_dir(const std::string& path) {
+    size_t slash = path.find_last_of('/');
+    std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        (void)::fsync(fd);
+        ::close(fd);
+    }
+}
+
+// Write the chunks, in order, to path+".tmp", flush them to disk, then rename over `path`. Either the
+// whole new file appears under `path` or (on any failure) `path` is left as it was and no .tmp remains.
+inline void write_file_atomic(const std::string& path, const std::vector<Chunk>& chunks) {
+    std::string tmp = path + ".tmp";
+    errno = 0;
+    FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (!f) input_error("cannot write %s: %s", path.c_str(), std::strerror(errno));
+    int err = 0;
+    for (const Chunk& c : chunks) {
+        errno = 0;
+        if (c.bytes > 0 && std::fwrite(c.data, 1, c.bytes, f) != c.bytes) {
+            err = errno ? errno : EIO;
+            break;
+        }
+    }
+    errno = 0;
+    if (!err && std::fflush(f) != 0) err = errno ? errno : EIO;
+    if (!err && ::fsync(fileno(f)) != 0) err = errno ? errno : EIO;
+    errno = 0;
+    if (std::fclose(f) != 0 && !err) err = errno ? errno : EIO;
+    if (!err && std::rename(tmp.c_str(), path.c_str()) != 0) err = errno ? errno : EIO;
+    if (err) {
+        ::unlink(tmp.c_str());
+        input_error("cannot write %s: %s", path.c_str(), std::strerror(err));
+    }
+    fsync_parent_dir(path);
+}
+
+// FNV-1a, 64-bit. Simple and dependency-free; it guards against torn or bit-rotted files, not against
+// deliberate tampering.
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ULL;
+constexpr uint64_t kFnvPrime = 0x100000001b3ULL;
+inline uint64_t fnv1a(uint64_t h, const void* data, size_t bytes) {
+    const unsigned char* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < bytes; i++) {
+        h ^= p[i];
+        h *= kFnvPrime;
+    }
+    return h;
+}
+
+inline void put_name(unsigned char* dst, const std::string& name) {
+    std::memset(dst, 0, kStateNameBytes);
+    std::memcpy(dst, name.data(), name.size());
+}
+
+inline std::string get_name(const unsigned char* src) {
+    const char* s = reinterpret_cast<const char*>(src);
+    size_t n = 0;
+    while (n < kStateNameBytes && s[n] != '\0') n++;
+    return std::string(s, n);
+}
+
+inline bool file_exists(const std::string& path) {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// Parse a non-empty run of decimal digits that fits in an int; false otherwise.
+inline bool parse_step_digits(const std::string& s, int* out) {
+    if (s.empty() || s.size() > 9) return false;  // 9 digits always fit in an int
+    int v = 0;
+    for (char ch : s) {
+        if (ch < '0' || ch > '9') return false;
+        v = v * 10 + (ch - '0');
+    }
+    *out = v;
+    return true;
+}
+
+inline bool strip_prefix(std::string& s, const char* prefix) {
+    size_t n = std::strlen(prefix);
+    if (s.compare(0, n, prefix) != 0) return false;
+    s.erase(0, n);
+    return true;
+}
+
+inline bool strip_suffix(std::string& s, const char* suffix) {
+    size_t n = std::strlen(suffix);
+    if (s.size() < n || s.compare(s.size() - n, n, suffix) != 0) return false;
+    s.erase(s.size() - n);
+    return true;
+}
+
+// The step of a completed DONE marker "DONE_<step>" (no .tmp), or -1.
+inline int done_marker_step(const std::string& filename) {
+    std::string s = filename;
+    int step;
+    if (strip_prefix(s, "DONE_") && parse_step_digits(s, &step)) return step;
+    return -1;
+}
+
+// The step of any file this module writes into a checkpoint directory (model, state, DONE marker,
+// or a leftover .tmp of one of them), or -1 for anything else (main.log, the user's own files).
+inline int checkpoint_file_step(const std::string& filename) {
+    std::string s = filename;
+    strip_suffix(s, ".tmp");
+    int step, rank;
+    if (strip_prefix(s, "DONE_")) return parse_step_digits(s, &step) ? step : -1;
+    if (strip_prefix(s, "model_")) return strip_suffix(s, ".bin") && parse_step_digits(s, &step) ? step : -1;
+    if (strip_prefix(s, "state_") && strip_suffix(s, ".bin")) {
+        size_t us = s.find('_');
+        if (us == std::string::npos) return -1;
+        if (parse_step_digits(s.substr(0, us), &step) && parse_step_digits(s.substr(us + 1), &rank)) return step;
+    }
+    return -1;
+}
+
+// Names of the entries of `dir`. A missing directory has no entries; any other failure is an error.
+inline std::vector<std::string> list_dir(const std::string& dir, bool* missing) {
+    std::vector<std::string> names;
+    *missing = false;
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) {
+        if (errno == ENOENT) {
+            *missing = true;
+            return names;
+        }
+        input_error("cannot read checkpoint directory %s: %s", dir.c_str(), std::strerror(errno));
+    }
+    while (struct dirent* e = ::readdir(d)) names.push_back(e->d_name);
+    ::closedir(d);
+    return names;
+}
+
+// Steps that have a DONE marker, newest first.
+inline std::vector<int> done_steps(const std::string& dir) {
+    bool missing;
+    std::vector<int> steps;
+    for (const std::string& name : list_dir(dir, &missing)) {
+        int step = done_marker_step(name);
+        if (step >= 0) steps.push_back(step);
+    }
+    std::sort(steps.rbegin(), steps.rend());
+    return steps;
+}
+
+} // namespace ckpt_detail
+
+// ---------------------------------------------------------------------------------------------
+// model file
+// ---------------------------------------------------------------------------------------------
+
+inline ModelFileInfo read_model_header(const std::string& path) {
+    const char* p = path.c_str();
+    FILE* f = std::fopen(p, "rb");
+    if (!f) input_error("cannot open model file %s: %s", p, std::strerror(errno));
+    int32_t h[kModelHeaderBytes / 4];
+    size_t got = std::fread(h, 1, sizeof(h), f);
+    struct stat st;
+    bool have_size = ::fstat(fileno(f), &st) == 0;
+    std::fclose(f);
+    if (got != sizeof(h))
+        input_error("%s is too short to be an llm.c model file (%zu bytes, the header alone is %zu)", p, got,
+                    kModelHeaderBytes);
+    if (h[0] != kModelMagic)
+        input_error("%s is not an llm.c model file (magic number %d, expected %d)", p, h[0], kModelMagic);
+    if (h[1] != kModelVersionFp32 && h[1] != kModelVersionBf16)
+        input_error("%s has unsupported model file version %d (supported: 3 = fp32 parameters, 5 = bf16 parameters)",
+                    p, h[1]);
+
+    ModelFileInfo info;
+    info.version = h[1];
+    ModelShape& s = info.shape;
+    s.max_seq_len = h[2];
+    s.vocab_size = h[3];
+    s.num_layers = h[4];
+    s.num_heads = h[5];
+    s.channels = h[6];
+    s.padded_vocab_size = h[7];
+    std::string shape_str = strfmt("maxT=%d V=%d L=%d NH=%d C=%d Vp=%d", s.max_seq_len, s.vocab_size, s.num_layers,
+                                   s.num_heads, s.channels, s.padded_vocab_size);
+    if (s.max_seq_len <= 0 || s.vocab_size <= 0 || s.num_layers <= 0 || s.num_heads <= 0 || s.channels <= 0 ||
+        s.padded_vocab_size <= 0)
+        input_error("%s has an invalid shape in its header (%s)", p, shape_str.c_str());
+    if (s.channels % s.num_heads != 0)
+        input_error("%s has an invalid shape: C=%d is not divisible by NH=%d", p, s.channels, s.num_heads);
+    if (s.padded_vocab_size < s.vocab_size)
+        input_error("%s has an invalid shape: padded vocab Vp=%d is smaller than vocab V=%d", p, s.padded_vocab_size,
+                    s.vocab_size);
+    // A garbage header could describe a model so large that the byte count overflows; estimate in
+    // floating point first (2^60 bytes is far beyond any real file).
+    double approx = ((double)s.padded_vocab_size + s.max_seq_len) * s.channels +
+                    (double)s.num_layers * (12.0 * s.channels * s.channels + 13.0 * s.channels);
+    if (approx * 4 > 1e18) input_error("%s has an implausible shape in its header (%s)", p, shape_str.c_str());
+
+    if (!have_size) input_error("cannot determine the size of %s: %s", p, std::strerror(errno));
+    size_t expected = kModelHeaderBytes + num_parameters(s) * ckpt_detail::bytes_per_param(info.version);
+    if ((unsigned long long)st.st_size != (unsigned long long)expected)
+        input_error("%s is truncated or has the wrong shape: its header (%s, %s) needs %zu bytes but the file has %lld",
+                    p, shape_str.c_str(), info.version == kModelVersionFp32 ? "fp32" : "bf16", expected,
+                    (long long)st.st_size);
+    return info;
+}
+
+// Read all parameters (num_parameters * 4 bytes for version 3, * 2 for version 5) into dst.
+inline void read_model_params(const std::string& path, const ModelFileInfo& info, void* dst, size_t bytes) {
+    size_t expected = num_parameters(info.shape) * ckpt_detail::bytes_per_param(info.version);
+    if (bytes != expected)
+        throw std::invalid_argument(strfmt("read_model_params(%s): buffer is %zu bytes, the parameters are %zu",
+                                           path.c_str(), bytes, expected));
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) input_error("cannot open model file %s: %s", path.c_str(), std::strerror(errno));
+    errno = 0;
+    bool ok = std::fseek(f, (long)kModelHeaderBytes, SEEK_SET) == 0 && std::fread(dst, 1, bytes, f) == bytes;
+    int err = errno;
+    std::fclose(f);
+    if (!ok)
+        input_error("cannot read the parameters of %s (%s); was the file changed while loading?", path.c_str(),
+                    err ? std::strerror(err) : "unexpected end of file");
+}
+
+inline void write_model_file(const std::string& path, const ModelShape& shape, int version, const void* params,
+                             size_t bytes) {
+    size_t expected = num_parameters(shape) * ckpt_detail::bytes_per_param(version);
+    if (bytes != expected)
+        throw std::invalid_argument(strfmt("write_model_file(%s): %zu bytes of parameters given, the shape needs %zu",
+                                           path.c_str(), bytes, expected));
+    int32_t h[kModelHeaderBytes / 4] = {0};
+    h[0] = kModelMagic;
+    h[1] = version;
+    h[2] = shape.max_seq_len;
+    h[3] = shape.vocab_size;
+    h[4] = shape.num_layers;
+    h[5] = shape.num_heads;
+    h[6] = shape.channels;
+    h[7] = shape.padded_vocab_size;
+    ckpt_detail::write_file_atomic(path, {{h, sizeof(h)}, {params, bytes}});
+}
+
+// ---------------------------------------------------------------------------------------------
+// state file
+// ---------------------------------------------------------------------------------------------
+
+// Collects named byte ranges and writes them as one state file. Only pointers are stored: the data
+// must stay alive and unchanged until write_atomic returns.
+class StateWriter {
+public:
+    StateWriter(int64_t step, int rank, int nprocs, const std::string& recipe)
+        : step_(step), rank_(rank), nprocs_(nprocs), recipe_(recipe) {
+        if (recipe.size() > kStateNameBytes)
+            throw std::invalid_argument("StateWriter: recipe name longer than 32 bytes: " + recipe);
+    }
+
+    void add(const std::string& name, const void* data, size_t bytes) {
+        if (name.empty() || name.size() > kStateNameBytes)
+            throw std::invalid_argument("StateWriter: section name must be 1 to 32 bytes: '" + name + "'");
+        for (const Section& s : sections_)
+            if (s.name == name) throw std::invalid_argument("StateWriter: duplicate section '" + name + "'");
+        sections_.push_back({name, data, bytes});
+    }
+
+    void write_atomic(const std::string& path) const {
+        unsigned char header[kStateHeaderBytes] = {0};
+        uint32_t magic = kStateMagic, version = kStateVersion, count = (uint32_t)sections_.size();
+        int32_t rank = rank_, nprocs = nprocs_;
+        std::memcpy(header + 0, &magic, 4);
+        std::memcpy(header + 4, &version, 4);
+        std::memcpy(header + 8, &step_, 8);
+        std::memcpy(header + 16, &rank, 4);
+        std::memcpy(header + 20, &nprocs, 4);
+        ckpt_detail::put_name(header + 24, recipe_);
+        std::memcpy(header + 56, &count, 4);
+
+        // section headers live here so the chunk pointers stay valid while writing
+        std::vector<unsigned char> sec_headers(sections_.size() * kStateSectionHeaderBytes);
+        std::vector<ckpt_detail::Chunk> chunks = {{header, sizeof(header)}};
+        for (size_t i = 0; i < sections_.size(); i++) {
+            unsigned char* sh = &sec_headers[i * kStateSectionHeaderBytes];
+            ckpt_detail::put_name(sh, sections_[i].name);
+            uint64_t len = sections_[i].bytes;
+            std::memcpy(sh + kStateNameBytes, &len, 8);
+            chunks.push_back({sh, kStateSectionHeaderBytes});
+            chunks.push_back({sections_[i].data, sections_[i].bytes});
+        }
+        uint64_t sum = ckpt_detail::kFnvOffset;
+        for (const ckpt_detail::Chunk& c : chunks) sum = ckpt_detail::fnv1a(sum, c.data, c.bytes);
+        chunks.push_back({&sum, 8});
+        ckpt_detail::write_file_atomic(path, chunks);
+    }
+
+private:
+    struct Section {
+        std::string name;
+        const void* data;
+        size_t bytes;
+    };
+    int64_t step_;
+    int rank_, nprocs_;
+    std::string recipe_;
+    std::vector<Section> sections_;
+};
+
+// Reads a whole state file into memory and verifies it before anything is handed out.
+class StateReader {
+public:
+    void open(const std::string& path) {
+        path_ = path;
+        sections_.clear();
+        buf_.clear();
+        const char* p = path.c_str();
+        FILE* f = std::fopen(p, "rb");
+        if (!f) input_error("cannot open state file %s: %s", p, std::strerror(errno));
+        struct stat st;
+        if (::fstat(fileno(f), &st) != 0) {
+            int err = errno;
+            std::fclose(f);
+            input_error("cannot read state file %s: %s", p, std::strerror(err));
+        }
+        buf_.resize((size_t)st.st_size);
+        errno = 0;
+        size_t got = buf_.empty() ? 0 : std::fread(buf_.data(), 1, buf_.size(), f);
+        int err = errno;
+        std::fclose(f);
+        if (got != buf_.size())
+            input_error("cannot read state file %s: %s", p, err ? std::strerror(err) : "unexpected end of file");
+
+        if (buf_.size() < kStateHeaderBytes + 8)
+            input_error("%s is too short to be a state file (%zu bytes)", p, buf_.size());
+        uint32_t magic, version, count;
+        std::memcpy(&magic, &buf_[0], 4);
+        if (magic != kStateMagic) input_error("%s is not a state file (magic number %u, expected %u)", p, magic, kStateMagic);
+        // The checksum comes before every other field: a flipped bit in the version or a length
+        // should be reported as corruption, not as a confusing "unsupported version".
+        uint64_t stored;
+        std::memcpy(&stored, &buf_[buf_.size() - 8], 8);
+        if (ckpt_detail::fnv1a(ckpt_detail::kFnvOffset, buf_.data(), buf_.size() - 8) != stored)
+            input_error("%s is corrupt (checksum mismatch)", p);
+        std::memcpy(&version, &buf_[4], 4);
+        if (version != kStateVersion)
+            input_error("%s has unsupported state file version %u (this build reads version %u)", p, version, kStateVersion);
+        int32_t rank, nprocs;
+        std::memcpy(&step_, &buf_[8], 8);
+        std::memcpy(&rank, &buf_[16], 4);
+        std::memcpy(&nprocs, &buf_[20], 4);
+        rank_ = rank;
+        nprocs_ = nprocs;
+        recipe_ = ckpt_detail::get_name(&buf_[24]);
+        std::memcpy(&count, &buf_[56], 4);
+
+        size_t pos = kStateHeaderBytes, end = buf_.size() - 8;
+        for (uint32_t i = 0; i < count; i++) {
+            if (end - pos < kStateSectionHeaderBytes) input_error("%s is corrupt (section table runs past the end)", p);
+            Section s;
+            s.name = ckpt_detail::get_name(&buf_[pos]);
+            uint64_t len;
+            std::memcpy(&len, &buf_[pos + kStateNameBytes], 8);
+            pos += kStateSectionHeaderBytes;
+            if (len > end - pos) input_error("%s is corrupt (section '%s' runs past the end)", p, s.name.c_str());
+            s.offset = pos;
+            s.bytes = (size_t)len;
+            pos += (size_t)len;
+            if (has(s.name)) input_error("%s is corrupt (section '%s' appears twice)", p, s.name.c_str());
+            sections_.push_back(s);
+        }
+        if (pos != end) input_error("%s is corrupt (%zu unexpected bytes after the last section)", p, end - pos);
+    }
+
+    int64_t step() const { return step_; }
+    int rank() const { return rank_; }
+    int num_processes() const { return nprocs_; }
+    const std::string& recipe() const { return recipe_; }
+
+    bool has(const std::string& name) const { return find(name) != nullptr; }
+
+    size_t size_of(const std::string& name) const { return get(name).bytes; }
+
+    void read(const std::string& name, void* dst, size_t bytes) const {
+        const Section& s = get(name);
+        if (s.bytes != bytes)
+            input_error("%s: section '%s' holds %zu bytes but %zu were expected (written for a different model or recipe?)",
+                        path_.c_str(), name.c_str(), s.bytes, bytes);
+        if (bytes > 0) std::memcpy(dst, &buf_[s.offset], bytes);
+    }
+
+private:
+    struct Section {
+        std::string name;
+        size_t offset;
+        size_t bytes;
+    };
+    const Section* find(const std::string& name) const {
+        for (const Section& s : sections_)
+            if (s.name == name) return &s;
+        return nullptr;
+    }
+    const Section& get(const std::string& name) const {
+        const Section* s = find(name);
+        if (!s) input_error("%s has no section '%s' (written by a different recipe or version?)", path_.c_str(), name.c_str());
+        return *s;
+    }
+
+    std::string path_;
+    std::vector<unsigned char> buf_;
+    std::vector<Section> sections_;
+    int64_t step_ = 0;
+    int rank_ = 0, nprocs_ = 0;
+    std::string recipe_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// checkpoint directory
+// ---------------------------------------------------------------------------------------------
+
+inline std::string model_path(const std::string& dir, int step) { return dir + strfmt("/model_%08d.bin", step); }
+
+inline std::string state_path(const std::string& dir, int step, int rank) {
+    return dir + strfmt("/state_%08d_%05d.bin", step, rank);
+}
+
+inline std::string done_path(const std::string& dir, int step) { return dir + strfmt("/DONE_%08d", step); }
+
+// Mark checkpoint `step` complete. Refuses unless the model file and every rank's state file are
+// there (the number of ranks is read from rank 0's state header), so a DONE marker always means
+// "this step can be resumed from".
+inline void write_done_marker(const std::string& dir, int step) {
+    std::string model = model_path(dir, step), state0 = state_path(dir, step, 0);
+    if (!ckpt_detail::file_exists(model))
+        input_error("cannot mark checkpoint %d complete: %s is missing", step, model.c_str());
+    FILE* f = std::fopen(state0.c_str(), "rb");
+    if (!f) input_error("cannot mark checkpoint %d complete: %s is missing", step, state0.c_str());
+    unsigned char header[kStateHeaderBytes];
+    size_t got = std::fread(header, 1, sizeof(header), f);
+    std::fclose(f);
+    uint32_t magic = 0;
+    int32_t nprocs = 0;
+    if (got == sizeof(header)) {
+        std::memcpy(&magic, header, 4);
+        std::memcpy(&nprocs, header + 20, 4);
+    }
+    if (got != sizeof(header) || magic != kStateMagic || nprocs < 1)
+        input_error("cannot mark checkpoint %d complete: %s is not a valid state file", step, state0.c_str());
+    for (int r = 1; r < nprocs; r++) {
+        std::string sp = state_path(dir, step, r);
+        if (!ckpt_detail::file_exists(sp))
+            input_error("cannot mark checkpoint %d complete: %s is missing", step, sp.c_str());
+    }
+    ckpt_detail::write_file_atomic(done_path(dir, step), {});
+}
+
+// The newest step with a DONE marker (and its model file), or -1 if there is none or `dir` does not
+// exist. Checkpoints without a marker were interrupted mid-write and are never resumed from.
+inline int find_latest_checkpoint(const std::string& dir) {
+    for (int step : ckpt_detail::done_steps(dir))
+        if (ckpt_detail::file_exists(model_path(dir, step))) return step;
+    return -1;
+}
+
+// Keep the newest `keep_last` complete checkpoints; delete every checkpoint file (model, state, DONE,
+// leftover .tmp) of any older step, complete or not. Steps newer than the cutoff are never touched,
+// even if incomplete: one may be being written right now. keep_last <= 0 keeps everything.
+inline void prune_checkpoints(const std::string& dir, int keep_last) {
+    if (keep_last <= 0) return;
+    std::vector<int> complete = ckpt_detail::done_steps(dir);
+    if ((int)complete.size() <= keep_last) return;
+    int cutoff = complete[(size_t)keep_last - 1];  // the oldest step we keep
+
+    bool missing;
+    std::vector<std::string> doomed_markers, doomed_files;
+    for (const std::string& name : ckpt_detail::list_dir(dir, &missing)) {
+        int step = ckpt_detail::checkpoint_file_step(name);
+        if (step < 0 || step >= cutoff) continue;
+        (ckpt_detail::done_marker_step(name) >= 0 ? doomed_markers : doomed_files).push_back(dir + "/" + name);
+    }
+    // Markers go first: if we are killed halfway, no DONE marker is left pointing at deleted files.
+    for (const std::vector<std::string>* list : {&doomed_markers, &doomed_files})
+        for (const std::string& path : *list)
+            if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+                input_error("cannot delete old checkpoint file %s: %s", path.c_str(), std::strerror(errno));
+}
+
+// mkdir -p `dir`, then prove it is writable by creating and removing a probe file: better to fail
+// now than after hours of training when the first checkpoint is due.
+inline void ensure_output_dir(const std::string& dir) {
+    const char* d = dir.c_str();
+    if (dir.empty()) input_error("-o: the output directory name is empty");
+    for (size_t i = 1; i <= dir.size(); i++) {
+        if (i < dir.size() && dir[i] != '/') continue;
+        std::string prefix = dir.substr(0, i);
+        if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
+            input_error("-o %s is not writable: cannot create %s: %s", d, prefix.c_str(), std::strerror(errno));
+    }
+    struct stat st;
+    if (::stat(d, &st) != 0) input_error("-o %s is not writable: %s", d, std::strerror(errno));
+    if (!S_ISDIR(st.st_mode)) input_error("-o %s exists and is not a directory", d);
+    std::string probe = dir + strfmt("/.write_probe_%d", (int)::getpid());
+    int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) input_error("-o %s is not writable: %s", d, std::strerror(errno));
+    ::close(fd);
+    ::unlink(probe.c_str());
+}
+
+} // namespace llmc

@@ -1,0 +1,134 @@
+// cuda_common.h: the precision of the build, error checking, device allocation, and the small
+// device helpers (warp reductions, hashing, stochastic rounding) every kernel header uses.
+#pragma once
+#include <cstdio>
+#include <cstdlib>
+#include <cstdint>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublasLt.h>
+#include "common.h"
+
+// ---------------------------------------------------------------------------------------------
+// Precision of parameters and activations. Gradients of parameters, AdamW moments and master
+// weights are always FP32. PRECISION=FP32 builds the reference-test variant (FP32 everywhere,
+// FP32 GEMMs without TF32); the default is BF16.
+#if defined(ENABLE_FP32)
+typedef float floatX;
+#define PRECISION_NAME "fp32"
+#define CUDA_R_FLOATX CUDA_R_32F
+#define CHECKPOINT_VERSION 3
+#else
+typedef __nv_bfloat16 floatX;
+#define PRECISION_NAME "bf16"
+#define CUDA_R_FLOATX CUDA_R_16BF
+#define CHECKPOINT_VERSION 5
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Error checking: a failing CUDA or cuBLAS call is a bug or a broken device, not user input, so
+// it prints where it happened and exits.
+inline void cuda_check_impl(cudaError_t err, const char* file, int line) {
+    if (err != cudaSuccess) {
+        fprintf(stderr, "error: CUDA call failed at %s:%d: %s\n", file, line, cudaGetErrorString(err));
+        exit(1);
+    }
+}
+#define cudaCheck(err) cuda_check_impl((err), __FILE__, __LINE__)
+
+inline void cublas_check_impl(cublasStatus_t status, const char* file, int line) {
+    if (status != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "error: cuBLAS call failed at %s:%d: status %d\n", file, line, (int)status);
+        exit(1);
+    }
+}
+#define cublasCheck(status) cublas_check_impl((status), __FILE__, __LINE__)
+
+// after a kernel launch: catch bad launch configurations at once
+#define cudaCheckLaunch() cudaCheck(cudaGetLastError())
+
+// ---------------------------------------------------------------------------------------------
+// Device allocation. Running out of memory is something the user can fix, so it gets its own
+// message: how much was asked for, what is free, and what to change.
+inline void* cuda_malloc_or_die(size_t bytes, const char* what) {
+    void* ptr = nullptr;
+    cudaError_t err = cudaMalloc(&ptr, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+        cudaGetLastError(); // clear the sticky-free error
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        fprintf(stderr,
+                "error: out of GPU memory allocating %s: asked for %.2f GiB, %.2f GiB free of %.2f GiB.\n"
+                "       Use a smaller micro-batch (-b), recompute more in backward (-r 2), or a shorter -t.\n",
+                what, bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
+        exit(1);
+    }
+    cudaCheck(err);
+    return ptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device helpers.
+#define WARP_SIZE 32
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffff, v, off);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, off));
+    return v;
+}
+
+// Block-wide sum, deterministic (fixed tree). All threads get the result. blockDim.x % 32 == 0.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float partial[32];
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int num_warps = blockDim.x / WARP_SIZE;
+    v = warp_sum(v);
+    __syncthreads(); // partial may still be read by a previous call
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < num_warps ? partial[lane] : 0.0f;
+    return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v) {
+    __shared__ float partial[32];
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int num_warps = blockDim.x / WARP_SIZE;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < num_warps ? partial[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+// Stateless 32-bit hash of (seed, index): the random bits for stochastic rounding. Being a pure
+// function of its inputs makes every rounding decision reproducible (and a resumed run identical).
+__host__ __device__ __forceinline__ uint32_t hash_u32(uint32_t seed, uint32_t index) {
+    uint32_t h = seed ^ (index * 0x9E3779B9u);
+    h ^= h >> 16; h *= 0x85EBCA6Bu;
+    h ^= h >> 13; h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    h += index;
+    h ^= h >> 15; h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    return h;
+}
+
+// Conversions to the storage type. For BF16, round-to-nearest-even, or stochastic rounding:
+// add 16 random bits below BF16's last mantissa bit and truncate, so that E[rounded] = x.
+__device__ __forceinline__ void store_rounded(float* dst, float x, uint32_t) { *dst = x; }
+__device__ __forceinline__ void store_rounded(__nv_bfloat16* dst, float x, uint32_t random_bits) {
+    uint32_t bits = __float_as_uint(x);
+    if ((bits & 0x7F800000u) != 0x7F800000u) { // leave inf/NaN to the normal conversion
+        bits += (random_bits & 0xFFFFu);
+        bits &= 0xFFFF0000u;
+        *dst = __float2bfloat16_rn(__uint_as_float(bits));
+    } else {
+        *dst = __float2bfloat16_rn(x);
+    }
+}
+
+inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }

@@ -1,0 +1,89 @@
+// encoder.cuh: token + position embedding, forward and (deterministic) backward.
+//   out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
+// Backward: dwpe[t,:] += sum_b dout[b,t,:] and dwte[v,:] += sum over positions holding token v.
+// Atomics would make the order of additions (and so the bits of dwte) vary between runs, so the
+// host groups positions by token first (EmbeddingBuckets) and one thread sums each (token, channel)
+// over its positions in increasing order.
+#pragma once
+#include <vector>
+#include <algorithm>
+#include "cuda_common.h"
+
+__global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
+                                       int B, int T, int C) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)B * T * C) return;
+    int c = idx % C;
+    int bt = idx / C;
+    int t = bt % T;
+    int token = inp[bt];
+    out[idx] = (floatX)((float)wte[(long long)token * C + c] + (float)wpe[(long long)t * C + c]);
+}
+
+inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
+                            int B, int T, int C, cudaStream_t stream) {
+    const int block = 256;
+    long long n = (long long)B * T * C;
+    encoder_forward_kernel<<<ceil_div(n, block), block, 0, stream>>>(out, inp, wte, wpe, B, T, C);
+    cudaCheckLaunch();
+}
+
+// The positions of a micro-batch grouped by token id, built on the host from the input tokens.
+// tokens[u] is the u-th distinct token, its positions are positions[offsets[u] .. offsets[u+1]).
+struct EmbeddingBuckets {
+    std::vector<int> tokens, offsets, positions;
+    void build(const int* inp, int BT) {
+        std::vector<int> order(BT);
+        for (int i = 0; i < BT; i++) order[i] = i;
+        // stable sort by token keeps positions increasing within a token: a fixed summation order
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return inp[a] < inp[b]; });
+        tokens.clear(); offsets.clear(); positions.assign(order.begin(), order.end());
+        for (int i = 0; i < BT; i++) {
+            if (i == 0 || inp[order[i]] != inp[order[i - 1]]) {
+                tokens.push_back(inp[order[i]]);
+                offsets.push_back(i);
+            }
+        }
+        offsets.push_back(BT);
+    }
+};
+
+// one thread per (distinct token, channel); blockIdx.y picks the token
+__global__ void wte_backward_kernel(float* dwte, const floatX* dout, const int* tokens, const int* offsets,
+                                    const int* positions, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    int u = blockIdx.y;
+    if (c >= C) return;
+    float sum = 0.0f;
+    for (int i = offsets[u]; i < offsets[u + 1]; i++) sum += (float)dout[(long long)positions[i] * C + c];
+    dwte[(long long)tokens[u] * C + c] += sum;
+}
+
+// one thread per (t, channel), summing over the batch in order
+__global__ void wpe_backward_kernel(float* dwpe, const floatX* dout, int B, int T, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    int t = blockIdx.y;
+    if (c >= C) return;
+    float sum = 0.0f;
+    for (int b = 0; b < B; b++) sum += (float)dout[((long long)b * T + t) * C + c];
+    dwpe[(long long)t * C + c] += sum;
+}
+
+// bucket_dev: device buffer of 3*BT+1 ints receiving tokens | offsets | positions
+inline void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const EmbeddingBuckets& buckets,
+                             int* bucket_dev, int B, int T, int C, cudaStream_t stream) {
+    const int BT = B * T;
+    const int U = (int)buckets.tokens.size();
+    int* d_tokens = bucket_dev;
+    int* d_offsets = bucket_dev + BT;
+    int* d_positions = bucket_dev + 2 * BT + 1;
+    cudaCheck(cudaMemcpyAsync(d_tokens, buckets.tokens.data(), U * sizeof(int), cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaMemcpyAsync(d_offsets, buckets.offsets.data(), (U + 1) * sizeof(int), cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaMemcpyAsync(d_positions, buckets.positions.data(), BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+    const int block = 256;
+    wte_backward_kernel<<<dim3(ceil_div(C, block), U), block, 0, stream>>>(dwte, dout, d_tokens, d_offsets, d_positions, C);
+    cudaCheckLaunch();
+    wpe_backward_kernel<<<dim3(ceil_div(C, block), T), block, 0, stream>>>(dwpe, dout, B, T, C);
+    cudaCheckLaunch();
+    // the host vectors must stay alive until the copies finish: the caller synchronizes per step
+}

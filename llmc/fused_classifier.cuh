@@ -1,0 +1,40 @@
+// fused_classifier.cuh: softmax + cross-entropy + dlogits in one kernel; probabilities are never stored.
+// For each position (row) with target y over the first V of Vp logit columns:
+//   lse = log sum_i exp(logit_i),  loss = lse - logit_y
+//   dlogit_i = (exp(logit_i - lse) - [i == y]) * dloss    for i < V,   0 for the padded columns
+// dlogits overwrite the logits in place (the buffer is not needed afterwards). One block per row.
+#pragma once
+#include "cuda_common.h"
+
+__global__ void fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float dloss,
+                                        int V, int Vp, bool write_dlogits) {
+    long long row = blockIdx.x;
+    floatX* x = logits + row * Vp;
+    // pass 1: online max and sum of exponentials (each thread its own, then merged)
+    float m = -INFINITY, s = 0.0f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float v = (float)x[i];
+        if (v > m) { s = s * expf(m - v) + 1.0f; m = v; }
+        else s += expf(v - m);
+    }
+    float block_m = block_max(m);
+    s = (m == -INFINITY) ? 0.0f : s * expf(m - block_m);
+    float block_s = block_sum(s);
+    float lse = block_m + logf(block_s);
+    int y = targets[row];
+    if (threadIdx.x == 0) losses[row] = lse - (float)x[y];
+    if (!write_dlogits) return;
+    __syncthreads(); // everyone has read x[y] before it is overwritten
+    // pass 2: gradient
+    for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
+        float g = 0.0f;
+        if (i < V) g = (expf((float)x[i] - lse) - (i == y ? 1.0f : 0.0f)) * dloss;
+        x[i] = (floatX)g;
+    }
+}
+
+inline void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss,
+                             int BT, int V, int Vp, bool write_dlogits, cudaStream_t stream) {
+    fused_classifier_kernel<<<BT, 1024, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_dlogits);
+    cudaCheckLaunch();
+}

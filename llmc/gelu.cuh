@@ -1,0 +1,36 @@
+// gelu.cuh: GELU with the tanh approximation (as GPT-2), forward and backward.
+//   gelu(x) = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+//   gelu'(x) = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+#pragma once
+#include "cuda_common.h"
+
+#define GELU_SQRT_2_OVER_PI 0.7978845608028654f
+
+__device__ __forceinline__ float gelu_value(float x) {
+    float u = GELU_SQRT_2_OVER_PI * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+__device__ __forceinline__ float gelu_derivative(float x) {
+    float u = GELU_SQRT_2_OVER_PI * (x + 0.044715f * x * x * x);
+    float th = tanhf(u);
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * GELU_SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+__global__ void gelu_forward_kernel(floatX* out, const floatX* inp, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = (floatX)gelu_value((float)inp[i]);
+}
+// dinout: gradient w.r.t. the GELU output in, w.r.t. its input out (in place)
+__global__ void gelu_backward_kernel(floatX* dinout, const floatX* inp, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dinout[i] = (floatX)((float)dinout[i] * gelu_derivative((float)inp[i]));
+}
+
+inline void gelu_forward(floatX* out, const floatX* inp, long long n, cudaStream_t stream) {
+    gelu_forward_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(out, inp, n);
+    cudaCheckLaunch();
+}
+inline void gelu_backward(floatX* dinout, const floatX* inp, long long n, cudaStream_t stream) {
+    gelu_backward_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(dinout, inp, n);
+    cudaCheckLaunch();
+}

@@ -1,0 +1,140 @@
+// layernorm.cuh: LayerNorm forward, the fused residual-add + LayerNorm forward, and backward.
+//   y = (x - mean) * rstd * w + b,   rstd = 1 / sqrt(var + 1e-5),   var the biased variance over C.
+// One warp per row (a row is one token's C channels); statistics in FP32. mean and rstd are kept
+// per row for the backward pass.
+// Backward, with xhat = (x - mean) * rstd and g = dy * w:
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+//   dw += sum_rows dy * xhat,   db += sum_rows dy
+// The dw/db sums over rows are made deterministic: each warp accumulates a fixed set of rows into
+// its own FP32 scratch row, and a second kernel adds the scratch rows in order.
+#pragma once
+#include "cuda_common.h"
+
+#define LN_EPS 1e-5f
+
+// x is the row to normalize; out, mean, rstd get written. w/b: C. One warp per row.
+__device__ __forceinline__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, const floatX* x,
+                                              const floatX* w, const floatX* b, int C, int lane) {
+    float sum = 0.0f;
+    for (int c = lane; c < C; c += WARP_SIZE) sum += (float)x[c];
+    float mean = warp_sum(sum) / C;
+    float sq = 0.0f;
+    for (int c = lane; c < C; c += WARP_SIZE) { float d = (float)x[c] - mean; sq += d * d; }
+    float rstd = rsqrtf(warp_sum(sq) / C + LN_EPS);
+    for (int c = lane; c < C; c += WARP_SIZE) {
+        float n = ((float)x[c] - mean) * rstd;
+        out[c] = (floatX)(n * (float)w[c] + (float)b[c]);
+    }
+    if (lane == 0) { *mean_out = mean; *rstd_out = rstd; }
+}
+
+__global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
+                                         const floatX* w, const floatX* b, int N, int C) {
+    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= N) return;
+    long long off = (long long)row * C;
+    layernorm_row(out + off, mean + row, rstd + row, inp + off, w, b, C, threadIdx.x % WARP_SIZE);
+}
+
+// residual = a + b (rounded to floatX first, so the stored residual is exactly what is normalized)
+__global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd,
+                                                        const floatX* a, const floatX* b_in,
+                                                        const floatX* w, const floatX* b, int N, int C) {
+    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= N) return;
+    int lane = threadIdx.x % WARP_SIZE;
+    long long off = (long long)row * C;
+    for (int c = lane; c < C; c += WARP_SIZE) residual[off + c] = (floatX)((float)a[off + c] + (float)b_in[off + c]);
+    __syncwarp();
+    layernorm_row(out + off, mean + row, rstd + row, residual + off, w, b, C, lane);
+}
+
+inline void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
+                              const floatX* b, int N, int C, cudaStream_t stream) {
+    const int block = 256, rows_per_block = block / WARP_SIZE;
+    layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, stream>>>(out, mean, rstd, inp, w, b, N, C);
+    cudaCheckLaunch();
+}
+
+inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, float* mean, float* rstd,
+                                             const floatX* a, const floatX* b_in, const floatX* w,
+                                             const floatX* b, int N, int C, cudaStream_t stream) {
+    const int block = 256, rows_per_block = block / WARP_SIZE;
+    fused_residual_layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, stream>>>(
+        residual, out, mean, rstd, a, b_in, w, b, N, C);
+    cudaCheckLaunch();
+}
+
+// Number of FP32 scratch rows (one per warp) used for the dw/db partial sums. The scratch is
+// LN_BACKWARD_WARPS * 2 * C floats.
+#define LN_BACKWARD_WARPS 1024
+
+// dinp += dx. Warp w handles rows w, w + W, w + 2W, ... and accumulates dy*xhat and dy into its
+// scratch row (zeroed here first).
+__global__ void layernorm_backward_kernel(floatX* dinp, float* scratch, const floatX* dout, const floatX* inp,
+                                          const floatX* w, const float* mean, const float* rstd, int N, int C) {
+    const int num_warps = gridDim.x * (blockDim.x / WARP_SIZE);
+    const int warp_id = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+    float* dw_acc = scratch + (long long)warp_id * 2 * C;
+    float* db_acc = dw_acc + C;
+    for (int c = lane; c < C; c += WARP_SIZE) { dw_acc[c] = 0.0f; db_acc[c] = 0.0f; }
+    for (int row = warp_id; row < N; row += num_warps) {
+        long long off = (long long)row * C;
+        float m = mean[row], r = rstd[row];
+        // the two row means needed by dx
+        float sum_g = 0.0f, sum_gx = 0.0f;
+        for (int c = lane; c < C; c += WARP_SIZE) {
+            float xhat = ((float)inp[off + c] - m) * r;
+            float g = (float)dout[off + c] * (float)w[c];
+            sum_g += g;
+            sum_gx += g * xhat;
+        }
+        float mean_g = warp_sum(sum_g) / C;
+        float mean_gx = warp_sum(sum_gx) / C;
+        for (int c = lane; c < C; c += WARP_SIZE) {
+            float xhat = ((float)inp[off + c] - m) * r;
+            float dy = (float)dout[off + c];
+            float g = dy * (float)w[c];
+            float dx = r * (g - mean_g - xhat * mean_gx);
+            dinp[off + c] = (floatX)((float)dinp[off + c] + dx);
+            dw_acc[c] += dy * xhat;
+            db_acc[c] += dy;
+        }
+    }
+}
+
+// dw[c] += sum_k scratch[k][c], db likewise. Block (32, 32): x picks the channel, y a residue class
+// of k; the 32 partial sums are then added in a fixed order, so the result is deterministic.
+__global__ void layernorm_backward_reduce_kernel(float* dw, float* db, const float* scratch, int num_rows, int C) {
+    __shared__ float part_w[32][33], part_b[32][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    float sw = 0.0f, sb = 0.0f;
+    if (c < C) {
+        for (int k = threadIdx.y; k < num_rows; k += 32) {
+            sw += scratch[(long long)k * 2 * C + c];
+            sb += scratch[(long long)k * 2 * C + C + c];
+        }
+    }
+    part_w[threadIdx.y][threadIdx.x] = sw;
+    part_b[threadIdx.y][threadIdx.x] = sb;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float tw = 0.0f, tb = 0.0f;
+        for (int k = 0; k < 32; k++) { tw += part_w[k][threadIdx.x]; tb += part_b[k][threadIdx.x]; }
+        dw[c] += tw;
+        db[c] += tb;
+    }
+}
+
+// scratch: at least LN_BACKWARD_WARPS * 2 * C floats
+inline void layernorm_backward(floatX* dinp, float* dw, float* db, float* scratch, const floatX* dout,
+                               const floatX* inp, const floatX* w, const float* mean, const float* rstd,
+                               int N, int C, cudaStream_t stream) {
+    const int block = 256, warps_per_block = block / WARP_SIZE;
+    layernorm_backward_kernel<<<LN_BACKWARD_WARPS / warps_per_block, block, 0, stream>>>(
+        dinp, scratch, dout, inp, w, mean, rstd, N, C);
+    cudaCheckLaunch();
+    layernorm_backward_reduce_kernel<<<ceil_div(C, 32), dim3(32, 32), 0, stream>>>(dw, db, scratch, LN_BACKWARD_WARPS, C);
+    cudaCheckLaunch();
+}

@@ -1,0 +1,115 @@
+// matmul.cuh: GEMMs through cuBLASLt, and the bias gradient.
+//
+// cuBLASLt is column-major. We keep row-major tensors, so a row-major (rows x cols) array is a
+// column-major (cols x rows) matrix. The wrapper takes the column-major view:
+//     D (m x n) = alpha * op(A) (m x k) * op(B) (k x n) + beta * D      [optional + bias[m] per row of D]
+// with A stored (k x m) when transA, else (m x k); B stored (n x k) when transB, else (k x n).
+// How the model's row-major products map onto it (inp: BT x C, W: OC x C, out: BT x OC):
+//     out = inp W^T + b     -> m=OC, n=BT, k=C,  A=W (transA),  B=inp,          bias epilogue
+//     dinp = dout W         -> m=C,  n=BT, k=OC, A=W,           B=dout
+//     dW += dout^T inp      -> m=C,  n=OC, k=BT, A=inp,         B=dout (transB), beta=1, FP32 output
+#pragma once
+#include "cuda_common.h"
+
+static cublasLtHandle_t g_cublaslt = nullptr;
+static void* g_cublaslt_workspace = nullptr;
+static const size_t CUBLASLT_WORKSPACE_BYTES = 32ull << 20;
+
+// Accumulation is FP32 in every build. In the PRECISION=FP32 reference build the operands are FP32
+// and CUBLAS_COMPUTE_32F keeps the products in true FP32 (no TF32).
+static const cublasComputeType_t MATMUL_COMPUTE = CUBLAS_COMPUTE_32F;
+
+inline void matmul_init() {
+    cublasCheck(cublasLtCreate(&g_cublaslt));
+    g_cublaslt_workspace = cuda_malloc_or_die(CUBLASLT_WORKSPACE_BYTES, "cuBLASLt workspace");
+}
+inline void matmul_free() {
+    if (g_cublaslt) cublasLtDestroy(g_cublaslt);
+    if (g_cublaslt_workspace) cudaFree(g_cublaslt_workspace);
+    g_cublaslt = nullptr; g_cublaslt_workspace = nullptr;
+}
+
+struct MatmulBatch { int count = 1; long long stride_a = 0, stride_b = 0, stride_d = 0; };
+
+// The general entry point. d_fp32 selects an FP32 output (parameter gradients); otherwise D is floatX.
+// bias (floatX, length m) may be null.
+inline void matmul(void* d, const floatX* a, const floatX* b, const floatX* bias,
+                   int m, int n, int k, bool transA, bool transB, float alpha, float beta,
+                   bool d_fp32, cudaStream_t stream, MatmulBatch batch = MatmulBatch()) {
+    cublasLtMatmulDesc_t desc;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, MATMUL_COMPUTE, CUDA_R_32F));
+    cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
+    if (bias) {
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        cudaDataType_t bias_type = CUDA_R_FLOATX;
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    cudaDataType_t d_type = d_fp32 ? CUDA_R_32F : CUDA_R_FLOATX;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasCheck(cublasLtMatrixLayoutCreate(&la, CUDA_R_FLOATX, transA ? k : m, transA ? m : k, transA ? k : m));
+    cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUDA_R_FLOATX, transB ? n : k, transB ? k : n, transB ? n : k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&ld, d_type, m, n, m));
+    if (batch.count > 1) {
+        cublasLtMatrixLayout_t layouts[3] = {la, lb, ld};
+        long long strides[3] = {batch.stride_a, batch.stride_b, batch.stride_d};
+        for (int i = 0; i < 3; i++) {
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch.count, sizeof(int)));
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i], sizeof(long long)));
+        }
+    }
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &CUBLASLT_WORKSPACE_BYTES, sizeof(CUBLASLT_WORKSPACE_BYTES)));
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(g_cublaslt, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
+    if (found == 0) {
+        fprintf(stderr, "error: cuBLASLt has no algorithm for m=%d n=%d k=%d transA=%d transB=%d bias=%d\n",
+                m, n, k, (int)transA, (int)transB, bias != nullptr);
+        exit(1);
+    }
+    cublasCheck(cublasLtMatmul(g_cublaslt, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &heuristic.algo,
+                               g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, stream));
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    cublasCheck(cublasLtMatrixLayoutDestroy(la));
+    cublasCheck(cublasLtMatrixLayoutDestroy(lb));
+    cublasCheck(cublasLtMatrixLayoutDestroy(ld));
+    cublasCheck(cublasLtMatmulDescDestroy(desc));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bias gradient: dbias[oc] += sum over rows of dout[row][oc]. Deterministic two-stage sum:
+// blockIdx.y picks one of BIAS_ROW_GROUPS fixed row ranges, each thread one column; the partial
+// sums go to scratch and a second kernel adds them in order.
+#define BIAS_ROW_GROUPS 128
+
+__global__ void bias_backward_partial_kernel(float* scratch, const floatX* dout, int N, int OC) {
+    int oc = blockIdx.x * blockDim.x + threadIdx.x;
+    if (oc >= OC) return;
+    int rows_per_group = (N + BIAS_ROW_GROUPS - 1) / BIAS_ROW_GROUPS;
+    int r0 = blockIdx.y * rows_per_group, r1 = min(N, r0 + rows_per_group);
+    float sum = 0.0f;
+    for (int r = r0; r < r1; r++) sum += (float)dout[(long long)r * OC + oc];
+    scratch[(long long)blockIdx.y * OC + oc] = sum;
+}
+
+__global__ void bias_backward_reduce_kernel(float* dbias, const float* scratch, int OC) {
+    int oc = blockIdx.x * blockDim.x + threadIdx.x;
+    if (oc >= OC) return;
+    float sum = 0.0f;
+    for (int g = 0; g < BIAS_ROW_GROUPS; g++) sum += scratch[(long long)g * OC + oc];
+    dbias[oc] += sum;
+}
+
+// scratch: at least BIAS_ROW_GROUPS * OC floats
+inline void bias_backward(float* dbias, float* scratch, const floatX* dout, int N, int OC, cudaStream_t stream) {
+    bias_backward_partial_kernel<<<dim3(ceil_div(OC, 128), BIAS_ROW_GROUPS), 128, 0, stream>>>(scratch, dout, N, OC);
+    cudaCheckLaunch();
+    bias_backward_reduce_kernel<<<ceil_div(OC, 256), 256, 0, stream>>>(dbias, scratch, OC);
+    cudaCheckLaunch();
+}

@@ -1,0 +1,254 @@
+// test_gpt.cu: the trainer against the PyTorch reference (dev/reference/gpt_reference.py).
+//
+//   python3 dev/reference/gpt_reference.py --write-reference --out dev/reference/out
+//   ./test_gpt_fp32 dev/reference/out      (FP32 build: tight tolerances)
+//   ./test_gpt_bf16 dev/reference/out      (BF16 build: BF16 tolerances)
+//
+// The reference (float64 on the CPU, a seeded d12 with perturbed norms and biases, B=4, T=64) gives
+// the parameters, one batch, its logits, loss, every parameter gradient, and the losses of 10
+// AdamW steps on that batch. This test loads the same parameters and checks, in order:
+//   1. logits and loss of the forward pass,
+//   2. each of the 16 gradient tensors (relative L2 error, per-tensor tolerance below),
+//   3. the 10-step loss trajectory and gradient norms,
+//   4. that save -> resume continues bit-identically (parameters, master weights, moments, losses).
+// Tolerances (relative L2 error ||ours - ref|| / ||ref||, or absolute for losses) are written here and
+// in doc/testing.md. The FP32 build computes in true FP32 (no TF32), so its errors are rounding noise;
+// the BF16 build stores parameters and activations in BF16 (8 mantissa bits, ~0.4% per value).
+#define TESTING
+#include "train_gpt.cu"
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if defined(ENABLE_FP32)
+static const float TOL_LOGITS = 1e-5f;   // relative L2
+static const float TOL_LOSS = 1e-5f;     // absolute
+static const float TOL_GRAD = 1e-4f;     // relative L2, every tensor
+static const float TOL_LOSSES = 1e-4f;   // absolute, each of the 10 steps (issue #2)
+static const float TOL_NORM = 1e-4f;     // relative
+#else
+static const float TOL_LOGITS = 1e-2f;
+static const float TOL_LOSS = 1e-2f;
+static const float TOL_GRAD = 5e-2f;
+static const float TOL_LOSSES = 2e-2f;   // issue #2
+static const float TOL_NORM = 2e-2f;
+#endif
+
+static int g_passed = 0, g_failed = 0;
+static void check(bool ok, const std::string& what) {
+    printf("[%s] %s\n", ok ? "PASS" : "FAIL", what.c_str());
+    if (ok) g_passed++; else g_failed++;
+}
+
+struct Reference {
+    int B, T, V, Vp, nsteps, num_params;
+    float lr, beta1, beta2, eps, weight_decay, grad_clip;
+    std::vector<int> inputs, targets;
+    std::vector<float> logits, grads, losses, grad_norms;
+    float loss;
+};
+
+static void read_exact(FILE* f, void* dst, size_t bytes, const std::string& path) {
+    if (fread(dst, 1, bytes, f) != bytes) { fprintf(stderr, "error: %s is truncated\n", path.c_str()); exit(1); }
+}
+
+static Reference load_reference_state(const std::string& path) {
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) {
+        fprintf(stderr, "error: cannot open %s; write it with: python3 dev/reference/gpt_reference.py --write-reference --out DIR\n", path.c_str());
+        exit(1);
+    }
+    int header[256];
+    read_exact(f, header, sizeof(header), path);
+    if (header[0] != 20241123 || header[1] != 1) { fprintf(stderr, "error: %s is not a reference state (magic/version)\n", path.c_str()); exit(1); }
+    Reference r;
+    r.B = header[2]; r.T = header[3]; r.V = header[4]; r.Vp = header[5]; r.nsteps = header[6]; r.num_params = header[7];
+    float hyper[16];
+    read_exact(f, hyper, sizeof(hyper), path);
+    r.lr = hyper[0]; r.beta1 = hyper[1]; r.beta2 = hyper[2]; r.eps = hyper[3]; r.weight_decay = hyper[4]; r.grad_clip = hyper[5];
+    const size_t BT = (size_t)r.B * r.T;
+    r.inputs.resize(BT); r.targets.resize(BT);
+    r.logits.resize(BT * r.Vp); r.grads.resize(r.num_params);
+    r.losses.resize(r.nsteps); r.grad_norms.resize(r.nsteps);
+    read_exact(f, r.inputs.data(), BT * 4, path);
+    read_exact(f, r.targets.data(), BT * 4, path);
+    read_exact(f, r.logits.data(), r.logits.size() * 4, path);
+    read_exact(f, &r.loss, 4, path);
+    read_exact(f, r.grads.data(), r.grads.size() * 4, path);
+    read_exact(f, r.losses.data(), r.nsteps * 4, path);
+    read_exact(f, r.grad_norms.data(), r.nsteps * 4, path);
+    fclose(f);
+    return r;
+}
+
+struct Diff { double rel_l2, max_abs; };
+template <typename T>
+static Diff compare(const T* ours, const float* ref, size_t n) {
+    double num = 0.0, den = 0.0, max_abs = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double o = (double)(float)ours[i], r = ref[i];
+        double d = o - r;
+        if (!std::isfinite(o)) { num = INFINITY; }
+        num += d * d; den += r * r;
+        max_abs = std::max(max_abs, std::fabs(d));
+    }
+    return Diff{den > 0 ? std::sqrt(num / den) : std::sqrt(num), max_abs};
+}
+
+static std::vector<float> device_floats(const float* d, size_t n) {
+    std::vector<float> h(n);
+    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+template <typename T>
+static std::vector<uint8_t> device_bytes(const T* d, size_t n) {
+    std::vector<uint8_t> h(n * sizeof(T));
+    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+// the k-th batch of the resume test: the reference batch with its tokens rotated by k
+static std::vector<int> rotated(const std::vector<int>& x, int k) {
+    std::vector<int> y(x.size());
+    for (size_t i = 0; i < x.size(); i++) y[i] = x[(i + k) % x.size()];
+    return y;
+}
+
+int main(int argc, char** argv) {
+    const std::string dir = argc > 1 ? argv[1] : "dev/reference/out";
+    int device_count = 0;
+    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+        printf("skipped: no CUDA device\n");
+        return 77;
+    }
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("test_gpt: recipe %s, precision %s, device %s, reference %s\n", RECIPE_NAME, PRECISION_NAME, prop.name, dir.c_str());
+    matmul_init();
+
+    const std::string model_file = dir + "/ref_model.bin";
+    ModelFileInfo info;
+    try { info = read_model_header(model_file); }
+    catch (const InputError& e) { fprintf(stderr, "error: %s\n", e.what()); return 1; }
+    Reference ref = load_reference_state(dir + "/ref_state.bin");
+    GPT model;
+    gpt_build(&model, info.shape);
+    if ((size_t)ref.num_params != model.num_params || ref.Vp != info.shape.padded_vocab_size) {
+        fprintf(stderr, "error: reference state and model file disagree\n");
+        return 1;
+    }
+    const int B = ref.B, T = ref.T, Vp = ref.Vp;
+    const size_t BT = (size_t)B * T;
+    gpt_allocate(&model, B, T, 1);
+    const std::vector<float> init_params = read_params_fp32(model_file, info, model.num_params);
+    gpt_set_params(&model, init_params);
+
+    // 1. forward: logits (eval mode keeps them) and loss
+    float loss = gpt_forward(&model, ref.inputs.data(), ref.targets.data(), B, T, false);
+    std::vector<floatX> logits(BT * Vp);
+    cudaCheck(cudaMemcpy(logits.data(), model.acts.logits, logits.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+    Diff dl = compare(logits.data(), ref.logits.data(), logits.size());
+    check(dl.rel_l2 <= TOL_LOGITS, strfmt("logits: rel L2 %.3e (tol %.0e), max abs %.3e", dl.rel_l2, TOL_LOGITS, dl.max_abs));
+    check(std::fabs(loss - ref.loss) <= TOL_LOSS, strfmt("loss: %.6f vs reference %.6f (|diff| %.3e, tol %.0e)", loss, ref.loss, std::fabs(loss - ref.loss), TOL_LOSS));
+
+    // 2. gradients of every tensor
+    gpt_zero_grad(&model);
+    gpt_forward(&model, ref.inputs.data(), ref.targets.data(), B, T, true, 1.0f / BT);
+    gpt_backward(&model, B, T);
+    std::vector<float> grads = device_floats(model.grads_memory, model.num_params);
+    size_t off = 0;
+    double worst = 0.0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        size_t n = model.param_sizes[i];
+        Diff d = compare(grads.data() + off, ref.grads.data() + off, n);
+        worst = std::max(worst, d.rel_l2);
+        check(d.rel_l2 <= TOL_GRAD, strfmt("grad %-9s rel L2 %.3e (tol %.0e), max abs %.3e", PARAM_NAMES[i], d.rel_l2, TOL_GRAD, d.max_abs));
+        off += n;
+    }
+    printf("largest gradient rel L2 error: %.3e\n", worst);
+
+    // 3. the 10-step trajectory on the same batch (AdamW, constant lr, clipping as the reference)
+    gpt_set_params(&model, init_params);
+    cudaCheck(cudaMemset(model.m_memory, 0, model.num_params * sizeof(float)));
+    cudaCheck(cudaMemset(model.v_memory, 0, model.num_params * sizeof(float)));
+    model.adam_steps = 0;
+    OptimizerSettings opt{ref.lr, ref.beta1, ref.beta2, ref.eps, ref.weight_decay, ref.grad_clip, 0};
+    printf("step   ours        reference   |diff|     norm ours   norm ref\n");
+    float max_loss_diff = 0.0f, max_norm_rel = 0.0f;
+    for (int s = 0; s < ref.nsteps; s++) {
+        gpt_zero_grad(&model);
+        float l = gpt_forward(&model, ref.inputs.data(), ref.targets.data(), B, T, true, 1.0f / BT);
+        gpt_backward(&model, B, T);
+        float norm = gpt_update(&model, opt);
+        cudaCheck(cudaDeviceSynchronize());
+        printf("%4d   %.6f   %.6f   %.2e   %.6f    %.6f\n", s, l, ref.losses[s], std::fabs(l - ref.losses[s]), norm, ref.grad_norms[s]);
+        max_loss_diff = std::max(max_loss_diff, std::fabs(l - ref.losses[s]));
+        max_norm_rel = std::max(max_norm_rel, std::fabs(norm - ref.grad_norms[s]) / ref.grad_norms[s]);
+    }
+    check(max_loss_diff <= TOL_LOSSES, strfmt("10-step losses: max |diff| %.3e (tol %.0e)", max_loss_diff, TOL_LOSSES));
+    check(max_norm_rel <= TOL_NORM, strfmt("10-step grad norms: max rel diff %.3e (tol %.0e)", max_norm_rel, TOL_NORM));
+
+    // 4. save -> resume is bit-identical
+    char tmpl[] = "/tmp/test_gpt_ckpt_XXXXXX";
+    if (!mkdtemp(tmpl)) { perror("mkdtemp"); return 1; }
+    const std::string ckdir = tmpl;
+    const int total = 6, save_at = 3;
+    DataLoaderState data_state; data_state.epoch = 2; data_state.shard_pos = 1; data_state.chunk_pos = 7;
+    opt.seed = 1234; // exercise stochastic rounding with a non-trivial seed
+    auto run_steps = [&](GPT* m, int from, int to, std::vector<float>* losses) {
+        for (int s = from; s < to; s++) {
+            std::vector<int> x = rotated(ref.inputs, s), y = rotated(ref.targets, s);
+            gpt_zero_grad(m);
+            losses->push_back(gpt_forward(m, x.data(), y.data(), B, T, true, 1.0f / BT));
+            gpt_backward(m, B, T);
+            gpt_update(m, opt);
+        }
+        cudaCheck(cudaDeviceSynchronize());
+    };
+    gpt_set_params(&model, init_params);
+    cudaCheck(cudaMemset(model.m_memory, 0, model.num_params * sizeof(float)));
+    cudaCheck(cudaMemset(model.v_memory, 0, model.num_params * sizeof(float)));
+    model.adam_steps = 0;
+    std::vector<float> losses_a, losses_b;
+    run_steps(&model, 0, save_at, &losses_a);
+    try { save_checkpoint(&model, ckdir, save_at, data_state, 0, 1); }
+    catch (const InputError& e) { check(false, strfmt("save_checkpoint: %s", e.what())); }
+    run_steps(&model, save_at, total, &losses_a);
+
+    GPT resumed;
+    gpt_build(&resumed, info.shape);
+    gpt_allocate(&resumed, B, T, 2); // a different recompute setting must not change the numbers
+    DataLoaderState restored_state;
+    bool loaded = false;
+    try {
+        check(find_latest_checkpoint(ckdir) == save_at, "find_latest_checkpoint finds the saved step");
+        check_checkpoint(ckdir, save_at, info.shape, B, T, 0, 1);
+        load_checkpoint(&resumed, ckdir, save_at, &restored_state, 0);
+        loaded = true;
+    } catch (const InputError& e) { check(false, strfmt("load_checkpoint: %s", e.what())); }
+    if (loaded) {
+        check(memcmp(&restored_state, &data_state, sizeof(data_state)) == 0, "data loader position restored");
+        check(resumed.adam_steps == save_at, "AdamW step count restored");
+        std::vector<float> tail;
+        run_steps(&resumed, save_at, total, &tail);
+        bool same_losses = tail.size() == (size_t)(total - save_at);
+        for (size_t i = 0; same_losses && i < tail.size(); i++) same_losses = memcmp(&tail[i], &losses_a[save_at + i], 4) == 0;
+        check(same_losses, "resumed losses are bit-identical");
+        const size_t N = model.num_params;
+        check(device_bytes(model.params_memory, N) == device_bytes(resumed.params_memory, N), "resumed parameters are bit-identical");
+        check(device_bytes(model.master_memory, N) == device_bytes(resumed.master_memory, N), "resumed master weights are bit-identical");
+        check(device_bytes(model.m_memory, N) == device_bytes(resumed.m_memory, N) &&
+              device_bytes(model.v_memory, N) == device_bytes(resumed.v_memory, N), "resumed AdamW moments are bit-identical");
+    }
+    // a checkpoint of another shape is refused
+    ModelShape other = info.shape;
+    other.num_layers += 1;
+    bool refused = false;
+    try { check_checkpoint(ckdir, save_at, other, B, T, 0, 1); } catch (const InputError& e) { refused = strstr(e.what(), "shape") != nullptr; }
+    check(refused, "a checkpoint of another shape is refused with a message naming the shape");
+    std::string cleanup = "rm -rf '" + ckdir + "'";
+    if (system(cleanup.c_str()) != 0) fprintf(stderr, "warning: could not remove %s\n", ckdir.c_str());
+
+    matmul_free();
+    printf("test_gpt_%s: %d passed, %d failed\n", PRECISION_NAME, g_passed, g_failed);
+    return g_failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,759 @@
+// train_gpt.cu: GPT-2 / GPT-3 pretraining in one CUDA source.
+//
+// Read top to bottom: the parameters and activations of the model, the forward pass, the backward
+// pass, the optimizer step, checkpoints, and then main(): flags and input files are checked first
+// (before the GPU is touched), then the training loop with validation, sampling and logging.
+//
+// The precision recipe is chosen at compile time (make train_gpt_<recipe>); its code lives in one
+// header under llmc/ and the model reaches it only through the linear-layer API
+// (linear_forward, linear_backward_dx, linear_backward_dw).
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <vector>
+#include <chrono>
+#include <memory>
+
+#include "llmc/common.h"
+#include "llmc/cli.h"
+#include "llmc/rand.h"
+#include "llmc/dataloader.h"
+#include "llmc/tokenizer.h"
+#include "llmc/schedulers.h"
+#include "llmc/checkpoint.h"
+#include "llmc/cuda_common.h"
+#include "llmc/encoder.cuh"
+#include "llmc/layernorm.cuh"
+#include "llmc/matmul.cuh"
+#include "llmc/attention.cuh"
+#include "llmc/gelu.cuh"
+#include "llmc/fused_classifier.cuh"
+#include "llmc/adamw.cuh"
+#include "llmc/recipe_bf16.h"
+
+using namespace llmc;
+
+// ----------------------------------------------------------------------------------------------
+// Parameters: 16 tensors, one contiguous buffer, in llm.c's checkpoint order.
+#define NUM_PARAMETER_TENSORS 16
+enum ParamIndex {
+    P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB,
+    P_LN2W, P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB
+};
+static const char* PARAM_NAMES[NUM_PARAMETER_TENSORS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+// weight decay applies to the matrices only (embeddings and linear weights), not to biases and norms
+static const bool PARAM_DECAYED[NUM_PARAMETER_TENSORS] = {
+    true, true, false, false, true, false, true, false, false, false, true, false, true, false, false, false};
+
+inline void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const ModelShape& s) {
+    size_t Vp = s.padded_vocab_size, C = s.channels, L = s.num_layers, maxT = s.max_seq_len;
+    sizes[P_WTE] = Vp * C;        sizes[P_WPE] = maxT * C;
+    sizes[P_LN1W] = L * C;        sizes[P_LN1B] = L * C;
+    sizes[P_QKVW] = L * 3 * C * C; sizes[P_QKVB] = L * 3 * C;
+    sizes[P_ATTPROJW] = L * C * C; sizes[P_ATTPROJB] = L * C;
+    sizes[P_LN2W] = L * C;        sizes[P_LN2B] = L * C;
+    sizes[P_FCW] = L * 4 * C * C; sizes[P_FCB] = L * 4 * C;
+    sizes[P_FCPROJW] = L * C * 4 * C; sizes[P_FCPROJB] = L * C;
+    sizes[P_LNFW] = C;            sizes[P_LNFB] = C;
+}
+
+// pointers into one buffer, for the parameters (floatX) and their gradients (FP32)
+template <typename T>
+struct ParamPointers {
+    T* t[NUM_PARAMETER_TENSORS];
+    void point_into(T* base, const size_t sizes[NUM_PARAMETER_TENSORS]) {
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { t[i] = base; base += sizes[i]; }
+    }
+};
+
+// ----------------------------------------------------------------------------------------------
+// Activations kept from the forward pass for the backward pass, and scratch buffers.
+struct Activations {
+    floatX* encoded;     // (B,T,C) token + position embedding = residual stream into layer 0
+    floatX* ln1;         // (L,B,T,C), or one (B,T,C) buffer when recompute >= 2
+    float* ln1_mean;     // (L,B,T)
+    float* ln1_rstd;     // (L,B,T)
+    floatX* qkv;         // (L,B,T,3C)
+    floatX* atty;        // (L,B,T,C) attention output before its projection
+    floatX* att;         // (L,B,NH,T,T) attention probabilities
+    floatX* residual2;   // (L,B,T,C) residual after the attention block
+    floatX* ln2;         // like ln1
+    float* ln2_mean;     // (L,B,T)
+    float* ln2_rstd;     // (L,B,T)
+    floatX* fch;         // (L,B,T,4C) fc output before GELU
+    floatX* fch_gelu;    // (L,B,T,4C), or one (B,T,4C) buffer when recompute >= 1
+    floatX* residual3;   // (L,B,T,C) residual after the MLP block
+    floatX* lnf;         // (B,T,C)
+    float* lnf_mean;     // (B,T)
+    float* lnf_rstd;     // (B,T)
+    floatX* logits;      // (B,T,Vp), overwritten by dlogits in training
+    float* losses;       // (B,T) per-position loss
+    // backward scratch
+    floatX* dresidual;   // (B,T,C)
+    floatX* dbtc;        // (B,T,C)
+    floatX* dfch;        // (B,T,4C)
+    floatX* dqkv;        // (B,T,3C)
+    floatX* dq; floatX* dk; floatX* dv; // (B,NH,T,HS) each
+    floatX* btc_scratch; // (B,T,C) projection outputs in forward
+    float* ln_partials;  // LN_BACKWARD_WARPS * 2C
+    AttentionScratch attn;
+};
+
+struct GPT {
+    ModelShape shape;
+    size_t param_sizes[NUM_PARAMETER_TENSORS];
+    size_t num_params = 0;
+    floatX* params_memory = nullptr;  // parameters used by the forward/backward pass
+    float* grads_memory = nullptr;    // FP32 gradients, accumulated over micro-steps
+    float* master_memory = nullptr;   // FP32 master weights
+    float* m_memory = nullptr;        // AdamW moments
+    float* v_memory = nullptr;
+    ParamPointers<floatX> params;
+    ParamPointers<float> grads;
+    Activations acts;
+    LinearScratch linear_scratch;
+    int B = 0, T = 0;                 // the sizes the activations were allocated for
+    int recompute = 1;
+    int* inputs_dev = nullptr;        // (B,T)
+    int* targets_dev = nullptr;       // (B,T)
+    int* buckets_dev = nullptr;       // 3*B*T+1 ints for the embedding backward
+    float* norm_partials = nullptr;   // NORM_BLOCKS
+    float* norm_dev = nullptr;        // 1
+    std::vector<float> losses_host;
+    EmbeddingBuckets buckets;
+    cudaStream_t stream = 0;
+    int adam_steps = 0;               // optimizer steps taken so far (AdamW's t - 1)
+};
+
+inline void gpt_build(GPT* model, const ModelShape& shape) {
+    model->shape = shape;
+    parameter_sizes(model->param_sizes, shape);
+    model->num_params = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) model->num_params += model->param_sizes[i];
+}
+
+template <typename T>
+T* alloc_n(size_t n, const char* what) { return (T*)cuda_malloc_or_die(n * sizeof(T), what); }
+
+// device memory for parameters, optimizer state, activations and scratch
+inline void gpt_allocate(GPT* model, int B, int T, int recompute) {
+    const ModelShape& s = model->shape;
+    const size_t L = s.num_layers, C = s.channels, NH = s.num_heads, Vp = s.padded_vocab_size;
+    const size_t BT = (size_t)B * T, N = model->num_params;
+    model->B = B; model->T = T; model->recompute = recompute;
+    model->params_memory = alloc_n<floatX>(N, "parameters");
+    model->grads_memory = alloc_n<float>(N, "gradients");
+    model->master_memory = alloc_n<float>(N, "master weights");
+    model->m_memory = alloc_n<float>(N, "AdamW first moments");
+    model->v_memory = alloc_n<float>(N, "AdamW second moments");
+    cudaCheck(cudaMemset(model->grads_memory, 0, N * sizeof(float)));
+    cudaCheck(cudaMemset(model->m_memory, 0, N * sizeof(float)));
+    cudaCheck(cudaMemset(model->v_memory, 0, N * sizeof(float)));
+    model->params.point_into(model->params_memory, model->param_sizes);
+    model->grads.point_into(model->grads_memory, model->param_sizes);
+
+    Activations& a = model->acts;
+    const size_t ln_layers = recompute >= 2 ? 1 : L;
+    const size_t gelu_layers = recompute >= 1 ? 1 : L;
+    a.encoded = alloc_n<floatX>(BT * C, "activations (encoded)");
+    a.ln1 = alloc_n<floatX>(ln_layers * BT * C, "activations (ln1)");
+    a.ln1_mean = alloc_n<float>(L * BT, "activations (ln1 mean)");
+    a.ln1_rstd = alloc_n<float>(L * BT, "activations (ln1 rstd)");
+    a.qkv = alloc_n<floatX>(L * BT * 3 * C, "activations (qkv)");
+    a.atty = alloc_n<floatX>(L * BT * C, "activations (attention output)");
+    a.att = alloc_n<floatX>(L * (size_t)B * NH * T * T, "activations (attention probabilities)");
+    a.residual2 = alloc_n<floatX>(L * BT * C, "activations (residual2)");
+    a.ln2 = alloc_n<floatX>(ln_layers * BT * C, "activations (ln2)");
+    a.ln2_mean = alloc_n<float>(L * BT, "activations (ln2 mean)");
+    a.ln2_rstd = alloc_n<float>(L * BT, "activations (ln2 rstd)");
+    a.fch = alloc_n<floatX>(L * BT * 4 * C, "activations (fc)");
+    a.fch_gelu = alloc_n<floatX>(gelu_layers * BT * 4 * C, "activations (gelu)");
+    a.residual3 = alloc_n<floatX>(L * BT * C, "activations (residual3)");
+    a.lnf = alloc_n<floatX>(BT * C, "activations (lnf)");
+    a.lnf_mean = alloc_n<float>(BT, "activations (lnf mean)");
+    a.lnf_rstd = alloc_n<float>(BT, "activations (lnf rstd)");
+    a.logits = alloc_n<floatX>(BT * Vp, "activations (logits)");
+    a.losses = alloc_n<float>(BT, "losses");
+    a.dresidual = alloc_n<floatX>(BT * C, "backward scratch");
+    a.dbtc = alloc_n<floatX>(BT * C, "backward scratch");
+    a.dfch = alloc_n<floatX>(BT * 4 * C, "backward scratch");
+    a.dqkv = alloc_n<floatX>(BT * 3 * C, "backward scratch");
+    a.dq = alloc_n<floatX>(BT * C, "backward scratch");
+    a.dk = alloc_n<floatX>(BT * C, "backward scratch");
+    a.dv = alloc_n<floatX>(BT * C, "backward scratch");
+    a.btc_scratch = alloc_n<floatX>(BT * C, "forward scratch");
+    a.ln_partials = alloc_n<float>((size_t)LN_BACKWARD_WARPS * 2 * C, "layernorm scratch");
+    a.attn.q = alloc_n<floatX>(BT * C, "attention scratch");
+    a.attn.k = alloc_n<floatX>(BT * C, "attention scratch");
+    a.attn.v = alloc_n<floatX>(BT * C, "attention scratch");
+    a.attn.y = alloc_n<floatX>(BT * C, "attention scratch");
+    a.attn.scores = alloc_n<floatX>((size_t)B * NH * T * T, "attention scratch (scores)");
+    model->linear_scratch.bias_partials = alloc_n<float>((size_t)BIAS_ROW_GROUPS * 4 * C, "bias scratch");
+    model->inputs_dev = alloc_n<int>(BT, "inputs");
+    model->targets_dev = alloc_n<int>(BT, "targets");
+    model->buckets_dev = alloc_n<int>(3 * BT + 1, "embedding buckets");
+    model->norm_partials = alloc_n<float>(NORM_BLOCKS, "norm scratch");
+    model->norm_dev = alloc_n<float>(1, "norm");
+    model->losses_host.resize(BT);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Initialization and parameter transfer. Host arrays are FP32 in checkpoint order.
+
+// GPT-2's init: N(0, 0.02) for embeddings and linear weights, residual projections scaled by
+// 1/sqrt(2L), zero biases, LayerNorm weight 1 / bias 0; the padded vocabulary rows stay zero.
+inline std::vector<float> gpt_random_init(const GPT* model, uint64_t seed) {
+    const ModelShape& s = model->shape;
+    std::vector<float> p(model->num_params, 0.0f);
+    size_t offsets[NUM_PARAMETER_TENSORS];
+    size_t off = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { offsets[i] = off; off += model->param_sizes[i]; }
+    Rng rng(seed);
+    const float std = 0.02f, residual_std = 0.02f / sqrtf(2.0f * s.num_layers);
+    rng.fill_normal(&p[offsets[P_WTE]], (size_t)s.vocab_size * s.channels, 0.0f, std);
+    rng.fill_normal(&p[offsets[P_WPE]], model->param_sizes[P_WPE], 0.0f, std);
+    for (int i : {P_LN1W, P_LN2W, P_LNFW})
+        for (size_t j = 0; j < model->param_sizes[i]; j++) p[offsets[i] + j] = 1.0f;
+    rng.fill_normal(&p[offsets[P_QKVW]], model->param_sizes[P_QKVW], 0.0f, std);
+    rng.fill_normal(&p[offsets[P_ATTPROJW]], model->param_sizes[P_ATTPROJW], 0.0f, residual_std);
+    rng.fill_normal(&p[offsets[P_FCW]], model->param_sizes[P_FCW], 0.0f, std);
+    rng.fill_normal(&p[offsets[P_FCPROJW]], model->param_sizes[P_FCPROJW], 0.0f, residual_std);
+    return p;
+}
+
+__global__ void float_to_floatX_kernel(floatX* out, const float* in, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = (floatX)in[i];
+}
+
+// FP32 host values -> master weights (exact) and parameters (rounded to nearest)
+inline void gpt_set_params(GPT* model, const std::vector<float>& host) {
+    cudaCheck(cudaMemcpy(model->master_memory, host.data(), model->num_params * sizeof(float), cudaMemcpyHostToDevice));
+    float_to_floatX_kernel<<<ceil_div(model->num_params, 512), 512>>>(model->params_memory, model->master_memory, model->num_params);
+    cudaCheckLaunch();
+    cudaCheck(cudaDeviceSynchronize());
+}
+
+// read an llm.c model file (fp32 version 3 or bf16 version 5) as FP32 host values
+inline std::vector<float> read_params_fp32(const std::string& path, const ModelFileInfo& info, size_t num_params) {
+    std::vector<float> out(num_params);
+    if (info.version == 3) {
+        read_model_params(path, info, out.data(), num_params * sizeof(float));
+    } else {
+        std::vector<uint16_t> raw(num_params);
+        read_model_params(path, info, raw.data(), num_params * sizeof(uint16_t));
+        for (size_t i = 0; i < num_params; i++) {
+            uint32_t bits = (uint32_t)raw[i] << 16;
+            memcpy(&out[i], &bits, 4);
+        }
+    }
+    return out;
+}
+
+// parameters (floatX) -> host bytes in the checkpoint's precision
+inline std::vector<floatX> gpt_get_params(const GPT* model) {
+    std::vector<floatX> host(model->num_params);
+    cudaCheck(cudaMemcpy(host.data(), model->params_memory, model->num_params * sizeof(floatX), cudaMemcpyDeviceToHost));
+    return host;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Forward pass. inputs/targets are host arrays of B*T tokens (B, T <= the allocated sizes).
+// With targets, returns the mean loss over the B*T positions; with training, the classifier also
+// leaves dloss/dlogits (scaled by dloss_scale) in acts.logits for gpt_backward.
+inline float gpt_forward(GPT* model, const int* inputs, const int* targets, int B, int T,
+                         bool training = false, float dloss_scale = 1.0f) {
+    const ModelShape& s = model->shape;
+    const int L = s.num_layers, C = s.channels, NH = s.num_heads, HS = C / NH;
+    const int V = s.vocab_size, Vp = s.padded_vocab_size;
+    const int N = B * T;
+    const size_t NC = (size_t)N * C;
+    cudaStream_t st = model->stream;
+    Activations& a = model->acts;
+    ParamPointers<floatX>& p = model->params;
+
+    cudaCheck(cudaMemcpy(model->inputs_dev, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
+    if (targets) cudaCheck(cudaMemcpy(model->targets_dev, targets, N * sizeof(int), cudaMemcpyHostToDevice));
+
+    encoder_forward(a.encoded, model->inputs_dev, p.t[P_WTE], p.t[P_WPE], B, T, C, st);
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B], N, C, st);
+    for (int l = 0; l < L; l++) {
+        const floatX* residual_in = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
+        floatX* ln1 = a.ln1 + (model->recompute >= 2 ? 0 : l * NC);
+        floatX* ln2 = a.ln2 + (model->recompute >= 2 ? 0 : l * NC);
+        floatX* qkv = a.qkv + l * NC * 3;
+        floatX* atty = a.atty + l * NC;
+        floatX* att = a.att + (size_t)l * B * NH * T * T;
+        floatX* residual2 = a.residual2 + l * NC;
+        floatX* fch = a.fch + l * NC * 4;
+        floatX* fch_gelu = a.fch_gelu + (model->recompute >= 1 ? 0 : l * NC * 4);
+        floatX* residual3 = a.residual3 + l * NC;
+        // attention block
+        linear_forward(qkv, ln1, p.t[P_QKVW] + (size_t)l * 3 * C * C, p.t[P_QKVB] + l * 3 * C, N, C, 3 * C, st);
+        attention_forward(atty, att, qkv, a.attn, B, T, NH, HS, st);
+        linear_forward(a.btc_scratch, atty, p.t[P_ATTPROJW] + (size_t)l * C * C, p.t[P_ATTPROJB] + l * C, N, C, C, st);
+        fused_residual_layernorm_forward(residual2, ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, residual_in,
+                                         a.btc_scratch, p.t[P_LN2W] + l * C, p.t[P_LN2B] + l * C, N, C, st);
+        // MLP block
+        linear_forward(fch, ln2, p.t[P_FCW] + (size_t)l * 4 * C * C, p.t[P_FCB] + l * 4 * C, N, C, 4 * C, st);
+        gelu_forward(fch_gelu, fch, NC * 4, st);
+        linear_forward(a.btc_scratch, fch_gelu, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, p.t[P_FCPROJB] + l * C, N, 4 * C, C, st);
+        // the residual add fused with the next LayerNorm: the next layer's ln1, or the final one
+        if (l + 1 < L) {
+            floatX* ln1_next = a.ln1 + (model->recompute >= 2 ? 0 : (l + 1) * NC);
+            fused_residual_layernorm_forward(residual3, ln1_next, a.ln1_mean + (l + 1) * N, a.ln1_rstd + (l + 1) * N,
+                                             residual2, a.btc_scratch, p.t[P_LN1W] + (l + 1) * C,
+                                             p.t[P_LN1B] + (l + 1) * C, N, C, st);
+        } else {
+            fused_residual_layernorm_forward(residual3, a.lnf, a.lnf_mean, a.lnf_rstd, residual2, a.btc_scratch,
+                                             p.t[P_LNFW], p.t[P_LNFB], N, C, st);
+        }
+    }
+    // LM head, tied to the token embedding: logits = lnf wte^T over all Vp rows
+    matmul(a.logits, p.t[P_WTE], a.lnf, nullptr, Vp, N, C, true, false, 1.0f, 0.0f, false, st);
+    if (!targets) return 0.0f;
+    fused_classifier(a.logits, a.losses, model->targets_dev, dloss_scale, N, V, Vp, training, st);
+    cudaCheck(cudaMemcpyAsync(model->losses_host.data(), a.losses, N * sizeof(float), cudaMemcpyDeviceToHost, st));
+    cudaCheck(cudaStreamSynchronize(st));
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += model->losses_host[i];
+    if (training) model->buckets.build(inputs, N);
+    return (float)(sum / N);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Backward pass: after gpt_forward(..., training=true). Accumulates into the FP32 gradients.
+inline void gpt_backward(GPT* model, int B, int T) {
+    const ModelShape& s = model->shape;
+    const int L = s.num_layers, C = s.channels, NH = s.num_heads, HS = C / NH;
+    const int Vp = s.padded_vocab_size;
+    const int N = B * T;
+    const size_t NC = (size_t)N * C;
+    cudaStream_t st = model->stream;
+    Activations& a = model->acts;
+    ParamPointers<floatX>& p = model->params;
+    ParamPointers<float>& g = model->grads;
+    const LinearScratch& ls = model->linear_scratch;
+
+    // LM head: dwte += dlogits^T lnf;  dlnf = dlogits wte
+    matmul(g.t[P_WTE], a.lnf, a.logits, nullptr, C, Vp, N, false, true, 1.0f, 1.0f, true, st);
+    matmul(a.dbtc, p.t[P_WTE], a.logits, nullptr, C, N, Vp, false, false, 1.0f, 0.0f, false, st);
+    cudaCheck(cudaMemsetAsync(a.dresidual, 0, NC * sizeof(floatX), st));
+    layernorm_backward(a.dresidual, g.t[P_LNFW], g.t[P_LNFB], a.ln_partials, a.dbtc, a.residual3 + (L - 1) * NC,
+                       p.t[P_LNFW], a.lnf_mean, a.lnf_rstd, N, C, st);
+    for (int l = L - 1; l >= 0; l--) {
+        const floatX* residual_in = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
+        floatX* ln1 = a.ln1 + (model->recompute >= 2 ? 0 : l * NC);
+        floatX* ln2 = a.ln2 + (model->recompute >= 2 ? 0 : l * NC);
+        floatX* qkv = a.qkv + l * NC * 3;
+        floatX* atty = a.atty + l * NC;
+        floatX* att = a.att + (size_t)l * B * NH * T * T;
+        floatX* residual2 = a.residual2 + l * NC;
+        floatX* fch = a.fch + l * NC * 4;
+        floatX* fch_gelu = a.fch_gelu + (model->recompute >= 1 ? 0 : l * NC * 4);
+        const floatX* ln1w = p.t[P_LN1W] + l * C;
+        const floatX* ln2w = p.t[P_LN2W] + l * C;
+        // recompute what was not kept (identical kernels on identical inputs: identical values)
+        if (model->recompute >= 1) gelu_forward(fch_gelu, fch, NC * 4, st);
+        if (model->recompute >= 2) {
+            layernorm_forward(ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, residual2, ln2w, p.t[P_LN2B] + l * C, N, C, st);
+        }
+        // MLP block; dresidual holds d(residual3)
+        linear_backward_dw(g.t[P_FCPROJW] + (size_t)l * 4 * C * C, g.t[P_FCPROJB] + l * C, a.dresidual, fch_gelu, ls, N, 4 * C, C, st);
+        linear_backward_dx(a.dfch, a.dresidual, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, N, 4 * C, C, st);
+        gelu_backward(a.dfch, fch, NC * 4, st);
+        linear_backward_dw(g.t[P_FCW] + (size_t)l * 4 * C * C, g.t[P_FCB] + l * 4 * C, a.dfch, ln2, ls, N, C, 4 * C, st);
+        linear_backward_dx(a.dbtc, a.dfch, p.t[P_FCW] + (size_t)l * 4 * C * C, N, C, 4 * C, st);
+        layernorm_backward(a.dresidual, g.t[P_LN2W] + l * C, g.t[P_LN2B] + l * C, a.ln_partials, a.dbtc, residual2,
+                           ln2w, a.ln2_mean + l * N, a.ln2_rstd + l * N, N, C, st);
+        // attention block; dresidual now holds d(residual2)
+        linear_backward_dw(g.t[P_ATTPROJW] + (size_t)l * C * C, g.t[P_ATTPROJB] + l * C, a.dresidual, atty, ls, N, C, C, st);
+        linear_backward_dx(a.dbtc, a.dresidual, p.t[P_ATTPROJW] + (size_t)l * C * C, N, C, C, st);
+        attention_backward(a.dqkv, a.dbtc, qkv, att, a.attn, a.dq, a.dk, a.dv, B, T, NH, HS, st);
+        if (model->recompute >= 2) {
+            layernorm_forward(ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, residual_in, ln1w, p.t[P_LN1B] + l * C, N, C, st);
+        }
+        linear_backward_dw(g.t[P_QKVW] + (size_t)l * 3 * C * C, g.t[P_QKVB] + l * 3 * C, a.dqkv, ln1, ls, N, C, 3 * C, st);
+        linear_backward_dx(a.dbtc, a.dqkv, p.t[P_QKVW] + (size_t)l * 3 * C * C, N, C, 3 * C, st);
+        layernorm_backward(a.dresidual, g.t[P_LN1W] + l * C, g.t[P_LN1B] + l * C, a.ln_partials, a.dbtc, residual_in,
+                           ln1w, a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, st);
+    }
+    // dresidual = d(encoded)
+    encoder_backward(g.t[P_WTE], g.t[P_WPE], a.dresidual, model->buckets, model->buckets_dev, B, T, C, st);
+}
+
+inline void gpt_zero_grad(GPT* model) {
+    cudaCheck(cudaMemsetAsync(model->grads_memory, 0, model->num_params * sizeof(float), model->stream));
+}
+
+// ----------------------------------------------------------------------------------------------
+// Optimizer step: global gradient norm, clipping, AdamW. Returns the norm before clipping.
+struct OptimizerSettings {
+    float lr, beta1, beta2, eps, weight_decay, grad_clip;
+    uint64_t seed;
+};
+
+inline float gpt_update(GPT* model, const OptimizerSettings& o) {
+    cudaStream_t st = model->stream;
+    global_norm_squared(model->norm_dev, model->norm_partials, model->grads_memory, (long long)model->num_params, st);
+    float norm_sq = 0.0f;
+    cudaCheck(cudaMemcpyAsync(&norm_sq, model->norm_dev, sizeof(float), cudaMemcpyDeviceToHost, st));
+    cudaCheck(cudaStreamSynchronize(st));
+    float norm = sqrtf(norm_sq);
+    // torch.nn.utils.clip_grad_norm_ semantics
+    float grad_scale = 1.0f;
+    if (o.grad_clip > 0.0f) grad_scale = fminf(1.0f, o.grad_clip / (norm + 1e-6f));
+    model->adam_steps += 1;
+    size_t offset = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        size_t n = model->param_sizes[i];
+        // stochastic rounding bits: a pure function of (seed, step, tensor), so resuming reproduces them
+        uint32_t seed = (uint32_t)mix64(mix64(o.seed, (uint64_t)model->adam_steps), (uint64_t)i);
+        adamw_update(model->params_memory + offset, model->master_memory + offset, model->grads_memory + offset,
+                     model->m_memory + offset, model->v_memory + offset, (long long)n, o.lr, o.beta1, o.beta2,
+                     model->adam_steps, o.eps, PARAM_DECAYED[i] ? o.weight_decay : 0.0f, grad_scale, seed, st);
+        offset += n;
+    }
+    return norm;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Checkpoints: the model file (llm.c format, in the build's precision) plus one state file per
+// process with the optimizer state, the FP32 master weights and the data position.
+inline void save_checkpoint(const GPT* model, const std::string& dir, int step, const DataLoaderState& data,
+                            int rank, int num_processes) {
+    if (rank == 0) {
+        std::vector<floatX> host = gpt_get_params(model);
+        write_model_file(model_path(dir, step), model->shape, CHECKPOINT_VERSION, host.data(), host.size() * sizeof(floatX));
+    }
+    const size_t N = model->num_params;
+    std::vector<float> m(N), v(N), master(N);
+    cudaCheck(cudaMemcpy(m.data(), model->m_memory, N * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(v.data(), model->v_memory, N * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(master.data(), model->master_memory, N * sizeof(float), cudaMemcpyDeviceToHost));
+    int64_t adam_steps = model->adam_steps;
+    StateWriter w(step, rank, num_processes, RECIPE_NAME);
+    w.add("adam_m", m.data(), N * sizeof(float));
+    w.add("adam_v", v.data(), N * sizeof(float));
+    w.add("master_weights", master.data(), N * sizeof(float));
+    w.add("dataloader", &data, sizeof(data));
+    w.add("adam_steps", &adam_steps, sizeof(adam_steps));
+    // the data position only means something for the same micro-batch shape
+    int32_t batch_shape[2] = {model->B, model->T};
+    w.add("batch_shape", batch_shape, sizeof(batch_shape));
+    w.write_atomic(state_path(dir, step, rank));
+    if (rank == 0) write_done_marker(dir, step);
+}
+
+// Checks the checkpoint of `step` in `dir` against the model shape, the batch shape and this recipe.
+// No GPU needed.
+inline void check_checkpoint(const std::string& dir, int step, const ModelShape& shape, int B, int T, int rank,
+                             int num_processes) {
+    ModelFileInfo info = read_model_header(model_path(dir, step));
+    const ModelShape& c = info.shape;
+    if (c.num_layers != shape.num_layers || c.channels != shape.channels || c.num_heads != shape.num_heads ||
+        c.max_seq_len != shape.max_seq_len || c.padded_vocab_size != shape.padded_vocab_size || c.vocab_size != shape.vocab_size) {
+        input_error("checkpoint %s has shape L=%d C=%d NH=%d maxT=%d Vp=%d, but the model (-e) is L=%d C=%d NH=%d maxT=%d Vp=%d; "
+                    "pass the matching -e or another -o", model_path(dir, step).c_str(), c.num_layers, c.channels,
+                    c.num_heads, c.max_seq_len, c.padded_vocab_size, shape.num_layers, shape.channels, shape.num_heads,
+                    shape.max_seq_len, shape.padded_vocab_size);
+    }
+    StateReader r;
+    r.open(state_path(dir, step, rank));
+    if (r.recipe() != RECIPE_NAME) {
+        input_error("checkpoint %s was written by the '%s' recipe, this binary is '%s'; resume it with train_gpt_%s",
+                    state_path(dir, step, rank).c_str(), r.recipe().c_str(), RECIPE_NAME, r.recipe().c_str());
+    }
+    int32_t batch_shape[2] = {0, 0};
+    r.read("batch_shape", batch_shape, sizeof(batch_shape));
+    if (batch_shape[0] != B || batch_shape[1] != T) {
+        input_error("checkpoint %s was written with -b %d -t %d, this run has -b %d -t %d; the data position would not "
+                    "carry over, so resume with the same -b and -t", state_path(dir, step, rank).c_str(), batch_shape[0],
+                    batch_shape[1], B, T);
+    }
+    if (r.num_processes() != num_processes) {
+        input_error("checkpoint %s was written by %d processes, this run has %d", state_path(dir, step, rank).c_str(),
+                    r.num_processes(), num_processes);
+    }
+}
+
+inline void load_checkpoint(GPT* model, const std::string& dir, int step, DataLoaderState* data, int rank) {
+    const std::string mpath = model_path(dir, step);
+    ModelFileInfo info = read_model_header(mpath);
+    const size_t N = model->num_params;
+    StateReader r;
+    r.open(state_path(dir, step, rank));
+    std::vector<float> buf(N);
+    r.read("master_weights", buf.data(), N * sizeof(float));
+    cudaCheck(cudaMemcpy(model->master_memory, buf.data(), N * sizeof(float), cudaMemcpyHostToDevice));
+    r.read("adam_m", buf.data(), N * sizeof(float));
+    cudaCheck(cudaMemcpy(model->m_memory, buf.data(), N * sizeof(float), cudaMemcpyHostToDevice));
+    r.read("adam_v", buf.data(), N * sizeof(float));
+    cudaCheck(cudaMemcpy(model->v_memory, buf.data(), N * sizeof(float), cudaMemcpyHostToDevice));
+    r.read("dataloader", data, sizeof(*data));
+    int64_t adam_steps = 0;
+    r.read("adam_steps", &adam_steps, sizeof(adam_steps));
+    model->adam_steps = (int)adam_steps;
+    // the parameters exactly as they were (not re-rounded from the master weights)
+    if (info.version != CHECKPOINT_VERSION) {
+        input_error("checkpoint %s stores %s parameters, this build is %s", mpath.c_str(),
+                    info.version == 3 ? "fp32" : "bf16", PRECISION_NAME);
+    }
+    std::vector<floatX> host(N);
+    read_model_params(mpath, info, host.data(), N * sizeof(floatX));
+    cudaCheck(cudaMemcpy(model->params_memory, host.data(), N * sizeof(floatX), cudaMemcpyHostToDevice));
+}
+
+// ----------------------------------------------------------------------------------------------
+// Sampling: generate tokens one at a time from <|endoftext|>, full forward pass per token (B=1).
+inline std::vector<int> gpt_sample(GPT* model, int num_tokens, int eot, uint64_t seed) {
+    const int T = model->T, Vp = model->shape.padded_vocab_size, V = model->shape.vocab_size;
+    num_tokens = std::min(num_tokens, T - 1);
+    std::vector<int> tokens(T, eot);
+    std::vector<floatX> row(Vp);
+    std::vector<float> probs(V);
+    Rng rng(seed);
+    for (int t = 1; t <= num_tokens; t++) {
+        gpt_forward(model, tokens.data(), nullptr, 1, T);
+        cudaCheck(cudaMemcpy(row.data(), model->acts.logits + (size_t)(t - 1) * Vp, Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
+        float maxv = -INFINITY;
+        for (int i = 0; i < V; i++) maxv = fmaxf(maxv, (float)row[i]);
+        double sum = 0.0;
+        for (int i = 0; i < V; i++) { probs[i] = expf((float)row[i] - maxv); sum += probs[i]; }
+        double coin = rng.next_float01() * sum, cdf = 0.0;
+        int next = V - 1;
+        for (int i = 0; i < V; i++) { cdf += probs[i]; if (coin < cdf) { next = i; break; } }
+        tokens[t] = next;
+    }
+    return std::vector<int>(tokens.begin() + 1, tokens.begin() + 1 + num_tokens);
+}
+
+inline void gpt_free(GPT* model) {
+    // the process exits right after; the CUDA context releases everything
+    (void)model;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Helpers for main: the GPU's peak BF16 rate (for MFU) and a human time.
+inline double peak_bf16_flops(const cudaDeviceProp& prop) {
+    std::string name = prop.name;
+    if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos || name.find("H800") != std::string::npos)
+        return 989.4e12; // dense BF16, SXM
+    if (name.find("A100") != std::string::npos || name.find("A800") != std::string::npos) return 312e12;
+    return -1.0; // unknown: MFU is not printed
+}
+
+inline std::string human_seconds(double s) {
+    if (s < 0) s = 0;
+    int h = (int)(s / 3600), m = (int)(s / 60) % 60, sec = (int)s % 60;
+    return h > 0 ? strfmt("%dh%02dm", h, m) : strfmt("%dm%02ds", m, sec);
+}
+
+#ifndef TESTING
+// ----------------------------------------------------------------------------------------------
+int main(int argc, char** argv) {
+    // 1. Everything that can be wrong with the flags and the input files, before the GPU.
+    TrainConfig cfg;
+    ModelShape shape;
+    bool from_checkpoint_file = false;
+    ModelFileInfo init_info;
+    std::unique_ptr<DataLoader> train_loader, val_loader;
+    Tokenizer tokenizer;
+    int resume_step = -1;
+    try {
+        cfg = parse_args(argc, argv);
+        validate_config(cfg);
+    } catch (const InputError& e) {
+        // a bad flag: the usage, then the reason last so that it is what the user sees
+        fprintf(stderr, "%s\nerror: %s\n", usage().c_str(), e.what());
+        return 1;
+    }
+    try {
+        if (!cfg.recipe_check.empty() && cfg.recipe_check != RECIPE_NAME) {
+            input_error("-Q %s: this binary is the '%s' recipe (train_gpt_%s)", cfg.recipe_check.c_str(), RECIPE_NAME, RECIPE_NAME);
+        }
+        from_checkpoint_file = !parse_model_descriptor(cfg.model, &shape);
+        if (from_checkpoint_file) {
+            init_info = read_model_header(cfg.model);
+            shape = init_info.shape;
+        }
+        check_seq_len(cfg, shape);
+        train_loader.reset(new DataLoader(cfg.train_pattern, "-i", cfg.B, cfg.T, cfg.process_rank, cfg.num_processes,
+                                          true, cfg.seed, shape.vocab_size));
+        if (!cfg.val_pattern.empty() && cfg.val_every > 0) {
+            val_loader.reset(new DataLoader(cfg.val_pattern, "-j", cfg.B, cfg.T, cfg.process_rank, cfg.num_processes,
+                                            false, cfg.seed, shape.vocab_size));
+        }
+        if (!cfg.output_dir.empty()) ensure_output_dir(cfg.output_dir);
+        if (cfg.resume) {
+            resume_step = find_latest_checkpoint(cfg.output_dir);
+            if (resume_step >= 0) check_checkpoint(cfg.output_dir, resume_step, shape, cfg.B, cfg.T, cfg.process_rank, cfg.num_processes);
+        }
+    } catch (const InputError& e) {
+        fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+    if (cfg.sample_every > 0) {
+        try { tokenizer.load(cfg.tokenizer_path); }
+        catch (const InputError& e) { fprintf(stderr, "warning: %s; samples will print token ids\n", e.what()); }
+    }
+    const int B = cfg.B, T = cfg.T;
+    const long long tokens_per_step = (long long)B * T * cfg.num_processes * cfg.grad_accum_steps;
+    int max_steps = cfg.max_steps;
+    if (max_steps < 0) max_steps = (int)std::max<int64_t>(1, train_loader->batches_per_epoch() / cfg.grad_accum_steps);
+
+    // 2. The GPU.
+    int device_count = 0;
+    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+        fprintf(stderr, "error: no CUDA device found; the trainer needs an NVIDIA GPU (the tests run on the CPU with make test)\n");
+        return 1;
+    }
+    cudaCheck(cudaSetDevice(0));
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    matmul_init();
+
+    GPT model;
+    gpt_build(&model, shape);
+    gpt_allocate(&model, B, T, cfg.recompute);
+    DataLoaderState resume_data;
+    if (resume_step >= 0) {
+        load_checkpoint(&model, cfg.output_dir, resume_step, &resume_data, cfg.process_rank);
+        train_loader->restore(resume_data);
+    } else if (from_checkpoint_file) {
+        gpt_set_params(&model, read_params_fp32(cfg.model, init_info, model.num_params));
+    } else {
+        gpt_set_params(&model, gpt_random_init(&model, cfg.seed));
+    }
+    const int start_step = resume_step >= 0 ? resume_step : 0;
+
+    // banner
+    const double flops_per_token = 6.0 * model.num_params + 6.0 * shape.num_layers * shape.channels * T;
+    const double peak = peak_bf16_flops(prop);
+    printf("+-----------------------+----------------------------------------------------+\n");
+    printf("| train_gpt             | recipe %-10s precision %-24s |\n", RECIPE_NAME, PRECISION_NAME);
+    printf("| device                | %-50s |\n", prop.name);
+    printf("| model                 | %-50s |\n", cfg.model.c_str());
+    printf("| L, C, NH, maxT, Vp    | %-50s |\n", strfmt("%d, %d, %d, %d, %d", shape.num_layers, shape.channels,
+                                                        shape.num_heads, shape.max_seq_len, shape.padded_vocab_size).c_str());
+    printf("| parameters            | %-50zu |\n", model.num_params);
+    printf("| B, T, accumulation    | %-50s |\n", strfmt("%d, %d, %d (%lld tokens per step)", B, T, cfg.grad_accum_steps, tokens_per_step).c_str());
+    printf("| train data            | %-50s |\n", strfmt("%zu shard(s), %lld tokens", train_loader->num_shards(), (long long)train_loader->total_tokens()).c_str());
+    printf("| steps                 | %-50s |\n", strfmt("%d (from %d)", max_steps, start_step).c_str());
+    printf("| lr, schedule, warmup  | %-50s |\n", strfmt("%g, %s to %g x, %d", cfg.learning_rate, cfg.lr_schedule.c_str(), cfg.final_lr_fraction, cfg.warmup_iterations).c_str());
+    printf("| weight decay, clip    | %-50s |\n", strfmt("%g, %g", cfg.weight_decay, cfg.grad_clip).c_str());
+    printf("| recompute, seed       | %-50s |\n", strfmt("%d, %llu", cfg.recompute, (unsigned long long)cfg.seed).c_str());
+    size_t free_b, total_b;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    printf("| GPU memory in use     | %-50s |\n", strfmt("%.2f GiB of %.2f GiB", (total_b - free_b) / 1073741824.0, total_b / 1073741824.0).c_str());
+    printf("+-----------------------+----------------------------------------------------+\n");
+    fflush(stdout);
+
+    // main.log: appended to when resuming, otherwise started fresh
+    FILE* logfile = nullptr;
+    if (!cfg.output_dir.empty()) {
+        std::string path = cfg.output_dir + "/main.log";
+        logfile = fopen(path.c_str(), resume_step >= 0 ? "a" : "w");
+        if (!logfile) { fprintf(stderr, "error: cannot open %s for writing\n", path.c_str()); return 1; }
+        fprintf(logfile, "# recipe:%s precision:%s model:%s params:%zu B:%d T:%d tokens_per_step:%lld\n", RECIPE_NAME,
+                PRECISION_NAME, cfg.model.c_str(), model.num_params, B, T, tokens_per_step);
+        fflush(logfile);
+    }
+
+    LRSchedule schedule;
+    schedule.kind = parse_schedule_kind(cfg.lr_schedule);
+    schedule.base_lr = cfg.learning_rate;
+    schedule.warmup = cfg.warmup_iterations;
+    schedule.total_steps = max_steps;
+    schedule.final_fraction = cfg.final_lr_fraction;
+
+    std::vector<int> inputs(B * T), targets(B * T);
+    double total_train_seconds = 0.0;
+    int timed_steps = 0;
+    for (int step = start_step; step <= max_steps; step++) {
+        const bool last_step = step == max_steps;
+        // validation
+        if (val_loader && (step % cfg.val_every == 0 || last_step)) {
+            val_loader->reset();
+            int64_t batches = val_loader->batches_per_epoch();
+            if (cfg.val_max_steps > 0) batches = std::min<int64_t>(batches, cfg.val_max_steps);
+            double sum = 0.0;
+            for (int64_t i = 0; i < batches; i++) {
+                val_loader->next_batch(inputs.data(), targets.data());
+                sum += gpt_forward(&model, inputs.data(), targets.data(), B, T);
+            }
+            float val_loss = (float)(sum / batches);
+            printf("val loss %.6f (step %d, %lld batches)\n", val_loss, step, (long long)batches);
+            if (logfile) { fprintf(logfile, "s:%d tel:%.6f\n", step, val_loss); fflush(logfile); }
+        }
+        // sample
+        if (cfg.sample_every > 0 && cfg.gen_tokens > 0 && step > start_step && (step % cfg.sample_every == 0 || last_step)) {
+            int eot = tokenizer.loaded() ? (int)tokenizer.eot_token() : 50256;
+            std::vector<int> gen = gpt_sample(&model, cfg.gen_tokens, eot, mix64(cfg.seed, (uint64_t)step));
+            printf("generating:\n---\n");
+            for (int tok : gen) {
+                if (tokenizer.loaded()) printf("%s", printable(tokenizer.decode(tok)).c_str());
+                else printf("%d ", tok);
+            }
+            printf("\n---\n");
+        }
+        // checkpoint (the state after `step` optimizer steps)
+        if (!cfg.output_dir.empty() && step > start_step &&
+            ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || last_step)) {
+            try {
+                save_checkpoint(&model, cfg.output_dir, step, train_loader->state(), cfg.process_rank, cfg.num_processes);
+                prune_checkpoints(cfg.output_dir, cfg.checkpoint_keep);
+            } catch (const std::exception& e) {
+                fprintf(stderr, "error: %s\n", e.what());
+                return 1;
+            }
+            printf("checkpoint written: %s\n", model_path(cfg.output_dir, step).c_str());
+        }
+        if (last_step) break;
+
+        // one optimizer step over grad_accum_steps micro-batches
+        auto t0 = std::chrono::steady_clock::now();
+        gpt_zero_grad(&model);
+        const float dloss = 1.0f / (B * T * cfg.grad_accum_steps);
+        double loss_sum = 0.0;
+        for (int micro = 0; micro < cfg.grad_accum_steps; micro++) {
+            train_loader->next_batch(inputs.data(), targets.data());
+            loss_sum += gpt_forward(&model, inputs.data(), targets.data(), B, T, true, dloss);
+            gpt_backward(&model, B, T);
+        }
+        const float train_loss = (float)(loss_sum / cfg.grad_accum_steps);
+        OptimizerSettings opt{schedule.lr_at(step), cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.grad_clip, cfg.seed};
+        const float norm = gpt_update(&model, opt);
+        cudaCheck(cudaDeviceSynchronize());
+        double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (step > start_step) { total_train_seconds += seconds; timed_steps++; } // the first step warms up
+        const double tok_s = tokens_per_step / seconds;
+        const double mfu = peak > 0 ? 100.0 * flops_per_token * tok_s / peak : -1.0;
+        const double avg = timed_steps > 0 ? total_train_seconds / timed_steps : seconds;
+        if (!std::isfinite(train_loss)) {
+            fprintf(stderr, "error: the loss is %f at step %d; lower -l or check the data\n", train_loss, step + 1);
+            return 1;
+        }
+        printf("step %5d/%d | loss %.6f | norm %7.4f | lr %.2e | %8.2f ms | %9.0f tok/s | MFU %s | ETA %s\n", step + 1,
+               max_steps, train_loss, norm, opt.lr, seconds * 1000.0, tok_s,
+               mfu >= 0 ? strfmt("%5.1f%%", mfu).c_str() : "n/a", human_seconds(avg * (max_steps - step - 1)).c_str());
+        fflush(stdout);
+        if (logfile) { fprintf(logfile, "s:%d trl:%.6f lr:%.6e norm:%.6f\n", step, train_loss, opt.lr, norm); fflush(logfile); }
+    }
+    if (timed_steps > 0) {
+        double avg = total_train_seconds / timed_steps;
+        printf("average step %.2f ms, %.0f tok/s over %d steps\n", avg * 1000.0, tokens_per_step / avg, timed_steps);
+    }
+    size_t free_end;
+    cudaCheck(cudaMemGetInfo(&free_end, &total_b));
+    printf("GPU memory in use at the end: %.2f GiB\n", (total_b - free_end) / 1073741824.0);
+    if (logfile) fclose(logfile);
+    matmul_free();
+    return 0;
+}
+#endif
