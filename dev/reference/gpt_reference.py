@@ -303,6 +303,9 @@ def atomic_write(path, chunks):
     """Write byte-like chunks / numpy arrays to `path` via a temp name in the same dir + os.replace."""
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)              # mkstemp makes 0600; give the usual permissions
     try:
         with os.fdopen(fd, "wb") as f:
             for c in chunks:
