@@ -74,27 +74,29 @@ struct ParamPointers {
 // ----------------------------------------------------------------------------------------------
 // Activations kept from the forward pass for the backward pass, and scratch buffers.
 struct Activations {
-    floatX* encoded;     // (B,T,C) token + position embedding = residual stream into layer 0
+    // The residual stream is FP32 in every build (see layernorm.cuh); everything else is floatX.
+    float* encoded;      // (B,T,C) token + position embedding = residual stream into layer 0
     floatX* ln1;         // (L,B,T,C), or one (B,T,C) buffer when recompute >= 2
     float* ln1_mean;     // (L,B,T)
     float* ln1_rstd;     // (L,B,T)
     floatX* qkv;         // (L,B,T,3C)
     floatX* atty;        // (L,B,T,C) attention output before its projection
     floatX* att;         // (L,B,NH,T,T) attention probabilities
-    floatX* residual2;   // (L,B,T,C) residual after the attention block
+    float* residual2;    // (L,B,T,C) residual after the attention block
     floatX* ln2;         // like ln1
     float* ln2_mean;     // (L,B,T)
     float* ln2_rstd;     // (L,B,T)
     floatX* fch;         // (L,B,T,4C) fc output before GELU
     floatX* fch_gelu;    // (L,B,T,4C), or one (B,T,4C) buffer when recompute >= 1
-    floatX* residual3;   // (L,B,T,C) residual after the MLP block
+    float* residual3;    // (L,B,T,C) residual after the MLP block
     floatX* lnf;         // (B,T,C)
     float* lnf_mean;     // (B,T)
     float* lnf_rstd;     // (B,T)
     floatX* logits;      // (B,T,Vp), overwritten by dlogits in training
     float* losses;       // (B,T) per-position loss
     // backward scratch
-    floatX* dresidual;   // (B,T,C)
+    float* dresidual;    // (B,T,C) gradient of the residual stream, accumulated in FP32
+    floatX* dresidual_x; // (B,T,C) its floatX copy, read by the GEMMs
     floatX* dbtc;        // (B,T,C)
     floatX* dfch;        // (B,T,4C)
     floatX* dqkv;        // (B,T,3C)
@@ -160,26 +162,27 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute) {
     Activations& a = model->acts;
     const size_t ln_layers = recompute >= 2 ? 1 : L;
     const size_t gelu_layers = recompute >= 1 ? 1 : L;
-    a.encoded = alloc_n<floatX>(BT * C, "activations (encoded)");
+    a.encoded = alloc_n<float>(BT * C, "activations (encoded)");
     a.ln1 = alloc_n<floatX>(ln_layers * BT * C, "activations (ln1)");
     a.ln1_mean = alloc_n<float>(L * BT, "activations (ln1 mean)");
     a.ln1_rstd = alloc_n<float>(L * BT, "activations (ln1 rstd)");
     a.qkv = alloc_n<floatX>(L * BT * 3 * C, "activations (qkv)");
     a.atty = alloc_n<floatX>(L * BT * C, "activations (attention output)");
     a.att = alloc_n<floatX>(L * (size_t)B * NH * T * T, "activations (attention probabilities)");
-    a.residual2 = alloc_n<floatX>(L * BT * C, "activations (residual2)");
+    a.residual2 = alloc_n<float>(L * BT * C, "activations (residual2)");
     a.ln2 = alloc_n<floatX>(ln_layers * BT * C, "activations (ln2)");
     a.ln2_mean = alloc_n<float>(L * BT, "activations (ln2 mean)");
     a.ln2_rstd = alloc_n<float>(L * BT, "activations (ln2 rstd)");
     a.fch = alloc_n<floatX>(L * BT * 4 * C, "activations (fc)");
     a.fch_gelu = alloc_n<floatX>(gelu_layers * BT * 4 * C, "activations (gelu)");
-    a.residual3 = alloc_n<floatX>(L * BT * C, "activations (residual3)");
+    a.residual3 = alloc_n<float>(L * BT * C, "activations (residual3)");
     a.lnf = alloc_n<floatX>(BT * C, "activations (lnf)");
     a.lnf_mean = alloc_n<float>(BT, "activations (lnf mean)");
     a.lnf_rstd = alloc_n<float>(BT, "activations (lnf rstd)");
     a.logits = alloc_n<floatX>(BT * Vp, "activations (logits)");
     a.losses = alloc_n<float>(BT, "losses");
-    a.dresidual = alloc_n<floatX>(BT * C, "backward scratch");
+    a.dresidual = alloc_n<float>(BT * C, "backward scratch");
+    a.dresidual_x = alloc_n<floatX>(BT * C, "backward scratch");
     a.dbtc = alloc_n<floatX>(BT * C, "backward scratch");
     a.dfch = alloc_n<floatX>(BT * 4 * C, "backward scratch");
     a.dqkv = alloc_n<floatX>(BT * 3 * C, "backward scratch");
@@ -283,16 +286,16 @@ inline float gpt_forward(GPT* model, const int* inputs, const int* targets, int 
     encoder_forward(a.encoded, model->inputs_dev, p.t[P_WTE], p.t[P_WPE], B, T, C, st);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B], N, C, st);
     for (int l = 0; l < L; l++) {
-        const floatX* residual_in = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
+        const float* residual_in = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
         floatX* ln1 = a.ln1 + (model->recompute >= 2 ? 0 : l * NC);
         floatX* ln2 = a.ln2 + (model->recompute >= 2 ? 0 : l * NC);
         floatX* qkv = a.qkv + l * NC * 3;
         floatX* atty = a.atty + l * NC;
         floatX* att = a.att + (size_t)l * B * NH * T * T;
-        floatX* residual2 = a.residual2 + l * NC;
+        float* residual2 = a.residual2 + l * NC;
         floatX* fch = a.fch + l * NC * 4;
         floatX* fch_gelu = a.fch_gelu + (model->recompute >= 1 ? 0 : l * NC * 4);
-        floatX* residual3 = a.residual3 + l * NC;
+        float* residual3 = a.residual3 + l * NC;
         // attention block
         linear_forward(qkv, ln1, p.t[P_QKVW] + (size_t)l * 3 * C * C, p.t[P_QKVB] + l * 3 * C, N, C, 3 * C, st);
         attention_forward(atty, att, qkv, a.attn, B, T, NH, HS, st);
@@ -343,17 +346,17 @@ inline void gpt_backward(GPT* model, int B, int T) {
     // LM head: dwte += dlogits^T lnf;  dlnf = dlogits wte
     matmul(g.t[P_WTE], a.lnf, a.logits, nullptr, C, Vp, N, false, true, 1.0f, 1.0f, true, st);
     matmul(a.dbtc, p.t[P_WTE], a.logits, nullptr, C, N, Vp, false, false, 1.0f, 0.0f, false, st);
-    cudaCheck(cudaMemsetAsync(a.dresidual, 0, NC * sizeof(floatX), st));
-    layernorm_backward(a.dresidual, g.t[P_LNFW], g.t[P_LNFB], a.ln_partials, a.dbtc, a.residual3 + (L - 1) * NC,
+    cudaCheck(cudaMemsetAsync(a.dresidual, 0, NC * sizeof(float), st));
+    layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LNFW], g.t[P_LNFB], a.ln_partials, a.dbtc, a.residual3 + (L - 1) * NC,
                        p.t[P_LNFW], a.lnf_mean, a.lnf_rstd, N, C, st);
     for (int l = L - 1; l >= 0; l--) {
-        const floatX* residual_in = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
+        const float* residual_in = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
         floatX* ln1 = a.ln1 + (model->recompute >= 2 ? 0 : l * NC);
         floatX* ln2 = a.ln2 + (model->recompute >= 2 ? 0 : l * NC);
         floatX* qkv = a.qkv + l * NC * 3;
         floatX* atty = a.atty + l * NC;
         floatX* att = a.att + (size_t)l * B * NH * T * T;
-        floatX* residual2 = a.residual2 + l * NC;
+        float* residual2 = a.residual2 + l * NC;
         floatX* fch = a.fch + l * NC * 4;
         floatX* fch_gelu = a.fch_gelu + (model->recompute >= 1 ? 0 : l * NC * 4);
         const floatX* ln1w = p.t[P_LN1W] + l * C;
@@ -364,23 +367,23 @@ inline void gpt_backward(GPT* model, int B, int T) {
             layernorm_forward(ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, residual2, ln2w, p.t[P_LN2B] + l * C, N, C, st);
         }
         // MLP block; dresidual holds d(residual3)
-        linear_backward_dw(g.t[P_FCPROJW] + (size_t)l * 4 * C * C, g.t[P_FCPROJB] + l * C, a.dresidual, fch_gelu, ls, N, 4 * C, C, st);
-        linear_backward_dx(a.dfch, a.dresidual, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, N, 4 * C, C, st);
+        linear_backward_dw(g.t[P_FCPROJW] + (size_t)l * 4 * C * C, g.t[P_FCPROJB] + l * C, a.dresidual_x, fch_gelu, ls, N, 4 * C, C, st);
+        linear_backward_dx(a.dfch, a.dresidual_x, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, N, 4 * C, C, st);
         gelu_backward(a.dfch, fch, NC * 4, st);
         linear_backward_dw(g.t[P_FCW] + (size_t)l * 4 * C * C, g.t[P_FCB] + l * 4 * C, a.dfch, ln2, ls, N, C, 4 * C, st);
         linear_backward_dx(a.dbtc, a.dfch, p.t[P_FCW] + (size_t)l * 4 * C * C, N, C, 4 * C, st);
-        layernorm_backward(a.dresidual, g.t[P_LN2W] + l * C, g.t[P_LN2B] + l * C, a.ln_partials, a.dbtc, residual2,
+        layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN2W] + l * C, g.t[P_LN2B] + l * C, a.ln_partials, a.dbtc, residual2,
                            ln2w, a.ln2_mean + l * N, a.ln2_rstd + l * N, N, C, st);
         // attention block; dresidual now holds d(residual2)
-        linear_backward_dw(g.t[P_ATTPROJW] + (size_t)l * C * C, g.t[P_ATTPROJB] + l * C, a.dresidual, atty, ls, N, C, C, st);
-        linear_backward_dx(a.dbtc, a.dresidual, p.t[P_ATTPROJW] + (size_t)l * C * C, N, C, C, st);
+        linear_backward_dw(g.t[P_ATTPROJW] + (size_t)l * C * C, g.t[P_ATTPROJB] + l * C, a.dresidual_x, atty, ls, N, C, C, st);
+        linear_backward_dx(a.dbtc, a.dresidual_x, p.t[P_ATTPROJW] + (size_t)l * C * C, N, C, C, st);
         attention_backward(a.dqkv, a.dbtc, qkv, att, a.attn, a.dq, a.dk, a.dv, B, T, NH, HS, st);
         if (model->recompute >= 2) {
             layernorm_forward(ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, residual_in, ln1w, p.t[P_LN1B] + l * C, N, C, st);
         }
         linear_backward_dw(g.t[P_QKVW] + (size_t)l * 3 * C * C, g.t[P_QKVB] + l * 3 * C, a.dqkv, ln1, ls, N, C, 3 * C, st);
         linear_backward_dx(a.dbtc, a.dqkv, p.t[P_QKVW] + (size_t)l * 3 * C * C, N, C, 3 * C, st);
-        layernorm_backward(a.dresidual, g.t[P_LN1W] + l * C, g.t[P_LN1B] + l * C, a.ln_partials, a.dbtc, residual_in,
+        layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN1W] + l * C, g.t[P_LN1B] + l * C, a.ln_partials, a.dbtc, residual_in,
                            ln1w, a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, st);
     }
     // dresidual = d(encoded)

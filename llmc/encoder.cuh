@@ -9,7 +9,7 @@
 #include <algorithm>
 #include "cuda_common.h"
 
-__global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
+__global__ void encoder_forward_kernel(float* out, const int* inp, const floatX* wte, const floatX* wpe,
                                        int B, int T, int C) {
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)B * T * C) return;
@@ -17,10 +17,11 @@ __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX
     int bt = idx / C;
     int t = bt % T;
     int token = inp[bt];
-    out[idx] = (floatX)((float)wte[(long long)token * C + c] + (float)wpe[(long long)t * C + c]);
+    out[idx] = (float)wte[(long long)token * C + c] + (float)wpe[(long long)t * C + c];
 }
 
-inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
+// out: the FP32 residual stream
+inline void encoder_forward(float* out, const int* inp, const floatX* wte, const floatX* wpe,
                             int B, int T, int C, cudaStream_t stream) {
     const int block = 256;
     long long n = (long long)B * T * C;
@@ -49,7 +50,7 @@ struct EmbeddingBuckets {
 };
 
 // one thread per (distinct token, channel); blockIdx.y picks the token
-__global__ void wte_backward_kernel(float* dwte, const floatX* dout, const int* tokens, const int* offsets,
+__global__ void wte_backward_kernel(float* dwte, const float* dout, const int* tokens, const int* offsets,
                                     const int* positions, int C) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     int u = blockIdx.y;
@@ -60,7 +61,7 @@ __global__ void wte_backward_kernel(float* dwte, const floatX* dout, const int* 
 }
 
 // one thread per (t, channel), summing over the batch in order
-__global__ void wpe_backward_kernel(float* dwpe, const floatX* dout, int B, int T, int C) {
+__global__ void wpe_backward_kernel(float* dwpe, const float* dout, int B, int T, int C) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     int t = blockIdx.y;
     if (c >= C) return;
@@ -70,7 +71,8 @@ __global__ void wpe_backward_kernel(float* dwpe, const floatX* dout, int B, int 
 }
 
 // bucket_dev: device buffer of 3*BT+1 ints receiving tokens | offsets | positions
-inline void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const EmbeddingBuckets& buckets,
+// dout: the FP32 gradient of the residual stream
+inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const EmbeddingBuckets& buckets,
                              int* bucket_dev, int B, int T, int C, cudaStream_t stream) {
     const int BT = B * T;
     const int U = (int)buckets.tokens.size();

@@ -2,6 +2,9 @@
 //   y = (x - mean) * rstd * w + b,   rstd = 1 / sqrt(var + 1e-5),   var the biased variance over C.
 // One warp per row (a row is one token's C channels); statistics in FP32. mean and rstd are kept
 // per row for the backward pass.
+// The residual stream (the input of every LayerNorm) is FP32 in every build, as under PyTorch's
+// autocast: rounding it to BF16 after each of the 2L residual adds costs ~0.2% per add, which
+// dominated the BF16 build's error against the reference. LayerNorm outputs are floatX (they feed GEMMs).
 // Backward, with xhat = (x - mean) * rstd and g = dy * w:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
 //   dw += sum_rows dy * xhat,   db += sum_rows dy
@@ -13,7 +16,7 @@
 #define LN_EPS 1e-5f
 
 // x is the row to normalize; out, mean, rstd get written. w/b: C. One warp per row.
-__device__ __forceinline__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, const floatX* x,
+__device__ __forceinline__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, const float* x,
                                               const floatX* w, const floatX* b, int C, int lane) {
     float sum = 0.0f;
     for (int c = lane; c < C; c += WARP_SIZE) sum += (float)x[c];
@@ -28,7 +31,7 @@ __device__ __forceinline__ void layernorm_row(floatX* out, float* mean_out, floa
     if (lane == 0) { *mean_out = mean; *rstd_out = rstd; }
 }
 
-__global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
+__global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const float* inp,
                                          const floatX* w, const floatX* b, int N, int C) {
     int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (row >= N) return;
@@ -36,9 +39,9 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, 
     layernorm_row(out + off, mean + row, rstd + row, inp + off, w, b, C, threadIdx.x % WARP_SIZE);
 }
 
-// residual = a + b (rounded to floatX first, so the stored residual is exactly what is normalized)
-__global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd,
-                                                        const floatX* a, const floatX* b_in,
+// residual = a + b in FP32 (a: the residual stream, b: a projection's output), then LayerNorm of it
+__global__ void fused_residual_layernorm_forward_kernel(float* residual, floatX* out, float* mean, float* rstd,
+                                                        const float* a, const floatX* b_in,
                                                         const floatX* w, const floatX* b, int N, int C) {
     int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (row >= N) return;
@@ -49,15 +52,15 @@ __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX
     layernorm_row(out + off, mean + row, rstd + row, residual + off, w, b, C, lane);
 }
 
-inline void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
+inline void layernorm_forward(floatX* out, float* mean, float* rstd, const float* inp, const floatX* w,
                               const floatX* b, int N, int C, cudaStream_t stream) {
     const int block = 256, rows_per_block = block / WARP_SIZE;
     layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, stream>>>(out, mean, rstd, inp, w, b, N, C);
     cudaCheckLaunch();
 }
 
-inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, float* mean, float* rstd,
-                                             const floatX* a, const floatX* b_in, const floatX* w,
+inline void fused_residual_layernorm_forward(float* residual, floatX* out, float* mean, float* rstd,
+                                             const float* a, const floatX* b_in, const floatX* w,
                                              const floatX* b, int N, int C, cudaStream_t stream) {
     const int block = 256, rows_per_block = block / WARP_SIZE;
     fused_residual_layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, stream>>>(
@@ -69,9 +72,10 @@ inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, floa
 // LN_BACKWARD_WARPS * 2 * C floats.
 #define LN_BACKWARD_WARPS 1024
 
-// dinp += dx. Warp w handles rows w, w + W, w + 2W, ... and accumulates dy*xhat and dy into its
-// scratch row (zeroed here first).
-__global__ void layernorm_backward_kernel(floatX* dinp, float* scratch, const floatX* dout, const floatX* inp,
+// dinp += dx in FP32 (the gradient of the residual stream accumulates over 2L+1 LayerNorms), and
+// dinp_x = dinp rounded to floatX: the copy the next GEMMs read. Warp w handles rows w, w + W,
+// w + 2W, ... and accumulates dy*xhat and dy into its scratch row (zeroed here first).
+__global__ void layernorm_backward_kernel(float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp,
                                           const floatX* w, const float* mean, const float* rstd, int N, int C) {
     const int num_warps = gridDim.x * (blockDim.x / WARP_SIZE);
     const int warp_id = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
@@ -97,7 +101,9 @@ __global__ void layernorm_backward_kernel(floatX* dinp, float* scratch, const fl
             float dy = (float)dout[off + c];
             float g = dy * (float)w[c];
             float dx = r * (g - mean_g - xhat * mean_gx);
-            dinp[off + c] = (floatX)((float)dinp[off + c] + dx);
+            float acc = dinp[off + c] + dx;
+            dinp[off + c] = acc;
+            dinp_x[off + c] = (floatX)acc;
             dw_acc[c] += dy * xhat;
             db_acc[c] += dy;
         }
@@ -128,12 +134,12 @@ __global__ void layernorm_backward_reduce_kernel(float* dw, float* db, const flo
 }
 
 // scratch: at least LN_BACKWARD_WARPS * 2 * C floats
-inline void layernorm_backward(floatX* dinp, float* dw, float* db, float* scratch, const floatX* dout,
-                               const floatX* inp, const floatX* w, const float* mean, const float* rstd,
+inline void layernorm_backward(float* dinp, floatX* dinp_x, float* dw, float* db, float* scratch, const floatX* dout,
+                               const float* inp, const floatX* w, const float* mean, const float* rstd,
                                int N, int C, cudaStream_t stream) {
     const int block = 256, warps_per_block = block / WARP_SIZE;
     layernorm_backward_kernel<<<LN_BACKWARD_WARPS / warps_per_block, block, 0, stream>>>(
-        dinp, scratch, dout, inp, w, mean, rstd, N, C);
+        dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C);
     cudaCheckLaunch();
     layernorm_backward_reduce_kernel<<<ceil_div(C, 32), dim3(32, 32), 0, stream>>>(dw, db, scratch, LN_BACKWARD_WARPS, C);
     cudaCheckLaunch();

@@ -61,8 +61,11 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
                 echo "== gpu tests ($v): build failed"; failed=$((failed + 1))
             fi
         done
+        bash dev/test/resume_cli.sh ./train_gpt_bf16 2>&1 | tee "$tmp/resume.log"; rc=$?
+        count_suite "resume tests" $rc "$tmp/resume.log"
         # out-of-memory is a clear message and a non-zero exit
-        out=$(./train_gpt_bf16 -b 4096 -x 1 -v 0 -s 0 2>&1); rc=$?
+        # (1.5B parameters fit; the activations of B=1024, T=256 do not)
+        out=$(./train_gpt_bf16 -e d48 -b 1024 -t 256 -x 1 -v 0 -s 0 2>&1); rc=$?
         if [[ $rc -ne 0 ]] && grep -q "out of GPU memory" <<<"$out" && grep -q -- "-r 2" <<<"$out"; then
             echo "[PASS] out-of-memory: clear message, exit $rc"; passed=$((passed + 1))
         else
