@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
     gpt_set_params(&model, init_params);
 
     // 1. forward: logits (eval mode keeps them) and loss
-    float loss = gpt_forward(&model, ref.inputs.data(), ref.targets.data(), B, T, false);
+    float loss = gpt_forward_loss(&model, ref.inputs.data(), ref.targets.data(), B, T, false);
     std::vector<floatX> logits(BT * Vp);
     cudaCheck(cudaMemcpy(logits.data(), model.acts.logits, logits.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
     Diff dl = compare(logits.data(), ref.logits.data(), logits.size());
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
     float max_loss_diff = 0.0f, max_norm_rel = 0.0f;
     for (int s = 0; s < ref.nsteps; s++) {
         gpt_zero_grad(&model);
-        float l = gpt_forward(&model, ref.inputs.data(), ref.targets.data(), B, T, true, 1.0f / BT);
+        float l = gpt_forward_loss(&model, ref.inputs.data(), ref.targets.data(), B, T, true, 1.0f / BT);
         gpt_backward(&model, B, T);
         float norm = gpt_update(&model, opt);
         cudaCheck(cudaDeviceSynchronize());
@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
         for (int s = from; s < to; s++) {
             std::vector<int> x = rotated(ref.inputs, s), y = rotated(ref.targets, s);
             gpt_zero_grad(m);
-            losses->push_back(gpt_forward(m, x.data(), y.data(), B, T, true, 1.0f / BT));
+            losses->push_back(gpt_forward_loss(m, x.data(), y.data(), B, T, true, 1.0f / BT));
             gpt_backward(m, B, T);
             gpt_update(m, opt);
         }

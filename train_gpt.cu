@@ -33,6 +33,7 @@
 #include "llmc/fused_classifier.cuh"
 #include "llmc/adamw.cuh"
 #include "llmc/recipe_bf16.h"
+#include "llmc/profiler.h"
 
 using namespace llmc;
 
@@ -43,7 +44,7 @@ enum ParamIndex {
     P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB,
     P_LN2W, P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB
 };
-static const char* PARAM_NAMES[NUM_PARAMETER_TENSORS] = {
+[[maybe_unused]] static const char* PARAM_NAMES[NUM_PARAMETER_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
 // weight decay applies to the matrices only (embeddings and linear weights), not to biases and norms
@@ -124,9 +125,14 @@ struct GPT {
     int* inputs_dev = nullptr;        // (B,T)
     int* targets_dev = nullptr;       // (B,T)
     int* buckets_dev = nullptr;       // 3*B*T+1 ints for the embedding backward
+    // page-locked staging buffers for the uploads above, so that they do not stall the host; each
+    // event marks the end of the last upload from its buffer (the host waits on it before rewriting)
+    int* inputs_pinned = nullptr;     // 2*B*T: inputs | targets
+    int* buckets_pinned = nullptr;    // 3*B*T+1
+    cudaEvent_t inputs_uploaded, buckets_uploaded;
+    float* loss_sum_dev = nullptr;    // running sum of per-position losses (see gpt_read_loss)
     float* norm_partials = nullptr;   // NORM_BLOCKS
     float* norm_dev = nullptr;        // 1
-    std::vector<float> losses_host;
     EmbeddingBuckets buckets;
     cudaStream_t stream = 0;
     int adam_steps = 0;               // optimizer steps taken so far (AdamW's t - 1)
@@ -200,9 +206,14 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute) {
     model->inputs_dev = alloc_n<int>(BT, "inputs");
     model->targets_dev = alloc_n<int>(BT, "targets");
     model->buckets_dev = alloc_n<int>(3 * BT + 1, "embedding buckets");
+    cudaCheck(cudaMallocHost(&model->inputs_pinned, 2 * BT * sizeof(int)));
+    cudaCheck(cudaMallocHost(&model->buckets_pinned, (3 * BT + 1) * sizeof(int)));
+    cudaCheck(cudaEventCreateWithFlags(&model->inputs_uploaded, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&model->buckets_uploaded, cudaEventDisableTiming));
+    model->loss_sum_dev = alloc_n<float>(1, "loss sum");
+    cudaCheck(cudaMemset(model->loss_sum_dev, 0, sizeof(float)));
     model->norm_partials = alloc_n<float>(NORM_BLOCKS, "norm scratch");
     model->norm_dev = alloc_n<float>(1, "norm");
-    model->losses_host.resize(BT);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -267,10 +278,11 @@ inline std::vector<floatX> gpt_get_params(const GPT* model) {
 
 // ----------------------------------------------------------------------------------------------
 // Forward pass. inputs/targets are host arrays of B*T tokens (B, T <= the allocated sizes).
-// With targets, returns the mean loss over the B*T positions; with training, the classifier also
-// leaves dloss/dlogits (scaled by dloss_scale) in acts.logits for gpt_backward.
-inline float gpt_forward(GPT* model, const int* inputs, const int* targets, int B, int T,
-                         bool training = false, float dloss_scale = 1.0f) {
+// Asynchronous: with targets, the sum of the per-position losses is added to a device counter that
+// gpt_read_loss() reads (one synchronization per optimizer step, not per micro-step). With training,
+// the classifier also leaves dloss/dlogits (scaled by dloss_scale) in acts.logits for gpt_backward.
+inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B, int T,
+                        bool training = false, float dloss_scale = 1.0f) {
     const ModelShape& s = model->shape;
     const int L = s.num_layers, C = s.channels, NH = s.num_heads, HS = C / NH;
     const int V = s.vocab_size, Vp = s.padded_vocab_size;
@@ -280,9 +292,17 @@ inline float gpt_forward(GPT* model, const int* inputs, const int* targets, int 
     Activations& a = model->acts;
     ParamPointers<floatX>& p = model->params;
 
-    cudaCheck(cudaMemcpy(model->inputs_dev, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
-    if (targets) cudaCheck(cudaMemcpy(model->targets_dev, targets, N * sizeof(int), cudaMemcpyHostToDevice));
+    PHASE("fwd: upload");
+    cudaCheck(cudaEventSynchronize(model->inputs_uploaded));
+    memcpy(model->inputs_pinned, inputs, N * sizeof(int));
+    if (targets) memcpy(model->inputs_pinned + N, targets, N * sizeof(int));
+    cudaCheck(cudaMemcpyAsync(model->inputs_dev, model->inputs_pinned, N * sizeof(int), cudaMemcpyHostToDevice, st));
+    if (targets) {
+        cudaCheck(cudaMemcpyAsync(model->targets_dev, model->inputs_pinned + N, N * sizeof(int), cudaMemcpyHostToDevice, st));
+    }
+    cudaCheck(cudaEventRecord(model->inputs_uploaded, st));
 
+    PHASE("fwd: embedding + layernorm");
     encoder_forward(a.encoded, model->inputs_dev, p.t[P_WTE], p.t[P_WPE], B, T, C, st);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B], N, C, st);
     for (int l = 0; l < L; l++) {
@@ -297,16 +317,24 @@ inline float gpt_forward(GPT* model, const int* inputs, const int* targets, int 
         floatX* fch_gelu = a.fch_gelu + (model->recompute >= 1 ? 0 : l * NC * 4);
         float* residual3 = a.residual3 + l * NC;
         // attention block
+        PHASE("fwd: linear");
         linear_forward(qkv, ln1, p.t[P_QKVW] + (size_t)l * 3 * C * C, p.t[P_QKVB] + l * 3 * C, N, C, 3 * C, st);
+        PHASE("fwd: attention");
         attention_forward(atty, att, qkv, a.attn, B, T, NH, HS, st);
+        PHASE("fwd: linear");
         linear_forward(a.btc_scratch, atty, p.t[P_ATTPROJW] + (size_t)l * C * C, p.t[P_ATTPROJB] + l * C, N, C, C, st);
+        PHASE("fwd: residual + layernorm");
         fused_residual_layernorm_forward(residual2, ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, residual_in,
                                          a.btc_scratch, p.t[P_LN2W] + l * C, p.t[P_LN2B] + l * C, N, C, st);
         // MLP block
+        PHASE("fwd: linear");
         linear_forward(fch, ln2, p.t[P_FCW] + (size_t)l * 4 * C * C, p.t[P_FCB] + l * 4 * C, N, C, 4 * C, st);
+        PHASE("fwd: gelu");
         gelu_forward(fch_gelu, fch, NC * 4, st);
+        PHASE("fwd: linear");
         linear_forward(a.btc_scratch, fch_gelu, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, p.t[P_FCPROJB] + l * C, N, 4 * C, C, st);
         // the residual add fused with the next LayerNorm: the next layer's ln1, or the final one
+        PHASE("fwd: residual + layernorm");
         if (l + 1 < L) {
             floatX* ln1_next = a.ln1 + (model->recompute >= 2 ? 0 : (l + 1) * NC);
             fused_residual_layernorm_forward(residual3, ln1_next, a.ln1_mean + (l + 1) * N, a.ln1_rstd + (l + 1) * N,
@@ -318,15 +346,31 @@ inline float gpt_forward(GPT* model, const int* inputs, const int* targets, int 
         }
     }
     // LM head, tied to the token embedding: logits = lnf wte^T over all Vp rows
+    PHASE("fwd: lm head");
     matmul(a.logits, p.t[P_WTE], a.lnf, nullptr, Vp, N, C, true, false, 1.0f, 0.0f, false, st);
-    if (!targets) return 0.0f;
+    if (!targets) return;
+    PHASE("fwd: classifier");
     fused_classifier(a.logits, a.losses, model->targets_dev, dloss_scale, N, V, Vp, training, st);
-    cudaCheck(cudaMemcpyAsync(model->losses_host.data(), a.losses, N * sizeof(float), cudaMemcpyDeviceToHost, st));
-    cudaCheck(cudaStreamSynchronize(st));
-    double sum = 0.0;
-    for (int i = 0; i < N; i++) sum += model->losses_host[i];
+    accumulate_loss(model->loss_sum_dev, a.losses, N, st);
+    // the host groups the positions by token for the embedding backward while the GPU runs
     if (training) model->buckets.build(inputs, N);
-    return (float)(sum / N);
+}
+
+// The mean loss since the last call: the device's loss sum over `count` positions. Synchronizes.
+inline float gpt_read_loss(GPT* model, long long count) {
+    float sum = 0.0f;
+    cudaCheck(cudaMemcpyAsync(&sum, model->loss_sum_dev, sizeof(float), cudaMemcpyDeviceToHost, model->stream));
+    cudaCheck(cudaMemsetAsync(model->loss_sum_dev, 0, sizeof(float), model->stream));
+    cudaCheck(cudaStreamSynchronize(model->stream));
+    return (float)(sum / (double)count);
+}
+
+// forward + the mean loss of this batch (for evaluation and tests)
+inline float gpt_forward_loss(GPT* model, const int* inputs, const int* targets, int B, int T,
+                              bool training = false, float dloss_scale = 1.0f) {
+    gpt_read_loss(model, 1); // start from zero
+    gpt_forward(model, inputs, targets, B, T, training, dloss_scale);
+    return gpt_read_loss(model, (long long)B * T);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -344,8 +388,10 @@ inline void gpt_backward(GPT* model, int B, int T) {
     const LinearScratch& ls = model->linear_scratch;
 
     // LM head: dwte += dlogits^T lnf;  dlnf = dlogits wte
+    PHASE("bwd: lm head");
     matmul(g.t[P_WTE], a.lnf, a.logits, nullptr, C, Vp, N, false, true, 1.0f, 1.0f, true, st);
     matmul(a.dbtc, p.t[P_WTE], a.logits, nullptr, C, N, Vp, false, false, 1.0f, 0.0f, false, st);
+    PHASE("bwd: layernorm");
     cudaCheck(cudaMemsetAsync(a.dresidual, 0, NC * sizeof(float), st));
     layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LNFW], g.t[P_LNFB], a.ln_partials, a.dbtc, a.residual3 + (L - 1) * NC,
                        p.t[P_LNFW], a.lnf_mean, a.lnf_rstd, N, C, st);
@@ -362,35 +408,48 @@ inline void gpt_backward(GPT* model, int B, int T) {
         const floatX* ln1w = p.t[P_LN1W] + l * C;
         const floatX* ln2w = p.t[P_LN2W] + l * C;
         // recompute what was not kept (identical kernels on identical inputs: identical values)
+        PHASE("bwd: recompute");
         if (model->recompute >= 1) gelu_forward(fch_gelu, fch, NC * 4, st);
         if (model->recompute >= 2) {
             layernorm_forward(ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, residual2, ln2w, p.t[P_LN2B] + l * C, N, C, st);
         }
         // MLP block; dresidual holds d(residual3)
+        PHASE("bwd: linear");
         linear_backward_dw(g.t[P_FCPROJW] + (size_t)l * 4 * C * C, g.t[P_FCPROJB] + l * C, a.dresidual_x, fch_gelu, ls, N, 4 * C, C, st);
         linear_backward_dx(a.dfch, a.dresidual_x, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, N, 4 * C, C, st);
+        PHASE("bwd: gelu");
         gelu_backward(a.dfch, fch, NC * 4, st);
+        PHASE("bwd: linear");
         linear_backward_dw(g.t[P_FCW] + (size_t)l * 4 * C * C, g.t[P_FCB] + l * 4 * C, a.dfch, ln2, ls, N, C, 4 * C, st);
         linear_backward_dx(a.dbtc, a.dfch, p.t[P_FCW] + (size_t)l * 4 * C * C, N, C, 4 * C, st);
+        PHASE("bwd: layernorm");
         layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN2W] + l * C, g.t[P_LN2B] + l * C, a.ln_partials, a.dbtc, residual2,
                            ln2w, a.ln2_mean + l * N, a.ln2_rstd + l * N, N, C, st);
         // attention block; dresidual now holds d(residual2)
+        PHASE("bwd: linear");
         linear_backward_dw(g.t[P_ATTPROJW] + (size_t)l * C * C, g.t[P_ATTPROJB] + l * C, a.dresidual_x, atty, ls, N, C, C, st);
         linear_backward_dx(a.dbtc, a.dresidual_x, p.t[P_ATTPROJW] + (size_t)l * C * C, N, C, C, st);
+        PHASE("bwd: attention");
         attention_backward(a.dqkv, a.dbtc, qkv, att, a.attn, a.dq, a.dk, a.dv, B, T, NH, HS, st);
+        PHASE("bwd: recompute");
         if (model->recompute >= 2) {
             layernorm_forward(ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, residual_in, ln1w, p.t[P_LN1B] + l * C, N, C, st);
         }
+        PHASE("bwd: linear");
         linear_backward_dw(g.t[P_QKVW] + (size_t)l * 3 * C * C, g.t[P_QKVB] + l * 3 * C, a.dqkv, ln1, ls, N, C, 3 * C, st);
         linear_backward_dx(a.dbtc, a.dqkv, p.t[P_QKVW] + (size_t)l * 3 * C * C, N, C, 3 * C, st);
+        PHASE("bwd: layernorm");
         layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN1W] + l * C, g.t[P_LN1B] + l * C, a.ln_partials, a.dbtc, residual_in,
                            ln1w, a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, st);
     }
     // dresidual = d(encoded)
-    encoder_backward(g.t[P_WTE], g.t[P_WPE], a.dresidual, model->buckets, model->buckets_dev, B, T, C, st);
+    PHASE("bwd: embedding");
+    encoder_backward(g.t[P_WTE], g.t[P_WPE], a.dresidual, model->buckets, model->buckets_dev, model->buckets_pinned,
+                     model->buckets_uploaded, B, T, C, st);
 }
 
 inline void gpt_zero_grad(GPT* model) {
+    PHASE("zero grad");
     cudaCheck(cudaMemsetAsync(model->grads_memory, 0, model->num_params * sizeof(float), model->stream));
 }
 
@@ -403,6 +462,7 @@ struct OptimizerSettings {
 
 inline float gpt_update(GPT* model, const OptimizerSettings& o) {
     cudaStream_t st = model->stream;
+    PHASE("optimizer: grad norm");
     global_norm_squared(model->norm_dev, model->norm_partials, model->grads_memory, (long long)model->num_params, st);
     float norm_sq = 0.0f;
     cudaCheck(cudaMemcpyAsync(&norm_sq, model->norm_dev, sizeof(float), cudaMemcpyDeviceToHost, st));
@@ -412,6 +472,7 @@ inline float gpt_update(GPT* model, const OptimizerSettings& o) {
     float grad_scale = 1.0f;
     if (o.grad_clip > 0.0f) grad_scale = fminf(1.0f, o.grad_clip / (norm + 1e-6f));
     model->adam_steps += 1;
+    PHASE("optimizer: adamw");
     size_t offset = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         size_t n = model->param_sizes[i];
@@ -620,6 +681,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     matmul_init();
+    g_profiler.init(0);
 
     GPT model;
     gpt_build(&model, shape);
@@ -688,7 +750,7 @@ int main(int argc, char** argv) {
             double sum = 0.0;
             for (int64_t i = 0; i < batches; i++) {
                 val_loader->next_batch(inputs.data(), targets.data());
-                sum += gpt_forward(&model, inputs.data(), targets.data(), B, T);
+                sum += gpt_forward_loss(&model, inputs.data(), targets.data(), B, T);
             }
             float val_loss = (float)(sum / batches);
             printf("val loss %.6f (step %d, %lld batches)\n", val_loss, step, (long long)batches);
@@ -721,20 +783,22 @@ int main(int argc, char** argv) {
 
         // one optimizer step over grad_accum_steps micro-batches
         auto t0 = std::chrono::steady_clock::now();
+        g_profiler.step_begin();
         gpt_zero_grad(&model);
         const float dloss = 1.0f / (B * T * cfg.grad_accum_steps);
-        double loss_sum = 0.0;
         for (int micro = 0; micro < cfg.grad_accum_steps; micro++) {
             train_loader->next_batch(inputs.data(), targets.data());
-            loss_sum += gpt_forward(&model, inputs.data(), targets.data(), B, T, true, dloss);
+            gpt_forward(&model, inputs.data(), targets.data(), B, T, true, dloss);
             gpt_backward(&model, B, T);
         }
-        const float train_loss = (float)(loss_sum / cfg.grad_accum_steps);
+        const float train_loss = gpt_read_loss(&model, (long long)B * T * cfg.grad_accum_steps);
         OptimizerSettings opt{schedule.lr_at(step), cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.grad_clip, cfg.seed};
         const float norm = gpt_update(&model, opt);
         cudaCheck(cudaDeviceSynchronize());
         double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (step > start_step) { total_train_seconds += seconds; timed_steps++; } // the first step warms up
+        g_profiler.step_end();
+        if (step == start_step) g_profiler.reset(); // the first step warms up
+        if (step > start_step) { total_train_seconds += seconds; timed_steps++; }
         const double tok_s = tokens_per_step / seconds;
         const double mfu = peak > 0 ? 100.0 * flops_per_token * tok_s / peak : -1.0;
         const double avg = timed_steps > 0 ? total_train_seconds / timed_steps : seconds;
@@ -748,6 +812,7 @@ int main(int argc, char** argv) {
         fflush(stdout);
         if (logfile) { fprintf(logfile, "s:%d trl:%.6f lr:%.6e norm:%.6f\n", step, train_loss, opt.lr, norm); fflush(logfile); }
     }
+    g_profiler.report();
     if (timed_steps > 0) {
         double avg = total_train_seconds / timed_steps;
         printf("average step %.2f ms, %.0f tok/s over %d steps\n", avg * 1000.0, tokens_per_step / avg, timed_steps);

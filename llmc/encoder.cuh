@@ -7,6 +7,7 @@
 #pragma once
 #include <vector>
 #include <algorithm>
+#include <cstring>
 #include "cuda_common.h"
 
 __global__ void encoder_forward_kernel(float* out, const int* inp, const floatX* wte, const floatX* wpe,
@@ -70,22 +71,26 @@ __global__ void wpe_backward_kernel(float* dwpe, const float* dout, int B, int T
     dwpe[(long long)t * C + c] += sum;
 }
 
-// bucket_dev: device buffer of 3*BT+1 ints receiving tokens | offsets | positions
-// dout: the FP32 gradient of the residual stream
+// bucket_dev: device buffer of 3*BT+1 ints receiving tokens | offsets | positions, uploaded from
+// bucket_pinned (page-locked host memory of the same size) so that the copy is truly asynchronous;
+// `uploaded` guards the pinned buffer: it is rewritten only once the previous upload has finished.
 inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const EmbeddingBuckets& buckets,
-                             int* bucket_dev, int B, int T, int C, cudaStream_t stream) {
+                             int* bucket_dev, int* bucket_pinned, cudaEvent_t uploaded, int B, int T, int C,
+                             cudaStream_t stream) {
     const int BT = B * T;
     const int U = (int)buckets.tokens.size();
-    int* d_tokens = bucket_dev;
-    int* d_offsets = bucket_dev + BT;
-    int* d_positions = bucket_dev + 2 * BT + 1;
-    cudaCheck(cudaMemcpyAsync(d_tokens, buckets.tokens.data(), U * sizeof(int), cudaMemcpyHostToDevice, stream));
-    cudaCheck(cudaMemcpyAsync(d_offsets, buckets.offsets.data(), (U + 1) * sizeof(int), cudaMemcpyHostToDevice, stream));
-    cudaCheck(cudaMemcpyAsync(d_positions, buckets.positions.data(), BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaEventSynchronize(uploaded));
+    memcpy(bucket_pinned, buckets.tokens.data(), U * sizeof(int));
+    memcpy(bucket_pinned + BT, buckets.offsets.data(), (U + 1) * sizeof(int));
+    memcpy(bucket_pinned + 2 * BT + 1, buckets.positions.data(), BT * sizeof(int));
+    cudaCheck(cudaMemcpyAsync(bucket_dev, bucket_pinned, (3 * BT + 1) * sizeof(int), cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaEventRecord(uploaded, stream));
+    const int* d_tokens = bucket_dev;
+    const int* d_offsets = bucket_dev + BT;
+    const int* d_positions = bucket_dev + 2 * BT + 1;
     const int block = 256;
     wte_backward_kernel<<<dim3(ceil_div(C, block), U), block, 0, stream>>>(dwte, dout, d_tokens, d_offsets, d_positions, C);
     cudaCheckLaunch();
     wpe_backward_kernel<<<dim3(ceil_div(C, block), T), block, 0, stream>>>(dwpe, dout, B, T, C);
     cudaCheckLaunch();
-    // the host vectors must stay alive until the copies finish: the caller synchronizes per step
 }

@@ -38,3 +38,16 @@ inline void fused_classifier(floatX* logits, float* losses, const int* targets, 
     fused_classifier_kernel<<<BT, 1024, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_dlogits);
     cudaCheckLaunch();
 }
+
+// *loss_sum += sum of the n per-position losses (one block: a fixed summation order, deterministic).
+// Keeping the running sum on the device lets a training step synchronize once, not per micro-step.
+__global__ void loss_sum_kernel(float* loss_sum, const float* losses, int n) {
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += losses[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0) *loss_sum += s;
+}
+inline void accumulate_loss(float* loss_sum, const float* losses, int n, cudaStream_t stream) {
+    loss_sum_kernel<<<1, 1024, 0, stream>>>(loss_sum, losses, n);
+    cudaCheckLaunch();
+}

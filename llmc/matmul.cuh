@@ -9,6 +9,8 @@
 //     dinp = dout W         -> m=C,  n=BT, k=OC, A=W,           B=dout
 //     dW += dout^T inp      -> m=C,  n=OC, k=BT, A=inp,         B=dout (transB), beta=1, FP32 output
 #pragma once
+#include <map>
+#include <cstring>
 #include "cuda_common.h"
 
 static cublasLtHandle_t g_cublaslt = nullptr;
@@ -23,41 +25,51 @@ inline void matmul_init() {
     cublasCheck(cublasLtCreate(&g_cublaslt));
     g_cublaslt_workspace = cuda_malloc_or_die(CUBLASLT_WORKSPACE_BYTES, "cuBLASLt workspace");
 }
-inline void matmul_free() {
-    if (g_cublaslt) cublasLtDestroy(g_cublaslt);
-    if (g_cublaslt_workspace) cudaFree(g_cublaslt_workspace);
-    g_cublaslt = nullptr; g_cublaslt_workspace = nullptr;
-}
 
 struct MatmulBatch { int count = 1; long long stride_a = 0, stride_b = 0, stride_d = 0; };
 
-// The general entry point. d_fp32 selects an FP32 output (parameter gradients); otherwise D is floatX.
-// bias (floatX, length m) may be null.
-inline void matmul(void* d, const floatX* a, const floatX* b, const floatX* bias,
-                   int m, int n, int k, bool transA, bool transB, float alpha, float beta,
-                   bool d_fp32, cudaStream_t stream, MatmulBatch batch = MatmulBatch()) {
+// A cuBLASLt plan (descriptors + the heuristic's algorithm) for one GEMM shape. Building one costs
+// tens of microseconds of CPU time, and a training step runs the same few dozen shapes hundreds of
+// times, so plans are cached by shape.
+struct MatmulKey {
+    int m, n, k, transA, transB, has_bias, d_fp32, batch;
+    long long stride_a, stride_b, stride_d;
+    bool operator<(const MatmulKey& o) const {
+        return memcmp(this, &o, sizeof(MatmulKey)) < 0;
+    }
+};
+struct MatmulPlan {
     cublasLtMatmulDesc_t desc;
-    cublasCheck(cublasLtMatmulDescCreate(&desc, MATMUL_COMPUTE, CUDA_R_32F));
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+};
+static std::map<MatmulKey, MatmulPlan> g_matmul_plans;
+
+inline MatmulPlan& matmul_plan(const MatmulKey& key) {
+    auto it = g_matmul_plans.find(key);
+    if (it != g_matmul_plans.end()) return it->second;
+    MatmulPlan p;
+    const int m = key.m, n = key.n, k = key.k;
+    const bool transA = key.transA, transB = key.transB;
+    cublasCheck(cublasLtMatmulDescCreate(&p.desc, MATMUL_COMPUTE, CUDA_R_32F));
     cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
-    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
-    if (bias) {
+    cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
+    if (key.has_bias) {
         cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
         cudaDataType_t bias_type = CUDA_R_FLOATX;
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
     }
-    cudaDataType_t d_type = d_fp32 ? CUDA_R_32F : CUDA_R_FLOATX;
-    cublasLtMatrixLayout_t la, lb, ld;
-    cublasCheck(cublasLtMatrixLayoutCreate(&la, CUDA_R_FLOATX, transA ? k : m, transA ? m : k, transA ? k : m));
-    cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUDA_R_FLOATX, transB ? n : k, transB ? k : n, transB ? n : k));
-    cublasCheck(cublasLtMatrixLayoutCreate(&ld, d_type, m, n, m));
-    if (batch.count > 1) {
-        cublasLtMatrixLayout_t layouts[3] = {la, lb, ld};
-        long long strides[3] = {batch.stride_a, batch.stride_b, batch.stride_d};
+    cudaDataType_t d_type = key.d_fp32 ? CUDA_R_32F : CUDA_R_FLOATX;
+    cublasCheck(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_FLOATX, transA ? k : m, transA ? m : k, transA ? k : m));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_FLOATX, transB ? n : k, transB ? k : n, transB ? n : k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p.ld, d_type, m, n, m));
+    if (key.batch > 1) {
+        cublasLtMatrixLayout_t layouts[3] = {p.la, p.lb, p.ld};
+        long long strides[3] = {key.stride_a, key.stride_b, key.stride_d};
         for (int i = 0; i < 3; i++) {
-            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch.count, sizeof(int)));
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &key.batch, sizeof(int)));
             cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i], sizeof(long long)));
         }
     }
@@ -67,19 +79,44 @@ inline void matmul(void* d, const floatX* a, const floatX* b, const floatX* bias
                                                      &CUBLASLT_WORKSPACE_BYTES, sizeof(CUBLASLT_WORKSPACE_BYTES)));
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(g_cublaslt, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(g_cublaslt, p.desc, p.la, p.lb, p.ld, p.ld, pref, 1, &heuristic, &found));
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     if (found == 0) {
         fprintf(stderr, "error: cuBLASLt has no algorithm for m=%d n=%d k=%d transA=%d transB=%d bias=%d\n",
-                m, n, k, (int)transA, (int)transB, bias != nullptr);
+                m, n, k, (int)transA, (int)transB, key.has_bias);
         exit(1);
     }
-    cublasCheck(cublasLtMatmul(g_cublaslt, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &heuristic.algo,
+    p.algo = heuristic.algo;
+    return g_matmul_plans.emplace(key, p).first->second;
+}
+
+// The general entry point. d_fp32 selects an FP32 output (parameter gradients); otherwise D is floatX.
+// bias (floatX, length m) may be null.
+inline void matmul(void* d, const floatX* a, const floatX* b, const floatX* bias,
+                   int m, int n, int k, bool transA, bool transB, float alpha, float beta,
+                   bool d_fp32, cudaStream_t stream, MatmulBatch batch = MatmulBatch()) {
+    MatmulKey key;
+    memset(&key, 0, sizeof(key)); // the key is compared bytewise
+    key.m = m; key.n = n; key.k = k; key.transA = transA; key.transB = transB;
+    key.has_bias = bias != nullptr; key.d_fp32 = d_fp32; key.batch = batch.count;
+    if (batch.count > 1) { key.stride_a = batch.stride_a; key.stride_b = batch.stride_b; key.stride_d = batch.stride_d; }
+    MatmulPlan& p = matmul_plan(key);
+    if (bias) cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    cublasCheck(cublasLtMatmul(g_cublaslt, p.desc, &alpha, a, p.la, b, p.lb, &beta, d, p.ld, d, p.ld, &p.algo,
                                g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, stream));
-    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
-    cublasCheck(cublasLtMatrixLayoutDestroy(la));
-    cublasCheck(cublasLtMatrixLayoutDestroy(lb));
-    cublasCheck(cublasLtMatrixLayoutDestroy(ld));
-    cublasCheck(cublasLtMatmulDescDestroy(desc));
+}
+
+inline void matmul_free() {
+    for (auto& kv : g_matmul_plans) {
+        cublasLtMatrixLayoutDestroy(kv.second.la);
+        cublasLtMatrixLayoutDestroy(kv.second.lb);
+        cublasLtMatrixLayoutDestroy(kv.second.ld);
+        cublasLtMatmulDescDestroy(kv.second.desc);
+    }
+    g_matmul_plans.clear();
+    if (g_cublaslt) cublasLtDestroy(g_cublaslt);
+    if (g_cublaslt_workspace) cudaFree(g_cublaslt_workspace);
+    g_cublaslt = nullptr; g_cublaslt_workspace = nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------
