@@ -93,7 +93,7 @@ struct Activations {
     floatX* lnf;         // (B,T,C)
     float* lnf_mean;     // (B,T)
     float* lnf_rstd;     // (B,T)
-    floatX* logits;      // (B,T,Vp), overwritten by dlogits in training
+    floatX* logits;      // (chunk,Vp) logits of one chunk of rows, overwritten by dlogits in training
     float* losses;       // (B,T) per-position loss
     // backward scratch
     float* dresidual;    // (B,T,C) gradient of the residual stream, accumulated in FP32
@@ -122,6 +122,7 @@ struct GPT {
     LinearScratch linear_scratch;
     int B = 0, T = 0;                 // the sizes the activations were allocated for
     int recompute = 1;
+    int classifier_chunk = 0;         // rows of the LM head computed at once (bounds the logits buffer)
     int* inputs_dev = nullptr;        // (B,T)
     int* targets_dev = nullptr;       // (B,T)
     int* buckets_dev = nullptr;       // 3*B*T+1 ints for the embedding backward
@@ -185,7 +186,10 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute) {
     a.lnf = alloc_n<floatX>(BT * C, "activations (lnf)");
     a.lnf_mean = alloc_n<float>(BT, "activations (lnf mean)");
     a.lnf_rstd = alloc_n<float>(BT, "activations (lnf rstd)");
-    a.logits = alloc_n<floatX>(BT * Vp, "activations (logits)");
+    // The LM head runs over chunks of rows: max(8192, T) rows keeps its GEMMs large while the logits
+    // buffer stays small (8192 x 50304 BF16 = 0.8 GB instead of 6.6 GB at B=64, T=1024).
+    model->classifier_chunk = (int)std::min<size_t>(BT, std::max<size_t>(8192, T));
+    a.logits = alloc_n<floatX>((size_t)model->classifier_chunk * Vp, "activations (logits)");
     a.losses = alloc_n<float>(BT, "losses");
     a.dresidual = alloc_n<float>(BT * C, "backward scratch");
     a.dresidual_x = alloc_n<floatX>(BT * C, "backward scratch");
@@ -345,12 +349,25 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
                                              p.t[P_LNFW], p.t[P_LNFB], N, C, st);
         }
     }
-    // LM head, tied to the token embedding: logits = lnf wte^T over all Vp rows
-    PHASE("fwd: lm head");
-    matmul(a.logits, p.t[P_WTE], a.lnf, nullptr, Vp, N, C, true, false, 1.0f, 0.0f, false, st);
+    // LM head, tied to the token embedding: logits = lnf wte^T over all Vp rows, one chunk of rows at a
+    // time. In training the chunk's backward runs right away (the logits are not needed afterwards):
+    //   dwte += dlogits^T lnf,   dlnf = dlogits wte   (dlnf into acts.dbtc, read by gpt_backward)
+    const int chunk = model->classifier_chunk;
+    for (int r0 = 0; r0 < N; r0 += chunk) {
+        const int rows = std::min(chunk, N - r0);
+        const floatX* lnf_rows = a.lnf + (size_t)r0 * C;
+        PHASE("lm head");
+        matmul(a.logits, p.t[P_WTE], lnf_rows, nullptr, Vp, rows, C, true, false, 1.0f, 0.0f, false, st);
+        if (!targets) continue; // sampling: the logits of the (single) chunk stay in acts.logits
+        PHASE("classifier");
+        fused_classifier(a.logits, a.losses + r0, model->targets_dev + r0, dloss_scale, rows, V, Vp, training, st);
+        if (training) {
+            PHASE("lm head");
+            matmul(model->grads.t[P_WTE], lnf_rows, a.logits, nullptr, C, Vp, rows, false, true, 1.0f, 1.0f, true, st);
+            matmul(a.dbtc + (size_t)r0 * C, p.t[P_WTE], a.logits, nullptr, C, rows, Vp, false, false, 1.0f, 0.0f, false, st);
+        }
+    }
     if (!targets) return;
-    PHASE("fwd: classifier");
-    fused_classifier(a.logits, a.losses, model->targets_dev, dloss_scale, N, V, Vp, training, st);
     accumulate_loss(model->loss_sum_dev, a.losses, N, st);
     // the host groups the positions by token for the embedding backward while the GPU runs
     if (training) model->buckets.build(inputs, N);
@@ -374,11 +391,11 @@ inline float gpt_forward_loss(GPT* model, const int* inputs, const int* targets,
 }
 
 // ----------------------------------------------------------------------------------------------
-// Backward pass: after gpt_forward(..., training=true). Accumulates into the FP32 gradients.
+// Backward pass: after gpt_forward(..., training=true), which already did the LM head's backward
+// (dwte from the head, and dlnf in acts.dbtc). Accumulates into the FP32 gradients.
 inline void gpt_backward(GPT* model, int B, int T) {
     const ModelShape& s = model->shape;
     const int L = s.num_layers, C = s.channels, NH = s.num_heads, HS = C / NH;
-    const int Vp = s.padded_vocab_size;
     const int N = B * T;
     const size_t NC = (size_t)N * C;
     cudaStream_t st = model->stream;
@@ -387,10 +404,6 @@ inline void gpt_backward(GPT* model, int B, int T) {
     ParamPointers<float>& g = model->grads;
     const LinearScratch& ls = model->linear_scratch;
 
-    // LM head: dwte += dlogits^T lnf;  dlnf = dlogits wte
-    PHASE("bwd: lm head");
-    matmul(g.t[P_WTE], a.lnf, a.logits, nullptr, C, Vp, N, false, true, 1.0f, 1.0f, true, st);
-    matmul(a.dbtc, p.t[P_WTE], a.logits, nullptr, C, N, Vp, false, false, 1.0f, 0.0f, false, st);
     PHASE("bwd: layernorm");
     cudaCheck(cudaMemsetAsync(a.dresidual, 0, NC * sizeof(float), st));
     layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LNFW], g.t[P_LNFB], a.ln_partials, a.dbtc, a.residual3 + (L - 1) * NC,

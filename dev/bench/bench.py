@@ -1,0 +1,824 @@
+#!/usr/bin/env python3
+"""The project's speed protocol (doc/protocol.md, "dev/bench") in one command.
+
+    python3 dev/bench/bench.py [--sizes d12,d24] [--recipes bf16,fp8] [--out out/bench.md]
+
+For every model size it runs every recipe's trainer (train_gpt_<recipe>) and the PyTorch peer
+(dev/reference/gpt_reference.py: bf16 autocast, SDPA, fused AdamW, torch.compile) on synthetic
+uniform random tokens, one run at a time on GPU 0, and prints one table:
+
+    size | recipe | B | T | ms/step | tok/s | MFU % | peak GiB | vs peer | vs bf16 | notes
+
+Protocol: total batch 524,288 tokens per optimizer step (gradient accumulation over
+total / (B*T) micro-steps), 5 warm-up steps, then the median of 10 timed steps.
+MFU counts 6*N + 6*L*C*T FLOPs per token (N = all parameters, as llm.c) against the GPU's dense
+BF16 peak (989.4 TFLOP/s on H100/H200, the trainer's own figure).
+
+Micro-batch sizes: the defaults below are starting points. A run that runs out of GPU memory is
+retried with B halved (ours and the peer independently), and the table reports the B used.
+
+The script itself never imports torch: the peer runs in a subprocess per size (this same file
+with --peer-worker), so one size's GPU memory cannot leak into the next measurement.
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Recipe names the project plans (README): a Makefile target train_gpt_<name> is benchmarked
+# by default only if <name> is in this list (so e.g. the fp32 reference build is left out).
+KNOWN_RECIPES = ["bf16", "fp8", "tcfp12", "nvfp4", "q115", "vcast"]
+
+# Per-size starting micro-batch B and sequence length T. GPT-2 sizes have maxT 1024, GPT-3 2048.
+# The B values are starting points for an 80 GB H100; on OOM the run is retried with B/2.
+SIZE_DEFAULTS = {
+    "d6": (64, 1024),
+    "d12": (64, 1024),
+    "d24": (32, 1024),
+    "d36": (16, 1024),
+    "d48": (8, 1024),
+    "gpt3:c768": (32, 2048),
+}
+
+VOCAB_SIZE = 50257          # GPT-2 vocab; synthetic tokens are uniform in [0, VOCAB_SIZE)
+SHARD_MAGIC = 20240520      # llm.c token shard header (llmc/dataloader.h)
+SHARD_VERSION = 1
+SHARD_HEADER_INTS = 256
+GIB = 1024.0 ** 3
+PEER_LABEL = "torch.compile"
+
+# Dense BF16 tensor-core peak by GPU name; the same table as peak_bf16_flops() in train_gpt.cu,
+# so our MFU column agrees with the trainer's own per-step MFU.
+PEAK_BF16_FLOPS = [(("H100", "H200", "H800"), 989.4e12), (("A100", "A800"), 312e12)]
+
+
+# ================================================================================================
+# arguments
+
+
+def build_arg_parser():
+    p = argparse.ArgumentParser(
+        description="Speed protocol: every recipe and the PyTorch peer, one table (doc/protocol.md).")
+    p.add_argument("--sizes", default="d12",
+                   help="comma list of model descriptors, e.g. d12,d24,d36,d48,gpt3:c768 (default d12)")
+    p.add_argument("--recipes", default=None,
+                   help="comma list of recipes (default: every train_gpt_<r> target of the Makefile "
+                        f"with r in {','.join(KNOWN_RECIPES)})")
+    p.add_argument("--steps", type=int, default=10, help="timed steps (median over these; protocol: >= 10)")
+    p.add_argument("--warmup", type=int, default=5, help="warm-up steps before the timed ones (default 5)")
+    p.add_argument("--total-batch", type=int, default=524288, help="tokens per optimizer step (default 524288)")
+    p.add_argument("--B", dest="B", default=None,
+                   help="starting micro-batch: one number for every size, or SIZE=B pairs "
+                        "(e.g. d24=16,d48=4); default per size: "
+                        + ", ".join(f"{s} {b}" for s, (b, _) in SIZE_DEFAULTS.items()))
+    p.add_argument("--T", dest="T", type=int, default=None,
+                   help="sequence length for every size (default: 1024 for GPT-2 sizes, 2048 for GPT-3)")
+    p.add_argument("--no-peer", action="store_true", help="skip the PyTorch peer")
+    p.add_argument("--no-build", action="store_true", help="use the existing train_gpt_<r> binaries")
+    p.add_argument("--out", default=None,
+                   help="write the markdown table to FILE, the raw JSON beside it (FILE with .json), "
+                        "and every run's log under FILE's stem + _logs/")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per trainer run (default 300)")
+    p.add_argument("--peer-timeout", type=float, default=None,
+                   help="seconds per peer run, compile included (default: --timeout)")
+    p.add_argument("--peer-python", default=sys.executable, help="python with torch for the peer")
+    p.add_argument("--peer-eager", action="store_true", help="run the peer without torch.compile")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="dense BF16 peak for MFU (default: from the GPU name, as the trainer does)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic tokens")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan and the commands, write the shard, run nothing")
+    return p
+
+
+def parse_sizes(text):
+    """'d12, d24' -> ['d12', 'd24'] (order kept, duplicates dropped)."""
+    sizes = []
+    for s in text.split(","):
+        s = s.strip()
+        if s.startswith("gpt2:"):       # gpt2:dN is the trainer's alias of dN
+            s = s[len("gpt2:"):]
+        if s and s not in sizes:
+            sizes.append(s)
+    if not sizes:
+        raise ValueError("--sizes: no size given")
+    return sizes
+
+
+def parse_b_overrides(text, sizes):
+    """--B: None -> {}; '32' -> every size 32; 'd24=16,d48=4' -> those sizes only."""
+    if text is None:
+        return {}
+    text = text.strip()
+    if re.fullmatch(r"\d+", text):
+        return {s: int(text) for s in sizes}
+    out = {}
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*([\w:]+)\s*=\s*(\d+)\s*", part)
+        if not m:
+            raise ValueError(f"--B: '{part}' is neither a number nor SIZE=B")
+        size = m.group(1)[len("gpt2:"):] if m.group(1).startswith("gpt2:") else m.group(1)
+        if size not in sizes:
+            raise ValueError(f"--B: size '{size}' is not in --sizes ({','.join(sizes)})")
+        out[size] = int(m.group(2))
+    return out
+
+
+def resolve_plan(args):
+    """[(size, start_B, T)] for the run, from --sizes, --B, --T and SIZE_DEFAULTS; checks that
+    every B*T divides the total batch."""
+    sizes = parse_sizes(args.sizes)
+    b_over = parse_b_overrides(args.B, sizes)
+    plan = []
+    for size in sizes:
+        default_B, default_T = SIZE_DEFAULTS.get(size, (None, None))
+        B = b_over.get(size, default_B)
+        T = args.T if args.T is not None else default_T
+        if B is None or T is None:
+            raise ValueError(f"size '{size}' has no default B/T (known: {', '.join(SIZE_DEFAULTS)}); "
+                             f"give --B {size}=N and --T")
+        if B < 1 or T < 1:
+            raise ValueError(f"{size}: B={B} and T={T} must be >= 1")
+        if args.total_batch % (B * T) != 0:
+            raise ValueError(f"{size}: total batch {args.total_batch} is not a multiple of B*T = {B}*{T}")
+        plan.append((size, B, T))
+    if args.steps < 1 or args.warmup < 0:
+        raise ValueError("--steps must be >= 1 and --warmup >= 0")
+    return plan
+
+
+# ================================================================================================
+# recipes: discovery and build
+
+
+def parse_make_database(text):
+    """Recipe names from `make -pnq` output: explicit targets train_gpt_<r> and the RECIPES
+    variable. Lines after '# Not a target:' are files make knows of, not rules, and are skipped."""
+    found = set()
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"^train_gpt_([A-Za-z0-9]+):", line)
+        if m and not (i > 0 and lines[i - 1].startswith("# Not a target")):
+            found.add(m.group(1))
+        m = re.match(r"^RECIPES\s*:?=\s*(.*)$", line)
+        if m:
+            found.update(m.group(1).split())
+    return found
+
+
+def parse_makefile_text(text):
+    """The fallback when make cannot print its database: the Makefile's own text (RECIPES
+    assignments, '=' ':=' '+=' '?=', and explicit train_gpt_<r>: rules)."""
+    found = set()
+    for line in text.splitlines():
+        m = re.match(r"^\s*RECIPES\s*(?:\+|:|\?)?=\s*([^#]*)", line)
+        if m:
+            found.update(m.group(1).split())
+        m = re.match(r"^train_gpt_([A-Za-z0-9]+)\s*:", line)
+        if m:
+            found.add(m.group(1))
+    return found
+
+
+def filter_known(found):
+    """The discovered names that are known recipes, in KNOWN_RECIPES order."""
+    return [r for r in KNOWN_RECIPES if r in found]
+
+
+def discover_recipes(repo):
+    """Known recipes the Makefile can build."""
+    try:
+        res = subprocess.run(["make", "-pnq"], cwd=repo, capture_output=True, text=True, timeout=60)
+        found = parse_make_database(res.stdout)
+    except (OSError, subprocess.TimeoutExpired):
+        found = set()
+    if not found:
+        with open(os.path.join(repo, "Makefile")) as f:
+            found = parse_makefile_text(f.read())
+    return filter_known(found)
+
+
+def build_recipe(repo, recipe, log_dir):
+    """make -j16 train_gpt_<recipe>. Returns (ok, last lines of the make output)."""
+    cmd = ["make", "-j16", f"train_gpt_{recipe}"]
+    log_path = os.path.join(log_dir, f"build_{recipe}.log")
+    rc, text, timed_out = run_logged(cmd, repo, 1800, log_path)
+    tail = "\n".join(text.splitlines()[-30:])
+    return rc == 0 and not timed_out, tail
+
+
+# ================================================================================================
+# synthetic data: one llm.c token shard
+
+
+def write_shard(path, num_tokens, seed=0):
+    """An llm.c shard of num_tokens uniform random token ids in [0, VOCAB_SIZE):
+    256 little-endian int32 header (magic, version, count), then uint16 tokens."""
+    import numpy as np
+    if not 0 < num_tokens < 2 ** 31:
+        raise ValueError(f"shard of {num_tokens} tokens: the header's count is an int32")
+    header = np.zeros(SHARD_HEADER_INTS, dtype="<i4")
+    header[0], header[1], header[2] = SHARD_MAGIC, SHARD_VERSION, num_tokens
+    tokens = np.random.default_rng(seed).integers(0, VOCAB_SIZE, size=num_tokens, dtype=np.uint16)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.astype("<u2").tobytes())
+    os.replace(tmp, path)
+
+
+def read_shard_header(path):
+    """The checks llmc/dataloader.h read_shard_header() makes: magic, version, and a file size of
+    exactly 1024 + 2*N bytes. Returns N; raises ValueError naming what is wrong."""
+    import numpy as np
+    size = os.path.getsize(path)
+    if size < SHARD_HEADER_INTS * 4:
+        raise ValueError(f"{path}: {size} bytes, shorter than the header")
+    header = np.fromfile(path, dtype="<i4", count=SHARD_HEADER_INTS)
+    magic, version, n = int(header[0]), int(header[1]), int(header[2])
+    if magic != SHARD_MAGIC:
+        raise ValueError(f"{path}: magic {magic}, expected {SHARD_MAGIC}")
+    if version != SHARD_VERSION:
+        raise ValueError(f"{path}: version {version}, expected {SHARD_VERSION}")
+    if n < 0 or size != SHARD_HEADER_INTS * 4 + 2 * n:
+        raise ValueError(f"{path}: {size} bytes but the header says {n} tokens")
+    return n
+
+
+def shard_tokens_needed(total_batch):
+    """The trainer cuts a shard into chunks of B*T tokens (+1 for the last target); B*T divides the
+    total batch, so 2 * total + 1 tokens hold at least two optimizer steps' worth of chunks for any
+    B. The loader wraps to the next epoch when it runs out, which costs nothing measurable."""
+    return 2 * total_batch + 1
+
+
+# ================================================================================================
+# the trainer's output
+
+# step %5d/%d | loss %.6f | norm %7.4f | lr %.2e | %8.2f ms | %9.0f tok/s | MFU ... | ETA ...
+STEP_RE = re.compile(r"^step\s+(\d+)/(\d+)\s*\|\s*loss\s+(\S+)\s*\|\s*norm\s+(\S+)\s*\|\s*lr\s+(\S+)\s*\|"
+                     r"\s*([0-9.]+)\s*ms\s*\|")
+PARAMS_RE = re.compile(r"^\|\s*parameters\s*\|\s*(\d+)\s*\|")
+SHAPE_RE = re.compile(r"^\|\s*L, C, NH, maxT, Vp\s*\|\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+)\s*\|")
+DEVICE_RE = re.compile(r"^\|\s*device\s*\|\s*(.*?)\s*\|\s*$")
+RECIPE_RE = re.compile(r"^\|\s*train_gpt\s*\|\s*recipe\s+(\S+)\s+precision\s+(\S+)")
+MEM_END_RE = re.compile(r"GPU memory in use at the end:\s*([0-9.]+)\s*GiB")
+OOM_RE = re.compile(r"out of (GPU )?memory", re.IGNORECASE)
+
+
+def parse_trainer_output(text):
+    """What the bench needs from one trainer run's stdout+stderr: the banner's parameter count,
+    shape, device and recipe, every step line, and the end line's memory (None where absent)."""
+    out = {"params": None, "L": None, "C": None, "NH": None, "maxT": None, "device": None,
+           "recipe": None, "precision": None, "steps": [], "mem_end_gib": None}
+    for line in text.splitlines():
+        line = line.rstrip()
+        m = STEP_RE.match(line)
+        if m:
+            out["steps"].append({"step": int(m.group(1)), "of": int(m.group(2)), "loss": float(m.group(3)),
+                                 "norm": float(m.group(4)), "ms": float(m.group(6))})
+            continue
+        m = PARAMS_RE.match(line)
+        if m:
+            out["params"] = int(m.group(1))
+            continue
+        m = SHAPE_RE.match(line)
+        if m:
+            out["L"], out["C"], out["NH"], out["maxT"] = (int(m.group(i)) for i in range(1, 5))
+            continue
+        m = RECIPE_RE.match(line)
+        if m:
+            out["recipe"], out["precision"] = m.group(1), m.group(2)
+            continue
+        m = DEVICE_RE.match(line)
+        if m:
+            out["device"] = m.group(1)
+            continue
+        m = MEM_END_RE.search(line)
+        if m:
+            out["mem_end_gib"] = float(m.group(1))
+    return out
+
+
+def error_line(text):
+    """The line that says why a run failed: the last 'error:' line, else the last non-empty line."""
+    lines = [l.strip() for l in text.splitlines() if l.strip() and not l.startswith("$ ")]
+    # "error: ..." (the trainer, nvcc's "file(12): error: ..."), then "...Error..." (Python, make)
+    for pattern in (r"\berror\b\s*:", r"error"):
+        hits = [l for l in lines if re.search(pattern, l, re.IGNORECASE)]
+        if hits:
+            return hits[-1]
+    return lines[-1] if lines else "(no output)"
+
+
+def is_oom(text):
+    return bool(OOM_RE.search(text))
+
+
+# ================================================================================================
+# the numbers
+
+
+def flops_per_token(N, L, C, T):
+    """llm.c's count: 6 FLOPs per parameter per token (forward + backward) plus the attention
+    score/value products, 6*L*C*T per token."""
+    return 6.0 * N + 6.0 * L * C * T
+
+
+def timed_median(step_ms, warmup):
+    """Median of the per-step times after the first `warmup` steps."""
+    timed = step_ms[warmup:]
+    if not timed:
+        raise ValueError(f"no timed steps: {len(step_ms)} step(s), {warmup} warm-up")
+    return statistics.median(timed)
+
+
+def peak_flops_for(gpu_name, override_tflops=None):
+    if override_tflops:
+        return override_tflops * 1e12
+    for keys, peak in PEAK_BF16_FLOPS:
+        if gpu_name and any(k in gpu_name for k in keys):
+            return peak
+    return None
+
+
+def fill_speed(row, total_batch, warmup, peak):
+    """ms/step (median), tok/s, FLOPs per token and MFU of a row that has step_ms, params, L, C, T."""
+    row["ms"] = timed_median(row["step_ms"], warmup)
+    row["tok_s"] = total_batch / (row["ms"] / 1000.0)
+    if row.get("params") and row.get("L") and row.get("C"):
+        row["flops_per_token"] = flops_per_token(row["params"], row["L"], row["C"], row["T"])
+        if peak:
+            row["mfu"] = 100.0 * row["flops_per_token"] * row["tok_s"] / peak
+    return row
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def compute_ratios(rows):
+    """vs_peer = tok/s / the peer's tok/s of the same size (the peer row itself, even when flagged
+    eager after a failed compile); vs_bf16 = tok/s / our bf16's. None where either is missing."""
+    peer, bf16 = {}, {}
+    for r in rows:
+        if r.get("status") == "ok" and r["kind"] == "peer":
+            peer[r["size"]] = r["tok_s"]
+        if r.get("status") == "ok" and r["kind"] == "ours" and r["recipe"] == "bf16":
+            bf16[r["size"]] = r["tok_s"]
+    for r in rows:
+        ok = r.get("status") == "ok"
+        r["vs_peer"] = ratio(r["tok_s"], peer.get(r["size"])) if ok else None
+        r["vs_bf16"] = ratio(r["tok_s"], bf16.get(r["size"])) if ok else None
+    return rows
+
+
+# ================================================================================================
+# running things
+
+
+def run_logged(cmd, cwd, timeout, log_path, env=None):
+    """Runs cmd with stdout+stderr into log_path, in its own process group so that a timeout
+    kills it and anything it started (torch.compile's compile workers). Returns (rc, text, timed_out)."""
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(quote_arg(c) for c in cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        timed_out = False
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)   # the group this Popen created, nothing else
+            except ProcessLookupError:
+                pass
+            rc = proc.wait()
+    with open(log_path, errors="replace") as f:
+        text = f.read()
+    return rc, text, timed_out
+
+
+def quote_arg(s):
+    return s if s and re.fullmatch(r"[\w@%+=:,./-]+", s) else "'" + s.replace("'", "'\\''") + "'"
+
+
+def trainer_command(recipe, size, B, T, total_batch, num_steps, shard):
+    return [f"./train_gpt_{recipe}", "-e", size, "-b", str(B), "-t", str(T), "-d", str(total_batch),
+            "-x", str(num_steps), "-v", "0", "-s", "0", "-j", "", "-i", shard, "-r", "1"]
+
+
+def peer_command(python, size, B, T, total_batch, warmup, steps, json_out, eager):
+    cmd = [python, os.path.abspath(__file__), "--peer-worker", "--size", size, "--B", str(B), "--T", str(T),
+           "--total-batch", str(total_batch), "--warmup", str(warmup), "--steps", str(steps),
+           "--json-out", json_out]
+    return cmd + (["--eager"] if eager else [])
+
+
+def with_halving(start_B, T, total_batch, attempt):
+    """attempt(B) -> row. While a row says 'oom', retry with B/2 (as long as B*T still divides the
+    total batch). The row returned records every B tried."""
+    B, tried = start_B, []
+    while True:
+        row = attempt(B)
+        tried.append(B)
+        nb = B // 2
+        if row["status"] != "oom" or nb < 1 or total_batch % (nb * T) != 0:
+            break
+        print(f"    out of memory at B={B}; retrying with B={nb}", flush=True)
+        B = nb
+    row["B_tried"] = tried
+    return row
+
+
+def new_row(size, recipe, kind, B, T):
+    return {"size": size, "recipe": recipe, "kind": kind, "B": B, "T": T, "status": "failed", "error": None,
+            "notes": [], "step_ms": [], "ms": None, "tok_s": None, "mfu": None, "flops_per_token": None,
+            "params": None, "L": None, "C": None, "peak_gib": None, "loss_last": None}
+
+
+def run_ours(recipe, size, B, T, args, shard, log_dir, peak):
+    """One trainer run; a row with status ok / oom / failed / timeout."""
+    row = new_row(size, recipe, "ours", B, T)
+    n = args.warmup + args.steps
+    cmd = trainer_command(recipe, size, B, T, args.total_batch, n, shard)
+    log_path = os.path.join(log_dir, f"{safe(size)}_{recipe}_B{B}.log")
+    row["log"] = log_path
+    rc, text, timed_out = run_logged(cmd, REPO_ROOT, args.timeout, log_path)
+    parsed = parse_trainer_output(text)
+    row.update(params=parsed["params"], L=parsed["L"], C=parsed["C"], device=parsed["device"],
+               peak_gib=parsed["mem_end_gib"], step_ms=[s["ms"] for s in parsed["steps"]])
+    if parsed["steps"]:
+        row["loss_last"] = parsed["steps"][-1]["loss"]
+    if timed_out:
+        row["status"], row["error"] = "timeout", f"timed out after {args.timeout:.0f} s ({len(row['step_ms'])} steps done)"
+    elif rc != 0:
+        row["status"] = "oom" if is_oom(text) else "failed"
+        row["error"] = f"exit {rc}: {error_line(text)}"
+    elif len(row["step_ms"]) < n:
+        row["error"] = f"only {len(row['step_ms'])} of {n} step lines in the output"
+    else:
+        row["status"] = "ok"
+        fill_speed(row, args.total_batch, args.warmup, peak)
+    return row
+
+
+def run_peer(size, B, T, args, log_dir, peak):
+    """One peer run in a fresh python process; a row like run_ours'."""
+    row = new_row(size, PEER_LABEL, "peer", B, T)
+    json_out = os.path.join(log_dir, f"{safe(size)}_peer_B{B}.json")
+    log_path = os.path.join(log_dir, f"{safe(size)}_peer_B{B}.log")
+    row["log"] = log_path
+    cmd = peer_command(args.peer_python, size, B, T, args.total_batch, args.warmup, args.steps, json_out,
+                       args.peer_eager)
+    timeout = args.peer_timeout if args.peer_timeout else args.timeout
+    if os.path.exists(json_out):
+        os.remove(json_out)
+    rc, text, timed_out = run_logged(cmd, REPO_ROOT, timeout, log_path)
+    res = {}
+    if os.path.exists(json_out):
+        with open(json_out) as f:
+            res = json.load(f)
+    row.update(params=res.get("params"), L=res.get("L"), C=res.get("C"), device=res.get("device"),
+               step_ms=res.get("step_ms", []), peak_gib=res.get("max_reserved_gib"),
+               alloc_gib=res.get("max_allocated_gib"), device_used_gib=res.get("device_used_gib"),
+               compiled=res.get("compiled"), compile_error=res.get("compile_error"),
+               torch_version=res.get("torch_version"))
+    if res.get("losses"):
+        row["loss_last"] = res["losses"][-1]
+    if res.get("compile_error"):
+        row["recipe"] = PEER_LABEL + " (eager!)"   # flagged: not the protocol's peer
+        row["notes"].append("torch.compile FAILED, eager fallback: " + res["compile_error"][:150])
+    elif res.get("compiled") is False:
+        row["recipe"] = "eager"
+    if timed_out:
+        row["status"], row["error"] = "timeout", f"timed out after {timeout:.0f} s ({len(row['step_ms'])} steps done)"
+    elif res.get("status") == "oom":
+        row["status"], row["error"] = "oom", res.get("error")
+    elif rc != 0 or res.get("status") != "ok":
+        row["status"] = "oom" if is_oom(res.get("error") or "") else "failed"
+        row["error"] = f"exit {rc}: " + (res.get("error") or error_line(text))
+    else:
+        row["status"] = "ok"
+        fill_speed(row, args.total_batch, args.warmup, peak)
+        row["notes"].append(f"alloc peak {row['alloc_gib']:.2f} GiB, device in use {row['device_used_gib']:.2f} GiB")
+    return row
+
+
+def safe(name):
+    return re.sub(r"[^\w.-]", "_", name)
+
+
+def gpu_info():
+    """(name, one-line description) of GPU 0 from nvidia-smi."""
+    try:
+        res = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        line = res.stdout.strip().splitlines()[0] if res.returncode == 0 and res.stdout.strip() else ""
+    except (OSError, subprocess.TimeoutExpired):
+        line = ""
+    if not line:
+        return None, "unknown (nvidia-smi failed)"
+    return line.split(",")[0].strip(), line
+
+
+def git_revision():
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return rev + ("+dirty" if dirty else "") if rev else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+# ================================================================================================
+# the table
+
+
+def fmt(v, spec, missing="—"):
+    return missing if v is None else format(v, spec)
+
+
+def render_table(rows, meta):
+    """The markdown report: a header, one table, and footnotes (FLOP counts, memory, protocol)."""
+    out = [f"# dev/bench: {meta['gpu']}", "",
+           f"{meta['date']} · commit {meta['commit']} · total batch {meta['total_batch']:,} tokens · "
+           f"{meta['warmup']} warm-up + median of {meta['steps']} timed steps · synthetic uniform tokens", ""]
+    if meta["steps"] < 10:
+        out += [f"**Below protocol: {meta['steps']} timed steps (the protocol asks for at least 10).**", ""]
+    out.append("| size | recipe | B | T | ms/step | tok/s | MFU % | peak GiB | vs peer | vs bf16 | notes |")
+    out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for r in rows:
+        notes = list(r.get("notes", []))
+        if r["status"] != "ok":
+            notes.insert(0, f"**{r['status'].upper()}**: {r.get('error') or ''}")
+        if len(r.get("B_tried", [])) > 1:
+            notes.append("B tried " + "→".join(str(b) for b in r["B_tried"]))
+        note = "; ".join(notes).replace("|", "\\|").replace("\n", " ")
+        out.append(f"| {r['size']} | {r['recipe']} | {r['B']} | {r['T']} | {fmt(r['ms'], '.1f')} | "
+                   f"{fmt(r['tok_s'], ',.0f')} | {fmt(r['mfu'], '.1f')} | {fmt(r['peak_gib'], '.2f')} | "
+                   f"{fmt(r.get('vs_peer'), '.2f')} | {fmt(r.get('vs_bf16'), '.2f')} | {note} |")
+    out.append("")
+    peak = meta.get("peak_flops")
+    out.append(f"- MFU = FLOPs per token × tok/s / {fmt(peak and peak / 1e12, '.1f', 'unknown')} TFLOP/s "
+               f"(dense BF16 peak of the GPU, the trainer's figure); FLOPs per token = 6·N + 6·L·C·T, "
+               f"N = all parameters (as llm.c):")
+    seen = set()
+    for r in rows:
+        key = (r["size"], r["params"], r["T"])
+        if r.get("flops_per_token") and key not in seen:
+            seen.add(key)
+            out.append(f"  - {r['size']} ({r['kind']}): N = {r['params']:,}, L = {r['L']}, C = {r['C']}, "
+                       f"T = {r['T']} → {r['flops_per_token']:.4g} FLOPs per token")
+    out.append("- Peak GiB: ours = cudaMemGetInfo total − free at the end of the run (the trainer allocates "
+               "everything up front, so this is its peak), **including the CUDA context (~0.5 GiB)**; the peer = "
+               "torch.cuda.max_memory_reserved(), **excluding the CUDA context**; its notes give "
+               "max_memory_allocated and the device-level total − free at its end, comparable with ours.")
+    out.append("- vs peer = tok/s ÷ the torch.compile peer's tok/s of the same size; vs bf16 = tok/s ÷ our "
+               "bf16's. Peer: FP32 parameters, bf16 autocast, SDPA, fused AdamW (decay on 2-D tensors), "
+               "torch.compile, clip 1.0, timed with CUDA events.")
+    out.append("- B: per-size starting points (d12 64, d24 32, d36 16, d48 8, gpt3:c768 32 at T = 2048), "
+               "halved on out-of-memory for each run independently; the table gives the B used.")
+    return "\n".join(out) + "\n"
+
+
+# ================================================================================================
+# the PyTorch peer (runs in its own process: bench.py --peer-worker ...)
+
+
+def peer_worker(argv):
+    p = argparse.ArgumentParser(prog="bench.py --peer-worker")
+    p.add_argument("--peer-worker", action="store_true")
+    p.add_argument("--size", required=True)
+    p.add_argument("--B", type=int, required=True)
+    p.add_argument("--T", type=int, required=True)
+    p.add_argument("--total-batch", type=int, required=True)
+    p.add_argument("--warmup", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--json-out", required=True)
+    p.add_argument("--eager", action="store_true")
+    a = p.parse_args(argv)
+    result = {"status": "failed", "error": None, "size": a.size, "B": a.B, "T": a.T, "step_ms": [],
+              "losses": [], "compiled": not a.eager, "compile_error": None}
+
+    def save():
+        with open(a.json_out + ".tmp", "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(a.json_out + ".tmp", a.json_out)
+
+    try:
+        import torch
+        result["torch_version"] = torch.__version__
+        sys.path.insert(0, os.path.join(REPO_ROOT, "dev", "reference"))
+        from gpt_reference import build_model
+
+        dev = "cuda"
+        result["device"] = torch.cuda.get_device_name(0)
+        model = build_model(a.size, use_sdpa=True, seed=0, device=dev, dtype=torch.float32)
+        cfg = model.cfg
+        if a.T > cfg.max_seq_len:
+            raise ValueError(f"T={a.T} exceeds the model's maxT {cfg.max_seq_len}")
+        params = list(model.parameters())            # wte is tied: counted once, as llm.c
+        result.update(params=sum(t.numel() for t in params), L=cfg.num_layers, C=cfg.channels)
+        decay = [t for t in params if t.dim() >= 2]   # weight decay on 2-D tensors only, as the trainer
+        no_decay = [t for t in params if t.dim() < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                                lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+        accum = a.total_batch // (a.B * a.T)
+        if accum * a.B * a.T != a.total_batch:
+            raise ValueError(f"total batch {a.total_batch} is not a multiple of B*T = {a.B * a.T}")
+
+        # Uniform random tokens, made on the GPU once: a pool of distinct micro-batches reused every step.
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(0)
+        batches = []
+        for _ in range(min(accum, 16)):
+            buf = torch.randint(0, VOCAB_SIZE, (a.B, a.T + 1), device=dev, generator=gen)
+            batches.append((buf[:, :-1].contiguous(), buf[:, 1:].contiguous()))
+
+        fwd = model if a.eager else torch.compile(model)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+        def one_step(f):
+            """One optimizer step over `accum` micro-batches; (ms, mean loss) timed with CUDA events."""
+            start.record()
+            loss_sum = torch.zeros((), device=dev)
+            for m in range(accum):
+                x, y = batches[m % len(batches)]
+                with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                    _, loss = f(x, y, return_logits=False)
+                (loss / accum).backward()
+                loss_sum += loss.detach()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end), (loss_sum / accum).item()
+
+        n = a.warmup + a.steps
+        while len(result["step_ms"]) < n:
+            try:
+                ms, loss = one_step(fwd)
+            except Exception as e:  # noqa: BLE001 - a compile failure can surface as any exception type
+                if is_oom(str(e)) or fwd is model:
+                    raise
+                # torch.compile failed: say so, fall back to eager, and start the warm-up over.
+                result["compile_error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                result["compiled"] = False
+                print(f"torch.compile failed ({result['compile_error']}); falling back to eager", flush=True)
+                opt.zero_grad(set_to_none=True)
+                fwd, result["step_ms"], result["losses"] = model, [], []
+                continue
+            result["step_ms"].append(ms)
+            result["losses"].append(loss)
+            print(f"step {len(result['step_ms'])}/{n} | loss {loss:.6f} | {ms:.2f} ms", flush=True)
+            save()   # a run killed by the timeout still leaves the steps it finished
+
+        free_b, total_b = torch.cuda.mem_get_info()
+        result.update(status="ok", max_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
+                      max_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
+                      device_used_gib=(total_b - free_b) / GIB)
+        save()
+        return 0
+    except Exception as e:  # noqa: BLE001 - every failure is reported in the JSON, not dropped
+        msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        result["status"] = "oom" if is_oom(str(e)) else "failed"
+        result["error"] = msg[:500]
+        save()
+        import traceback
+        traceback.print_exc()
+        return 3 if result["status"] == "oom" else 1
+
+
+# ================================================================================================
+# main
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if "--peer-worker" in argv:
+        return peer_worker(argv)
+    args = build_arg_parser().parse_args(argv)
+    try:
+        plan = resolve_plan(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.steps < 10:
+        print(f"warning: {args.steps} timed steps is below the protocol's 10", file=sys.stderr)
+
+    gpu_name, gpu_line = gpu_info()
+    peak = peak_flops_for(gpu_name, args.peak_tflops)
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    meta = {"gpu": gpu_line, "date": date, "commit": git_revision(), "total_batch": args.total_batch,
+            "warmup": args.warmup, "steps": args.steps, "peak_flops": peak, "argv": argv}
+    print(f"GPU: {gpu_line}\ndate: {date}\ncommit: {meta['commit']}", flush=True)
+
+    if args.recipes:
+        recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    else:
+        recipes = discover_recipes(REPO_ROOT)
+    print(f"recipes: {', '.join(recipes) or '(none)'}; sizes: "
+          + ", ".join(f"{s} (B={b}, T={t})" for s, b, t in plan)
+          + ("" if args.no_peer else f"; peer: {PEER_LABEL}"), flush=True)
+
+    if args.out:
+        stem = os.path.splitext(args.out)[0]
+        log_dir = stem + "_logs"
+        os.makedirs(log_dir, exist_ok=True)
+    else:
+        log_dir = tempfile.mkdtemp(prefix="llmc_bench_logs_")
+    work_dir = tempfile.mkdtemp(prefix="llmc_bench_")   # the synthetic shard; removed at the end
+    try:
+        return run_all(args, plan, recipes, meta, peak, log_dir, work_dir)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
+    """Shard, builds, runs, table (main's body, inside its clean-up of work_dir)."""
+    shard = os.path.join(work_dir, "synthetic_train_000000.bin")
+    write_shard(shard, shard_tokens_needed(args.total_batch), seed=args.seed)
+    print(f"synthetic shard: {shard} ({read_shard_header(shard):,} tokens); logs: {log_dir}", flush=True)
+
+    if args.dry_run:
+        for size, B, T in plan:
+            for r in recipes:
+                print("  " + " ".join(quote_arg(c) for c in trainer_command(
+                    r, size, B, T, args.total_batch, args.warmup + args.steps, shard)))
+            if not args.no_peer:
+                print("  " + " ".join(quote_arg(c) for c in peer_command(
+                    args.peer_python, size, B, T, args.total_batch, args.warmup, args.steps,
+                    os.path.join(log_dir, f"{safe(size)}_peer_B{B}.json"), args.peer_eager)))
+        return 0
+
+    # build every recipe; a failed build is reported in the table, the others go on
+    built = {}
+    for r in recipes:
+        if args.no_build:
+            built[r] = (os.path.exists(os.path.join(REPO_ROOT, f"train_gpt_{r}")), "binary not found (--no-build)")
+            continue
+        t0 = time.time()
+        ok, tail = build_recipe(REPO_ROOT, r, log_dir)
+        built[r] = (ok, tail)
+        print(f"build train_gpt_{r}: {'ok' if ok else 'FAILED'} ({time.time() - t0:.0f} s)", flush=True)
+        if not ok:
+            print(tail, flush=True)
+
+    rows = []
+    for size, start_B, T in plan:
+        for r in recipes:
+            if not built[r][0]:
+                row = new_row(size, r, "ours", start_B, T)
+                row["status"], row["error"] = "build failed", error_line(built[r][1])
+                rows.append(row)
+                continue
+            print(f"[{size}] {r}: B={start_B} T={T}", flush=True)
+            row = with_halving(start_B, T, args.total_batch,
+                               lambda B, r=r, size=size, T=T: run_ours(r, size, B, T, args, shard, log_dir, peak))
+            report_row(row)
+            rows.append(row)
+        if not args.no_peer:
+            print(f"[{size}] {PEER_LABEL}: B={start_B} T={T}", flush=True)
+            row = with_halving(start_B, T, args.total_batch,
+                               lambda B, size=size, T=T: run_peer(size, B, T, args, log_dir, peak))
+            report_row(row)
+            rows.append(row)
+
+    compute_ratios(rows)
+    table = render_table(rows, meta)
+    print("\n" + table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table)
+        json_path = os.path.splitext(args.out)[0] + ".json"
+        with open(json_path, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        print(f"wrote {args.out}, {json_path} and logs in {log_dir}")
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+def report_row(row):
+    if row["status"] == "ok":
+        print(f"    B={row['B']}: {row['ms']:.1f} ms/step, {row['tok_s']:,.0f} tok/s, MFU {fmt(row['mfu'], '.1f')}%, "
+              f"peak {fmt(row['peak_gib'], '.2f')} GiB, last loss {fmt(row['loss_last'], '.3f')}", flush=True)
+    else:
+        print(f"    B={row['B']}: {row['status'].upper()}: {row['error']} (log: {row.get('log')})", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
