@@ -29,6 +29,7 @@
 #include "llmc/layernorm.cuh"
 #include "llmc/matmul.cuh"
 #include "llmc/attention.cuh"
+#include "llmc/flash_attention.cuh"
 #include "llmc/gelu.cuh"
 #include "llmc/fused_classifier.cuh"
 #include "llmc/adamw.cuh"
@@ -82,7 +83,9 @@ struct Activations {
     float* ln1_rstd;     // (L,B,T)
     floatX* qkv;         // (L,B,T,3C)
     floatX* atty;        // (L,B,T,C) attention output before its projection
-    floatX* att;         // (L,B,NH,T,T) attention probabilities
+    floatX* att;         // (L,B,NH,T,T) attention probabilities (materialized attention only)
+    float* att_lse;      // (L,B,NH,T) log-sum-exp of each query row (flash attention only)
+    void* flash_scratch; // flash attention's backward scratch
     float* residual2;    // (L,B,T,C) residual after the attention block
     floatX* ln2;         // like ln1
     float* ln2_mean;     // (L,B,T)
@@ -122,6 +125,7 @@ struct GPT {
     LinearScratch linear_scratch;
     int B = 0, T = 0;                 // the sizes the activations were allocated for
     int recompute = 1;
+    bool flash_attention = false;     // fused attention (BF16, head size 64/128), else materialized
     int classifier_chunk = 0;         // rows of the LM head computed at once (bounds the logits buffer)
     int* inputs_dev = nullptr;        // (B,T)
     int* targets_dev = nullptr;       // (B,T)
@@ -175,7 +179,32 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute) {
     a.ln1_rstd = alloc_n<float>(L * BT, "activations (ln1 rstd)");
     a.qkv = alloc_n<floatX>(L * BT * 3 * C, "activations (qkv)");
     a.atty = alloc_n<floatX>(L * BT * C, "activations (attention output)");
-    a.att = alloc_n<floatX>(L * (size_t)B * NH * T * T, "activations (attention probabilities)");
+    // Flash attention keeps one log-sum-exp per query row instead of the (T x T) probabilities. The
+    // FP32 reference build, and head sizes the fused kernels do not cover, use the materialized path.
+#if defined(ENABLE_FP32)
+    model->flash_attention = false;
+#else
+    model->flash_attention = (C / NH == 64 || C / NH == 128);
+#endif
+    a.att = nullptr; a.att_lse = nullptr; a.flash_scratch = nullptr;
+    a.attn.q = a.attn.k = a.attn.v = a.attn.y = a.attn.scores = nullptr;
+    a.dq = a.dk = a.dv = nullptr;
+    if (model->flash_attention) {
+        a.att_lse = alloc_n<float>(L * (size_t)B * NH * T, "activations (attention log-sum-exp)");
+#if !defined(ENABLE_FP32)
+        a.flash_scratch = cuda_malloc_or_die(flash_attention_backward_scratch_bytes(B, T, NH, C / NH), "attention scratch");
+#endif
+    } else {
+        a.att = alloc_n<floatX>(L * (size_t)B * NH * T * T, "activations (attention probabilities)");
+        a.dq = alloc_n<floatX>(BT * C, "backward scratch");
+        a.dk = alloc_n<floatX>(BT * C, "backward scratch");
+        a.dv = alloc_n<floatX>(BT * C, "backward scratch");
+        a.attn.q = alloc_n<floatX>(BT * C, "attention scratch");
+        a.attn.k = alloc_n<floatX>(BT * C, "attention scratch");
+        a.attn.v = alloc_n<floatX>(BT * C, "attention scratch");
+        a.attn.y = alloc_n<floatX>(BT * C, "attention scratch");
+        a.attn.scores = alloc_n<floatX>((size_t)B * NH * T * T, "attention scratch (scores)");
+    }
     a.residual2 = alloc_n<float>(L * BT * C, "activations (residual2)");
     a.ln2 = alloc_n<floatX>(ln_layers * BT * C, "activations (ln2)");
     a.ln2_mean = alloc_n<float>(L * BT, "activations (ln2 mean)");
@@ -196,16 +225,8 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute) {
     a.dbtc = alloc_n<floatX>(BT * C, "backward scratch");
     a.dfch = alloc_n<floatX>(BT * 4 * C, "backward scratch");
     a.dqkv = alloc_n<floatX>(BT * 3 * C, "backward scratch");
-    a.dq = alloc_n<floatX>(BT * C, "backward scratch");
-    a.dk = alloc_n<floatX>(BT * C, "backward scratch");
-    a.dv = alloc_n<floatX>(BT * C, "backward scratch");
     a.btc_scratch = alloc_n<floatX>(BT * C, "forward scratch");
     a.ln_partials = alloc_n<float>((size_t)LN_BACKWARD_WARPS * 2 * C, "layernorm scratch");
-    a.attn.q = alloc_n<floatX>(BT * C, "attention scratch");
-    a.attn.k = alloc_n<floatX>(BT * C, "attention scratch");
-    a.attn.v = alloc_n<floatX>(BT * C, "attention scratch");
-    a.attn.y = alloc_n<floatX>(BT * C, "attention scratch");
-    a.attn.scores = alloc_n<floatX>((size_t)B * NH * T * T, "attention scratch (scores)");
     model->linear_scratch.bias_partials = alloc_n<float>((size_t)BIAS_ROW_GROUPS * 4 * C, "bias scratch");
     model->inputs_dev = alloc_n<int>(BT, "inputs");
     model->targets_dev = alloc_n<int>(BT, "targets");
@@ -315,7 +336,9 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
         floatX* ln2 = a.ln2 + (model->recompute >= 2 ? 0 : l * NC);
         floatX* qkv = a.qkv + l * NC * 3;
         floatX* atty = a.atty + l * NC;
-        floatX* att = a.att + (size_t)l * B * NH * T * T;
+        floatX* att = a.att ? a.att + (size_t)l * B * NH * T * T : nullptr;
+        float* lse = a.att_lse ? a.att_lse + (size_t)l * B * NH * T : nullptr;
+        (void)lse; // unused in the FP32 build
         float* residual2 = a.residual2 + l * NC;
         floatX* fch = a.fch + l * NC * 4;
         floatX* fch_gelu = a.fch_gelu + (model->recompute >= 1 ? 0 : l * NC * 4);
@@ -324,6 +347,10 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
         PHASE("fwd: linear");
         linear_forward(qkv, ln1, p.t[P_QKVW] + (size_t)l * 3 * C * C, p.t[P_QKVB] + l * 3 * C, N, C, 3 * C, st);
         PHASE("fwd: attention");
+#if !defined(ENABLE_FP32)
+        if (model->flash_attention) flash_attention_forward(atty, lse, qkv, B, T, NH, HS, st);
+        else
+#endif
         attention_forward(atty, att, qkv, a.attn, B, T, NH, HS, st);
         PHASE("fwd: linear");
         linear_forward(a.btc_scratch, atty, p.t[P_ATTPROJW] + (size_t)l * C * C, p.t[P_ATTPROJB] + l * C, N, C, C, st);
@@ -332,10 +359,7 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
                                          a.btc_scratch, p.t[P_LN2W] + l * C, p.t[P_LN2B] + l * C, N, C, st);
         // MLP block
         PHASE("fwd: linear");
-        linear_forward(fch, ln2, p.t[P_FCW] + (size_t)l * 4 * C * C, p.t[P_FCB] + l * 4 * C, N, C, 4 * C, st);
-        PHASE("fwd: gelu");
-        gelu_forward(fch_gelu, fch, NC * 4, st);
-        PHASE("fwd: linear");
+        linear_forward_gelu(fch_gelu, fch, ln2, p.t[P_FCW] + (size_t)l * 4 * C * C, p.t[P_FCB] + l * 4 * C, N, C, 4 * C, st);
         linear_forward(a.btc_scratch, fch_gelu, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, p.t[P_FCPROJB] + l * C, N, 4 * C, C, st);
         // the residual add fused with the next LayerNorm: the next layer's ln1, or the final one
         PHASE("fwd: residual + layernorm");
@@ -414,7 +438,9 @@ inline void gpt_backward(GPT* model, int B, int T) {
         floatX* ln2 = a.ln2 + (model->recompute >= 2 ? 0 : l * NC);
         floatX* qkv = a.qkv + l * NC * 3;
         floatX* atty = a.atty + l * NC;
-        floatX* att = a.att + (size_t)l * B * NH * T * T;
+        floatX* att = a.att ? a.att + (size_t)l * B * NH * T * T : nullptr;
+        float* lse = a.att_lse ? a.att_lse + (size_t)l * B * NH * T : nullptr;
+        (void)lse; // unused in the FP32 build
         float* residual2 = a.residual2 + l * NC;
         floatX* fch = a.fch + l * NC * 4;
         floatX* fch_gelu = a.fch_gelu + (model->recompute >= 1 ? 0 : l * NC * 4);
@@ -429,10 +455,7 @@ inline void gpt_backward(GPT* model, int B, int T) {
         // MLP block; dresidual holds d(residual3)
         PHASE("bwd: linear");
         linear_backward_dw(g.t[P_FCPROJW] + (size_t)l * 4 * C * C, g.t[P_FCPROJB] + l * C, a.dresidual_x, fch_gelu, ls, N, 4 * C, C, st);
-        linear_backward_dx(a.dfch, a.dresidual_x, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, N, 4 * C, C, st);
-        PHASE("bwd: gelu");
-        gelu_backward(a.dfch, fch, NC * 4, st);
-        PHASE("bwd: linear");
+        linear_backward_dx_dgelu(a.dfch, a.dresidual_x, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, fch, N, 4 * C, C, st);
         linear_backward_dw(g.t[P_FCW] + (size_t)l * 4 * C * C, g.t[P_FCB] + l * 4 * C, a.dfch, ln2, ls, N, C, 4 * C, st);
         linear_backward_dx(a.dbtc, a.dfch, p.t[P_FCW] + (size_t)l * 4 * C * C, N, C, 4 * C, st);
         PHASE("bwd: layernorm");
@@ -443,6 +466,10 @@ inline void gpt_backward(GPT* model, int B, int T) {
         linear_backward_dw(g.t[P_ATTPROJW] + (size_t)l * C * C, g.t[P_ATTPROJB] + l * C, a.dresidual_x, atty, ls, N, C, C, st);
         linear_backward_dx(a.dbtc, a.dresidual_x, p.t[P_ATTPROJW] + (size_t)l * C * C, N, C, C, st);
         PHASE("bwd: attention");
+#if !defined(ENABLE_FP32)
+        if (model->flash_attention) flash_attention_backward(a.dqkv, a.dbtc, qkv, atty, lse, a.flash_scratch, B, T, NH, HS, st);
+        else
+#endif
         attention_backward(a.dqkv, a.dbtc, qkv, att, a.attn, a.dq, a.dk, a.dv, B, T, NH, HS, st);
         PHASE("bwd: recompute");
         if (model->recompute >= 2) {

@@ -31,8 +31,13 @@ struct MatmulBatch { int count = 1; long long stride_a = 0, stride_b = 0, stride
 // A cuBLASLt plan (descriptors + the heuristic's algorithm) for one GEMM shape. Building one costs
 // tens of microseconds of CPU time, and a training step runs the same few dozen shapes hundreds of
 // times, so plans are cached by shape.
+// Epilogues fused into the GEMM (cuBLASLt's GELU is the tanh approximation, as GPT-2's):
+//   EPI_GELU_BIAS: D = gelu(AB + bias), and aux = AB + bias (the pre-activation, for backward)
+//   EPI_DGELU:     D = (AB) * gelu'(aux)   (aux: the pre-activation saved in forward)
+enum MatmulEpilogue { EPI_NONE = 0, EPI_GELU_BIAS = 1, EPI_DGELU = 2 };
+
 struct MatmulKey {
-    int m, n, k, transA, transB, has_bias, d_fp32, batch;
+    int m, n, k, transA, transB, has_bias, d_fp32, batch, epilogue, pad_;
     long long stride_a, stride_b, stride_d;
     bool operator<(const MatmulKey& o) const {
         return memcmp(this, &o, sizeof(MatmulKey)) < 0;
@@ -55,11 +60,21 @@ inline MatmulPlan& matmul_plan(const MatmulKey& key) {
     cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
     cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+    if (key.epilogue == EPI_GELU_BIAS) epi = key.has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    else if (key.epilogue == EPI_DGELU) epi = CUBLASLT_EPILOGUE_DGELU;
+    else if (key.has_bias) epi = CUBLASLT_EPILOGUE_BIAS;
+    cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     if (key.has_bias) {
-        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
         cudaDataType_t bias_type = CUDA_R_FLOATX;
-        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
         cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    }
+    if (key.epilogue != EPI_NONE) {
+        // aux has D's shape and leading dimension, in floatX
+        int64_t aux_ld = m;
+        cudaDataType_t aux_type = CUDA_R_FLOATX;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type)));
     }
     cudaDataType_t d_type = key.d_fp32 ? CUDA_R_32F : CUDA_R_FLOATX;
     cublasCheck(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_FLOATX, transA ? k : m, transA ? m : k, transA ? k : m));
@@ -82,8 +97,8 @@ inline MatmulPlan& matmul_plan(const MatmulKey& key) {
     cublasCheck(cublasLtMatmulAlgoGetHeuristic(g_cublaslt, p.desc, p.la, p.lb, p.ld, p.ld, pref, 1, &heuristic, &found));
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     if (found == 0) {
-        fprintf(stderr, "error: cuBLASLt has no algorithm for m=%d n=%d k=%d transA=%d transB=%d bias=%d\n",
-                m, n, k, (int)transA, (int)transB, key.has_bias);
+        fprintf(stderr, "error: cuBLASLt has no algorithm for m=%d n=%d k=%d transA=%d transB=%d bias=%d epilogue=%d\n",
+                m, n, k, (int)transA, (int)transB, key.has_bias, key.epilogue);
         exit(1);
     }
     p.algo = heuristic.algo;
@@ -91,17 +106,19 @@ inline MatmulPlan& matmul_plan(const MatmulKey& key) {
 }
 
 // The general entry point. d_fp32 selects an FP32 output (parameter gradients); otherwise D is floatX.
-// bias (floatX, length m) may be null.
+// bias (floatX, length m) may be null. aux: the epilogue's extra (m x n) floatX matrix, see above.
 inline void matmul(void* d, const floatX* a, const floatX* b, const floatX* bias,
                    int m, int n, int k, bool transA, bool transB, float alpha, float beta,
-                   bool d_fp32, cudaStream_t stream, MatmulBatch batch = MatmulBatch()) {
+                   bool d_fp32, cudaStream_t stream, MatmulBatch batch = MatmulBatch(),
+                   MatmulEpilogue epilogue = EPI_NONE, void* aux = nullptr) {
     MatmulKey key;
     memset(&key, 0, sizeof(key)); // the key is compared bytewise
     key.m = m; key.n = n; key.k = k; key.transA = transA; key.transB = transB;
-    key.has_bias = bias != nullptr; key.d_fp32 = d_fp32; key.batch = batch.count;
+    key.has_bias = bias != nullptr; key.d_fp32 = d_fp32; key.batch = batch.count; key.epilogue = epilogue;
     if (batch.count > 1) { key.stride_a = batch.stride_a; key.stride_b = batch.stride_b; key.stride_d = batch.stride_d; }
     MatmulPlan& p = matmul_plan(key);
     if (bias) cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    if (epilogue != EPI_NONE) cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     cublasCheck(cublasLtMatmul(g_cublaslt, p.desc, &alpha, a, p.la, b, p.lb, &beta, d, p.ld, d, p.ld, &p.algo,
                                g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, stream));
 }

@@ -21,6 +21,21 @@ inline void linear_forward(floatX* out, const floatX* inp, const floatX* weight,
     matmul(out, weight, inp, bias, OC, N, C, true, false, 1.0f, 0.0f, false, stream);
 }
 
+// The fc layer with its GELU: gelu_out = gelu(inp W^T + bias), pre_gelu = inp W^T + bias (kept for
+// backward). BF16 fuses the GELU into the GEMM's epilogue (cuBLASLt, tanh approximation).
+inline void linear_forward_gelu(floatX* gelu_out, floatX* pre_gelu, const floatX* inp, const floatX* weight,
+                                const floatX* bias, int N, int C, int OC, cudaStream_t stream) {
+    matmul(gelu_out, weight, inp, bias, OC, N, C, true, false, 1.0f, 0.0f, false, stream, MatmulBatch(),
+           EPI_GELU_BIAS, pre_gelu);
+}
+
+// dinp (N x C) = (dout W) * gelu'(pre_gelu): the fc projection's input gradient through the GELU
+inline void linear_backward_dx_dgelu(floatX* dinp, const floatX* dout, const floatX* weight, const floatX* pre_gelu,
+                                     int N, int C, int OC, cudaStream_t stream) {
+    matmul(dinp, weight, dout, nullptr, C, N, OC, false, false, 1.0f, 0.0f, false, stream, MatmulBatch(),
+           EPI_DGELU, (void*)pre_gelu);
+}
+
 // dinp (N x C) = dout (N x OC) W   (overwrites dinp)
 inline void linear_backward_dx(floatX* dinp, const floatX* dout, const floatX* weight,
                                int N, int C, int OC, cudaStream_t stream) {

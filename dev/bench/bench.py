@@ -512,7 +512,9 @@ def run_peer(size, B, T, args, log_dir, peak):
     else:
         row["status"] = "ok"
         fill_speed(row, args.total_batch, args.warmup, peak)
-        row["notes"].append(f"alloc peak {row['alloc_gib']:.2f} GiB, device in use {row['device_used_gib']:.2f} GiB")
+        if row["alloc_gib"] is not None:
+            row["notes"].append(f"allocated peak {row['alloc_gib']:.2f} GiB, device total − free at the end "
+                                f"{row['device_used_gib']:.2f} GiB")
     return row
 
 
@@ -599,6 +601,16 @@ def render_table(rows, meta):
 # the PyTorch peer (runs in its own process: bench.py --peer-worker ...)
 
 
+class WallClockEvent:
+    """Stands in for torch.cuda.Event when the worker is checked on the CPU."""
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, later):
+        return (later.t - self.t) * 1000.0
+
+
 def peer_worker(argv):
     p = argparse.ArgumentParser(prog="bench.py --peer-worker")
     p.add_argument("--peer-worker", action="store_true")
@@ -610,6 +622,7 @@ def peer_worker(argv):
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--json-out", required=True)
     p.add_argument("--eager", action="store_true")
+    p.add_argument("--device", default="cuda", help="cpu: only to check this code without a GPU")
     a = p.parse_args(argv)
     result = {"status": "failed", "error": None, "size": a.size, "B": a.B, "T": a.T, "step_ms": [],
               "losses": [], "compiled": not a.eager, "compile_error": None}
@@ -625,8 +638,9 @@ def peer_worker(argv):
         sys.path.insert(0, os.path.join(REPO_ROOT, "dev", "reference"))
         from gpt_reference import build_model
 
-        dev = "cuda"
-        result["device"] = torch.cuda.get_device_name(0)
+        dev = a.device
+        on_gpu = dev.startswith("cuda")
+        result["device"] = torch.cuda.get_device_name(0) if on_gpu else dev
         model = build_model(a.size, use_sdpa=True, seed=0, device=dev, dtype=torch.float32)
         cfg = model.cfg
         if a.T > cfg.max_seq_len:
@@ -650,7 +664,10 @@ def peer_worker(argv):
             batches.append((buf[:, :-1].contiguous(), buf[:, 1:].contiguous()))
 
         fwd = model if a.eager else torch.compile(model)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if on_gpu:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        else:   # the CPU check: a wall clock with the same record()/elapsed_time() calls
+            start, end = WallClockEvent(), WallClockEvent()
 
         def one_step(f):
             """One optimizer step over `accum` micro-batches; (ms, mean loss) timed with CUDA events."""
@@ -658,7 +675,7 @@ def peer_worker(argv):
             loss_sum = torch.zeros((), device=dev)
             for m in range(accum):
                 x, y = batches[m % len(batches)]
-                with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                with torch.autocast(device_type=dev.split(":")[0], dtype=torch.bfloat16):
                     _, loss = f(x, y, return_logits=False)
                 (loss / accum).backward()
                 loss_sum += loss.detach()
@@ -666,7 +683,8 @@ def peer_worker(argv):
             opt.step()
             opt.zero_grad(set_to_none=True)
             end.record()
-            torch.cuda.synchronize()
+            if on_gpu:
+                torch.cuda.synchronize()
             return start.elapsed_time(end), (loss_sum / accum).item()
 
         n = a.warmup + a.steps
@@ -688,10 +706,12 @@ def peer_worker(argv):
             print(f"step {len(result['step_ms'])}/{n} | loss {loss:.6f} | {ms:.2f} ms", flush=True)
             save()   # a run killed by the timeout still leaves the steps it finished
 
-        free_b, total_b = torch.cuda.mem_get_info()
-        result.update(status="ok", max_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
-                      max_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
-                      device_used_gib=(total_b - free_b) / GIB)
+        result["status"] = "ok"
+        if on_gpu:
+            free_b, total_b = torch.cuda.mem_get_info()   # device-wide: includes the CUDA context
+            result.update(max_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
+                          max_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
+                          device_used_gib=(total_b - free_b) / GIB)
         save()
         return 0
     except Exception as e:  # noqa: BLE001 - every failure is reported in the JSON, not dropped
@@ -770,7 +790,8 @@ def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
     built = {}
     for r in recipes:
         if args.no_build:
-            built[r] = (os.path.exists(os.path.join(REPO_ROOT, f"train_gpt_{r}")), "binary not found (--no-build)")
+            built[r] = (os.path.exists(os.path.join(REPO_ROOT, f"train_gpt_{r}")),
+                        f"error: ./train_gpt_{r} not found (--no-build)")
             continue
         t0 = time.time()
         ok, tail = build_recipe(REPO_ROOT, r, log_dir)
@@ -784,7 +805,8 @@ def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
         for r in recipes:
             if not built[r][0]:
                 row = new_row(size, r, "ours", start_B, T)
-                row["status"], row["error"] = "build failed", error_line(built[r][1])
+                row["status"] = "not built" if args.no_build else "build failed"
+                row["error"] = error_line(built[r][1])
                 rows.append(row)
                 continue
             print(f"[{size}] {r}: B={start_B} T={T}", flush=True)
