@@ -49,7 +49,7 @@ HEADERS := $(wildcard llmc/*.h llmc/*.cuh)
 
 # ---- targets -------------------------------------------------------------------------------------
 .PHONY: all test test_cpu clean
-all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 build/test_cpu
+all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 build/test_cpu build/test_attention
 
 train_gpt_bf16: train_gpt.cu $(HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(PRECISION_FLAGS) -DRECIPE_BF16 $< $(NVCC_LDFLAGS) -o $@
@@ -63,6 +63,11 @@ train_gpt_fp32: train_gpt.cu $(HEADERS)
 
 test_gpt_fp32: test_gpt.cu train_gpt.cu $(HEADERS)
 	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -DRECIPE_BF16 $< $(NVCC_LDFLAGS) -o $@
+
+# flash attention against a float64 CPU reference, and its speed against the materialized path
+build/test_attention: dev/test/test_attention.cu $(HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 
 # CPU unit tests (no GPU, no CUDA): every dev/test/*.cpp
 CPU_TEST_SOURCES := $(wildcard dev/test/*.cpp)

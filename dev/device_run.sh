@@ -15,11 +15,8 @@ rm -rf /tmp/run_d12
 timeout 200 bash scripts/quickstart.sh -x "$STEPS" -o /tmp/run_d12 -n 250 -s 250 > "$OUT/train.log" 2>&1
 grep -E "val loss|^step +(1|50|100|150|200|250|300|350|400|450|500)/|average|error" "$OUT/train.log" | head -40
 cp /tmp/run_d12/main.log "$OUT/main.log" 2>/dev/null
-echo "== speed: d12 B=64 T=1024, 524288 tokens per step"
-timeout 150 ./train_gpt_bf16 -b 64 -t 1024 -d 524288 -x 12 -v 0 -s 0 > "$OUT/speed.log" 2>&1
-tail -5 "$OUT/speed.log"
-echo "== other sizes: 3 steps each"
-for spec in "d24 -b 8 -t 1024" "d48 -b 4 -t 1024" "gpt3:c768 -b 8 -t 2048"; do
-    timeout 120 ./train_gpt_bf16 -e $spec -x 3 -v 0 -s 0 > "$OUT/size.log" 2>&1
-    echo "$spec: $(grep -E '^step +3/' "$OUT/size.log") $(grep -E 'memory in use at the end|error' "$OUT/size.log")"
-done
+echo "== bench: d12 against the torch.compile peer"
+timeout 240 python3 dev/bench/bench.py --no-build --out "$OUT/bench_d12.md" 2>&1 | tail -12
+echo "== per-phase profile: d12 B=64 T=1024"
+LLMC_PROFILE=1 timeout 120 ./train_gpt_bf16 -b 64 -t 1024 -d 524288 -x 8 -v 0 -s 0 > "$OUT/profile.log" 2>&1
+sed -n '/per-phase/,$p' "$OUT/profile.log"

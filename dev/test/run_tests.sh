@@ -61,6 +61,12 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
                 echo "== gpu tests ($v): build failed"; failed=$((failed + 1))
             fi
         done
+        if make -s build/test_attention; then
+            ./build/test_attention 2>&1 | tee "$tmp/attention.log"; rc=$?
+            count_suite "attention tests" $rc "$tmp/attention.log"
+        else
+            echo "== attention tests: build failed"; failed=$((failed + 1))
+        fi
         bash dev/test/resume_cli.sh ./train_gpt_bf16 2>&1 | tee "$tmp/resume.log"; rc=$?
         count_suite "resume tests" $rc "$tmp/resume.log"
         # out-of-memory is a clear message and a non-zero exit

@@ -1,0 +1,365 @@
+// test_attention.cu: the fused flash attention (llmc/flash_attention.cuh) against a float64 CPU
+// reference, plus its determinism, and timings next to the materialized path (llmc/attention.cuh).
+//
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I. dev/test/test_attention.cu
+//        -lcublasLt -lcublas -o build/test_attention && ./build/test_attention
+//
+// Prints [PASS]/[FAIL] lines and "attention tests: N passed, N failed"; exit 0 iff all pass.
+// Without a CUDA device: "skipped: no CUDA device", exit 77. --timing-only skips the accuracy cases;
+// --small runs only the short accuracy cases (for compute-sanitizer).
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdarg>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+#include "llmc/cuda_common.h"
+#include "llmc/matmul.cuh"
+#include "llmc/attention.cuh"
+#include "llmc/flash_attention.cuh"
+
+#if defined(ENABLE_FP32)
+#error "test_attention.cu tests the BF16 build"
+#endif
+
+static int g_passed = 0, g_failed = 0;
+
+static void check(bool ok, const char* fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    printf("[%s] %s\n", ok ? "PASS" : "FAIL", msg);
+    fflush(stdout);
+    (ok ? g_passed : g_failed)++;
+}
+
+// ---- host bf16 ----------------------------------------------------------------------------------
+static uint16_t f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7F800000u) == 0x7F800000u) return (uint16_t)((u >> 16) | ((u & 0xFFFF) ? 0x40 : 0));
+    u += 0x7FFFu + ((u >> 16) & 1u);   // round to nearest even
+    return (uint16_t)(u >> 16);
+}
+static float bf2f(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// ---- float64 reference ---------------------------------------------------------------------------
+struct Ref {
+    std::vector<double> out, lse, dq, dk, dv;   // out, dq, dk, dv: (B,T,C); lse: (B,NH,T)
+};
+
+static Ref reference(const std::vector<uint16_t>& qkv, const std::vector<uint16_t>& dout, int B, int T, int NH, int HS) {
+    const int C = NH * HS;
+    Ref r;
+    r.out.assign((size_t)B * T * C, 0.0);
+    r.lse.assign((size_t)B * NH * T, 0.0);
+    r.dq.assign((size_t)B * T * C, 0.0);
+    r.dk.assign((size_t)B * T * C, 0.0);
+    r.dv.assign((size_t)B * T * C, 0.0);
+    const double scale = 1.0 / std::sqrt((double)HS);
+    std::atomic<int> next(0);
+    auto worker = [&]() {
+        std::vector<double> q((size_t)T * HS), k((size_t)T * HS), v((size_t)T * HS), dO((size_t)T * HS);
+        std::vector<double> dk((size_t)T * HS), dv((size_t)T * HS), p(T), dp(T), acc(HS);
+        for (int bh; (bh = next.fetch_add(1)) < B * NH;) {
+            const int b = bh / NH, h = bh % NH;
+            for (int t = 0; t < T; t++) {
+                for (int d = 0; d < HS; d++) {
+                    size_t base = ((size_t)b * T + t) * 3 * C + (size_t)h * HS + d;
+                    q[(size_t)t * HS + d] = bf2f(qkv[base]);
+                    k[(size_t)t * HS + d] = bf2f(qkv[base + C]);
+                    v[(size_t)t * HS + d] = bf2f(qkv[base + 2 * C]);
+                    dO[(size_t)t * HS + d] = bf2f(dout[((size_t)b * T + t) * C + (size_t)h * HS + d]);
+                }
+            }
+            std::fill(dk.begin(), dk.end(), 0.0);
+            std::fill(dv.begin(), dv.end(), 0.0);
+            for (int t1 = 0; t1 < T; t1++) {
+                const double* qr = &q[(size_t)t1 * HS];
+                const double* dor = &dO[(size_t)t1 * HS];
+                double m = -INFINITY;
+                for (int t2 = 0; t2 <= t1; t2++) {
+                    const double* kr = &k[(size_t)t2 * HS];
+                    double s = 0.0;
+                    for (int d = 0; d < HS; d++) s += qr[d] * kr[d];
+                    p[t2] = s * scale;
+                    m = std::max(m, p[t2]);
+                }
+                double l = 0.0;
+                for (int t2 = 0; t2 <= t1; t2++) { p[t2] = std::exp(p[t2] - m); l += p[t2]; }
+                r.lse[(size_t)bh * T + t1] = m + std::log(l);
+                for (int t2 = 0; t2 <= t1; t2++) p[t2] /= l;
+                std::fill(acc.begin(), acc.end(), 0.0);
+                double Dsum = 0.0;
+                for (int t2 = 0; t2 <= t1; t2++) {
+                    const double* vr = &v[(size_t)t2 * HS];
+                    double s = 0.0;
+                    for (int d = 0; d < HS; d++) { acc[d] += p[t2] * vr[d]; s += dor[d] * vr[d]; }
+                    dp[t2] = s;
+                    Dsum += p[t2] * s;
+                }
+                double* outr = &r.out[((size_t)b * T + t1) * C + (size_t)h * HS];
+                for (int d = 0; d < HS; d++) outr[d] = acc[d];
+                std::fill(acc.begin(), acc.end(), 0.0);
+                for (int t2 = 0; t2 <= t1; t2++) {
+                    const double ds = p[t2] * (dp[t2] - Dsum) * scale;
+                    const double* kr = &k[(size_t)t2 * HS];
+                    double* dkr = &dk[(size_t)t2 * HS];
+                    double* dvr = &dv[(size_t)t2 * HS];
+                    for (int d = 0; d < HS; d++) {
+                        acc[d] += ds * kr[d];
+                        dkr[d] += ds * qr[d];
+                        dvr[d] += p[t2] * dor[d];
+                    }
+                }
+                double* dqr = &r.dq[((size_t)b * T + t1) * C + (size_t)h * HS];
+                for (int d = 0; d < HS; d++) dqr[d] = acc[d];
+            }
+            for (int t = 0; t < T; t++) {
+                for (int d = 0; d < HS; d++) {
+                    size_t o = ((size_t)b * T + t) * C + (size_t)h * HS + d;
+                    r.dk[o] = dk[(size_t)t * HS + d];
+                    r.dv[o] = dv[(size_t)t * HS + d];
+                }
+            }
+        }
+    };
+    int nthreads = (int)std::max(1u, std::min(std::thread::hardware_concurrency(), 64u));
+    std::vector<std::thread> pool;
+    for (int i = 0; i < nthreads; i++) pool.emplace_back(worker);
+    for (auto& th : pool) th.join();
+    return r;
+}
+
+// ---- comparisons ---------------------------------------------------------------------------------
+// relative L2 error of a bf16 GPU tensor against the reference; the strided view picks (B,T,C)
+// out of (B,T,3C) with a column offset. nan_count counts non-finite GPU values.
+static double rel_l2(const std::vector<uint16_t>& gpu, size_t gpu_row_stride, size_t gpu_col0,
+                     const std::vector<double>& ref, size_t rows, size_t cols, size_t* nan_count) {
+    double num = 0.0, den = 0.0;
+    size_t nans = 0;
+    for (size_t r = 0; r < rows; r++) {
+        for (size_t c = 0; c < cols; c++) {
+            double g = bf2f(gpu[r * gpu_row_stride + gpu_col0 + c]);
+            double x = ref[r * cols + c];
+            if (!std::isfinite(g)) { nans++; continue; }
+            num += (g - x) * (g - x);
+            den += x * x;
+        }
+    }
+    *nan_count = nans;
+    return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// ---- device helpers ------------------------------------------------------------------------------
+// fill with approximately N(0,1) bf16 (Box-Muller over the stateless hash): the timing inputs
+__global__ void fill_normal_kernel(floatX* x, long long n, uint32_t seed) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    uint32_t a = hash_u32(seed, (uint32_t)(2 * i)), b = hash_u32(seed, (uint32_t)(2 * i + 1));
+    float u1 = ((a >> 8) + 1) * (1.0f / 16777217.0f), u2 = (b >> 8) * (1.0f / 16777216.0f);
+    x[i] = (floatX)(sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2));
+}
+
+template <typename T>
+static T* dalloc(size_t n) {
+    return static_cast<T*>(cuda_malloc_or_die(n * sizeof(T), "test buffer"));
+}
+
+// ---- one accuracy case ---------------------------------------------------------------------------
+static void test_case(int B, int NH, int T, int HS, uint32_t seed, bool compare_old) {
+    const int C = NH * HS;
+    const size_t n_qkv = (size_t)B * T * 3 * C, n_btc = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
+    char tag[96];
+    snprintf(tag, sizeof(tag), "B=%d NH=%d T=%d HS=%d", B, NH, T, HS);
+
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<uint16_t> h_qkv(n_qkv), h_dout(n_btc);
+    for (auto& x : h_qkv) x = f2bf(nd(rng));
+    for (auto& x : h_dout) x = f2bf(nd(rng));
+    Ref ref = reference(h_qkv, h_dout, B, T, NH, HS);
+
+    floatX* d_qkv = dalloc<floatX>(n_qkv);
+    floatX* d_dout = dalloc<floatX>(n_btc);
+    floatX* d_out = dalloc<floatX>(n_btc);
+    floatX* d_dqkv = dalloc<floatX>(n_qkv);
+    float* d_lse = dalloc<float>(n_lse);
+    size_t scratch_bytes = flash_attention_backward_scratch_bytes(B, T, NH, HS);
+    void* d_scratch = cuda_malloc_or_die(scratch_bytes, "flash scratch");
+    cudaCheck(cudaMemcpy(d_qkv, h_qkv.data(), n_qkv * 2, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d_dout, h_dout.data(), n_btc * 2, cudaMemcpyHostToDevice));
+
+    // forward twice on NaN-poisoned outputs (0xFFFF is a bf16 NaN, 0xFFFFFFFF an FP32 NaN)
+    std::vector<uint16_t> out1(n_btc), out2(n_btc);
+    std::vector<float> lse1(n_lse), lse2(n_lse);
+    for (int rep = 0; rep < 2; rep++) {
+        cudaCheck(cudaMemset(d_out, 0xFF, n_btc * 2));
+        cudaCheck(cudaMemset(d_lse, 0xFF, n_lse * 4));
+        flash_attention_forward(d_out, d_lse, d_qkv, B, T, NH, HS, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        cudaCheck(cudaMemcpy((rep ? out2 : out1).data(), d_out, n_btc * 2, cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy((rep ? lse2 : lse1).data(), d_lse, n_lse * 4, cudaMemcpyDeviceToHost));
+    }
+    size_t nan_out = 0;
+    double e_out = rel_l2(out1, C, 0, ref.out, (size_t)B * T, C, &nan_out);
+    double e_lse = 0.0;
+    size_t nan_lse = 0;
+    for (size_t i = 0; i < n_lse; i++) {
+        if (!std::isfinite(lse1[i])) { nan_lse++; continue; }
+        e_lse = std::max(e_lse, std::fabs((double)lse1[i] - ref.lse[i]));
+    }
+    check(nan_out == 0 && nan_lse == 0, "%s forward: every out/lse element written, no NaN (%zu, %zu bad)", tag, nan_out, nan_lse);
+    check(e_out < 2e-2, "%s forward: out rel L2 error %.3e (tol 2e-2)", tag, e_out);
+    check(e_lse < 1e-3, "%s forward: lse max abs error %.3e (tol 1e-3)", tag, e_lse);
+    check(memcmp(out1.data(), out2.data(), n_btc * 2) == 0 && memcmp(lse1.data(), lse2.data(), n_lse * 4) == 0,
+          "%s forward: bit-identical run to run", tag);
+
+    // backward twice, from the first forward's out/lse (the second forward is bitwise the same)
+    std::vector<uint16_t> dqkv1(n_qkv), dqkv2(n_qkv);
+    for (int rep = 0; rep < 2; rep++) {
+        cudaCheck(cudaMemset(d_dqkv, 0xFF, n_qkv * 2));
+        cudaCheck(cudaMemset(d_scratch, 0xFF, scratch_bytes));
+        flash_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_scratch, B, T, NH, HS, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        cudaCheck(cudaMemcpy((rep ? dqkv2 : dqkv1).data(), d_dqkv, n_qkv * 2, cudaMemcpyDeviceToHost));
+    }
+    size_t nan_q = 0, nan_k = 0, nan_v = 0;
+    double e_dq = rel_l2(dqkv1, 3 * C, 0, ref.dq, (size_t)B * T, C, &nan_q);
+    double e_dk = rel_l2(dqkv1, 3 * C, C, ref.dk, (size_t)B * T, C, &nan_k);
+    double e_dv = rel_l2(dqkv1, 3 * C, 2 * C, ref.dv, (size_t)B * T, C, &nan_v);
+    check(nan_q + nan_k + nan_v == 0, "%s backward: every dqkv element written, no NaN (%zu, %zu, %zu bad)", tag, nan_q, nan_k, nan_v);
+    check(e_dq < 2e-2, "%s backward: dq rel L2 error %.3e (tol 2e-2)", tag, e_dq);
+    check(e_dk < 2e-2, "%s backward: dk rel L2 error %.3e (tol 2e-2)", tag, e_dk);
+    check(e_dv < 2e-2, "%s backward: dv rel L2 error %.3e (tol 2e-2)", tag, e_dv);
+    check(memcmp(dqkv1.data(), dqkv2.data(), n_qkv * 2) == 0, "%s backward: dqkv bit-identical run to run", tag);
+
+    if (compare_old) {   // for context: the materialized path's error against the same reference
+        AttentionScratch s;
+        s.q = dalloc<floatX>(n_btc); s.k = dalloc<floatX>(n_btc); s.v = dalloc<floatX>(n_btc); s.y = dalloc<floatX>(n_btc);
+        s.scores = dalloc<floatX>((size_t)B * NH * T * T);
+        floatX* att = dalloc<floatX>((size_t)B * NH * T * T);
+        floatX *dq = dalloc<floatX>(n_btc), *dk = dalloc<floatX>(n_btc), *dv = dalloc<floatX>(n_btc);
+        attention_forward(d_out, att, d_qkv, s, B, T, NH, HS, 0);
+        attention_backward(d_dqkv, d_dout, d_qkv, att, s, dq, dk, dv, B, T, NH, HS, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        cudaCheck(cudaMemcpy(out1.data(), d_out, n_btc * 2, cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(dqkv1.data(), d_dqkv, n_qkv * 2, cudaMemcpyDeviceToHost));
+        size_t dummy;
+        printf("       (materialized path, same inputs: out %.3e, dq %.3e, dk %.3e, dv %.3e)\n",
+               rel_l2(out1, C, 0, ref.out, (size_t)B * T, C, &dummy),
+               rel_l2(dqkv1, 3 * C, 0, ref.dq, (size_t)B * T, C, &dummy),
+               rel_l2(dqkv1, 3 * C, C, ref.dk, (size_t)B * T, C, &dummy),
+               rel_l2(dqkv1, 3 * C, 2 * C, ref.dv, (size_t)B * T, C, &dummy));
+        cudaCheck(cudaFree(s.q)); cudaCheck(cudaFree(s.k)); cudaCheck(cudaFree(s.v)); cudaCheck(cudaFree(s.y));
+        cudaCheck(cudaFree(s.scores)); cudaCheck(cudaFree(att));
+        cudaCheck(cudaFree(dq)); cudaCheck(cudaFree(dk)); cudaCheck(cudaFree(dv));
+    }
+    cudaCheck(cudaFree(d_qkv)); cudaCheck(cudaFree(d_dout)); cudaCheck(cudaFree(d_out));
+    cudaCheck(cudaFree(d_dqkv)); cudaCheck(cudaFree(d_lse)); cudaCheck(cudaFree(d_scratch));
+}
+
+// ---- timing ----------------------------------------------------------------------------------------
+template <typename F>
+static double median_ms(F&& f, int warmup = 3, int iters = 20) {
+    for (int i = 0; i < warmup; i++) f();
+    cudaEvent_t e0, e1;
+    cudaCheck(cudaEventCreate(&e0));
+    cudaCheck(cudaEventCreate(&e1));
+    std::vector<float> ms(iters);
+    for (int i = 0; i < iters; i++) {
+        cudaCheck(cudaEventRecord(e0, 0));
+        f();
+        cudaCheck(cudaEventRecord(e1, 0));
+        cudaCheck(cudaEventSynchronize(e1));
+        cudaCheck(cudaEventElapsedTime(&ms[i], e0, e1));
+    }
+    cudaCheck(cudaEventDestroy(e0));
+    cudaCheck(cudaEventDestroy(e1));
+    std::sort(ms.begin(), ms.end());
+    return 0.5 * (ms[iters / 2 - 1] + ms[iters / 2]);
+}
+
+static void time_case(int B, int NH, int T, int HS) {
+    const int C = NH * HS;
+    const size_t n_qkv = (size_t)B * T * 3 * C, n_btc = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
+    floatX* qkv = dalloc<floatX>(n_qkv);
+    floatX* dout = dalloc<floatX>(n_btc);
+    floatX* out = dalloc<floatX>(n_btc);
+    floatX* dqkv = dalloc<floatX>(n_qkv);
+    float* lse = dalloc<float>(n_lse);
+    void* scratch = cuda_malloc_or_die(flash_attention_backward_scratch_bytes(B, T, NH, HS), "flash scratch");
+    fill_normal_kernel<<<ceil_div(n_qkv, 256), 256>>>(qkv, n_qkv, 1234);
+    cudaCheckLaunch();
+    fill_normal_kernel<<<ceil_div(n_btc, 256), 256>>>(dout, n_btc, 5678);
+    cudaCheckLaunch();
+
+    const double fwd_flop = 4.0 * B * NH * (double)T * T * HS / 2.0, bwd_flop = 2.5 * fwd_flop;
+    double f_fwd = median_ms([&] { flash_attention_forward(out, lse, qkv, B, T, NH, HS, 0); });
+    double f_bwd = median_ms([&] { flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, HS, 0); });
+    cudaCheck(cudaDeviceSynchronize());
+
+    AttentionScratch s;
+    s.q = dalloc<floatX>(n_btc); s.k = dalloc<floatX>(n_btc); s.v = dalloc<floatX>(n_btc); s.y = dalloc<floatX>(n_btc);
+    s.scores = dalloc<floatX>((size_t)B * NH * T * T);
+    floatX* att = dalloc<floatX>((size_t)B * NH * T * T);
+    floatX *dq = dalloc<floatX>(n_btc), *dk = dalloc<floatX>(n_btc), *dv = dalloc<floatX>(n_btc);
+    double m_fwd = median_ms([&] { attention_forward(out, att, qkv, s, B, T, NH, HS, 0); });
+    double m_bwd = median_ms([&] { attention_backward(dqkv, dout, qkv, att, s, dq, dk, dv, B, T, NH, HS, 0); });
+    cudaCheck(cudaDeviceSynchronize());
+
+    printf("timing B=%d NH=%d T=%d HS=%d (median of 20, causal FLOPs):\n", B, NH, T, HS);
+    printf("  flash        forward %8.3f ms %7.1f TFLOP/s   backward %8.3f ms %7.1f TFLOP/s   total %8.3f ms\n",
+           f_fwd, fwd_flop / f_fwd * 1e-9, f_bwd, bwd_flop / f_bwd * 1e-9, f_fwd + f_bwd);
+    printf("  materialized forward %8.3f ms %7.1f TFLOP/s   backward %8.3f ms %7.1f TFLOP/s   total %8.3f ms\n",
+           m_fwd, fwd_flop / m_fwd * 1e-9, m_bwd, bwd_flop / m_bwd * 1e-9, m_fwd + m_bwd);
+    check(f_fwd + f_bwd < m_fwd + m_bwd, "B=%d NH=%d T=%d HS=%d: flash forward+backward faster than materialized (%.2fx)",
+          B, NH, T, HS, (m_fwd + m_bwd) / (f_fwd + f_bwd));
+
+    cudaCheck(cudaFree(s.q)); cudaCheck(cudaFree(s.k)); cudaCheck(cudaFree(s.v)); cudaCheck(cudaFree(s.y));
+    cudaCheck(cudaFree(s.scores)); cudaCheck(cudaFree(att));
+    cudaCheck(cudaFree(dq)); cudaCheck(cudaFree(dk)); cudaCheck(cudaFree(dv));
+    cudaCheck(cudaFree(qkv)); cudaCheck(cudaFree(dout)); cudaCheck(cudaFree(out));
+    cudaCheck(cudaFree(dqkv)); cudaCheck(cudaFree(lse)); cudaCheck(cudaFree(scratch));
+}
+
+int main(int argc, char** argv) {
+    const bool timing_only = argc > 1 && strcmp(argv[1], "--timing-only") == 0;
+    const bool small_only = argc > 1 && strcmp(argv[1], "--small") == 0;   // for compute-sanitizer
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("skipped: no CUDA device\n");
+        return 77;
+    }
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+    matmul_init();
+
+    struct Case { int B, NH, T, HS; };
+    const Case cases[] = {{2, 3, 64, 64}, {1, 2, 100, 64}, {2, 2, 257, 64}, {1, 2, 1000, 128}, {2, 12, 1024, 64}, {1, 4, 2048, 128}};
+    uint32_t seed = 42;
+    if (!timing_only) {
+        for (const Case& c : cases) {
+            if (small_only && c.T > 300) continue;
+            test_case(c.B, c.NH, c.T, c.HS, seed++, !small_only);
+        }
+    }
+    if (!small_only) {
+        time_case(64, 12, 1024, 64);
+        time_case(32, 12, 2048, 64);
+    }
+
+    matmul_free();
+    printf("attention tests: %d passed, %d failed\n", g_passed, g_failed);
+    return g_failed == 0 ? 0 : 1;
+}
