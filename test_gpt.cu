@@ -6,7 +6,8 @@
 //
 // The reference (float64 on the CPU, a seeded d12 with perturbed norms and biases, B=4, T=64) gives
 // the parameters, one batch, its logits, loss, every parameter gradient, and the losses of 10
-// AdamW steps on that batch. This test loads the same parameters and checks, in order:
+// AdamW steps, each on a fresh batch (step 0 on that batch). This test loads the same parameters
+// and checks, in order:
 //   1. logits and loss of the forward pass,
 //   2. each of the 16 gradient tensors (relative L2 error, per-tensor tolerance below),
 //   3. the 10-step loss trajectory and gradient norms,
@@ -43,6 +44,7 @@ struct Reference {
     int B, T, V, Vp, nsteps, num_params;
     float lr, beta1, beta2, eps, weight_decay, grad_clip;
     std::vector<int> inputs, targets;
+    std::vector<int> step_inputs, step_targets; // nsteps batches of B*T: step k trains on batch k
     std::vector<float> logits, grads, losses, grad_norms;
     float loss;
 };
@@ -59,7 +61,11 @@ static Reference load_reference_state(const std::string& path) {
     }
     int header[256];
     read_exact(f, header, sizeof(header), path);
-    if (header[0] != 20241123 || header[1] != 1) { fprintf(stderr, "error: %s is not a reference state (magic/version)\n", path.c_str()); exit(1); }
+    if (header[0] != 20241123 || header[1] != 2) {
+        fprintf(stderr, "error: %s is not a version-2 reference state (magic %d, version %d); rewrite it with "
+                "dev/reference/gpt_reference.py --write-reference\n", path.c_str(), header[0], header[1]);
+        exit(1);
+    }
     Reference r;
     r.B = header[2]; r.T = header[3]; r.V = header[4]; r.Vp = header[5]; r.nsteps = header[6]; r.num_params = header[7];
     float hyper[16];
@@ -76,6 +82,10 @@ static Reference load_reference_state(const std::string& path) {
     read_exact(f, r.grads.data(), r.grads.size() * 4, path);
     read_exact(f, r.losses.data(), r.nsteps * 4, path);
     read_exact(f, r.grad_norms.data(), r.nsteps * 4, path);
+    r.step_inputs.resize((size_t)r.nsteps * BT); r.step_targets.resize((size_t)r.nsteps * BT);
+    read_exact(f, r.step_inputs.data(), r.step_inputs.size() * 4, path);
+    read_exact(f, r.step_targets.data(), r.step_targets.size() * 4, path);
+    if (fgetc(f) != EOF) { fprintf(stderr, "error: %s is longer than its header says\n", path.c_str()); exit(1); }
     fclose(f);
     return r;
 }
@@ -166,7 +176,7 @@ int main(int argc, char** argv) {
     }
     printf("largest gradient rel L2 error: %.3e\n", worst);
 
-    // 3. the 10-step trajectory on the same batch (AdamW, constant lr, clipping as the reference)
+    // 3. the 10-step trajectory, a fresh batch per step (AdamW, constant lr, clipping as the reference)
     gpt_set_params(&model, init_params);
     cudaCheck(cudaMemset(model.m_memory, 0, model.num_params * sizeof(float)));
     cudaCheck(cudaMemset(model.v_memory, 0, model.num_params * sizeof(float)));
@@ -176,7 +186,9 @@ int main(int argc, char** argv) {
     float max_loss_diff = 0.0f, max_norm_rel = 0.0f;
     for (int s = 0; s < ref.nsteps; s++) {
         gpt_zero_grad(&model);
-        float l = gpt_forward_loss(&model, ref.inputs.data(), ref.targets.data(), B, T, true, 1.0f / BT);
+        const int* x = ref.step_inputs.data() + (size_t)s * BT;
+        const int* y = ref.step_targets.data() + (size_t)s * BT;
+        float l = gpt_forward_loss(&model, x, y, B, T, true, 1.0f / BT);
         gpt_backward(&model, B, T);
         float norm = gpt_update(&model, opt);
         cudaCheck(cudaDeviceSynchronize());

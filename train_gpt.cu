@@ -337,8 +337,7 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
         floatX* qkv = a.qkv + l * NC * 3;
         floatX* atty = a.atty + l * NC;
         floatX* att = a.att ? a.att + (size_t)l * B * NH * T * T : nullptr;
-        float* lse = a.att_lse ? a.att_lse + (size_t)l * B * NH * T : nullptr;
-        (void)lse; // unused in the FP32 build
+        [[maybe_unused]] float* lse = a.att_lse ? a.att_lse + (size_t)l * B * NH * T : nullptr;
         float* residual2 = a.residual2 + l * NC;
         floatX* fch = a.fch + l * NC * 4;
         floatX* fch_gelu = a.fch_gelu + (model->recompute >= 1 ? 0 : l * NC * 4);
@@ -439,8 +438,7 @@ inline void gpt_backward(GPT* model, int B, int T) {
         floatX* qkv = a.qkv + l * NC * 3;
         floatX* atty = a.atty + l * NC;
         floatX* att = a.att ? a.att + (size_t)l * B * NH * T * T : nullptr;
-        float* lse = a.att_lse ? a.att_lse + (size_t)l * B * NH * T : nullptr;
-        (void)lse; // unused in the FP32 build
+        [[maybe_unused]] float* lse = a.att_lse ? a.att_lse + (size_t)l * B * NH * T : nullptr;
         float* residual2 = a.residual2 + l * NC;
         floatX* fch = a.fch + l * NC * 4;
         floatX* fch_gelu = a.fch_gelu + (model->recompute >= 1 ? 0 : l * NC * 4);

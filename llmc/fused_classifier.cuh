@@ -6,16 +6,26 @@
 #pragma once
 #include "cuda_common.h"
 
+// Each thread reads 16 bytes (8 BF16 / 4 FP32 logits) at a time; Vp is a multiple of 128, so every
+// row starts 16-byte aligned. Columns >= V are padding: skipped in the softmax, given gradient 0.
 __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float dloss,
                                         int V, int Vp, bool write_dlogits) {
+    constexpr int PER = 16 / sizeof(floatX);
     long long row = blockIdx.x;
     floatX* x = logits + row * Vp;
+    const int num_vec = Vp / PER;
     // pass 1: online max and sum of exponentials (each thread its own, then merged)
     float m = -INFINITY, s = 0.0f;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float v = (float)x[i];
-        if (v > m) { s = s * expf(m - v) + 1.0f; m = v; }
-        else s += expf(v - m);
+    for (int j = threadIdx.x; j < num_vec; j += blockDim.x) {
+        uint4 packed = reinterpret_cast<const uint4*>(x)[j];
+        const floatX* v = reinterpret_cast<const floatX*>(&packed);
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            if (j * PER + k >= V) break;
+            float val = (float)v[k];
+            if (val > m) { s = s * expf(m - val) + 1.0f; m = val; }
+            else s += expf(val - m);
+        }
     }
     float block_m = block_max(m);
     s = (m == -INFINITY) ? 0.0f : s * expf(m - block_m);
@@ -25,16 +35,27 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
     if (threadIdx.x == 0) losses[row] = lse - (float)x[y];
     if (!write_dlogits) return;
     __syncthreads(); // everyone has read x[y] before it is overwritten
-    // pass 2: gradient
-    for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
-        float g = 0.0f;
-        if (i < V) g = (expf((float)x[i] - lse) - (i == y ? 1.0f : 0.0f)) * dloss;
-        x[i] = (floatX)g;
+    // pass 2: gradient, written in place
+    for (int j = threadIdx.x; j < num_vec; j += blockDim.x) {
+        uint4 packed = reinterpret_cast<const uint4*>(x)[j];
+        floatX* v = reinterpret_cast<floatX*>(&packed);
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            int i = j * PER + k;
+            float g = 0.0f;
+            if (i < V) g = (expf((float)v[k] - lse) - (i == y ? 1.0f : 0.0f)) * dloss;
+            v[k] = (floatX)g;
+        }
+        reinterpret_cast<uint4*>(x)[j] = packed;
     }
 }
 
 inline void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss,
                              int BT, int V, int Vp, bool write_dlogits, cudaStream_t stream) {
+    if (Vp % (16 / sizeof(floatX)) != 0) {
+        fprintf(stderr, "error: the padded vocabulary %d must be a multiple of %d\n", Vp, (int)(16 / sizeof(floatX)));
+        exit(1);
+    }
     fused_classifier_kernel<<<BT, 1024, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_dlogits);
     cudaCheckLaunch();
 }

@@ -26,8 +26,25 @@ __global__ void gelu_backward_kernel(floatX* dinout, const floatX* inp, long lon
     if (i < n) dinout[i] = (floatX)((float)dinout[i] * gelu_derivative((float)inp[i]));
 }
 
+// 16 bytes per thread (8 BF16 or 4 FP32 values): the form used when n and the pointers allow it
+__global__ void gelu_forward_vec_kernel(floatX* out, const floatX* inp, long long n_vec) {
+    constexpr int PER = 16 / sizeof(floatX);
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_vec) return;
+    uint4 packed = reinterpret_cast<const uint4*>(inp)[i];
+    floatX* v = reinterpret_cast<floatX*>(&packed);
+#pragma unroll
+    for (int j = 0; j < PER; j++) v[j] = (floatX)gelu_value((float)v[j]);
+    reinterpret_cast<uint4*>(out)[i] = packed;
+}
+
 inline void gelu_forward(floatX* out, const floatX* inp, long long n, cudaStream_t stream) {
-    gelu_forward_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(out, inp, n);
+    constexpr int PER = 16 / sizeof(floatX);
+    if (n % PER == 0 && ((uintptr_t)out % 16) == 0 && ((uintptr_t)inp % 16) == 0) {
+        gelu_forward_vec_kernel<<<ceil_div(n / PER, 256), 256, 0, stream>>>(out, inp, n / PER);
+    } else {
+        gelu_forward_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(out, inp, n);
+    }
     cudaCheckLaunch();
 }
 inline void gelu_backward(floatX* dinout, const floatX* inp, long long n, cudaStream_t stream) {

@@ -110,6 +110,67 @@ __global__ void layernorm_backward_kernel(float* dinp, floatX* dinp_x, float* sc
     }
 }
 
+// The same for C <= 32 * CPL, with everything a warp needs in registers: lane l owns the columns
+// l, l+32, ..., so each row's dy, x, w and old dinp are loaded once (all loads issued before the
+// first use) and the dw/db partial sums stay in registers until the warp's last row. The scratch
+// row is written once at the end. Same arithmetic, same summation order per column as the generic
+// kernel above, so the two give identical results.
+template <int CPL>
+__global__ void __launch_bounds__(256) layernorm_backward_registers_kernel(
+        float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp, const floatX* w,
+        const float* mean, const float* rstd, int N, int C) {
+    const int num_warps = gridDim.x * (blockDim.x / WARP_SIZE);
+    const int warp_id = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+    float dw_acc[CPL], db_acc[CPL], wv[CPL];
+#pragma unroll
+    for (int i = 0; i < CPL; i++) {
+        int c = lane + i * WARP_SIZE;
+        dw_acc[i] = 0.0f; db_acc[i] = 0.0f;
+        wv[i] = c < C ? (float)w[c] : 0.0f;
+    }
+    for (int row = warp_id; row < N; row += num_warps) {
+        const long long off = (long long)row * C;
+        const float m = mean[row], r = rstd[row];
+        float dy[CPL], xh[CPL], old[CPL];
+#pragma unroll
+        for (int i = 0; i < CPL; i++) {
+            int c = lane + i * WARP_SIZE;
+            dy[i] = c < C ? (float)dout[off + c] : 0.0f;
+            xh[i] = c < C ? inp[off + c] : 0.0f;
+            old[i] = c < C ? dinp[off + c] : 0.0f;
+        }
+        float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma unroll
+        for (int i = 0; i < CPL; i++) {
+            xh[i] = (xh[i] - m) * r;
+            float g = dy[i] * wv[i];
+            sum_g += g;
+            sum_gx += g * xh[i];
+        }
+        const float mean_g = warp_sum(sum_g) / C;
+        const float mean_gx = warp_sum(sum_gx) / C;
+#pragma unroll
+        for (int i = 0; i < CPL; i++) {
+            int c = lane + i * WARP_SIZE;
+            if (c < C) {
+                float dx = r * (dy[i] * wv[i] - mean_g - xh[i] * mean_gx);
+                float acc = old[i] + dx;
+                dinp[off + c] = acc;
+                dinp_x[off + c] = (floatX)acc;
+                dw_acc[i] += dy[i] * xh[i];
+                db_acc[i] += dy[i];
+            }
+        }
+    }
+    float* dw_row = scratch + (long long)warp_id * 2 * C;
+#pragma unroll
+    for (int i = 0; i < CPL; i++) {
+        int c = lane + i * WARP_SIZE;
+        if (c < C) { dw_row[c] = dw_acc[i]; dw_row[C + c] = db_acc[i]; }
+    }
+}
+
 // dw[c] += sum_k scratch[k][c], db likewise. Block (32, 32): x picks the channel, y a residue class
 // of k; the 32 partial sums are then added in a fixed order, so the result is deterministic.
 __global__ void layernorm_backward_reduce_kernel(float* dw, float* db, const float* scratch, int num_rows, int C) {
@@ -138,8 +199,16 @@ inline void layernorm_backward(float* dinp, floatX* dinp_x, float* dw, float* db
                                const float* inp, const floatX* w, const float* mean, const float* rstd,
                                int N, int C, cudaStream_t stream) {
     const int block = 256, warps_per_block = block / WARP_SIZE;
-    layernorm_backward_kernel<<<LN_BACKWARD_WARPS / warps_per_block, block, 0, stream>>>(
-        dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C);
+    const int grid = LN_BACKWARD_WARPS / warps_per_block;
+    if (C <= 12 * WARP_SIZE) {
+        layernorm_backward_registers_kernel<12><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C);
+    } else if (C <= 24 * WARP_SIZE) {
+        layernorm_backward_registers_kernel<24><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C);
+    } else if (C <= 32 * WARP_SIZE) {
+        layernorm_backward_registers_kernel<32><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C);
+    } else {
+        layernorm_backward_kernel<<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C);
+    }
     cudaCheckLaunch();
     layernorm_backward_reduce_kernel<<<ceil_div(C, 32), dim3(32, 32), 0, stream>>>(dw, db, scratch, LN_BACKWARD_WARPS, C);
     cudaCheckLaunch();

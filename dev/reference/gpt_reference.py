@@ -40,7 +40,7 @@ MODEL_MAGIC = 20240326   # llm.c model file
 MODEL_VERSION_FP32 = 3   # parameters stored as float32
 MODEL_VERSION_BF16 = 5   # parameters stored as bfloat16 (read-only support)
 STATE_MAGIC = 20241123   # ref_state.bin
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the per-step batches of the trajectory follow the gradient norms
 HEADER_INTS = 256
 NUM_HPARAMS = 16
 
@@ -430,6 +430,13 @@ def compute_reference(cfg, B, T, nsteps, seed, opt=OptConfig(), verify_adamw=Tru
     gen = torch.Generator().manual_seed(seed + 2)
     inputs = make_tokens(B * T, cfg.vocab_size, gen).view(B, T)   # inputs first,
     targets = make_tokens(B * T, cfg.vocab_size, gen).view(B, T)  # then targets
+    # The training trajectory takes a fresh batch every step, as training does (step 0's batch is the
+    # one above). Repeating one batch instead memorises it: the gradient norm then spikes to ~50 and
+    # the loss jumps, which amplified the BF16 build's rounding noise about 40x over 10 steps.
+    step_inputs, step_targets = [inputs], [targets]
+    for _ in range(1, nsteps):
+        step_inputs.append(make_tokens(B * T, cfg.vocab_size, gen).view(B, T))
+        step_targets.append(make_tokens(B * T, cfg.vocab_size, gen).view(B, T))
     t_init = time.time() - t0
     log(f"init: {t_init:.2f}s ({nparams:,} parameters, B={B} T={T})")
 
@@ -464,7 +471,9 @@ def compute_reference(cfg, B, T, nsteps, seed, opt=OptConfig(), verify_adamw=Tru
     for k in range(max(nsteps, 1)):
         ta = time.time()
         optimizer.zero_grad(set_to_none=False)
-        logits, loss = model(inputs, targets, return_logits=(k == 0))
+        x = step_inputs[k] if k < nsteps else inputs
+        y = step_targets[k] if k < nsteps else targets
+        logits, loss = model(x, y, return_logits=(k == 0))
         loss.backward()
         t_fb += time.time() - ta
         if k == 0:
@@ -523,6 +532,10 @@ def compute_reference(cfg, B, T, nsteps, seed, opt=OptConfig(), verify_adamw=Tru
                inputs=inputs.numpy().reshape(-1).astype("<i4"),
                targets=targets.numpy().reshape(-1).astype("<i4"),
                losses=losses.astype("<f4"), grad_norms=norms.astype("<f4"),
+               step_inputs=np.concatenate([t.numpy().reshape(-1) for t in step_inputs]).astype("<i4")
+               if nsteps else np.zeros(0, "<i4"),
+               step_targets=np.concatenate([t.numpy().reshape(-1) for t in step_targets]).astype("<i4")
+               if nsteps else np.zeros(0, "<i4"),
                losses64=losses, norms64=norms)
     return out
 
@@ -536,11 +549,13 @@ def hparams_array(opt):
 def write_reference(ref, out_dir):
     """ref_model.bin: int32[256] header (20240326, 3, maxT, V, L, NH, C, Vp, 0...),
                       float32[num_params] perturbed initial parameters in llm.c order.
-    ref_state.bin:    int32[256] header (20241123, 1, B, T, V, Vp, nsteps, num_params, 0...),
+    ref_state.bin:    int32[256] header (20241123, 2, B, T, V, Vp, nsteps, num_params, 0...),
                       float32[16] (lr, beta1, beta2, eps, weight_decay, grad_clip, 0...),
                       int32[B*T] inputs, int32[B*T] targets, float32[B*T*Vp] logits,
                       float32 loss, float32[num_params] grads, float32[nsteps] losses,
-                      float32[nsteps] grad_norms.  All little-endian, no padding."""
+                      float32[nsteps] grad_norms, int32[nsteps*B*T] step inputs,
+                      int32[nsteps*B*T] step targets (step k trains on batch k; batch 0 is the
+                      inputs/targets above).  All little-endian, no padding."""
     os.makedirs(out_dir, exist_ok=True)
     cfg = ref["cfg"]
     write_llmc_model(os.path.join(out_dir, "ref_model.bin"), cfg, ref["params"])
@@ -552,6 +567,7 @@ def write_reference(ref, out_dir):
         np.array([ref["loss"]], dtype="<f4"),
         np.ascontiguousarray(ref["grads"], dtype="<f4"),
         ref["losses"], ref["grad_norms"],
+        ref["step_inputs"], ref["step_targets"],
     ])
 
 
@@ -569,7 +585,8 @@ def read_state(path):
     for name, dt, n in [("hparams", "<f4", NUM_HPARAMS), ("inputs", "<i4", B * T),
                         ("targets", "<i4", B * T), ("logits", "<f4", B * T * Vp),
                         ("loss", "<f4", 1), ("grads", "<f4", nparams),
-                        ("losses", "<f4", nsteps), ("grad_norms", "<f4", nsteps)]:
+                        ("losses", "<f4", nsteps), ("grad_norms", "<f4", nsteps),
+                        ("step_inputs", "<i4", nsteps * B * T), ("step_targets", "<i4", nsteps * B * T)]:
         st[name] = np.frombuffer(raw, dtype=dt, count=n, offset=off)
         off += 4 * n
     if off != len(raw):
@@ -638,7 +655,7 @@ def run_checks(ref, out_dir, log=print):
     check((st["B"], st["T"], st["V"], st["Vp"], st["nsteps"], st["nparams"]) ==
           (ref["B"], ref["T"], V, Vp, ref["nsteps"], ref["nparams"]), "ref_state.bin header")
     check(np.array_equal(st["hparams"], hparams_array(ref["opt"])), "hyperparameters")
-    for name in ["inputs", "targets", "logits", "grads", "losses", "grad_norms"]:
+    for name in ["inputs", "targets", "logits", "grads", "losses", "grad_norms", "step_inputs", "step_targets"]:
         a, b = st[name], np.asarray(ref[name])
         check(a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32)),
               f"ref_state.bin {name} bit-identical")
