@@ -152,6 +152,28 @@ __global__ void bias_backward_partial_kernel(float* scratch, const floatX* dout,
     scratch[(long long)blockIdx.y * OC + oc] = sum;
 }
 
+// The same with 16-byte loads: each thread owns 16/sizeof(floatX) consecutive columns (OC must be a
+// multiple of that). Per column the rows are added in the same order, so the sums are identical.
+__global__ void bias_backward_partial_vec_kernel(float* scratch, const floatX* dout, int N, int OC) {
+    constexpr int PER = 16 / sizeof(floatX);
+    int oc0 = (blockIdx.x * blockDim.x + threadIdx.x) * PER;
+    if (oc0 >= OC) return;
+    int rows_per_group = (N + BIAS_ROW_GROUPS - 1) / BIAS_ROW_GROUPS;
+    int r0 = blockIdx.y * rows_per_group, r1 = min(N, r0 + rows_per_group);
+    float sum[PER];
+#pragma unroll
+    for (int k = 0; k < PER; k++) sum[k] = 0.0f;
+#pragma unroll 4
+    for (int r = r0; r < r1; r++) {
+        uint4 packed = *reinterpret_cast<const uint4*>(dout + (long long)r * OC + oc0);
+        const floatX* v = reinterpret_cast<const floatX*>(&packed);
+#pragma unroll
+        for (int k = 0; k < PER; k++) sum[k] += (float)v[k];
+    }
+#pragma unroll
+    for (int k = 0; k < PER; k++) scratch[(long long)blockIdx.y * OC + oc0 + k] = sum[k];
+}
+
 __global__ void bias_backward_reduce_kernel(float* dbias, const float* scratch, int OC) {
     int oc = blockIdx.x * blockDim.x + threadIdx.x;
     if (oc >= OC) return;
@@ -162,7 +184,12 @@ __global__ void bias_backward_reduce_kernel(float* dbias, const float* scratch, 
 
 // scratch: at least BIAS_ROW_GROUPS * OC floats
 inline void bias_backward(float* dbias, float* scratch, const floatX* dout, int N, int OC, cudaStream_t stream) {
-    bias_backward_partial_kernel<<<dim3(ceil_div(OC, 128), BIAS_ROW_GROUPS), 128, 0, stream>>>(scratch, dout, N, OC);
+    constexpr int PER = 16 / sizeof(floatX);
+    if (OC % PER == 0 && ((uintptr_t)dout % 16) == 0) {
+        bias_backward_partial_vec_kernel<<<dim3(ceil_div(OC / PER, 64), BIAS_ROW_GROUPS), 64, 0, stream>>>(scratch, dout, N, OC);
+    } else {
+        bias_backward_partial_kernel<<<dim3(ceil_div(OC, 128), BIAS_ROW_GROUPS), 128, 0, stream>>>(scratch, dout, N, OC);
+    }
     cudaCheckLaunch();
     bias_backward_reduce_kernel<<<ceil_div(OC, 256), 256, 0, stream>>>(dbias, scratch, OC);
     cudaCheckLaunch();
