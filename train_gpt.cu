@@ -301,6 +301,32 @@ inline std::vector<floatX> gpt_get_params(const GPT* model) {
     return host;
 }
 
+// One layer's slices of the activations: the per-layer buffers, or the single shared buffer of what
+// is recomputed in backward (ln1/ln2 with -r 2, the GELU output with -r >= 1).
+struct LayerActs {
+    const float* residual_in; // the residual stream entering the layer
+    floatX* ln1; floatX* ln2; floatX* qkv; floatX* atty;
+    floatX* att; float* lse;  // attention probabilities (materialized) or log-sum-exp (flash)
+    float* residual2; floatX* fch; floatX* fch_gelu; float* residual3;
+};
+inline LayerActs layer_acts(GPT* model, int l, int B, int T) {
+    Activations& a = model->acts;
+    const size_t NC = (size_t)B * T * model->shape.channels, NH = model->shape.num_heads;
+    LayerActs r;
+    r.residual_in = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
+    r.ln1 = a.ln1 + (model->recompute >= 2 ? 0 : l * NC);
+    r.ln2 = a.ln2 + (model->recompute >= 2 ? 0 : l * NC);
+    r.qkv = a.qkv + l * NC * 3;
+    r.atty = a.atty + l * NC;
+    r.att = a.att ? a.att + (size_t)l * B * NH * T * T : nullptr;
+    r.lse = a.att_lse ? a.att_lse + (size_t)l * B * NH * T : nullptr;
+    r.residual2 = a.residual2 + l * NC;
+    r.fch = a.fch + l * NC * 4;
+    r.fch_gelu = a.fch_gelu + (model->recompute >= 1 ? 0 : l * NC * 4);
+    r.residual3 = a.residual3 + l * NC;
+    return r;
+}
+
 // ----------------------------------------------------------------------------------------------
 // Forward pass. inputs/targets are host arrays of B*T tokens (B, T <= the allocated sizes).
 // Asynchronous: with targets, the sum of the per-position losses is added to a device counter that
@@ -331,44 +357,34 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
     encoder_forward(a.encoded, model->inputs_dev, p.t[P_WTE], p.t[P_WPE], B, T, C, st);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B], N, C, st);
     for (int l = 0; l < L; l++) {
-        const float* residual_in = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
-        floatX* ln1 = a.ln1 + (model->recompute >= 2 ? 0 : l * NC);
-        floatX* ln2 = a.ln2 + (model->recompute >= 2 ? 0 : l * NC);
-        floatX* qkv = a.qkv + l * NC * 3;
-        floatX* atty = a.atty + l * NC;
-        floatX* att = a.att ? a.att + (size_t)l * B * NH * T * T : nullptr;
-        [[maybe_unused]] float* lse = a.att_lse ? a.att_lse + (size_t)l * B * NH * T : nullptr;
-        float* residual2 = a.residual2 + l * NC;
-        floatX* fch = a.fch + l * NC * 4;
-        floatX* fch_gelu = a.fch_gelu + (model->recompute >= 1 ? 0 : l * NC * 4);
-        float* residual3 = a.residual3 + l * NC;
+        const LayerActs la = layer_acts(model, l, B, T);
         // attention block
         PHASE("fwd: linear");
-        linear_forward(qkv, ln1, p.t[P_QKVW] + (size_t)l * 3 * C * C, p.t[P_QKVB] + l * 3 * C, N, C, 3 * C, st);
+        linear_forward(la.qkv, la.ln1, p.t[P_QKVW] + (size_t)l * 3 * C * C, p.t[P_QKVB] + l * 3 * C, N, C, 3 * C, st);
         PHASE("fwd: attention");
 #if !defined(ENABLE_FP32)
-        if (model->flash_attention) flash_attention_forward(atty, lse, qkv, B, T, NH, HS, st);
+        if (model->flash_attention) flash_attention_forward(la.atty, la.lse, la.qkv, B, T, NH, HS, st);
         else
 #endif
-        attention_forward(atty, att, qkv, a.attn, B, T, NH, HS, st);
+        attention_forward(la.atty, la.att, la.qkv, a.attn, B, T, NH, HS, st);
         PHASE("fwd: linear");
-        linear_forward(a.btc_scratch, atty, p.t[P_ATTPROJW] + (size_t)l * C * C, p.t[P_ATTPROJB] + l * C, N, C, C, st);
+        linear_forward(a.btc_scratch, la.atty, p.t[P_ATTPROJW] + (size_t)l * C * C, p.t[P_ATTPROJB] + l * C, N, C, C, st);
         PHASE("fwd: residual + layernorm");
-        fused_residual_layernorm_forward(residual2, ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, residual_in,
+        fused_residual_layernorm_forward(la.residual2, la.ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, la.residual_in,
                                          a.btc_scratch, p.t[P_LN2W] + l * C, p.t[P_LN2B] + l * C, N, C, st);
         // MLP block
         PHASE("fwd: linear");
-        linear_forward_gelu(fch_gelu, fch, ln2, p.t[P_FCW] + (size_t)l * 4 * C * C, p.t[P_FCB] + l * 4 * C, N, C, 4 * C, st);
-        linear_forward(a.btc_scratch, fch_gelu, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, p.t[P_FCPROJB] + l * C, N, 4 * C, C, st);
+        linear_forward_gelu(la.fch_gelu, la.fch, la.ln2, p.t[P_FCW] + (size_t)l * 4 * C * C, p.t[P_FCB] + l * 4 * C, N, C, 4 * C, st);
+        linear_forward(a.btc_scratch, la.fch_gelu, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, p.t[P_FCPROJB] + l * C, N, 4 * C, C, st);
         // the residual add fused with the next LayerNorm: the next layer's ln1, or the final one
         PHASE("fwd: residual + layernorm");
         if (l + 1 < L) {
             floatX* ln1_next = a.ln1 + (model->recompute >= 2 ? 0 : (l + 1) * NC);
-            fused_residual_layernorm_forward(residual3, ln1_next, a.ln1_mean + (l + 1) * N, a.ln1_rstd + (l + 1) * N,
-                                             residual2, a.btc_scratch, p.t[P_LN1W] + (l + 1) * C,
+            fused_residual_layernorm_forward(la.residual3, ln1_next, a.ln1_mean + (l + 1) * N, a.ln1_rstd + (l + 1) * N,
+                                             la.residual2, a.btc_scratch, p.t[P_LN1W] + (l + 1) * C,
                                              p.t[P_LN1B] + (l + 1) * C, N, C, st);
         } else {
-            fused_residual_layernorm_forward(residual3, a.lnf, a.lnf_mean, a.lnf_rstd, residual2, a.btc_scratch,
+            fused_residual_layernorm_forward(la.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, la.residual2, a.btc_scratch,
                                              p.t[P_LNFW], p.t[P_LNFB], N, C, st);
         }
     }
@@ -432,52 +448,43 @@ inline void gpt_backward(GPT* model, int B, int T) {
     layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LNFW], g.t[P_LNFB], a.ln_partials, a.dbtc, a.residual3 + (L - 1) * NC,
                        p.t[P_LNFW], a.lnf_mean, a.lnf_rstd, N, C, st);
     for (int l = L - 1; l >= 0; l--) {
-        const float* residual_in = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
-        floatX* ln1 = a.ln1 + (model->recompute >= 2 ? 0 : l * NC);
-        floatX* ln2 = a.ln2 + (model->recompute >= 2 ? 0 : l * NC);
-        floatX* qkv = a.qkv + l * NC * 3;
-        floatX* atty = a.atty + l * NC;
-        floatX* att = a.att ? a.att + (size_t)l * B * NH * T * T : nullptr;
-        [[maybe_unused]] float* lse = a.att_lse ? a.att_lse + (size_t)l * B * NH * T : nullptr;
-        float* residual2 = a.residual2 + l * NC;
-        floatX* fch = a.fch + l * NC * 4;
-        floatX* fch_gelu = a.fch_gelu + (model->recompute >= 1 ? 0 : l * NC * 4);
+        const LayerActs la = layer_acts(model, l, B, T);
         const floatX* ln1w = p.t[P_LN1W] + l * C;
         const floatX* ln2w = p.t[P_LN2W] + l * C;
         // recompute what was not kept (identical kernels on identical inputs: identical values)
         PHASE("bwd: recompute");
-        if (model->recompute >= 1) gelu_forward(fch_gelu, fch, NC * 4, st);
+        if (model->recompute >= 1) gelu_forward(la.fch_gelu, la.fch, NC * 4, st);
         if (model->recompute >= 2) {
-            layernorm_forward(ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, residual2, ln2w, p.t[P_LN2B] + l * C, N, C, st);
+            layernorm_forward(la.ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, la.residual2, ln2w, p.t[P_LN2B] + l * C, N, C, st);
         }
-        // MLP block; dresidual holds d(residual3)
+        // MLP block; dresidual holds d(la.residual3)
         PHASE("bwd: linear");
-        linear_backward_dw(g.t[P_FCPROJW] + (size_t)l * 4 * C * C, g.t[P_FCPROJB] + l * C, a.dresidual_x, fch_gelu, ls, N, 4 * C, C, st);
-        linear_backward_dx_dgelu(a.dfch, a.dresidual_x, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, fch, N, 4 * C, C, st);
-        linear_backward_dw(g.t[P_FCW] + (size_t)l * 4 * C * C, g.t[P_FCB] + l * 4 * C, a.dfch, ln2, ls, N, C, 4 * C, st);
+        linear_backward_dw(g.t[P_FCPROJW] + (size_t)l * 4 * C * C, g.t[P_FCPROJB] + l * C, a.dresidual_x, la.fch_gelu, ls, N, 4 * C, C, st);
+        linear_backward_dx_dgelu(a.dfch, a.dresidual_x, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, la.fch, N, 4 * C, C, st);
+        linear_backward_dw(g.t[P_FCW] + (size_t)l * 4 * C * C, g.t[P_FCB] + l * 4 * C, a.dfch, la.ln2, ls, N, C, 4 * C, st);
         linear_backward_dx(a.dbtc, a.dfch, p.t[P_FCW] + (size_t)l * 4 * C * C, N, C, 4 * C, st);
         PHASE("bwd: layernorm");
-        layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN2W] + l * C, g.t[P_LN2B] + l * C, a.ln_partials, a.dbtc, residual2,
+        layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN2W] + l * C, g.t[P_LN2B] + l * C, a.ln_partials, a.dbtc, la.residual2,
                            ln2w, a.ln2_mean + l * N, a.ln2_rstd + l * N, N, C, st);
-        // attention block; dresidual now holds d(residual2)
+        // attention block; dresidual now holds d(la.residual2)
         PHASE("bwd: linear");
-        linear_backward_dw(g.t[P_ATTPROJW] + (size_t)l * C * C, g.t[P_ATTPROJB] + l * C, a.dresidual_x, atty, ls, N, C, C, st);
+        linear_backward_dw(g.t[P_ATTPROJW] + (size_t)l * C * C, g.t[P_ATTPROJB] + l * C, a.dresidual_x, la.atty, ls, N, C, C, st);
         linear_backward_dx(a.dbtc, a.dresidual_x, p.t[P_ATTPROJW] + (size_t)l * C * C, N, C, C, st);
         PHASE("bwd: attention");
 #if !defined(ENABLE_FP32)
-        if (model->flash_attention) flash_attention_backward(a.dqkv, a.dbtc, qkv, atty, lse, a.flash_scratch, B, T, NH, HS, st);
+        if (model->flash_attention) flash_attention_backward(a.dqkv, a.dbtc, la.qkv, la.atty, la.lse, a.flash_scratch, B, T, NH, HS, st);
         else
 #endif
-        attention_backward(a.dqkv, a.dbtc, qkv, att, a.attn, a.dq, a.dk, a.dv, B, T, NH, HS, st);
+        attention_backward(a.dqkv, a.dbtc, la.qkv, la.att, a.attn, a.dq, a.dk, a.dv, B, T, NH, HS, st);
         PHASE("bwd: recompute");
         if (model->recompute >= 2) {
-            layernorm_forward(ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, residual_in, ln1w, p.t[P_LN1B] + l * C, N, C, st);
+            layernorm_forward(la.ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, la.residual_in, ln1w, p.t[P_LN1B] + l * C, N, C, st);
         }
         PHASE("bwd: linear");
-        linear_backward_dw(g.t[P_QKVW] + (size_t)l * 3 * C * C, g.t[P_QKVB] + l * 3 * C, a.dqkv, ln1, ls, N, C, 3 * C, st);
+        linear_backward_dw(g.t[P_QKVW] + (size_t)l * 3 * C * C, g.t[P_QKVB] + l * 3 * C, a.dqkv, la.ln1, ls, N, C, 3 * C, st);
         linear_backward_dx(a.dbtc, a.dqkv, p.t[P_QKVW] + (size_t)l * 3 * C * C, N, C, 3 * C, st);
         PHASE("bwd: layernorm");
-        layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN1W] + l * C, g.t[P_LN1B] + l * C, a.ln_partials, a.dbtc, residual_in,
+        layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN1W] + l * C, g.t[P_LN1B] + l * C, a.ln_partials, a.dbtc, la.residual_in,
                            ln1w, a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, st);
     }
     // dresidual = d(encoded)

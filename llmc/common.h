@@ -18,16 +18,20 @@ struct InputError : std::runtime_error {
 };
 
 // printf-style formatting into a std::string
-inline std::string strfmt(const char* fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
+inline std::string vstrfmt(const char* fmt, va_list ap) {
     va_list ap2;
     va_copy(ap2, ap);
     int n = vsnprintf(nullptr, 0, fmt, ap);
-    va_end(ap);
     std::string s(n > 0 ? (size_t)n : 0, '\0');
     if (n > 0) vsnprintf(&s[0], (size_t)n + 1, fmt, ap2);
     va_end(ap2);
+    return s;
+}
+inline std::string strfmt(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    std::string s = vstrfmt(fmt, ap);
+    va_end(ap);
     return s;
 }
 
@@ -35,13 +39,8 @@ inline std::string strfmt(const char* fmt, ...) {
 [[noreturn]] inline void input_error(const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    va_list ap2;
-    va_copy(ap2, ap);
-    int n = vsnprintf(nullptr, 0, fmt, ap);
+    std::string s = vstrfmt(fmt, ap);
     va_end(ap);
-    std::string s(n > 0 ? (size_t)n : 0, '\0');
-    if (n > 0) vsnprintf(&s[0], (size_t)n + 1, fmt, ap2);
-    va_end(ap2);
     throw InputError(s);
 }
 

@@ -1,5 +1,6 @@
 // Tests for llmc/checkpoint.h: model files, state files, atomic writes and the checkpoint directory.
 #include <doctest/doctest.h>
+#include "dev/test/test_util.h"
 
 #include <dirent.h>
 #include <ftw.h>
@@ -20,6 +21,9 @@
 
 using llmc::ModelShape;
 
+using test_util::contains;
+using test_util::error_of;
+
 namespace {
 
 // A fresh directory under /tmp, removed with everything in it when the test ends.
@@ -38,20 +42,6 @@ struct TempDir {
     }
     std::string operator/(const std::string& name) const { return path + "/" + name; }
 };
-
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const llmc::InputError& e) {
-        return e.what();
-    }
-    FAIL_CHECK("expected an llmc::InputError, nothing was thrown");
-    return "<no error>";
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-    return haystack.find(needle) != std::string::npos;
-}
 
 bool exists(const std::string& path) {
     struct stat st;

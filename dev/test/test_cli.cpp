@@ -1,5 +1,6 @@
 // Tests for llmc/cli.h: flag parsing, validation, model descriptors and the help text.
 #include <doctest/doctest.h>
+#include "dev/test/test_util.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,9 @@
 using llmc::ModelShape;
 using llmc::TrainConfig;
 
+using test_util::contains;
+using test_util::error_of;
+
 namespace {
 
 // parse_args on a command line given as strings; argv[0] is added here.
@@ -25,21 +29,6 @@ TrainConfig parse(const std::vector<std::string>& args) {
     for (std::string& s : storage) argv.push_back(&s[0]);
     argv.push_back(nullptr);
     return llmc::parse_args((int)storage.size(), argv.data());
-}
-
-// The message of the InputError that f throws; fails the test if it throws nothing.
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const llmc::InputError& e) {
-        return e.what();
-    }
-    FAIL_CHECK("expected an llmc::InputError, nothing was thrown");
-    return "<no error>";
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-    return haystack.find(needle) != std::string::npos;
 }
 
 TrainConfig validated(const std::vector<std::string>& args, int nprocs = 1) {
