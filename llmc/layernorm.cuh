@@ -52,10 +52,115 @@ __global__ void fused_residual_layernorm_forward_kernel(float* residual, floatX*
     layernorm_row(out + off, mean + row, rstd + row, residual + off, w, b, C, lane);
 }
 
+// ---- the same with the row in registers, for C % 4 == 0 and C <= 1024 -------------------------
+// Lane l owns the float4 chunks l, l+32, ... (N4 of them), so a row is read from memory once, in
+// 16-byte loads, and normalized from registers. The plain and the fused kernel share the row
+// routine, so a LayerNorm recomputed in backward (-r 2) equals the forward's bit for bit.
+template <int N4>
+__device__ __forceinline__ void layernorm_row_registers(floatX* out, float* mean_out, float* rstd_out,
+                                                        const float4 (&x)[N4], const floatX* w, const floatX* b,
+                                                        int C, int lane) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N4; i++) {
+        if ((lane + i * WARP_SIZE) * 4 < C) sum += (x[i].x + x[i].y) + (x[i].z + x[i].w);
+    }
+    const float mean = warp_sum(sum) / C;
+    float sq = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N4; i++) {
+        if ((lane + i * WARP_SIZE) * 4 < C) {
+            float dx = x[i].x - mean, dy = x[i].y - mean, dz = x[i].z - mean, dw = x[i].w - mean;
+            sq += (dx * dx + dy * dy) + (dz * dz + dw * dw);
+        }
+    }
+    const float rstd = rsqrtf(warp_sum(sq) / C + LN_EPS);
+#pragma unroll
+    for (int i = 0; i < N4; i++) {
+        const int c = (lane + i * WARP_SIZE) * 4;
+        if (c < C) {
+            const float xs[4] = {x[i].x, x[i].y, x[i].z, x[i].w};
+            floatX o[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) o[k] = (floatX)((xs[k] - mean) * rstd * (float)w[c + k] + (float)b[c + k]);
+            // 4 outputs in one store (8 bytes for BF16, 16 for FP32)
+            if constexpr (sizeof(floatX) == 2) *reinterpret_cast<uint2*>(out + c) = *reinterpret_cast<const uint2*>(o);
+            else *reinterpret_cast<float4*>(out + c) = *reinterpret_cast<const float4*>(o);
+        }
+    }
+    if (lane == 0) { *mean_out = mean; *rstd_out = rstd; }
+}
+
+template <int N4>
+__global__ void layernorm_forward_registers_kernel(floatX* out, float* mean, float* rstd, const float* inp,
+                                                   const floatX* w, const floatX* b, int N, int C) {
+    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= N) return;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const long long off = (long long)row * C;
+    float4 x[N4];
+#pragma unroll
+    for (int i = 0; i < N4; i++) {
+        const int c = (lane + i * WARP_SIZE) * 4;
+        x[i] = c < C ? *reinterpret_cast<const float4*>(inp + off + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    layernorm_row_registers<N4>(out + off, mean + row, rstd + row, x, w, b, C, lane);
+}
+
+template <int N4>
+__global__ void fused_residual_layernorm_registers_kernel(float* residual, floatX* out, float* mean, float* rstd,
+                                                          const float* a, const floatX* b_in, const floatX* w,
+                                                          const floatX* b, int N, int C) {
+    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    if (row >= N) return;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const long long off = (long long)row * C;
+    float4 x[N4];
+#pragma unroll
+    for (int i = 0; i < N4; i++) {
+        const int c = (lane + i * WARP_SIZE) * 4;
+        if (c < C) {
+            float4 av = *reinterpret_cast<const float4*>(a + off + c);
+            floatX bv[4];
+            if constexpr (sizeof(floatX) == 2) *reinterpret_cast<uint2*>(bv) = *reinterpret_cast<const uint2*>(b_in + off + c);
+            else *reinterpret_cast<float4*>(bv) = *reinterpret_cast<const float4*>(b_in + off + c);
+            x[i] = make_float4(av.x + (float)bv[0], av.y + (float)bv[1], av.z + (float)bv[2], av.w + (float)bv[3]);
+            *reinterpret_cast<float4*>(residual + off + c) = x[i];
+        } else {
+            x[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+    layernorm_row_registers<N4>(out + off, mean + row, rstd + row, x, w, b, C, lane);
+}
+
+// which register kernel fits C (0 = none: use the generic kernels)
+inline int layernorm_chunks_per_lane(int C) {
+    if (C % 4 != 0 || C > 1024) return 0;
+    return (C + 127) / 128; // 1..8
+}
+
+#define LN_DISPATCH_N4(n4, KERNEL, grid, block, stream, ...)                                       \
+    switch (n4) {                                                                                  \
+        case 1: KERNEL<1><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                         \
+        case 2: KERNEL<2><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                         \
+        case 3: KERNEL<3><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                         \
+        case 4: KERNEL<4><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                         \
+        case 5: KERNEL<5><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                         \
+        case 6: KERNEL<6><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                         \
+        case 7: KERNEL<7><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                         \
+        default: KERNEL<8><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                        \
+    }
+
 inline void layernorm_forward(floatX* out, float* mean, float* rstd, const float* inp, const floatX* w,
                               const floatX* b, int N, int C, cudaStream_t stream) {
     const int block = 256, rows_per_block = block / WARP_SIZE;
-    layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, stream>>>(out, mean, rstd, inp, w, b, N, C);
+    const int grid = ceil_div(N, rows_per_block);
+    const int n4 = layernorm_chunks_per_lane(C);
+    if (n4 > 0) {
+        LN_DISPATCH_N4(n4, layernorm_forward_registers_kernel, grid, block, stream, out, mean, rstd, inp, w, b, N, C);
+    } else {
+        layernorm_forward_kernel<<<grid, block, 0, stream>>>(out, mean, rstd, inp, w, b, N, C);
+    }
     cudaCheckLaunch();
 }
 
@@ -63,8 +168,14 @@ inline void fused_residual_layernorm_forward(float* residual, floatX* out, float
                                              const float* a, const floatX* b_in, const floatX* w,
                                              const floatX* b, int N, int C, cudaStream_t stream) {
     const int block = 256, rows_per_block = block / WARP_SIZE;
-    fused_residual_layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, stream>>>(
-        residual, out, mean, rstd, a, b_in, w, b, N, C);
+    const int grid = ceil_div(N, rows_per_block);
+    const int n4 = layernorm_chunks_per_lane(C);
+    if (n4 > 0) {
+        LN_DISPATCH_N4(n4, fused_residual_layernorm_registers_kernel, grid, block, stream, residual, out, mean, rstd,
+                       a, b_in, w, b, N, C);
+    } else {
+        fused_residual_layernorm_forward_kernel<<<grid, block, 0, stream>>>(residual, out, mean, rstd, a, b_in, w, b, N, C);
+    }
     cudaCheckLaunch();
 }
 
