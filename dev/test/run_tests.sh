@@ -52,6 +52,15 @@ else
     echo "== cpu unit tests: build failed"; failed=$((failed + 1))
 fi
 
+# Python tools: the bench harness's parsers and maths, the loss-protocol report
+for t in dev/bench/test_bench.py dev/test/test_plot_logs.py; do
+    python3 "$t" > "$tmp/py.log" 2>&1; rc=$?
+    n=$(grep -oE '^Ran [0-9]+ test' "$tmp/py.log" | grep -oE '[0-9]+' || echo 0)
+    if [[ $rc -eq 0 ]]; then echo "$t: $n passed, 0 failed" > "$tmp/py.sum"
+    else tail -n 20 "$tmp/py.log"; echo "$t: 0 passed, ${n:-1} failed" > "$tmp/py.sum"; fi
+    count_suite "$t" $rc "$tmp/py.sum"
+done
+
 echo "== building the trainer for the bad-input tests"
 if make -s -j"$JOBS" train_gpt_bf16; then
     bash dev/test/bad_input.sh ./train_gpt_bf16 2>&1 | tee "$tmp/bad.log"; rc=$?
