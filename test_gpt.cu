@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
     model.adam_steps = 0;
     std::vector<float> losses_a, losses_b;
     run_steps(&model, 0, save_at, &losses_a);
-    try { save_checkpoint(&model, ckdir, save_at, data_state, 0, 1); }
+    try { save_checkpoint(&model, ckdir, save_at, data_state, opt.seed, 0, 1); }
     catch (const InputError& e) { check(false, strfmt("save_checkpoint: %s", e.what())); }
     run_steps(&model, save_at, total, &losses_a);
 
@@ -233,7 +233,7 @@ int main(int argc, char** argv) {
     bool loaded = false;
     try {
         check(find_latest_checkpoint(ckdir) == save_at, "find_latest_checkpoint finds the saved step");
-        check_checkpoint(ckdir, save_at, info.shape, B, T, 0, 1);
+        check_checkpoint(ckdir, save_at, info.shape, B, T, opt.seed, 0, 1);
         load_checkpoint(&resumed, ckdir, save_at, &restored_state, 0);
         loaded = true;
     } catch (const InputError& e) { check(false, strfmt("load_checkpoint: %s", e.what())); }
@@ -255,8 +255,14 @@ int main(int argc, char** argv) {
     ModelShape other = info.shape;
     other.num_layers += 1;
     bool refused = false;
-    try { check_checkpoint(ckdir, save_at, other, B, T, 0, 1); } catch (const InputError& e) { refused = strstr(e.what(), "shape") != nullptr; }
+    try { check_checkpoint(ckdir, save_at, other, B, T, opt.seed, 0, 1); } catch (const InputError& e) { refused = strstr(e.what(), "shape") != nullptr; }
     check(refused, "a checkpoint of another shape is refused with a message naming the shape");
+    refused = false;
+    try { check_checkpoint(ckdir, save_at, info.shape, B, T, opt.seed + 1, 0, 1); } catch (const InputError& e) { refused = strstr(e.what(), "-sd") != nullptr; }
+    check(refused, "resuming with another seed is refused with a message naming -sd");
+    refused = false;
+    try { check_checkpoint(ckdir, save_at, info.shape, B, T + 1, opt.seed, 0, 1); } catch (const InputError& e) { refused = strstr(e.what(), "-t") != nullptr; }
+    check(refused, "resuming with another -t is refused with a message naming -t");
     std::string cleanup = "rm -rf '" + ckdir + "'";
     if (system(cleanup.c_str()) != 0) fprintf(stderr, "warning: could not remove %s\n", ckdir.c_str());
 

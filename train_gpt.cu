@@ -534,8 +534,10 @@ inline float gpt_update(GPT* model, const OptimizerSettings& o) {
 // ----------------------------------------------------------------------------------------------
 // Checkpoints: the model file (llm.c format, in the build's precision) plus one state file per
 // process with the optimizer state, the FP32 master weights and the data position.
+// Every random stream of a run (data shuffling, stochastic rounding, sampling) is a pure function of
+// the seed and the step or epoch, so the seed is the whole RNG state a resume needs.
 inline void save_checkpoint(const GPT* model, const std::string& dir, int step, const DataLoaderState& data,
-                            int rank, int num_processes) {
+                            uint64_t seed, int rank, int num_processes) {
     if (rank == 0) {
         std::vector<floatX> host = gpt_get_params(model);
         write_model_file(model_path(dir, step), model->shape, CHECKPOINT_VERSION, host.data(), host.size() * sizeof(floatX));
@@ -555,14 +557,15 @@ inline void save_checkpoint(const GPT* model, const std::string& dir, int step, 
     // the data position only means something for the same micro-batch shape
     int32_t batch_shape[2] = {model->B, model->T};
     w.add("batch_shape", batch_shape, sizeof(batch_shape));
+    w.add("seed", &seed, sizeof(seed));
     w.write_atomic(state_path(dir, step, rank));
     if (rank == 0) write_done_marker(dir, step);
 }
 
 // Checks the checkpoint of `step` in `dir` against the model shape, the batch shape and this recipe.
 // No GPU needed.
-inline void check_checkpoint(const std::string& dir, int step, const ModelShape& shape, int B, int T, int rank,
-                             int num_processes) {
+inline void check_checkpoint(const std::string& dir, int step, const ModelShape& shape, int B, int T, uint64_t seed,
+                             int rank, int num_processes) {
     ModelFileInfo info = read_model_header(model_path(dir, step));
     const ModelShape& c = info.shape;
     if (c.num_layers != shape.num_layers || c.channels != shape.channels || c.num_heads != shape.num_heads ||
@@ -584,6 +587,13 @@ inline void check_checkpoint(const std::string& dir, int step, const ModelShape&
         input_error("checkpoint %s was written with -b %d -t %d, this run has -b %d -t %d; the data position would not "
                     "carry over, so resume with the same -b and -t", state_path(dir, step, rank).c_str(), batch_shape[0],
                     batch_shape[1], B, T);
+    }
+    uint64_t saved_seed = 0;
+    r.read("seed", &saved_seed, sizeof(saved_seed));
+    if (saved_seed != seed) {
+        input_error("checkpoint %s was written with -sd %llu, this run has -sd %llu; the data order and rounding would "
+                    "not carry over, so resume with -sd %llu", state_path(dir, step, rank).c_str(),
+                    (unsigned long long)saved_seed, (unsigned long long)seed, (unsigned long long)saved_seed);
     }
     if (r.num_processes() != num_processes) {
         input_error("checkpoint %s was written by %d processes, this run has %d", state_path(dir, step, rank).c_str(),
@@ -701,7 +711,8 @@ int main(int argc, char** argv) {
         if (!cfg.output_dir.empty()) ensure_output_dir(cfg.output_dir);
         if (cfg.resume) {
             resume_step = find_latest_checkpoint(cfg.output_dir);
-            if (resume_step >= 0) check_checkpoint(cfg.output_dir, resume_step, shape, cfg.B, cfg.T, cfg.process_rank, cfg.num_processes);
+            if (resume_step >= 0) check_checkpoint(cfg.output_dir, resume_step, shape, cfg.B, cfg.T, cfg.seed, cfg.process_rank,
+                                                 cfg.num_processes);
         }
     } catch (const InputError& e) {
         fprintf(stderr, "error: %s\n", e.what());
@@ -816,7 +827,8 @@ int main(int argc, char** argv) {
         if (!cfg.output_dir.empty() && step > start_step &&
             ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || last_step)) {
             try {
-                save_checkpoint(&model, cfg.output_dir, step, train_loader->state(), cfg.process_rank, cfg.num_processes);
+                save_checkpoint(&model, cfg.output_dir, step, train_loader->state(), cfg.seed, cfg.process_rank,
+                                cfg.num_processes);
                 prune_checkpoints(cfg.output_dir, cfg.checkpoint_keep);
             } catch (const std::exception& e) {
                 fprintf(stderr, "error: %s\n", e.what());
