@@ -35,7 +35,9 @@ endif
 # ---- flags ---------------------------------------------------------------------------------------
 GPU_ARCH ?= sm_90a
 GENCODE := -gencode arch=compute_$(subst sm_,,$(GPU_ARCH)),code=$(GPU_ARCH)
-NVCC_FLAGS := -O3 -std=c++17 $(GENCODE) -Xcompiler -Wall -lineinfo
+# FLASH_WGMMA=1: flash attention's wgmma (sm_90a) kernels for head size 64 instead of mma.sync
+FLASH_WGMMA ?= 0
+NVCC_FLAGS := -O3 -std=c++17 $(GENCODE) -Xcompiler -Wall -lineinfo -DFLASH_ATTENTION_WGMMA=$(FLASH_WGMMA)
 NVCC_LDFLAGS := $(addprefix -L,$(CUDA_LIB_DIRS)) -lcublasLt -lcublas
 FAST_MATH := --use_fast_math
 PRECISION ?= BF16

@@ -10,7 +10,15 @@ export LLMC_SHARED_DATA=$PWD/.deps/shared_data PYTHONUNBUFFERED=1
 STEPS=${STEPS:-500}
 BENCH_SIZES=${BENCH_SIZES:-d12}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader; date -u
-echo "== build"; time make -j16 all > "$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log"; exit 1; }
+if [[ "${TRY_WGMMA:-0}" == 1 ]]; then
+    echo "== flash attention with wgmma (opt-in): accuracy and speed"
+    mkdir -p build
+    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a --use_fast_math -DFLASH_ATTENTION_WGMMA=1 -I. \
+        dev/test/test_attention.cu -lcublasLt -lcublas -o build/ta_wg && timeout 120 ./build/ta_wg > "$LOGS/wg.log" 2>&1
+    rc=$?; grep -E "FAIL|TFLOP|attention tests" "$LOGS/wg.log" | head -20
+    if [[ $rc -eq 0 ]]; then export FLASH_WGMMA=1; echo "wgmma passed: building everything with FLASH_WGMMA=1"; fi
+fi
+echo "== build (FLASH_WGMMA=${FLASH_WGMMA:-0})"; time make -j16 all > "$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log"; exit 1; }
 echo "== make test"; timeout 300 make test 2>&1 | tee "$OUT/test.log" | grep -E "FAIL|passed|skipped|error" | grep -v "^\[PASS" | tail -30
 grep -A12 "step   ours" "$OUT/test.log"
 echo "== quickstart: d12 on tiny-shakespeare, $STEPS steps"

@@ -1,28 +1,38 @@
 // flash_attention.cuh: fused causal attention, forward and backward, for Hopper (sm_90) in BF16.
 //
 // Nothing of size T x T reaches device memory. Scores are computed a tile at a time on the tensor
-// cores (mma.sync m16n8k16 bf16 -> fp32), the softmax is done online (running max and sum in FP32),
-// and the forward keeps only the log-sum-exp of each query row for the backward pass, which
-// recomputes the probabilities from Q, K and the log-sum-exp.
+// cores (bf16 -> fp32), the softmax is done online (running max and sum in FP32), and the forward
+// keeps only the log-sum-exp of each query row for the backward pass, which recomputes the
+// probabilities from Q, K and the log-sum-exp.
+//
+// Two implementations of the same tiling and arithmetic: kernels on mma.sync m16n8k16, described
+// next (the default, all head sizes), and, opt-in at HS = 64 on sm_90a (-DFLASH_ATTENTION_WGMMA=1,
+// see its section below), kernels on Hopper's warpgroup MMA (wgmma, one warpgroup per 64 rows).
 //
 // Layouts (as in attention.cuh): qkv is (B, T, 3C), C = NH*HS, [q | k | v] along the last dim:
 //   q[b,t,h,d] = qkv[(b*T+t)*3C + h*HS + d], k at +C, v at +2C.
 // out and dout are (B, T, C); lse is (B, NH, T) FP32, natural log of sum_t2 exp(scale * q.k).
 // dqkv is (B, T, 3C) in the layout of qkv, every element written.
 //
-// Tiling: tiles of 64 query rows and 64 key rows, 4 warps per CTA, each warp owning 16 rows of
-// the tile (query rows in the forward and in the dQ kernel, key rows in the dK/dV kernel, whose
-// inner loop steps over query tiles of 64 rows for HS=64 and 32 rows for HS=128 to fit). Tiles
-// sit in shared memory with rows padded by 16 bytes so that ldmatrix reads are free of bank
-// conflicts; global -> shared copies are 16-byte cp.async, double-buffered over the inner loop.
-// Causal tiles strictly above the diagonal are never visited; the diagonal tile (and a tile that
-// runs past T) is masked element by element.
+// Tiling (mma.sync kernels). Every kernel gives each warp MT m-tiles of 16 rows (query rows in the
+// forward and in the dQ kernel, key rows in the dK/dV kernel), so a warp owns M = 16*MT consecutive
+// rows and a CTA of NW warps owns 16*MT*NW rows; the inner loop steps over tiles of the other
+// operand (keys, or queries for dK/dV). Each B fragment read from shared memory by ldmatrix feeds MT mma's: with
+// MT = 2 a warp reads half the shared-memory bytes per mma of MT = 1, which is what bounds these
+// loops (an ldmatrix.x4 moves 512 bytes for 2 mma's at MT = 1), and the two m-tiles are
+// independent instruction streams for the scheduler. The price is registers (the accumulators
+// double), hence MT = 2 only at HS = 64. Tiles sit in shared memory with rows padded by 16 bytes
+// so that ldmatrix reads are free of bank conflicts; global -> shared copies are 16-byte cp.async
+// through a ring of STAGES buffers with one __syncthreads per step. Causal tiles strictly above
+// the diagonal are never visited (per warp: a warp skips a tile that none of its rows can see);
+// a tile that straddles the diagonal of a warp's rows (or runs past T) is masked element by element.
 //
 // Backward (the FlashAttention-2 scheme), with P = softmax(S), dP = dO V^T, D = rowsum(dO * O):
 //   dS = P * (dP - D);  dV = P^T dO;  dK = scale * dS^T Q;  dQ = scale * dS K.
-// It is deterministic: no atomics. One kernel owns a key block and loops over the query blocks
-// that see it (dK, dV in registers); a second owns a query block and loops over its key blocks
-// (dQ in registers), recomputing P and dP. Every output element is written by one thread, once.
+// It is deterministic: no atomics. A first kernel owns a query block and loops over its key
+// blocks (dQ in registers), recomputing P and dP; it also computes D for its rows and stores it.
+// A second kernel owns a key block and loops over the query blocks that see it (dK, dV in
+// registers). Every output element is written by one thread, once.
 //
 // Only the BF16 build uses it; the FP32 reference build keeps the materialized path.
 #pragma once
@@ -34,14 +44,44 @@ namespace flash_detail {
 
 typedef __nv_bfloat16 bf16;
 
-constexpr int BLOCK = 64;            // rows of a query tile and of a key tile
-constexpr int NWARPS = 4;
-constexpr int NTHREADS = NWARPS * WARP_SIZE;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
-// CTAs per SM the HS=64 dQ kernel is compiled for: 3 caps it at 168 registers with no spills
-// (measured on an H200 it is as fast as the uncapped 226-register build, within noise)
-constexpr int DQ64_MIN_BLOCKS = 3;
+
+// ---------------------------------------------------------------------------------------------
+// Configurations of the mma.sync kernels (all of HS = 128; HS = 64 where wgmma is not built, see
+// the wgmma section). MT: 16-row m-tiles per warp; NW: warps per CTA; STAGES: cp.async ring depth
+// of the inner loop (>= 2); MINB: CTAs per SM asked of ptxas through __launch_bounds__ (it caps
+// the registers at 65536 / (MINB * 32 * NW)). The forward and the dQ kernel step over key tiles of
+// KB rows, the dK/dV kernel over query tiles of QB rows.
+
+template <int MT_, int NW_, int STAGES_, int MINB_>
+struct FwdCfg {
+    static constexpr int MT = MT_, NW = NW_, STAGES = STAGES_, MINB = MINB_;
+    static constexpr int KB = 64;
+};
+template <int QB_, int MT_, int NW_, int STAGES_, int MINB_>
+struct DkvCfg {
+    static constexpr int QB = QB_, MT = MT_, NW = NW_, STAGES = STAGES_, MINB = MINB_;
+};
+template <int KB_, int MT_, int NW_, int STAGES_, int MINB_, bool A_IN_REGS_>
+struct DqCfg {
+    static constexpr int KB = KB_, MT = MT_, NW = NW_, STAGES = STAGES_, MINB = MINB_;
+    static constexpr bool A_IN_REGS = A_IN_REGS_;   // Q and dO A fragments kept in registers
+};
+
+template <int HS> struct Config;
+// HS = 64: two m-tiles per warp (measured on an H200 against one: forward 1.2x, backward 1.1x)
+template <> struct Config<64> {
+    typedef FwdCfg<2, 4, 3, 2> Fwd;
+    typedef DkvCfg<32, 2, 4, 3, 2> Dkv;
+    typedef DqCfg<32, 2, 4, 3, 2, true> Dq;
+};
+// HS = 128: one m-tile per warp (the accumulators of two would not fit in 255 registers)
+template <> struct Config<128> {
+    typedef FwdCfg<1, 4, 2, 1> Fwd;
+    typedef DkvCfg<32, 1, 4, 2, 1> Dkv;
+    typedef DqCfg<64, 1, 4, 2, 1, false> Dq;
+};
 
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers
@@ -101,6 +141,21 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// The C fragments of two adjacent n-tiles (columns 16*kk .. 16*kk+15 of a 16-row accumulator)
+// re-packed as the A fragment of the k-step kk (the column index becomes k).
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+    a[0] = pack_bf16(c0[0], c0[1]);
+    a[1] = pack_bf16(c0[2], c0[3]);
+    a[2] = pack_bf16(c1[0], c1[1]);
+    a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+template <int N>
+__device__ __forceinline__ void zero_acc(float (&acc)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Shared-memory tiles: ROWS x HS bf16, row stride HS + 8 elements (16 bytes of padding makes the
 // 8 row addresses of each ldmatrix phase fall in 8 different 16-byte bank groups).
@@ -125,16 +180,16 @@ __device__ __forceinline__ int off_b(int r0, int c0, int lane) {
     return (r0 + (lane & 7) + (lane >> 4) * 8) * Tile<HS>::LDS + c0 + ((lane >> 3) & 1) * 8;
 }
 
-// Copy ROWS rows (row0.. of a (T x HS) matrix with row stride `stride` elements) into a tile.
-// Rows at or past T are zero-filled.
-template <int ROWS, int HS>
+// Copy ROWS rows (row0.. of a (T x HS) matrix with row stride `stride` elements) into a tile,
+// NTH threads sharing the 16-byte chunks. Rows at or past T are zero-filled.
+template <int ROWS, int HS, int NTH>
 __device__ __forceinline__ void load_tile(bf16* tile, const bf16* g, int row0, int T, long long stride, int tid) {
     constexpr int CHUNKS_PER_ROW = HS / 8;
     constexpr int TOTAL = ROWS * CHUNKS_PER_ROW;
-    static_assert(TOTAL % NTHREADS == 0, "tile copy must divide evenly");
+    static_assert(TOTAL % NTH == 0, "tile copy must divide evenly");
 #pragma unroll
-    for (int i = 0; i < TOTAL / NTHREADS; i++) {
-        int c = tid + i * NTHREADS;
+    for (int i = 0; i < TOTAL / NTH; i++) {
+        int c = tid + i * NTH;
         int r = c / CHUNKS_PER_ROW, col = (c % CHUNKS_PER_ROW) * 8;
         int t = row0 + r;
         bool valid = t < T;
@@ -155,109 +210,840 @@ __device__ __forceinline__ void acc_to_tile(bf16* rows16, const float (&acc)[HS 
     }
 }
 
-// Copy a warp's 16 tile rows to global memory (16-byte stores); rows at or past nvalid are skipped.
-template <int HS>
-__device__ __forceinline__ void tile_rows_to_global(bf16* g, long long stride, const bf16* rows16, int nvalid, int lane) {
+// Copy a warp's ROWS tile rows to global memory (16-byte stores); rows at or past nvalid are skipped.
+template <int ROWS, int HS>
+__device__ __forceinline__ void tile_rows_to_global(bf16* g, long long stride, const bf16* rows, int nvalid, int lane) {
     constexpr int CHUNKS_PER_ROW = HS / 8;
 #pragma unroll
-    for (int c = lane; c < 16 * CHUNKS_PER_ROW; c += WARP_SIZE) {
+    for (int c = lane; c < ROWS * CHUNKS_PER_ROW; c += WARP_SIZE) {
         int r = c / CHUNKS_PER_ROW, col = (c % CHUNKS_PER_ROW) * 8;
         if (r < nvalid) {
             *reinterpret_cast<uint4*>(g + (long long)r * stride + col) =
-                *reinterpret_cast<const uint4*>(rows16 + r * Tile<HS>::LDS + col);
+                *reinterpret_cast<const uint4*>(rows + r * Tile<HS>::LDS + col);
         }
     }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Forward. Grid (B*NH, ceil(T/64)); blockIdx.y counts query blocks from the last (the longest)
-// down, so the heaviest CTAs start first. Each warp: 16 query rows, Q fragments in registers,
-// S = Q K^T (16 x 64) per key tile, online softmax, O += P V.
+// Forward. Grid (B*NH, ceil(T/QR)), QR = 16*MT*NW query rows per CTA; blockIdx.y counts query
+// blocks from the last (the longest) down, so the heaviest CTAs start first. Each warp: 16*MT
+// query rows, Q fragments in registers; per key tile of KB rows S = Q K^T (16*MT x KB), online
+// softmax, O += P V. The K/V tiles of a step are shared by the NW warps; each warp skips the
+// tiles above its own rows (the CTA's last tile only concerns its last warps).
 
-template <int HS>
-__global__ void __launch_bounds__(NTHREADS)
+template <int HS, int MT, int NW, int STAGES, int MINB>
+__global__ void __launch_bounds__(NW * WARP_SIZE, MINB)
 flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
                  int T, int NH, float scale_log2) {
+    constexpr int NTH = NW * WARP_SIZE;
+    constexpr int QR = 16 * MT * NW;
+    constexpr int KB = FwdCfg<MT, NW, STAGES, MINB>::KB;
     constexpr int LDS = Tile<HS>::LDS;
-    constexpr int TILE = BLOCK * LDS;
+    constexpr int KTILE = KB * LDS;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* sQ = reinterpret_cast<bf16*>(smem_raw);   // [64][LDS]
-    bf16* sK = sQ + TILE;                            // [2][64][LDS]
-    bf16* sV = sK + 2 * TILE;                        // [2][64][LDS]
+    bf16* sQ = reinterpret_cast<bf16*>(smem_raw);   // [QR][LDS]
+    bf16* sK = sQ + QR * LDS;                        // [STAGES][KB][LDS]
+    bf16* sV = sK + STAGES * KTILE;                  // [STAGES][KB][LDS]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
     const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
-    const int qb = gridDim.y - 1 - blockIdx.y;
-    const int q0 = qb * BLOCK;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * QR;
     const int C = NH * HS;
     const long long stride = 3LL * C;
     const bf16* qg = qkv + (long long)b * T * stride + (long long)h * HS;
     const bf16* kg = qg + C;
     const bf16* vg = qg + 2 * C;
 
-    load_tile<BLOCK, HS>(sQ, qg, q0, T, stride, tid);
-    load_tile<BLOCK, HS>(sK, kg, 0, T, stride, tid);
-    load_tile<BLOCK, HS>(sV, vg, 0, T, stride, tid);
-    cp_async_commit();
+    const int wr0 = warp * 16 * MT;                  // this warp's first row within the CTA's block
+    const int wq_lo = q0 + wr0, wq_hi = wq_lo + 16 * MT - 1;   // its first and last query row
+    const int nkb = (min(q0 + QR, T) + KB - 1) / KB; // key tiles 0 .. nkb-1 hold keys <= the last row
 
-    uint32_t qf[HS / 16][4];            // this warp's 16 x HS query rows as A fragments
-    float o[HS / 8][4];                 // output accumulator, 16 x HS
+    auto load_kv = [&](int j) {
+        const int st = j % STAGES;
+        load_tile<KB, HS, NTH>(sK + st * KTILE, kg, j * KB, T, stride, tid);
+        load_tile<KB, HS, NTH>(sV + st * KTILE, vg, j * KB, T, stride, tid);
+    };
+    // cp.async groups: Q with the first key tile, then one group per key tile (empty ones too,
+    // so that "all but the newest STAGES-2 groups are done" always means "tile j has landed")
+    load_tile<QR, HS, NTH>(sQ, qg, q0, T, stride, tid);
 #pragma unroll
-    for (int n = 0; n < HS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m0 = -INFINITY, m1 = -INFINITY;   // running max (log2 domain) of rows g and g+8
-    float l0 = 0.0f, l1 = 0.0f;             // this thread's part of the running sums
-
-    const int nkb = qb + 1;             // key tiles 0..qb (tiles are the same size)
-    for (int j = 0; j < nkb; j++) {
-        const int buf = j & 1;
-        if (j + 1 < nkb) {
-            load_tile<BLOCK, HS>(sK + (buf ^ 1) * TILE, kg, (j + 1) * BLOCK, T, stride, tid);
-            load_tile<BLOCK, HS>(sV + (buf ^ 1) * TILE, vg, (j + 1) * BLOCK, T, stride, tid);
-        }
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < nkb) load_kv(st);
         cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
+    }
+
+    uint32_t qf[MT][HS / 16][4];        // this warp's query rows as A fragments
+    float o[MT][HS / 8][4];             // output accumulators, 16 x HS per m-tile
+    float m[MT][2], l[MT][2];           // running max (log2 domain) of rows g and g+8; this thread's part of the sums
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        zero_acc(o[mt]);
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
+
+    for (int j = 0; j < nkb; j++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();   // tile j visible to all; every warp is done with tile j-1, whose buffer is refilled next
+        if (j + STAGES - 1 < nkb) load_kv(j + STAGES - 1);
+        cp_async_commit();
         if (j == 0) {
 #pragma unroll
-            for (int ks = 0; ks < HS / 16; ks++) ldsm_x4(qf[ks], sQ + off_a<HS>(warp * 16, ks * 16, lane));
-        }
-        const bf16* k_s = sK + buf * TILE;
-        const bf16* v_s = sV + buf * TILE;
-
-        // S = Q K^T
-        float s[BLOCK / 8][4];
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int n = 0; n < BLOCK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+                for (int ks = 0; ks < HS / 16; ks++) ldsm_x4(qf[mt][ks], sQ + off_a<HS>(wr0 + mt * 16, ks * 16, lane));
+        }
+        if (j * KB > wq_hi || wq_lo >= T) continue;   // the whole tile is above this warp's rows (warp-uniform)
+        const bf16* k_s = sK + (j % STAGES) * KTILE;
+        const bf16* v_s = sV + (j % STAGES) * KTILE;
+
+        // S = Q K^T; each K fragment serves the MT m-tiles
+        float s[MT][KB / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) zero_acc(s[mt]);
 #pragma unroll
         for (int ks = 0; ks < HS / 16; ks++) {
 #pragma unroll
-            for (int np = 0; np < BLOCK / 16; np++) {
+            for (int np = 0; np < KB / 16; np++) {
                 uint32_t kf[4];
                 ldsm_x4(kf, k_s + off_b<HS>(np * 16, ks * 16, lane));
-                mma_16816(s[2 * np], qf[ks], kf[0], kf[1]);
-                mma_16816(s[2 * np + 1], qf[ks], kf[2], kf[3]);
-            }
-        }
-        // causal mask on the diagonal tile (key > query -> -inf); no other tile needs one
-        if (j == qb) {
-            const int r0 = warp * 16 + g, r1 = r0 + 8;
 #pragma unroll
-            for (int n = 0; n < BLOCK / 8; n++) {
-                const int c = n * 8 + 2 * t4;
-                if (c > r0) s[n][0] = -INFINITY;
-                if (c + 1 > r0) s[n][1] = -INFINITY;
-                if (c > r1) s[n][2] = -INFINITY;
-                if (c + 1 > r1) s[n][3] = -INFINITY;
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816(s[mt][2 * np], qf[mt][ks], kf[0], kf[1]);
+                    mma_16816(s[mt][2 * np + 1], qf[mt][ks], kf[2], kf[3]);
+                }
             }
         }
-        // online softmax: every row keeps at least one unmasked key (the first key of tile 0 or
-        // its own diagonal element), so the maxima are finite
+        // causal mask (key > query -> -inf) where the tile reaches past this warp's first row;
+        // keys at or past T are past every valid row, so they are masked too
+        if (j * KB + KB - 1 > wq_lo) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                const int r0 = wq_lo + mt * 16 + g, r1 = r0 + 8;
+#pragma unroll
+                for (int n = 0; n < KB / 8; n++) {
+                    const int c = j * KB + n * 8 + 2 * t4;
+                    if (c > r0) s[mt][n][0] = -INFINITY;
+                    if (c + 1 > r0) s[mt][n][1] = -INFINITY;
+                    if (c > r1) s[mt][n][2] = -INFINITY;
+                    if (c + 1 > r1) s[mt][n][3] = -INFINITY;
+                }
+            }
+        }
+        // online softmax: every row sees key 0 in tile 0, so after tile 0 the maxima are finite
+        // (a row whose keys in a later tile are all masked keeps its max: alpha = 1, P = 0)
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < KB / 8; n++) {
+                mx0 = fmaxf(mx0, fmaxf(s[mt][n][0], s[mt][n][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[mt][n][2], s[mt][n][3]));
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
+            const float mn0 = fmaxf(m[mt][0], mx0 * scale_log2), mn1 = fmaxf(m[mt][1], mx1 * scale_log2);
+            const float alpha0 = fast_exp2(m[mt][0] - mn0), alpha1 = fast_exp2(m[mt][1] - mn1);
+            m[mt][0] = mn0; m[mt][1] = mn1;
+            float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+            for (int n = 0; n < KB / 8; n++) {
+                s[mt][n][0] = fast_exp2(fmaf(s[mt][n][0], scale_log2, -mn0));
+                s[mt][n][1] = fast_exp2(fmaf(s[mt][n][1], scale_log2, -mn0));
+                s[mt][n][2] = fast_exp2(fmaf(s[mt][n][2], scale_log2, -mn1));
+                s[mt][n][3] = fast_exp2(fmaf(s[mt][n][3], scale_log2, -mn1));
+                sum0 += s[mt][n][0] + s[mt][n][1];
+                sum1 += s[mt][n][2] + s[mt][n][3];
+            }
+            l[mt][0] = l[mt][0] * alpha0 + sum0;
+            l[mt][1] = l[mt][1] * alpha1 + sum1;
+#pragma unroll
+            for (int n = 0; n < HS / 8; n++) {
+                o[mt][n][0] *= alpha0; o[mt][n][1] *= alpha0;
+                o[mt][n][2] *= alpha1; o[mt][n][3] *= alpha1;
+            }
+        }
+        // O += P V: the C fragments of S are re-packed as A fragments (k = key); each V fragment
+        // (ldmatrix.trans of the key-major V tile) serves the MT m-tiles
+#pragma unroll
+        for (int kk = 0; kk < KB / 16; kk++) {
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) c_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+            for (int dp = 0; dp < HS / 16; dp++) {
+                uint32_t vf[4];
+                ldsm_x4_trans(vf, v_s + off_a<HS>(kk * 16, dp * 16, lane));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816(o[mt][2 * dp], pa[mt], vf[0], vf[1]);
+                    mma_16816(o[mt][2 * dp + 1], pa[mt], vf[2], vf[3]);
+                }
+            }
+        }
+    }
+
+    // finish: full row sums, O / l, lse = ln(sum exp(scale * q.k)); the output goes through this
+    // warp's own rows of the Q tile (its Q is in registers), then out with 16-byte stores
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        float l0 = l[mt][0], l1 = l[mt][1];
+        l0 += __shfl_xor_sync(0xffffffff, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffff, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffff, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffff, l1, 2);
+        acc_to_tile<HS>(sQ + (wr0 + mt * 16) * LDS, o[mt], 1.0f / l0, 1.0f / l1, lane);
+        const int row0 = wq_lo + mt * 16 + g;
+        if (t4 == 0) {
+            float* lse_bh = lse + (long long)bh * T;
+            if (row0 < T) lse_bh[row0] = (m[mt][0] + log2f(l0)) * LN2;
+            if (row0 + 8 < T) lse_bh[row0 + 8] = (m[mt][1] + log2f(l1)) * LN2;
+        }
+    }
+    __syncwarp();
+    tile_rows_to_global<16 * MT, HS>(out + ((long long)b * T + wq_lo) * C + (long long)h * HS, C, sQ + wr0 * LDS,
+                                     T - wq_lo, lane);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, step 1: dQ (and D). Grid (B*NH, ceil(T/QR)), QR = 16*MT*NW query rows per CTA, query
+// blocks from the last down. Each warp owns 16*MT query rows. It first computes D = rowsum(dO * O)
+// of its rows (straight from global memory, while the first tiles are in flight) and stores it for
+// the dK/dV kernel. Then, per key tile of KB rows, it recomputes S = Q K^T and dP = dO V^T, forms
+// dS, and adds dS K. Q and dO fragments are kept in registers when A_IN_REGS, else re-read from
+// shared memory at every k-step.
+
+// D of one row: the 4 lanes of a quad (same row) each take HS/4 consecutive columns, then the quad
+// adds its partial sums (a fixed order, so the result is deterministic). valid is quad-uniform.
+template <int HS>
+__device__ __forceinline__ float quad_row_dot(const bf16* a, const bf16* b, bool valid, int t4) {
+    float sum = 0.0f;
+    if (valid) {
+#pragma unroll
+        for (int c = 0; c < HS / 32; c++) {
+            const uint4 x = *reinterpret_cast<const uint4*>(a + t4 * (HS / 4) + c * 8);
+            const uint4 y = *reinterpret_cast<const uint4*>(b + t4 * (HS / 4) + c * 8);
+            const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&x);
+            const __nv_bfloat162* y2 = reinterpret_cast<const __nv_bfloat162*>(&y);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 xf = __bfloat1622float2(x2[e]), yf = __bfloat1622float2(y2[e]);
+                sum = fmaf(xf.x, yf.x, sum);
+                sum = fmaf(xf.y, yf.y, sum);
+            }
+        }
+    }
+    sum += __shfl_xor_sync(0xffffffff, sum, 1);
+    sum += __shfl_xor_sync(0xffffffff, sum, 2);
+    return sum;
+}
+
+template <int HS, int KB, int MT, int NW, int STAGES, int MINB, bool A_IN_REGS>
+__global__ void __launch_bounds__(NW * WARP_SIZE, MINB)
+flash_bwd_dq_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, const bf16* __restrict__ dout,
+                    const bf16* __restrict__ qkv, const bf16* __restrict__ o_in, const float* __restrict__ lse,
+                    int T, int NH, float scale_log2, float scale) {
+    constexpr int NTH = NW * WARP_SIZE;
+    constexpr int QR = 16 * MT * NW;
+    constexpr int NA = A_IN_REGS ? HS / 16 : 1;
+    constexpr int LDS = Tile<HS>::LDS;
+    constexpr int KTILE = KB * LDS;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sQ = reinterpret_cast<bf16*>(smem_raw);   // [QR][LDS]
+    bf16* sdO = sQ + QR * LDS;                       // [QR][LDS]
+    bf16* sK = sdO + QR * LDS;                       // [STAGES][KB][LDS]
+    bf16* sV = sK + STAGES * KTILE;                  // [STAGES][KB][LDS]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * QR;
+    const int C = NH * HS;
+    const long long stride = 3LL * C;
+    const bf16* qg = qkv + (long long)b * T * stride + (long long)h * HS;
+    const bf16* kg = qg + C;
+    const bf16* vg = qg + 2 * C;
+    const bf16* dog = dout + (long long)b * T * C + (long long)h * HS;
+    const bf16* og = o_in + (long long)b * T * C + (long long)h * HS;
+
+    const int wr0 = warp * 16 * MT;
+    const int wq_lo = q0 + wr0, wq_hi = wq_lo + 16 * MT - 1;
+    const int nkb = (min(q0 + QR, T) + KB - 1) / KB;
+
+    auto load_kv = [&](int j) {
+        const int st = j % STAGES;
+        load_tile<KB, HS, NTH>(sK + st * KTILE, kg, j * KB, T, stride, tid);
+        load_tile<KB, HS, NTH>(sV + st * KTILE, vg, j * KB, T, stride, tid);
+    };
+    load_tile<QR, HS, NTH>(sQ, qg, q0, T, stride, tid);
+    load_tile<QR, HS, NTH>(sdO, dog, q0, T, C, tid);
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < nkb) load_kv(st);
+        cp_async_commit();
+    }
+
+    // this thread's query rows wq_lo + 16*mt + g (+8): -lse in the log2 domain (-inf past T, so
+    // that P = 0 there) and D, which is also stored for the dK/dV kernel
+    float nl[MT][2], Dr[MT][2];
+    const float* lse_bh = lse + (long long)bh * T;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int row = wq_lo + mt * 16 + g + 8 * hf;
+            const bool valid = row < T;
+            nl[mt][hf] = valid ? -lse_bh[row] * LOG2E : -INFINITY;
+            Dr[mt][hf] = quad_row_dot<HS>(og + (long long)row * C, dog + (long long)row * C, valid, t4);
+            if (valid && t4 == 0) Dvec[(long long)bh * T + row] = Dr[mt][hf];
+        }
+    }
+
+    uint32_t qf[MT][NA][4], dof[MT][NA][4];
+    float dq[MT][HS / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) zero_acc(dq[mt]);
+
+    for (int j = 0; j < nkb; j++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();   // tile j visible to all; every warp is done with tile j-1
+        if (j + STAGES - 1 < nkb) load_kv(j + STAGES - 1);
+        cp_async_commit();
+        if (A_IN_REGS && j == 0) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int ks = 0; ks < NA; ks++) {
+                    ldsm_x4(qf[mt][ks], sQ + off_a<HS>(wr0 + mt * 16, ks * 16, lane));
+                    ldsm_x4(dof[mt][ks], sdO + off_a<HS>(wr0 + mt * 16, ks * 16, lane));
+                }
+        }
+        if (j * KB > wq_hi || wq_lo >= T) continue;   // the whole tile is above this warp's rows
+        const bf16* k_s = sK + (j % STAGES) * KTILE;
+        const bf16* v_s = sV + (j % STAGES) * KTILE;
+
+        // S = Q K^T and dP = dO V^T (16*MT queries x KB keys)
+        float s[MT][KB / 8][4], dp[MT][KB / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) { zero_acc(s[mt]); zero_acc(dp[mt]); }
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) {
+            uint32_t a_q[MT][4], a_do[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                if constexpr (A_IN_REGS) {
+#pragma unroll
+                    for (int x = 0; x < 4; x++) { a_q[mt][x] = qf[mt][ks % NA][x]; a_do[mt][x] = dof[mt][ks % NA][x]; }
+                } else {
+                    ldsm_x4(a_q[mt], sQ + off_a<HS>(wr0 + mt * 16, ks * 16, lane));
+                    ldsm_x4(a_do[mt], sdO + off_a<HS>(wr0 + mt * 16, ks * 16, lane));
+                }
+            }
+#pragma unroll
+            for (int np = 0; np < KB / 16; np++) {
+                uint32_t bfr[4];
+                ldsm_x4(bfr, k_s + off_b<HS>(np * 16, ks * 16, lane));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816(s[mt][2 * np], a_q[mt], bfr[0], bfr[1]);
+                    mma_16816(s[mt][2 * np + 1], a_q[mt], bfr[2], bfr[3]);
+                }
+                ldsm_x4(bfr, v_s + off_b<HS>(np * 16, ks * 16, lane));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816(dp[mt][2 * np], a_do[mt], bfr[0], bfr[1]);
+                    mma_16816(dp[mt][2 * np + 1], a_do[mt], bfr[2], bfr[3]);
+                }
+            }
+        }
+        // P and dS (in place of dP); the causal mask where the tile reaches past the warp's first
+        // row (keys past T are past every valid row; rows past T have P = 0 through nl = -inf)
+        const bool need_mask = j * KB + KB - 1 > wq_lo;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const int r0 = wq_lo + mt * 16 + g, r1 = r0 + 8;
+#pragma unroll
+            for (int n = 0; n < KB / 8; n++) {
+                const int c = j * KB + n * 8 + 2 * t4;
+                float p00 = fast_exp2(fmaf(s[mt][n][0], scale_log2, nl[mt][0]));
+                float p01 = fast_exp2(fmaf(s[mt][n][1], scale_log2, nl[mt][0]));
+                float p10 = fast_exp2(fmaf(s[mt][n][2], scale_log2, nl[mt][1]));
+                float p11 = fast_exp2(fmaf(s[mt][n][3], scale_log2, nl[mt][1]));
+                if (need_mask) {
+                    if (c > r0) p00 = 0.0f;
+                    if (c + 1 > r0) p01 = 0.0f;
+                    if (c > r1) p10 = 0.0f;
+                    if (c + 1 > r1) p11 = 0.0f;
+                }
+                dp[mt][n][0] = p00 * (dp[mt][n][0] - Dr[mt][0]);
+                dp[mt][n][1] = p01 * (dp[mt][n][1] - Dr[mt][0]);
+                dp[mt][n][2] = p10 * (dp[mt][n][2] - Dr[mt][1]);
+                dp[mt][n][3] = p11 * (dp[mt][n][3] - Dr[mt][1]);
+            }
+        }
+        // dQ += dS K (k = key): B fragments by ldmatrix.trans of the K tile, each serving MT m-tiles
+#pragma unroll
+        for (int kk = 0; kk < KB / 16; kk++) {
+            uint32_t da[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) c_to_a(da[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
+#pragma unroll
+            for (int dd = 0; dd < HS / 16; dd++) {
+                uint32_t bfr[4];
+                ldsm_x4_trans(bfr, k_s + off_a<HS>(kk * 16, dd * 16, lane));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816(dq[mt][2 * dd], da[mt], bfr[0], bfr[1]);
+                    mma_16816(dq[mt][2 * dd + 1], da[mt], bfr[2], bfr[3]);
+                }
+            }
+        }
+    }
+
+    // write dQ (times scale) through this warp's own rows of the Q tile (nobody else reads them;
+    // with !A_IN_REGS this warp's last reads of them are done, in program order)
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) acc_to_tile<HS>(sQ + (wr0 + mt * 16) * LDS, dq[mt], scale, scale, lane);
+    __syncwarp();
+    tile_rows_to_global<16 * MT, HS>(dqkv + ((long long)b * T + wq_lo) * stride + (long long)h * HS, stride,
+                                     sQ + wr0 * LDS, T - wq_lo, lane);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, step 2: dK and dV. Grid (B*NH, ceil(T/KR)), KR = 16*MT*NW keys per CTA; key block
+// kb = blockIdx.y (block 0 sees the most query tiles, so it starts first). Each warp owns 16*MT
+// keys and computes, per query tile of QB rows, the transposed products S^T = K Q^T and
+// dP^T = V dO^T (keys as rows), so that P^T and dS^T come out as C fragments that re-pack into A
+// fragments for dV += P^T dO and dK += dS^T Q. Every Q / dO fragment read from shared memory
+// serves the MT m-tiles. lse and D of the query tile ride along in the same cp.async group.
+
+template <int HS, int QB, int MT, int NW, int STAGES, int MINB>
+__global__ void __launch_bounds__(NW * WARP_SIZE, MINB)
+flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
+                     const float* __restrict__ lse, const float* __restrict__ Dvec,
+                     int T, int NH, float scale_log2, float scale) {
+    constexpr int NTH = NW * WARP_SIZE;
+    constexpr int KR = 16 * MT * NW;
+    constexpr int LDS = Tile<HS>::LDS;
+    constexpr int QTILE = QB * LDS;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* sK = reinterpret_cast<bf16*>(smem_raw);  // [KR][LDS]
+    bf16* sV = sK + KR * LDS;                       // [KR][LDS]
+    bf16* sQ = sV + KR * LDS;                       // [STAGES][QB][LDS]
+    bf16* sdO = sQ + STAGES * QTILE;                // [STAGES][QB][LDS]
+    float* sL = reinterpret_cast<float*>(sdO + STAGES * QTILE);   // [STAGES][QB] lse
+    float* sD = sL + STAGES * QB;                                  // [STAGES][QB] D
+    static_assert(2 * QB <= NTH, "one thread per lse/D element");
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int k0 = blockIdx.y * KR;
+    const int C = NH * HS;
+    const long long stride = 3LL * C;
+    const bf16* qg = qkv + (long long)b * T * stride + (long long)h * HS;
+    const bf16* kg = qg + C;
+    const bf16* vg = qg + 2 * C;
+    const bf16* dog = dout + (long long)b * T * C + (long long)h * HS;
+    const float* lse_bh = lse + (long long)bh * T;
+    const float* D_bh = Dvec + (long long)bh * T;
+
+    const int wr0 = warp * 16 * MT;                  // this warp's first key row within the CTA's block
+    const int wk_lo = k0 + wr0, wk_hi = wk_lo + 16 * MT - 1;
+    const int i0 = k0 / QB;                          // first query tile with a row >= k0
+    const int nq = (T + QB - 1) / QB - i0;           // query tiles visited by the CTA
+
+    auto load_q_block = [&](int it) {                // the it-th visited query tile
+        const int qs = (i0 + it) * QB, st = it % STAGES;
+        load_tile<QB, HS, NTH>(sQ + st * QTILE, qg, qs, T, stride, tid);
+        load_tile<QB, HS, NTH>(sdO + st * QTILE, dog, qs, T, C, tid);
+        if (tid < QB) {
+            const bool valid = qs + tid < T;
+            cp_async4(sL + st * QB + tid, valid ? lse_bh + qs + tid : lse_bh, valid);
+        } else if (tid < 2 * QB) {
+            const int r = tid - QB;
+            const bool valid = qs + r < T;
+            cp_async4(sD + st * QB + r, valid ? D_bh + qs + r : D_bh, valid);
+        }
+    };
+    load_tile<KR, HS, NTH>(sK, kg, k0, T, stride, tid);
+    load_tile<KR, HS, NTH>(sV, vg, k0, T, stride, tid);
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < nq) load_q_block(st);
+        cp_async_commit();
+    }
+
+    float dk[MT][HS / 8][4], dv[MT][HS / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) { zero_acc(dk[mt]); zero_acc(dv[mt]); }
+
+    for (int it = 0; it < nq; it++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();   // tile it visible to all; every warp is done with tile it-1
+        if (it + STAGES - 1 < nq) load_q_block(it + STAGES - 1);
+        cp_async_commit();
+        const int qs = (i0 + it) * QB;
+        if (qs + QB - 1 < wk_lo || wk_lo >= T) continue;   // no query of the tile sees this warp's keys
+        const int st = it % STAGES;
+        const bf16* q_s = sQ + st * QTILE;
+        const bf16* do_s = sdO + st * QTILE;
+        const float* l_s = sL + st * QB;
+        const float* d_s = sD + st * QB;
+
+        // dP^T = V dO^T and S^T = K Q^T (16*MT keys x QB queries)
+        float dpt[MT][QB / 8][4], sT[MT][QB / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) { zero_acc(dpt[mt]); zero_acc(sT[mt]); }
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) {
+            uint32_t af[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) ldsm_x4(af[mt], sV + off_a<HS>(wr0 + mt * 16, ks * 16, lane));
+#pragma unroll
+            for (int np = 0; np < QB / 16; np++) {
+                uint32_t bfr[4];
+                ldsm_x4(bfr, do_s + off_b<HS>(np * 16, ks * 16, lane));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816(dpt[mt][2 * np], af[mt], bfr[0], bfr[1]);
+                    mma_16816(dpt[mt][2 * np + 1], af[mt], bfr[2], bfr[3]);
+                }
+            }
+        }
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) {
+            uint32_t af[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) ldsm_x4(af[mt], sK + off_a<HS>(wr0 + mt * 16, ks * 16, lane));
+#pragma unroll
+            for (int np = 0; np < QB / 16; np++) {
+                uint32_t bfr[4];
+                ldsm_x4(bfr, q_s + off_b<HS>(np * 16, ks * 16, lane));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816(sT[mt][2 * np], af[mt], bfr[0], bfr[1]);
+                    mma_16816(sT[mt][2 * np + 1], af[mt], bfr[2], bfr[3]);
+                }
+            }
+        }
+        // P^T = exp(scale * S^T - lse[query]); dS^T = P^T * (dP^T - D[query]).
+        // Masked: key > query (causal), and query rows past T (their lse/D were zero-filled).
+        const bool need_mask = (qs < wk_hi) || (qs + QB > T);
+#pragma unroll
+        for (int n = 0; n < QB / 8; n++) {
+            const int c = n * 8 + 2 * t4;               // query column within the tile
+            const float2 lq = *reinterpret_cast<const float2*>(l_s + c);
+            const float2 dq = *reinterpret_cast<const float2*>(d_s + c);
+            const float nl0 = -lq.x * LOG2E, nl1 = -lq.y * LOG2E;
+            const int qa = qs + c, qb1 = qa + 1;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                const int key0 = wk_lo + mt * 16 + g, key1 = key0 + 8;   // this thread's two key rows
+                float p00 = fast_exp2(fmaf(sT[mt][n][0], scale_log2, nl0));   // key0, query c
+                float p01 = fast_exp2(fmaf(sT[mt][n][1], scale_log2, nl1));   // key0, query c+1
+                float p10 = fast_exp2(fmaf(sT[mt][n][2], scale_log2, nl0));   // key1, query c
+                float p11 = fast_exp2(fmaf(sT[mt][n][3], scale_log2, nl1));   // key1, query c+1
+                if (need_mask) {
+                    if (key0 > qa || qa >= T) p00 = 0.0f;
+                    if (key0 > qb1 || qb1 >= T) p01 = 0.0f;
+                    if (key1 > qa || qa >= T) p10 = 0.0f;
+                    if (key1 > qb1 || qb1 >= T) p11 = 0.0f;
+                }
+                sT[mt][n][0] = p00; sT[mt][n][1] = p01; sT[mt][n][2] = p10; sT[mt][n][3] = p11;
+                dpt[mt][n][0] = p00 * (dpt[mt][n][0] - dq.x);
+                dpt[mt][n][1] = p01 * (dpt[mt][n][1] - dq.y);
+                dpt[mt][n][2] = p10 * (dpt[mt][n][2] - dq.x);
+                dpt[mt][n][3] = p11 * (dpt[mt][n][3] - dq.y);
+            }
+        }
+        // dV += P^T dO and dK += dS^T Q (k = query); B fragments by ldmatrix.trans of dO / Q tiles
+#pragma unroll
+        for (int kk = 0; kk < QB / 16; kk++) {
+            uint32_t pa[MT][4], da[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                c_to_a(pa[mt], sT[mt][2 * kk], sT[mt][2 * kk + 1]);
+                c_to_a(da[mt], dpt[mt][2 * kk], dpt[mt][2 * kk + 1]);
+            }
+#pragma unroll
+            for (int dp = 0; dp < HS / 16; dp++) {
+                uint32_t bfr[4];
+                ldsm_x4_trans(bfr, do_s + off_a<HS>(kk * 16, dp * 16, lane));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816(dv[mt][2 * dp], pa[mt], bfr[0], bfr[1]);
+                    mma_16816(dv[mt][2 * dp + 1], pa[mt], bfr[2], bfr[3]);
+                }
+                ldsm_x4_trans(bfr, q_s + off_a<HS>(kk * 16, dp * 16, lane));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816(dk[mt][2 * dp], da[mt], bfr[0], bfr[1]);
+                    mma_16816(dk[mt][2 * dp + 1], da[mt], bfr[2], bfr[3]);
+                }
+            }
+        }
+    }
+
+    // write dK (times scale) and dV through this warp's own rows of the K / V tiles (only this
+    // warp ever reads them, and its last reads are done, in program order)
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        acc_to_tile<HS>(sK + (wr0 + mt * 16) * LDS, dk[mt], scale, scale, lane);
+        acc_to_tile<HS>(sV + (wr0 + mt * 16) * LDS, dv[mt], 1.0f, 1.0f, lane);
+    }
+    __syncwarp();
+    bf16* dk_g = dqkv + ((long long)b * T + wk_lo) * stride + C + (long long)h * HS;
+    tile_rows_to_global<16 * MT, HS>(dk_g, stride, sK + wr0 * LDS, T - wk_lo, lane);
+    tile_rows_to_global<16 * MT, HS>(dk_g + C, stride, sV + wr0 * LDS, T - wk_lo, lane);
+}
+
+// ---------------------------------------------------------------------------------------------
+// HS = 64 on Hopper's warpgroup MMA (wgmma.mma_async, sm_90a). A warpgroup (4 consecutive warps,
+// 128 threads) computes a 64 x 64 x 16 product per instruction; B always comes from shared memory
+// through a descriptor and is read once for the 64 rows of the warpgroup (mma.sync re-reads it per
+// 16-row warp through ldmatrix, which is what bounds those kernels). A comes from shared memory
+// too, or from registers in the mma.sync A-fragment layout (warp w of the warpgroup holds rows
+// 16w..16w+15). The accumulator of m64n64 holds, for warp w, rows 16w + g, 16w + g + 8 and in
+// registers 4n..4n+3 exactly the C fragment of n-tile n of mma.sync, so the S -> P -> A re-packing
+// and the masks are those of the kernels above.
+//
+// Operand tiles (K, V, and in the dK/dV kernel Q and dO) are 64-column bf16 tiles without padding,
+// in the 128-byte swizzle wgmma reads: row r at byte 128*r, its 16-byte chunk c at chunk c ^ (r % 8),
+// tile base 1024-byte aligned. The same tile serves as a K-major operand (rows = M or N, columns =
+// the reduction: K in S = Q K^T) and as an MN-major one (rows = the reduction: V in O = P V), by
+// the descriptor and the instruction's transpose-B bit. Tiles that only feed ldmatrix (Q and dO
+// held in registers) keep the padded layout.
+//
+// STATUS: opt-in, -DFLASH_ATTENTION_WGMMA=1. Not yet verified on a GPU in this form. A first version
+// passed the single-tile case (T = 64) and failed every multi-tile one; the SASS showed why: with
+// the Q (dO) fragments loaded once at the first tile and kept in registers, ptxas reused those
+// registers for the packed P (dS) operand of the second wgmma batch, so every later tile multiplied
+// by stale data. The fragments are now re-read from shared memory at every tile (checked in the
+// SASS: the LDSMs precede each batch). That first version, same instruction mix, timed on an H200
+// at B=64 NH=12 T=1024: forward 0.359 ms (287 TFLOP/s), backward 1.080 ms (239 TFLOP/s counted).
+// Verify: build dev/test/test_attention.cu with -DFLASH_ATTENTION_WGMMA=1 and run it; then make 1
+// the default below.
+//
+// Only device code built for sm_90a (the Makefile's default) has these instructions: for another
+// target (GPU_ARCH=sm_80, or plain sm_90) the three kernels compile to a trap, g_wgmma_built is 0,
+// and the host side, which reads it once, runs the mma.sync kernels at HS = 64 too.
+
+#ifndef FLASH_ATTENTION_WGMMA
+#define FLASH_ATTENTION_WGMMA 0
+#endif
+#if FLASH_ATTENTION_WGMMA && (!defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL))
+#define FLASH_WGMMA_DEVICE 1
+#else
+#define FLASH_WGMMA_DEVICE 0
+#endif
+__device__ int g_wgmma_built = FLASH_WGMMA_DEVICE;
+
+constexpr int WG_THREADS = 128;
+
+// element offset of chunk c8 (8 columns) of row r in a 128-byte-swizzled 64-column tile
+__device__ __forceinline__ int sw_off(int r, int c8) { return r * 64 + ((c8 ^ (r & 7)) << 3); }
+
+// Copy ROWS rows (row0.. of a (T x 64) matrix with row stride `stride`) into a swizzled tile.
+template <int ROWS, int NTH>
+__device__ __forceinline__ void load_tile_sw(bf16* tile, const bf16* g, int row0, int T, long long stride, int tid) {
+    constexpr int TOTAL = ROWS * 8;
+    static_assert(TOTAL % NTH == 0, "tile copy must divide evenly");
+#pragma unroll
+    for (int i = 0; i < TOTAL / NTH; i++) {
+        const int c = tid + i * NTH;
+        const int r = c >> 3, c8 = c & 7;
+        const int t = row0 + r;
+        const bool valid = t < T;
+        cp_async16(tile + sw_off(r, c8), valid ? g + (long long)t * stride + c8 * 8 : g, valid);
+    }
+}
+
+// Shared-memory matrix descriptor of a swizzled tile for one k-step of 16: start address (>> 4) in
+// bits 0-13, leading-dimension byte offset (>> 4) in 16-29 (unused by the 128-byte swizzle with
+// 64-wide tiles; 1 by convention), stride-dimension byte offset (>> 4) in 32-45 = 1024 bytes
+// between groups of 8 rows, base offset 0 (1024-aligned pattern), swizzle mode 1 (128 B) in 62-63.
+__device__ __forceinline__ uint64_t sw_desc(const bf16* start) {
+    return (uint64_t)((smem_addr(start) & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+// K-major: the k-step ks is columns 16ks..16ks+15, 32 bytes into each row
+__device__ __forceinline__ uint64_t desc_k(const bf16* tile, int ks) { return sw_desc(tile + ks * 16); }
+// MN-major: the k-step ks is rows 16ks..16ks+15 (two 8-row groups, 2048 bytes)
+__device__ __forceinline__ uint64_t desc_mn(const bf16* tile, int ks) { return sw_desc(tile + ks * 16 * 64); }
+
+#if FLASH_WGMMA_DEVICE
+#define FA_WG_ACC "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define FA_WG_ACC_OPS(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+// D (64 x 64 fp32) = A (64 x 16, registers) * B (16 x 64, descriptor) + (accumulate ? D : 0).
+// TRANS_B = 0: B is K-major (the tile's rows are the N columns of B); 1: MN-major (rows are k).
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FA_WG_ACC ", {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
+                 : FA_WG_ACC_OPS(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+}
+// D (64 x 64 fp32) = A (64 x 16, K-major descriptor) * B (16 x 64, descriptor) + (accumulate ? D : 0)
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FA_WG_ACC ", %32, %33, p, 1, 1, 0, %35;\n}\n"
+                 : FA_WG_ACC_OPS(d)
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+}
+#undef FA_WG_ACC
+#undef FA_WG_ACC_OPS
+
+// Ordering around the asynchronous MMAs: wgmma_fence() before the first wgmma of a batch (after
+// registers it reads, accumulators or A, were written); commit closes the batch; wait<0> waits for
+// it. The compiler sees a wgmma as an ordinary asm that reads and writes its accumulators, so
+// reg_fence() on each accumulator (an empty volatile asm that "modifies" it) pins writes before the
+// batch and reads after the wait.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i]) :: "memory");
+}
+template <int N>
+__device__ __forceinline__ void reg_fence(uint32_t (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) asm volatile("" : "+r"(r[i][x]) :: "memory");
+}
+// cp.async writes shared memory through the generic proxy, wgmma reads it through the async proxy:
+// each thread fences its landed copies before the barrier that publishes them
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+#endif // FLASH_WGMMA_DEVICE
+
+// the 64 x 64 accumulator's n-tiles 2kk, 2kk+1 (columns 16kk..16kk+15) as the A fragment of k-step kk
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&d)[32], int kk) {
+    a[0] = pack_bf16(d[8 * kk + 0], d[8 * kk + 1]);
+    a[1] = pack_bf16(d[8 * kk + 2], d[8 * kk + 3]);
+    a[2] = pack_bf16(d[8 * kk + 4], d[8 * kk + 5]);
+    a[3] = pack_bf16(d[8 * kk + 6], d[8 * kk + 7]);
+}
+// a warp's 16 rows of a 64 x 64 accumulator into a padded tile as bf16 (rows g and g+8 scaled)
+__device__ __forceinline__ void wg_acc_to_tile(bf16* rows16, const float (&d)[32], float mul0, float mul1, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    constexpr int LDS = Tile<64>::LDS;
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+        *reinterpret_cast<uint32_t*>(rows16 + g * LDS + n * 8 + 2 * t) = pack_bf16(d[4 * n] * mul0, d[4 * n + 1] * mul0);
+        *reinterpret_cast<uint32_t*>(rows16 + (g + 8) * LDS + n * 8 + 2 * t) = pack_bf16(d[4 * n + 2] * mul1, d[4 * n + 3] * mul1);
+    }
+}
+
+// 1024-byte aligned start of the dynamic shared memory (the launch asks for 1 KB of slack)
+__device__ __forceinline__ bf16* smem_base_1k() {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t a = smem_addr(smem_raw);
+    return reinterpret_cast<bf16*>(smem_raw + (((a + 1023) & ~1023u) - a));
+}
+
+// Forward, HS = 64. Grid (B*NH, ceil(T/128)), heaviest query blocks first; 2 warpgroups, each
+// owning 64 query rows (Q as register A operand), share the K/V tiles of 64 keys (STAGES ring).
+// Per tile: S = Q K^T (4 wgmma, K-major K), mask, online softmax, O += P V (4 wgmma, MN-major V).
+constexpr int FWG_QR = 128, FWG_KB = 64, FWG_STAGES = 3, FWG_NTH = 2 * WG_THREADS;
+constexpr int FWG_TILE = FWG_KB * 64;   // elements of a swizzled K or V tile
+constexpr int fwd_wg_smem_bytes() {
+    return 1024 + 2 * FWG_STAGES * FWG_TILE * (int)sizeof(bf16) + FWG_QR * Tile<64>::LDS * (int)sizeof(bf16);
+}
+
+__global__ void __launch_bounds__(FWG_NTH, 2)
+flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
+                       int T, int NH, float scale_log2) {
+#if FLASH_WGMMA_DEVICE
+    constexpr int HS = 64, LDS = Tile<HS>::LDS;
+    bf16* sK = smem_base_1k();                       // [STAGES][64 x 64] swizzled
+    bf16* sV = sK + FWG_STAGES * FWG_TILE;           // [STAGES][64 x 64] swizzled
+    bf16* sQ = sV + FWG_STAGES * FWG_TILE;           // [128][LDS] padded
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int wg = warp >> 2, wq = warp & 3;         // warpgroup, warp within it
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * FWG_QR;
+    const int C = NH * HS;
+    const long long stride = 3LL * C;
+    const bf16* qg = qkv + (long long)b * T * stride + (long long)h * HS;
+    const bf16* kg = qg + C;
+    const bf16* vg = qg + 2 * C;
+
+    const int g_lo = q0 + 64 * wg;                   // this warpgroup's first query row
+    const int w_lo = g_lo + 16 * wq;                 // this warp's first query row
+    const int r0 = w_lo + g, r1 = r0 + 8;            // this thread's rows
+    const int nkb = (min(q0 + FWG_QR, T) + FWG_KB - 1) / FWG_KB;
+
+    auto load_kv = [&](int j) {
+        const int st = j % FWG_STAGES;
+        load_tile_sw<FWG_KB, FWG_NTH>(sK + st * FWG_TILE, kg, j * FWG_KB, T, stride, tid);
+        load_tile_sw<FWG_KB, FWG_NTH>(sV + st * FWG_TILE, vg, j * FWG_KB, T, stride, tid);
+    };
+    load_tile<FWG_QR, HS, FWG_NTH>(sQ, qg, q0, T, stride, tid);
+#pragma unroll
+    for (int st = 0; st < FWG_STAGES - 1; st++) {
+        if (st < nkb) load_kv(st);
+        cp_async_commit();
+    }
+
+    uint32_t qf[HS / 16][4];
+    float s[32], o[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) { s[i] = 0.0f; o[i] = 0.0f; }
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+    for (int j = 0; j < nkb; j++) {
+        cp_async_wait<FWG_STAGES - 2>();
+        fence_proxy_async();
+        __syncthreads();   // tile j visible to all (and to the async proxy); tile j-1 no longer read
+        if (j + FWG_STAGES - 1 < nkb) load_kv(j + FWG_STAGES - 1);
+        cp_async_commit();
+        if (j * FWG_KB > g_lo + 63 || g_lo >= T) continue;   // warpgroup-uniform: nothing to see here
+        const bf16* k_s = sK + (j % FWG_STAGES) * FWG_TILE;
+        const bf16* v_s = sV + (j % FWG_STAGES) * FWG_TILE;
+
+        // S = Q K^T. The Q fragments are re-read from shared memory at every tile (4 ldmatrix):
+        // held in registers across iterations, ptxas (CUDA 13.0) reuses their registers for the
+        // P operand of the PV wgmma, corrupting every tile after the first.
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) ldsm_x4(qf[ks], sQ + off_a<HS>(64 * wg + 16 * wq, ks * 16, lane));
+        reg_fence(qf);
+        reg_fence(s);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) wgmma_rs<0>(s, qf[ks], desc_k(k_s, ks), ks);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(s);
+
+        if (j * FWG_KB + FWG_KB - 1 > w_lo) {   // the tile reaches past this warp's first row
+#pragma unroll
+            for (int n = 0; n < 8; n++) {
+                const int c = j * FWG_KB + n * 8 + 2 * t4;
+                if (c > r0) s[4 * n] = -INFINITY;
+                if (c + 1 > r0) s[4 * n + 1] = -INFINITY;
+                if (c > r1) s[4 * n + 2] = -INFINITY;
+                if (c + 1 > r1) s[4 * n + 3] = -INFINITY;
+            }
+        }
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-        for (int n = 0; n < BLOCK / 8; n++) {
-            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+        for (int n = 0; n < 8; n++) {
+            mx0 = fmaxf(mx0, fmaxf(s[4 * n], s[4 * n + 1]));
+            mx1 = fmaxf(mx1, fmaxf(s[4 * n + 2], s[4 * n + 3]));
         }
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
@@ -268,415 +1054,360 @@ flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __
         m0 = mn0; m1 = mn1;
         float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-        for (int n = 0; n < BLOCK / 8; n++) {
-            s[n][0] = fast_exp2(fmaf(s[n][0], scale_log2, -mn0));
-            s[n][1] = fast_exp2(fmaf(s[n][1], scale_log2, -mn0));
-            s[n][2] = fast_exp2(fmaf(s[n][2], scale_log2, -mn1));
-            s[n][3] = fast_exp2(fmaf(s[n][3], scale_log2, -mn1));
-            sum0 += s[n][0] + s[n][1];
-            sum1 += s[n][2] + s[n][3];
+        for (int n = 0; n < 8; n++) {
+            s[4 * n] = fast_exp2(fmaf(s[4 * n], scale_log2, -mn0));
+            s[4 * n + 1] = fast_exp2(fmaf(s[4 * n + 1], scale_log2, -mn0));
+            s[4 * n + 2] = fast_exp2(fmaf(s[4 * n + 2], scale_log2, -mn1));
+            s[4 * n + 3] = fast_exp2(fmaf(s[4 * n + 3], scale_log2, -mn1));
+            sum0 += s[4 * n] + s[4 * n + 1];
+            sum1 += s[4 * n + 2] + s[4 * n + 3];
         }
         l0 = l0 * alpha0 + sum0;
         l1 = l1 * alpha1 + sum1;
 #pragma unroll
-        for (int n = 0; n < HS / 8; n++) {
-            o[n][0] *= alpha0; o[n][1] *= alpha0;
-            o[n][2] *= alpha1; o[n][3] *= alpha1;
+        for (int n = 0; n < 8; n++) {
+            o[4 * n] *= alpha0; o[4 * n + 1] *= alpha0;
+            o[4 * n + 2] *= alpha1; o[4 * n + 3] *= alpha1;
         }
-        // O += P V: the C fragments of S are re-packed as A fragments (k = key)
+        // O += P V
+        uint32_t pa[4][4];
 #pragma unroll
-        for (int kk = 0; kk < BLOCK / 16; kk++) {
-            uint32_t pa[4];
-            pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        for (int kk = 0; kk < 4; kk++) acc_to_a(pa[kk], s, kk);
+        reg_fence(pa);
+        reg_fence(o);
+        wgmma_fence();
 #pragma unroll
-            for (int dp = 0; dp < HS / 16; dp++) {
-                uint32_t vf[4];
-                ldsm_x4_trans(vf, v_s + off_a<HS>(kk * 16, dp * 16, lane));
-                mma_16816(o[2 * dp], pa, vf[0], vf[1]);
-                mma_16816(o[2 * dp + 1], pa, vf[2], vf[3]);
-            }
-        }
-        __syncthreads();   // this buffer is refilled by the next iteration's copy
+        for (int kk = 0; kk < 4; kk++) wgmma_rs<1>(o, pa[kk], desc_mn(v_s, kk), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(o);
     }
 
-    // finish: full row sums, O / l, lse = ln(sum exp(scale * q.k))
     l0 += __shfl_xor_sync(0xffffffff, l0, 1);
     l0 += __shfl_xor_sync(0xffffffff, l0, 2);
     l1 += __shfl_xor_sync(0xffffffff, l1, 1);
     l1 += __shfl_xor_sync(0xffffffff, l1, 2);
-    bf16* rows16 = sQ + warp * 16 * LDS;   // this warp's Q rows are in registers; reuse them
-    acc_to_tile<HS>(rows16, o, 1.0f / l0, 1.0f / l1, lane);
-    __syncwarp();
-    const int row_base = q0 + warp * 16;
-    tile_rows_to_global<HS>(out + ((long long)b * T + row_base) * C + (long long)h * HS, C, rows16, T - row_base, lane);
+    bf16* rows16 = sQ + (64 * wg + 16 * wq) * LDS;   // this warp's own Q rows (read only by this warp)
+    wg_acc_to_tile(rows16, o, 1.0f / l0, 1.0f / l1, lane);
     if (t4 == 0) {
         float* lse_bh = lse + (long long)bh * T;
-        if (row_base + g < T) lse_bh[row_base + g] = (m0 + log2f(l0)) * LN2;
-        if (row_base + g + 8 < T) lse_bh[row_base + g + 8] = (m1 + log2f(l1)) * LN2;
+        if (r0 < T) lse_bh[r0] = (m0 + log2f(l0)) * LN2;
+        if (r1 < T) lse_bh[r1] = (m1 + log2f(l1)) * LN2;
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Backward, step 1: D[b,h,t] = sum_d dout[b,t,h,d] * out[b,t,h,d]. One warp per (b, t, h).
-
-template <int HS>
-__global__ void flash_bwd_dot_kernel(float* __restrict__ Dvec, const bf16* __restrict__ dout, const bf16* __restrict__ out,
-                                     int B, int T, int NH) {
-    const long long row = (long long)blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
-    const int lane = threadIdx.x % WARP_SIZE;
-    if (row >= (long long)B * T * NH) return;
-    const int h = row % NH;
-    const long long bt = row / NH;
-    const int t = bt % T, b = bt / T;
-    const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(out + row * HS);
-    const __nv_bfloat162* d2 = reinterpret_cast<const __nv_bfloat162*>(dout + row * HS);
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = lane; i < HS / 2; i += WARP_SIZE) {
-        float2 o = __bfloat1622float2(o2[i]);
-        float2 d = __bfloat1622float2(d2[i]);
-        sum += o.x * d.x + o.y * d.y;
-    }
-    sum = warp_sum(sum);
-    if (lane == 0) Dvec[((long long)b * NH + h) * T + t] = sum;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Backward, step 2: dK and dV. Grid (B*NH, ceil(T/64)); key tile kb = blockIdx.y (tile 0 sees the
-// most query tiles, so it starts first). Each warp owns 16 keys and computes, per query tile of
-// QB rows, the transposed products S^T = K Q^T and dP^T = V dO^T (keys as rows), so that P^T and
-// dS^T come out as C fragments that re-pack into A fragments for dV += P^T dO and dK += dS^T Q.
-
-template <int HS, int QB>
-__global__ void __launch_bounds__(NTHREADS)
-flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
-                     const float* __restrict__ lse, const float* __restrict__ Dvec,
-                     int T, int NH, float scale_log2, float scale) {
-    constexpr int LDS = Tile<HS>::LDS;
-    constexpr int KTILE = BLOCK * LDS;
-    constexpr int QTILE = QB * LDS;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* sK = reinterpret_cast<bf16*>(smem_raw);  // [64][LDS]
-    bf16* sV = sK + KTILE;                          // [64][LDS]
-    bf16* sQ = sV + KTILE;                          // [2][QB][LDS]
-    bf16* sdO = sQ + 2 * QTILE;                     // [2][QB][LDS]
-    float* sL = reinterpret_cast<float*>(sdO + 2 * QTILE);   // [2][QB] lse
-    float* sD = sL + 2 * QB;                                  // [2][QB] D
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, t4 = lane & 3;
-    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
-    const int k0 = blockIdx.y * BLOCK;
-    const int C = NH * HS;
-    const long long stride = 3LL * C;
-    const bf16* qg = qkv + (long long)b * T * stride + (long long)h * HS;
-    const bf16* kg = qg + C;
-    const bf16* vg = qg + 2 * C;
-    const bf16* dog = dout + (long long)b * T * C + (long long)h * HS;
-    const float* lse_bh = lse + (long long)bh * T;
-    const float* D_bh = Dvec + (long long)bh * T;
-
-    auto load_q_block = [&](int i, int buf) {
-        const int qs = i * QB;
-        load_tile<QB, HS>(sQ + buf * QTILE, qg, qs, T, stride, tid);
-        load_tile<QB, HS>(sdO + buf * QTILE, dog, qs, T, C, tid);
-        if (tid < QB) {
-            const bool valid = qs + tid < T;
-            cp_async4(sL + buf * QB + tid, valid ? lse_bh + qs + tid : lse_bh, valid);
-        } else if (tid < 2 * QB) {
-            const int r = tid - QB;
-            const bool valid = qs + r < T;
-            cp_async4(sD + buf * QB + r, valid ? D_bh + qs + r : D_bh, valid);
-        }
-    };
-    static_assert(2 * QB <= NTHREADS, "one thread per lse/D element");
-
-    const int i0 = k0 / QB;                 // first query tile with a row >= k0
-    const int nqb = (T + QB - 1) / QB;
-    load_tile<BLOCK, HS>(sK, kg, k0, T, stride, tid);
-    load_tile<BLOCK, HS>(sV, vg, k0, T, stride, tid);
-    load_q_block(i0, 0);
-    cp_async_commit();
-
-    float dk[HS / 8][4], dv[HS / 8][4];
-#pragma unroll
-    for (int n = 0; n < HS / 8; n++) {
-        dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.0f;
-        dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
-    }
-    const int key0 = k0 + warp * 16 + g, key1 = key0 + 8;   // this thread's two key rows
-    const bf16* k_rows = sK + warp * 16 * LDS;
-    const bf16* v_rows = sV + warp * 16 * LDS;
-
-    for (int i = i0; i < nqb; i++) {
-        const int buf = (i - i0) & 1;
-        if (i + 1 < nqb) load_q_block(i + 1, buf ^ 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        const bf16* q_s = sQ + buf * QTILE;
-        const bf16* do_s = sdO + buf * QTILE;
-        const float* l_s = sL + buf * QB;
-        const float* d_s = sD + buf * QB;
-        const int qs = i * QB;
-
-        // dP^T = V dO^T (16 keys x QB queries)
-        float dpt[QB / 8][4];
-#pragma unroll
-        for (int n = 0; n < QB / 8; n++) dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < HS / 16; ks++) {
-            uint32_t af[4];
-            ldsm_x4(af, v_rows + off_a<HS>(0, ks * 16, lane));
-#pragma unroll
-            for (int np = 0; np < QB / 16; np++) {
-                uint32_t bfr[4];
-                ldsm_x4(bfr, do_s + off_b<HS>(np * 16, ks * 16, lane));
-                mma_16816(dpt[2 * np], af, bfr[0], bfr[1]);
-                mma_16816(dpt[2 * np + 1], af, bfr[2], bfr[3]);
-            }
-        }
-        // S^T = K Q^T (16 keys x QB queries)
-        float st[QB / 8][4];
-#pragma unroll
-        for (int n = 0; n < QB / 8; n++) st[n][0] = st[n][1] = st[n][2] = st[n][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < HS / 16; ks++) {
-            uint32_t af[4];
-            ldsm_x4(af, k_rows + off_a<HS>(0, ks * 16, lane));
-#pragma unroll
-            for (int np = 0; np < QB / 16; np++) {
-                uint32_t bfr[4];
-                ldsm_x4(bfr, q_s + off_b<HS>(np * 16, ks * 16, lane));
-                mma_16816(st[2 * np], af, bfr[0], bfr[1]);
-                mma_16816(st[2 * np + 1], af, bfr[2], bfr[3]);
-            }
-        }
-        // P^T = exp(scale * S^T - lse[query]); dS^T = P^T * (dP^T - D[query]).
-        // Masked: key > query (causal), and query rows past T (their lse/D were zero-filled).
-        const bool need_mask = (qs < k0 + BLOCK) || (qs + QB > T);
-#pragma unroll
-        for (int n = 0; n < QB / 8; n++) {
-            const int c = n * 8 + 2 * t4;               // query column within the tile
-            const float2 lq = *reinterpret_cast<const float2*>(l_s + c);
-            const float2 dq = *reinterpret_cast<const float2*>(d_s + c);
-            const float nl0 = -lq.x * LOG2E, nl1 = -lq.y * LOG2E;
-            float p00 = fast_exp2(fmaf(st[n][0], scale_log2, nl0));   // key0, query c
-            float p01 = fast_exp2(fmaf(st[n][1], scale_log2, nl1));   // key0, query c+1
-            float p10 = fast_exp2(fmaf(st[n][2], scale_log2, nl0));   // key1, query c
-            float p11 = fast_exp2(fmaf(st[n][3], scale_log2, nl1));   // key1, query c+1
-            if (need_mask) {
-                const int qa = qs + c, qb1 = qa + 1;
-                if (key0 > qa || qa >= T) p00 = 0.0f;
-                if (key0 > qb1 || qb1 >= T) p01 = 0.0f;
-                if (key1 > qa || qa >= T) p10 = 0.0f;
-                if (key1 > qb1 || qb1 >= T) p11 = 0.0f;
-            }
-            st[n][0] = p00; st[n][1] = p01; st[n][2] = p10; st[n][3] = p11;
-            dpt[n][0] = p00 * (dpt[n][0] - dq.x);
-            dpt[n][1] = p01 * (dpt[n][1] - dq.y);
-            dpt[n][2] = p10 * (dpt[n][2] - dq.x);
-            dpt[n][3] = p11 * (dpt[n][3] - dq.y);
-        }
-        // dV += P^T dO and dK += dS^T Q (k = query); B fragments by ldmatrix.trans of dO / Q tiles
-#pragma unroll
-        for (int kk = 0; kk < QB / 16; kk++) {
-            uint32_t pa[4], da[4];
-            pa[0] = pack_bf16(st[2 * kk][0], st[2 * kk][1]);
-            pa[1] = pack_bf16(st[2 * kk][2], st[2 * kk][3]);
-            pa[2] = pack_bf16(st[2 * kk + 1][0], st[2 * kk + 1][1]);
-            pa[3] = pack_bf16(st[2 * kk + 1][2], st[2 * kk + 1][3]);
-            da[0] = pack_bf16(dpt[2 * kk][0], dpt[2 * kk][1]);
-            da[1] = pack_bf16(dpt[2 * kk][2], dpt[2 * kk][3]);
-            da[2] = pack_bf16(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
-            da[3] = pack_bf16(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
-#pragma unroll
-            for (int dp = 0; dp < HS / 16; dp++) {
-                uint32_t bfr[4];
-                ldsm_x4_trans(bfr, do_s + off_a<HS>(kk * 16, dp * 16, lane));
-                mma_16816(dv[2 * dp], pa, bfr[0], bfr[1]);
-                mma_16816(dv[2 * dp + 1], pa, bfr[2], bfr[3]);
-                ldsm_x4_trans(bfr, q_s + off_a<HS>(kk * 16, dp * 16, lane));
-                mma_16816(dk[2 * dp], da, bfr[0], bfr[1]);
-                mma_16816(dk[2 * dp + 1], da, bfr[2], bfr[3]);
-            }
-        }
-        __syncthreads();   // this buffer is refilled by the next iteration's copy
-    }
-
-    // write dK (times scale) and dV through this warp's own rows of the K / V tiles
-    bf16* krows = sK + warp * 16 * LDS;
-    bf16* vrows = sV + warp * 16 * LDS;
-    acc_to_tile<HS>(krows, dk, scale, scale, lane);
-    acc_to_tile<HS>(vrows, dv, 1.0f, 1.0f, lane);
     __syncwarp();
-    const int row_base = k0 + warp * 16;
-    bf16* dk_g = dqkv + ((long long)b * T + row_base) * stride + C + (long long)h * HS;
-    tile_rows_to_global<HS>(dk_g, stride, krows, T - row_base, lane);
-    tile_rows_to_global<HS>(dk_g + C, stride, vrows, T - row_base, lane);
+    tile_rows_to_global<16, HS>(out + ((long long)b * T + w_lo) * C + (long long)h * HS, C, rows16, T - w_lo, lane);
+#else
+    __trap();
+#endif
 }
 
-// ---------------------------------------------------------------------------------------------
-// Backward, step 3: dQ. Grid (B*NH, ceil(T/64)), query tiles from the last down. Each warp owns 16
-// query rows; per key tile it recomputes S = Q K^T and dP = dO V^T, forms dS, and adds dS K.
-// Q and dO fragments are kept in registers when they fit (HS = 64), else re-read from shared memory.
+// Backward step 1 (dQ and D), HS = 64. Grid (B*NH, ceil(T/64)), heaviest first; one warpgroup owns
+// 64 query rows (Q, dO as register A operands) and steps over key tiles of 64 (STAGES ring):
+// S = Q K^T and dP = dO V^T (8 wgmma, K-major K and V), dS, dQ += dS K (4 wgmma, MN-major K).
+constexpr int DQWG_KB = 64, DQWG_STAGES = 3;
+constexpr int DQWG_TILE = DQWG_KB * 64;
+constexpr int dq_wg_smem_bytes() {
+    return 1024 + 2 * DQWG_STAGES * DQWG_TILE * (int)sizeof(bf16) + 2 * 64 * Tile<64>::LDS * (int)sizeof(bf16);
+}
 
-template <int HS>
-__global__ void __launch_bounds__(NTHREADS, HS == 64 ? DQ64_MIN_BLOCKS : 1)
-flash_bwd_dq_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
-                    const float* __restrict__ lse, const float* __restrict__ Dvec,
-                    int T, int NH, float scale_log2, float scale) {
-    constexpr bool A_IN_REGS = (HS <= 64);
-    constexpr int NA = A_IN_REGS ? HS / 16 : 1;
-    constexpr int LDS = Tile<HS>::LDS;
-    constexpr int TILE = BLOCK * LDS;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16* sQ = reinterpret_cast<bf16*>(smem_raw);   // [64][LDS]
-    bf16* sdO = sQ + TILE;                           // [64][LDS]
-    bf16* sK = sdO + TILE;                           // [2][64][LDS]
-    bf16* sV = sK + 2 * TILE;                        // [2][64][LDS]
+__global__ void __launch_bounds__(WG_THREADS, 3)
+flash_bwd_dq_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, const bf16* __restrict__ dout,
+                          const bf16* __restrict__ qkv, const bf16* __restrict__ o_in, const float* __restrict__ lse,
+                          int T, int NH, float scale_log2, float scale) {
+#if FLASH_WGMMA_DEVICE
+    constexpr int HS = 64, LDS = Tile<HS>::LDS;
+    bf16* sK = smem_base_1k();                       // [STAGES][64 x 64] swizzled
+    bf16* sV = sK + DQWG_STAGES * DQWG_TILE;         // [STAGES][64 x 64] swizzled
+    bf16* sQ = sV + DQWG_STAGES * DQWG_TILE;         // [64][LDS] padded
+    bf16* sdO = sQ + 64 * LDS;                       // [64][LDS] padded
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
     const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
-    const int qb = gridDim.y - 1 - blockIdx.y;
-    const int q0 = qb * BLOCK;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * 64;
     const int C = NH * HS;
     const long long stride = 3LL * C;
     const bf16* qg = qkv + (long long)b * T * stride + (long long)h * HS;
     const bf16* kg = qg + C;
     const bf16* vg = qg + 2 * C;
     const bf16* dog = dout + (long long)b * T * C + (long long)h * HS;
+    const bf16* og = o_in + (long long)b * T * C + (long long)h * HS;
+    const int w_lo = q0 + 16 * warp;
+    const int r0 = w_lo + g, r1 = r0 + 8;
+    const int nkb = (min(q0 + 64, T) + DQWG_KB - 1) / DQWG_KB;
 
-    load_tile<BLOCK, HS>(sQ, qg, q0, T, stride, tid);
-    load_tile<BLOCK, HS>(sdO, dog, q0, T, C, tid);
-    load_tile<BLOCK, HS>(sK, kg, 0, T, stride, tid);
-    load_tile<BLOCK, HS>(sV, vg, 0, T, stride, tid);
-    cp_async_commit();
-
-    // this thread's two query rows: lse (log2 domain, +inf past T so that P = 0) and D
-    const int r0 = warp * 16 + g, r1 = r0 + 8;       // within the tile
-    const float* lse_bh = lse + (long long)bh * T;
-    const float* D_bh = Dvec + (long long)bh * T;
-    const float nl0 = q0 + r0 < T ? -lse_bh[q0 + r0] * LOG2E : -INFINITY;
-    const float nl1 = q0 + r1 < T ? -lse_bh[q0 + r1] * LOG2E : -INFINITY;
-    const float D0 = q0 + r0 < T ? D_bh[q0 + r0] : 0.0f;
-    const float D1 = q0 + r1 < T ? D_bh[q0 + r1] : 0.0f;
-
-    uint32_t qf[NA][4], dof[NA][4];
-    float dq[HS / 8][4];
+    auto load_kv = [&](int j) {
+        const int st = j % DQWG_STAGES;
+        load_tile_sw<DQWG_KB, WG_THREADS>(sK + st * DQWG_TILE, kg, j * DQWG_KB, T, stride, tid);
+        load_tile_sw<DQWG_KB, WG_THREADS>(sV + st * DQWG_TILE, vg, j * DQWG_KB, T, stride, tid);
+    };
+    load_tile<64, HS, WG_THREADS>(sQ, qg, q0, T, stride, tid);
+    load_tile<64, HS, WG_THREADS>(sdO, dog, q0, T, C, tid);
 #pragma unroll
-    for (int n = 0; n < HS / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
-    const bf16* q_rows = sQ + warp * 16 * LDS;
-    const bf16* do_rows = sdO + warp * 16 * LDS;
-
-    const int nkb = qb + 1;
-    for (int j = 0; j < nkb; j++) {
-        const int buf = j & 1;
-        if (j + 1 < nkb) {
-            load_tile<BLOCK, HS>(sK + (buf ^ 1) * TILE, kg, (j + 1) * BLOCK, T, stride, tid);
-            load_tile<BLOCK, HS>(sV + (buf ^ 1) * TILE, vg, (j + 1) * BLOCK, T, stride, tid);
-        }
+    for (int st = 0; st < DQWG_STAGES - 1; st++) {
+        if (st < nkb) load_kv(st);
         cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        if (A_IN_REGS && j == 0) {
-#pragma unroll
-            for (int ks = 0; ks < NA; ks++) {
-                ldsm_x4(qf[ks], q_rows + off_a<HS>(0, ks * 16, lane));
-                ldsm_x4(dof[ks], do_rows + off_a<HS>(0, ks * 16, lane));
-            }
-        }
-        const bf16* k_s = sK + buf * TILE;
-        const bf16* v_s = sV + buf * TILE;
+    }
 
-        // S = Q K^T and dP = dO V^T (16 queries x 64 keys)
-        float s[BLOCK / 8][4], dp[BLOCK / 8][4];
+    const float* lse_bh = lse + (long long)bh * T;
+    const float nl0 = r0 < T ? -lse_bh[r0] * LOG2E : -INFINITY;
+    const float nl1 = r1 < T ? -lse_bh[r1] * LOG2E : -INFINITY;
+    const float D0 = quad_row_dot<HS>(og + (long long)r0 * C, dog + (long long)r0 * C, r0 < T, t4);
+    const float D1 = quad_row_dot<HS>(og + (long long)r1 * C, dog + (long long)r1 * C, r1 < T, t4);
+    if (t4 == 0) {
+        if (r0 < T) Dvec[(long long)bh * T + r0] = D0;
+        if (r1 < T) Dvec[(long long)bh * T + r1] = D1;
+    }
+
+    uint32_t qf[HS / 16][4], dof[HS / 16][4];
+    float s[32], dp[32], dq[32];
 #pragma unroll
-        for (int n = 0; n < BLOCK / 8; n++) {
-            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-            dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
-        }
+    for (int i = 0; i < 32; i++) { s[i] = 0.0f; dp[i] = 0.0f; dq[i] = 0.0f; }
+
+    for (int j = 0; j < nkb; j++) {
+        cp_async_wait<DQWG_STAGES - 2>();
+        fence_proxy_async();
+        __syncthreads();
+        if (j + DQWG_STAGES - 1 < nkb) load_kv(j + DQWG_STAGES - 1);
+        cp_async_commit();
+        const bf16* k_s = sK + (j % DQWG_STAGES) * DQWG_TILE;
+        const bf16* v_s = sV + (j % DQWG_STAGES) * DQWG_TILE;
+
+        // S = Q K^T, dP = dO V^T; Q and dO fragments re-read at every tile (see the forward)
 #pragma unroll
         for (int ks = 0; ks < HS / 16; ks++) {
-            uint32_t a_q[4], a_do[4];
-            if constexpr (A_IN_REGS) {
-#pragma unroll
-                for (int x = 0; x < 4; x++) { a_q[x] = qf[ks % NA][x]; a_do[x] = dof[ks % NA][x]; }
-            } else {
-                ldsm_x4(a_q, q_rows + off_a<HS>(0, ks * 16, lane));
-                ldsm_x4(a_do, do_rows + off_a<HS>(0, ks * 16, lane));
-            }
-#pragma unroll
-            for (int np = 0; np < BLOCK / 16; np++) {
-                uint32_t bfr[4];
-                ldsm_x4(bfr, k_s + off_b<HS>(np * 16, ks * 16, lane));
-                mma_16816(s[2 * np], a_q, bfr[0], bfr[1]);
-                mma_16816(s[2 * np + 1], a_q, bfr[2], bfr[3]);
-                ldsm_x4(bfr, v_s + off_b<HS>(np * 16, ks * 16, lane));
-                mma_16816(dp[2 * np], a_do, bfr[0], bfr[1]);
-                mma_16816(dp[2 * np + 1], a_do, bfr[2], bfr[3]);
-            }
+            ldsm_x4(qf[ks], sQ + off_a<HS>(16 * warp, ks * 16, lane));
+            ldsm_x4(dof[ks], sdO + off_a<HS>(16 * warp, ks * 16, lane));
         }
-        // P and dS; only the diagonal tile needs the causal mask (its key offset equals q0)
-        const bool diag = (j == qb);
+        reg_fence(qf);
+        reg_fence(dof);
+        reg_fence(s);
+        reg_fence(dp);
+        wgmma_fence();
 #pragma unroll
-        for (int n = 0; n < BLOCK / 8; n++) {
-            const int c = n * 8 + 2 * t4;
-            float p00 = fast_exp2(fmaf(s[n][0], scale_log2, nl0));
-            float p01 = fast_exp2(fmaf(s[n][1], scale_log2, nl0));
-            float p10 = fast_exp2(fmaf(s[n][2], scale_log2, nl1));
-            float p11 = fast_exp2(fmaf(s[n][3], scale_log2, nl1));
-            if (diag) {
+        for (int ks = 0; ks < HS / 16; ks++) wgmma_rs<0>(s, qf[ks], desc_k(k_s, ks), ks);
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) wgmma_rs<0>(dp, dof[ks], desc_k(v_s, ks), ks);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(s);
+        reg_fence(dp);
+
+        // dS = P * (dP - D) in place of dP; the causal mask where the tile reaches past the warp's first row
+        const bool need_mask = j * DQWG_KB + DQWG_KB - 1 > w_lo;
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            const int c = j * DQWG_KB + n * 8 + 2 * t4;
+            float p00 = fast_exp2(fmaf(s[4 * n], scale_log2, nl0));
+            float p01 = fast_exp2(fmaf(s[4 * n + 1], scale_log2, nl0));
+            float p10 = fast_exp2(fmaf(s[4 * n + 2], scale_log2, nl1));
+            float p11 = fast_exp2(fmaf(s[4 * n + 3], scale_log2, nl1));
+            if (need_mask) {
                 if (c > r0) p00 = 0.0f;
                 if (c + 1 > r0) p01 = 0.0f;
                 if (c > r1) p10 = 0.0f;
                 if (c + 1 > r1) p11 = 0.0f;
             }
-            dp[n][0] = p00 * (dp[n][0] - D0);
-            dp[n][1] = p01 * (dp[n][1] - D0);
-            dp[n][2] = p10 * (dp[n][2] - D1);
-            dp[n][3] = p11 * (dp[n][3] - D1);
+            dp[4 * n] = p00 * (dp[4 * n] - D0);
+            dp[4 * n + 1] = p01 * (dp[4 * n + 1] - D0);
+            dp[4 * n + 2] = p10 * (dp[4 * n + 2] - D1);
+            dp[4 * n + 3] = p11 * (dp[4 * n + 3] - D1);
         }
-        // dQ += dS K (k = key): B fragments by ldmatrix.trans of the K tile
+        // dQ += dS K
+        uint32_t da[4][4];
 #pragma unroll
-        for (int kk = 0; kk < BLOCK / 16; kk++) {
-            uint32_t da[4];
-            da[0] = pack_bf16(dp[2 * kk][0], dp[2 * kk][1]);
-            da[1] = pack_bf16(dp[2 * kk][2], dp[2 * kk][3]);
-            da[2] = pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-            da[3] = pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+        for (int kk = 0; kk < 4; kk++) acc_to_a(da[kk], dp, kk);
+        reg_fence(da);
+        reg_fence(dq);
+        wgmma_fence();
 #pragma unroll
-            for (int dd = 0; dd < HS / 16; dd++) {
-                uint32_t bfr[4];
-                ldsm_x4_trans(bfr, k_s + off_a<HS>(kk * 16, dd * 16, lane));
-                mma_16816(dq[2 * dd], da, bfr[0], bfr[1]);
-                mma_16816(dq[2 * dd + 1], da, bfr[2], bfr[3]);
-            }
-        }
-        __syncthreads();
+        for (int kk = 0; kk < 4; kk++) wgmma_rs<1>(dq, da[kk], desc_mn(k_s, kk), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(dq);
     }
 
-    // write dQ (times scale) through this warp's own rows of the Q tile
-    bf16* rows16 = sQ + warp * 16 * LDS;
-    acc_to_tile<HS>(rows16, dq, scale, scale, lane);
+    bf16* rows16 = sQ + 16 * warp * LDS;
+    wg_acc_to_tile(rows16, dq, scale, scale, lane);
     __syncwarp();
-    const int row_base = q0 + warp * 16;
-    tile_rows_to_global<HS>(dqkv + ((long long)b * T + row_base) * stride + (long long)h * HS, stride, rows16,
-                            T - row_base, lane);
+    tile_rows_to_global<16, HS>(dqkv + ((long long)b * T + w_lo) * stride + (long long)h * HS, stride, rows16,
+                                T - w_lo, lane);
+#else
+    __trap();
+#endif
+}
+
+// Backward step 2 (dK, dV), HS = 64. Grid (B*NH, ceil(T/64)), key block 0 first; one warpgroup owns
+// 64 keys (K, V tiles as wgmma A operands from shared memory) and steps over query tiles of 64
+// (Q, dO, lse, D; STAGES ring): S^T = K Q^T and dP^T = V dO^T (8 wgmma, K-major Q and dO), P^T and
+// dS^T, dV += P^T dO and dK += dS^T Q (8 wgmma, MN-major dO and Q).
+constexpr int DKVWG_QB = 64, DKVWG_STAGES = 3;
+constexpr int DKVWG_TILE = DKVWG_QB * 64;
+constexpr int dkv_wg_smem_bytes() {
+    return 1024 + (2 * 64 * 64 + 2 * DKVWG_STAGES * DKVWG_TILE) * (int)sizeof(bf16) +
+           2 * DKVWG_STAGES * DKVWG_QB * (int)sizeof(float);
+}
+
+__global__ void __launch_bounds__(WG_THREADS, 3)
+flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
+                           const float* __restrict__ lse, const float* __restrict__ Dvec,
+                           int T, int NH, float scale_log2, float scale) {
+#if FLASH_WGMMA_DEVICE
+    constexpr int HS = 64, LDS = Tile<HS>::LDS, QB = DKVWG_QB;
+    bf16* sK = smem_base_1k();                       // [64 x 64] swizzled
+    bf16* sV = sK + 64 * 64;                         // [64 x 64] swizzled
+    bf16* sQ = sV + 64 * 64;                         // [STAGES][QB x 64] swizzled
+    bf16* sdO = sQ + DKVWG_STAGES * DKVWG_TILE;      // [STAGES][QB x 64] swizzled
+    float* sL = reinterpret_cast<float*>(sdO + DKVWG_STAGES * DKVWG_TILE);   // [STAGES][QB]
+    float* sD = sL + DKVWG_STAGES * QB;                                        // [STAGES][QB]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    const int k0 = blockIdx.y * 64;
+    const int C = NH * HS;
+    const long long stride = 3LL * C;
+    const bf16* qg = qkv + (long long)b * T * stride + (long long)h * HS;
+    const bf16* kg = qg + C;
+    const bf16* vg = qg + 2 * C;
+    const bf16* dog = dout + (long long)b * T * C + (long long)h * HS;
+    const float* lse_bh = lse + (long long)bh * T;
+    const float* D_bh = Dvec + (long long)bh * T;
+    const int key0 = k0 + 16 * warp + g, key1 = key0 + 8;   // this thread's key rows
+    const int w_hi = k0 + 16 * warp + 15;                   // this warp's last key
+    const int i0 = k0 / QB;
+    const int nq = (T + QB - 1) / QB - i0;
+
+    auto load_q_block = [&](int it) {
+        const int qs = (i0 + it) * QB, st = it % DKVWG_STAGES;
+        load_tile_sw<QB, WG_THREADS>(sQ + st * DKVWG_TILE, qg, qs, T, stride, tid);
+        load_tile_sw<QB, WG_THREADS>(sdO + st * DKVWG_TILE, dog, qs, T, C, tid);
+        if (tid < QB) {
+            const bool valid = qs + tid < T;
+            cp_async4(sL + st * QB + tid, valid ? lse_bh + qs + tid : lse_bh, valid);
+        } else {
+            const int r = tid - QB;
+            const bool valid = qs + r < T;
+            cp_async4(sD + st * QB + r, valid ? D_bh + qs + r : D_bh, valid);
+        }
+    };
+    static_assert(2 * QB == WG_THREADS, "one thread per lse/D element");
+    load_tile_sw<64, WG_THREADS>(sK, kg, k0, T, stride, tid);
+    load_tile_sw<64, WG_THREADS>(sV, vg, k0, T, stride, tid);
+#pragma unroll
+    for (int st = 0; st < DKVWG_STAGES - 1; st++) {
+        if (st < nq) load_q_block(st);
+        cp_async_commit();
+    }
+
+    float st_[32], dpt[32], dk[32], dv[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) { st_[i] = 0.0f; dpt[i] = 0.0f; dk[i] = 0.0f; dv[i] = 0.0f; }
+
+    for (int it = 0; it < nq; it++) {
+        cp_async_wait<DKVWG_STAGES - 2>();
+        fence_proxy_async();
+        __syncthreads();
+        if (it + DKVWG_STAGES - 1 < nq) load_q_block(it + DKVWG_STAGES - 1);
+        cp_async_commit();
+        const int qs = (i0 + it) * QB, stg = it % DKVWG_STAGES;
+        const bf16* q_s = sQ + stg * DKVWG_TILE;
+        const bf16* do_s = sdO + stg * DKVWG_TILE;
+        const float* l_s = sL + stg * QB;
+        const float* d_s = sD + stg * QB;
+
+        // S^T = K Q^T, dP^T = V dO^T (64 keys x 64 queries)
+        reg_fence(st_);
+        reg_fence(dpt);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) wgmma_ss<0>(st_, desc_k(sK, ks), desc_k(q_s, ks), ks);
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) wgmma_ss<0>(dpt, desc_k(sV, ks), desc_k(do_s, ks), ks);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(st_);
+        reg_fence(dpt);
+
+        // P^T and dS^T; masked: key > query, and queries past T (their lse / D were zero-filled)
+        const bool need_mask = (qs < w_hi) || (qs + QB > T);
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            const int c = n * 8 + 2 * t4;
+            const float2 lq = *reinterpret_cast<const float2*>(l_s + c);
+            const float2 dq = *reinterpret_cast<const float2*>(d_s + c);
+            const float nl0 = -lq.x * LOG2E, nl1 = -lq.y * LOG2E;
+            const int qa = qs + c, qb1 = qa + 1;
+            float p00 = fast_exp2(fmaf(st_[4 * n], scale_log2, nl0));       // key0, query c
+            float p01 = fast_exp2(fmaf(st_[4 * n + 1], scale_log2, nl1));   // key0, query c+1
+            float p10 = fast_exp2(fmaf(st_[4 * n + 2], scale_log2, nl0));   // key1, query c
+            float p11 = fast_exp2(fmaf(st_[4 * n + 3], scale_log2, nl1));   // key1, query c+1
+            if (need_mask) {
+                if (key0 > qa || qa >= T) p00 = 0.0f;
+                if (key0 > qb1 || qb1 >= T) p01 = 0.0f;
+                if (key1 > qa || qa >= T) p10 = 0.0f;
+                if (key1 > qb1 || qb1 >= T) p11 = 0.0f;
+            }
+            st_[4 * n] = p00; st_[4 * n + 1] = p01; st_[4 * n + 2] = p10; st_[4 * n + 3] = p11;
+            dpt[4 * n] = p00 * (dpt[4 * n] - dq.x);
+            dpt[4 * n + 1] = p01 * (dpt[4 * n + 1] - dq.y);
+            dpt[4 * n + 2] = p10 * (dpt[4 * n + 2] - dq.x);
+            dpt[4 * n + 3] = p11 * (dpt[4 * n + 3] - dq.y);
+        }
+        // dV += P^T dO, dK += dS^T Q (k = query)
+        uint32_t pa[4][4], da[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) { acc_to_a(pa[kk], st_, kk); acc_to_a(da[kk], dpt, kk); }
+        reg_fence(pa);
+        reg_fence(da);
+        reg_fence(dv);
+        reg_fence(dk);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) wgmma_rs<1>(dv, pa[kk], desc_mn(do_s, kk), 1);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) wgmma_rs<1>(dk, da[kk], desc_mn(q_s, kk), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(dv);
+        reg_fence(dk);
+    }
+
+    // stage dK (times scale) and dV through the Q ring (no longer read by anyone after the barrier)
+    cp_async_wait<0>();
+    __syncthreads();
+    bf16* kst = sQ;                                  // [64][LDS] padded
+    bf16* vst = sQ + 64 * LDS;                       // [64][LDS] padded (fits: the ring has 3 x 64 x 64)
+    wg_acc_to_tile(kst + 16 * warp * LDS, dk, scale, scale, lane);
+    wg_acc_to_tile(vst + 16 * warp * LDS, dv, 1.0f, 1.0f, lane);
+    __syncwarp();
+    const int w_lo = k0 + 16 * warp;
+    bf16* dk_g = dqkv + ((long long)b * T + w_lo) * stride + C + (long long)h * HS;
+    tile_rows_to_global<16, HS>(dk_g, stride, kst + 16 * warp * LDS, T - w_lo, lane);
+    tile_rows_to_global<16, HS>(dk_g + C, stride, vst + 16 * warp * LDS, T - w_lo, lane);
+#else
+    __trap();
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
 // Host side
 
-template <int HS> constexpr int fwd_smem_bytes() { return 5 * BLOCK * Tile<HS>::LDS * (int)sizeof(bf16); }
-template <int HS> constexpr int dq_smem_bytes() { return 6 * BLOCK * Tile<HS>::LDS * (int)sizeof(bf16); }
-template <int HS> constexpr int dkv_q_block() { return HS <= 64 ? 64 : 32; }
+template <int HS> constexpr int fwd_rows() { typedef typename Config<HS>::Fwd F; return 16 * F::MT * F::NW; }
+template <int HS> constexpr int fwd_smem_bytes() {
+    typedef typename Config<HS>::Fwd F;
+    return (fwd_rows<HS>() + 2 * F::STAGES * F::KB) * Tile<HS>::LDS * (int)sizeof(bf16);
+}
+template <int HS> constexpr int dq_rows() { typedef typename Config<HS>::Dq F; return 16 * F::MT * F::NW; }
+template <int HS> constexpr int dq_smem_bytes() {
+    typedef typename Config<HS>::Dq F;
+    return (2 * dq_rows<HS>() + 2 * F::STAGES * F::KB) * Tile<HS>::LDS * (int)sizeof(bf16);
+}
+template <int HS> constexpr int dkv_rows() { typedef typename Config<HS>::Dkv F; return 16 * F::MT * F::NW; }
 template <int HS> constexpr int dkv_smem_bytes() {
-    return (2 * BLOCK + 4 * dkv_q_block<HS>()) * Tile<HS>::LDS * (int)sizeof(bf16) + 4 * dkv_q_block<HS>() * (int)sizeof(float);
+    typedef typename Config<HS>::Dkv F;
+    return (2 * dkv_rows<HS>() + 2 * F::STAGES * F::QB) * Tile<HS>::LDS * (int)sizeof(bf16) +
+           2 * F::STAGES * F::QB * (int)sizeof(float);
 }
 
 inline void check_args(const void* a, const void* b, const void* c, int T, int HS, const char* what) {
@@ -694,44 +1425,108 @@ inline void check_args(const void* a, const void* b, const void* c, int T, int H
     }
 }
 
+// whether the loaded device code has the wgmma kernels (read once from the device)
+inline bool wgmma_built() {
+    static int built = -1;
+    if (built < 0) cudaCheck(cudaMemcpyFromSymbol(&built, g_wgmma_built, sizeof(int)));
+    return built == 1;
+}
+
 template <int HS>
 void forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, cudaStream_t stream) {
+    if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
+        constexpr int smem = fwd_wg_smem_bytes();
+        static bool configured = false;
+        if (!configured) {
+            cudaCheck(cudaFuncSetAttribute(flash_fwd_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            configured = true;
+        }
+        dim3 grid(B * NH, ceil_div(T, FWG_QR));
+        flash_fwd_wgmma_kernel<<<grid, FWG_NTH, smem, stream>>>(out, lse, qkv, T, NH, LOG2E / sqrtf((float)HS));
+        cudaCheckLaunch();
+        return;
+    }
+    typedef typename Config<HS>::Fwd F;
     constexpr int smem = fwd_smem_bytes<HS>();
+    auto kernel = flash_fwd_kernel<HS, F::MT, F::NW, F::STAGES, F::MINB>;
     static bool configured = false;
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(flash_fwd_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         configured = true;
     }
     const float scale_log2 = LOG2E / sqrtf((float)HS);
-    dim3 grid(B * NH, ceil_div(T, BLOCK));
-    flash_fwd_kernel<HS><<<grid, NTHREADS, smem, stream>>>(out, lse, qkv, T, NH, scale_log2);
+    dim3 grid(B * NH, ceil_div(T, fwd_rows<HS>()));
+    kernel<<<grid, F::NW * WARP_SIZE, smem, stream>>>(out, lse, qkv, T, NH, scale_log2);
+    cudaCheckLaunch();
+}
+
+// backward step 1: dQ, and D = rowsum(dout * out) into Dvec (B, NH, T)
+template <int HS>
+void backward_dq_launch(floatX* dqkv, float* Dvec, const floatX* dout, const floatX* qkv, const floatX* out,
+                        const float* lse, int B, int T, int NH, cudaStream_t stream) {
+    if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
+        constexpr int smem = dq_wg_smem_bytes();
+        static bool configured = false;
+        if (!configured) {
+            cudaCheck(cudaFuncSetAttribute(flash_bwd_dq_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            configured = true;
+        }
+        const float scale = 1.0f / sqrtf((float)HS);
+        dim3 grid(B * NH, ceil_div(T, 64));
+        flash_bwd_dq_wgmma_kernel<<<grid, WG_THREADS, smem, stream>>>(dqkv, Dvec, dout, qkv, out, lse, T, NH, LOG2E * scale, scale);
+        cudaCheckLaunch();
+        return;
+    }
+    typedef typename Config<HS>::Dq F;
+    constexpr int smem = dq_smem_bytes<HS>();
+    auto kernel = flash_bwd_dq_kernel<HS, F::KB, F::MT, F::NW, F::STAGES, F::MINB, F::A_IN_REGS>;
+    static bool configured = false;
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        configured = true;
+    }
+    const float scale = 1.0f / sqrtf((float)HS);
+    dim3 grid(B * NH, ceil_div(T, dq_rows<HS>()));
+    kernel<<<grid, F::NW * WARP_SIZE, smem, stream>>>(dqkv, Dvec, dout, qkv, out, lse, T, NH, LOG2E * scale, scale);
+    cudaCheckLaunch();
+}
+
+// backward step 2: dK and dV; reads the Dvec written by step 1
+template <int HS>
+void backward_dkv_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* Dvec,
+                         int B, int T, int NH, cudaStream_t stream) {
+    if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
+        constexpr int smem = dkv_wg_smem_bytes();
+        static bool configured = false;
+        if (!configured) {
+            cudaCheck(cudaFuncSetAttribute(flash_bwd_dkv_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            configured = true;
+        }
+        const float scale = 1.0f / sqrtf((float)HS);
+        dim3 grid(B * NH, ceil_div(T, 64));
+        flash_bwd_dkv_wgmma_kernel<<<grid, WG_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, Dvec, T, NH, LOG2E * scale, scale);
+        cudaCheckLaunch();
+        return;
+    }
+    typedef typename Config<HS>::Dkv F;
+    constexpr int smem = dkv_smem_bytes<HS>();
+    auto kernel = flash_bwd_dkv_kernel<HS, F::QB, F::MT, F::NW, F::STAGES, F::MINB>;
+    static bool configured = false;
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        configured = true;
+    }
+    const float scale = 1.0f / sqrtf((float)HS);
+    dim3 grid(B * NH, ceil_div(T, dkv_rows<HS>()));
+    kernel<<<grid, F::NW * WARP_SIZE, smem, stream>>>(dqkv, dout, qkv, lse, Dvec, T, NH, LOG2E * scale, scale);
     cudaCheckLaunch();
 }
 
 template <int HS>
 void backward_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
                      float* Dvec, int B, int T, int NH, cudaStream_t stream) {
-    constexpr int QB = dkv_q_block<HS>();
-    constexpr int smem_dkv = dkv_smem_bytes<HS>();
-    constexpr int smem_dq = dq_smem_bytes<HS>();
-    static bool configured = false;
-    if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(flash_bwd_dkv_kernel<HS, QB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_dkv));
-        cudaCheck(cudaFuncSetAttribute(flash_bwd_dq_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_dq));
-        configured = true;
-    }
-    const float scale = 1.0f / sqrtf((float)HS);
-    const float scale_log2 = LOG2E * scale;
-    const long long rows = (long long)B * T * NH;
-    const int warps_per_block = 8;
-    flash_bwd_dot_kernel<HS><<<ceil_div(rows, warps_per_block), warps_per_block * WARP_SIZE, 0, stream>>>(
-        Dvec, dout, out, B, T, NH);
-    cudaCheckLaunch();
-    dim3 grid(B * NH, ceil_div(T, BLOCK));
-    flash_bwd_dkv_kernel<HS, QB><<<grid, NTHREADS, smem_dkv, stream>>>(dqkv, dout, qkv, lse, Dvec, T, NH, scale_log2, scale);
-    cudaCheckLaunch();
-    flash_bwd_dq_kernel<HS><<<grid, NTHREADS, smem_dq, stream>>>(dqkv, dout, qkv, lse, Dvec, T, NH, scale_log2, scale);
-    cudaCheckLaunch();
+    backward_dq_launch<HS>(dqkv, Dvec, dout, qkv, out, lse, B, T, NH, stream);
+    backward_dkv_launch<HS>(dqkv, dout, qkv, lse, Dvec, B, T, NH, stream);
 }
 
 } // namespace flash_detail

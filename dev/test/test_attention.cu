@@ -306,6 +306,16 @@ static void time_case(int B, int NH, int T, int HS) {
     const double fwd_flop = 4.0 * B * NH * (double)T * T * HS / 2.0, bwd_flop = 2.5 * fwd_flop;
     double f_fwd = median_ms([&] { flash_attention_forward(out, lse, qkv, B, T, NH, HS, 0); });
     double f_bwd = median_ms([&] { flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, HS, 0); });
+    // the backward's two kernels alone (step 1 writes the D that step 2 reads; both see the same inputs)
+    float* Dvec = static_cast<float*>(scratch);
+    double f_dq = median_ms([&] {
+        if (HS == 64) flash_detail::backward_dq_launch<64>(dqkv, Dvec, dout, qkv, out, lse, B, T, NH, 0);
+        else flash_detail::backward_dq_launch<128>(dqkv, Dvec, dout, qkv, out, lse, B, T, NH, 0);
+    });
+    double f_dkv = median_ms([&] {
+        if (HS == 64) flash_detail::backward_dkv_launch<64>(dqkv, dout, qkv, lse, Dvec, B, T, NH, 0);
+        else flash_detail::backward_dkv_launch<128>(dqkv, dout, qkv, lse, Dvec, B, T, NH, 0);
+    });
     cudaCheck(cudaDeviceSynchronize());
 
     AttentionScratch s;
@@ -320,6 +330,7 @@ static void time_case(int B, int NH, int T, int HS) {
     printf("timing B=%d NH=%d T=%d HS=%d (median of 20, causal FLOPs):\n", B, NH, T, HS);
     printf("  flash        forward %8.3f ms %7.1f TFLOP/s   backward %8.3f ms %7.1f TFLOP/s   total %8.3f ms\n",
            f_fwd, fwd_flop / f_fwd * 1e-9, f_bwd, bwd_flop / f_bwd * 1e-9, f_fwd + f_bwd);
+    printf("  flash backward = dQ (and D) %.3f ms + dK/dV %.3f ms\n", f_dq, f_dkv);
     printf("  materialized forward %8.3f ms %7.1f TFLOP/s   backward %8.3f ms %7.1f TFLOP/s   total %8.3f ms\n",
            m_fwd, fwd_flop / m_fwd * 1e-9, m_bwd, bwd_flop / m_bwd * 1e-9, m_fwd + m_bwd);
     check(f_fwd + f_bwd < m_fwd + m_bwd, "B=%d NH=%d T=%d HS=%d: flash forward+backward faster than materialized (%.2fx)",
@@ -357,6 +368,7 @@ int main(int argc, char** argv) {
     if (!small_only) {
         time_case(64, 12, 1024, 64);
         time_case(32, 12, 2048, 64);
+        time_case(32, 12, 1024, 128);
     }
 
     matmul_free();
