@@ -35,8 +35,9 @@ endif
 # ---- flags ---------------------------------------------------------------------------------------
 GPU_ARCH ?= sm_90a
 GENCODE := -gencode arch=compute_$(subst sm_,,$(GPU_ARCH)),code=$(GPU_ARCH)
-# FLASH_WGMMA=1: flash attention's wgmma (sm_90a) kernels for head size 64 instead of mma.sync
-FLASH_WGMMA ?= 0
+# flash attention at head size 64: wgmma (sm_90a) kernels (1, default) or the mma.sync ones (0);
+# builds for other targets fall back to mma.sync at run time
+FLASH_WGMMA ?= 1
 NVCC_FLAGS := -O3 -std=c++17 $(GENCODE) -Xcompiler -Wall -lineinfo -DFLASH_ATTENTION_WGMMA=$(FLASH_WGMMA)
 NVCC_LDFLAGS := $(addprefix -L,$(CUDA_LIB_DIRS)) -lcublasLt -lcublas
 FAST_MATH := --use_fast_math

@@ -10,7 +10,7 @@ export LLMC_SHARED_DATA=$PWD/.deps/shared_data PYTHONUNBUFFERED=1
 STEPS=${STEPS:-500}
 BENCH_SIZES=${BENCH_SIZES:-d12}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader; date -u
-if [[ "${TRY_WGMMA:-0}" == 1 ]]; then
+if [[ "${TRY_WGMMA:-0}" == 1 ]]; then  # (wgmma is now the default; this re-checks it alone)
     echo "== flash attention with wgmma (opt-in): accuracy and speed"
     mkdir -p build
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a --use_fast_math -DFLASH_ATTENTION_WGMMA=1 -I. \
