@@ -17,18 +17,24 @@
 #include "cuda_common.h"
 #include "matmul.cuh"
 
+// Element idx of a (B, NH, T, HS) tensor sits at this offset of the (B, T, width * NH * HS) layout,
+// in its first block of NH * HS (width 3 for qkv = [q | k | v], 1 for the attention output).
+__device__ __forceinline__ long long head_to_token_offset(long long idx, int T, int NH, int HS, int width) {
+    const int d = idx % HS;
+    const int t = (idx / HS) % T;
+    const int h = (idx / ((long long)HS * T)) % NH;
+    const int b = idx / ((long long)HS * T * NH);
+    return ((long long)b * T + t) * width * NH * HS + (long long)h * HS + d;
+}
+
 // qkv (B,T,3,NH,HS) -> q, k, v each (B,NH,T,HS)
 __global__ void attention_permute_kernel(floatX* q, floatX* k, floatX* v, const floatX* qkv,
                                          int B, int T, int NH, int HS) {
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long total = (long long)B * NH * T * HS;
     if (idx >= total) return;
-    int d = idx % HS;
-    int t = (idx / HS) % T;
-    int h = (idx / ((long long)HS * T)) % NH;
-    int b = idx / ((long long)HS * T * NH);
-    int C = NH * HS;
-    long long src = ((long long)b * T + t) * 3 * C + (long long)h * HS + d;
+    const int C = NH * HS;
+    const long long src = head_to_token_offset(idx, T, NH, HS, 3);
     q[idx] = qkv[src];
     k[idx] = qkv[src + C];
     v[idx] = qkv[src + 2 * C];
@@ -40,12 +46,8 @@ __global__ void attention_unpermute_qkv_kernel(floatX* dqkv, const floatX* dq, c
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long total = (long long)B * NH * T * HS;
     if (idx >= total) return;
-    int d = idx % HS;
-    int t = (idx / HS) % T;
-    int h = (idx / ((long long)HS * T)) % NH;
-    int b = idx / ((long long)HS * T * NH);
-    int C = NH * HS;
-    long long dst = ((long long)b * T + t) * 3 * C + (long long)h * HS + d;
+    const int C = NH * HS;
+    const long long dst = head_to_token_offset(idx, T, NH, HS, 3);
     dqkv[dst] = dq[idx];
     dqkv[dst + C] = dk[idx];
     dqkv[dst + 2 * C] = dv[idx];
@@ -56,11 +58,7 @@ __global__ void attention_heads_kernel(floatX* out, const floatX* inp, int B, in
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long total = (long long)B * NH * T * HS;
     if (idx >= total) return;
-    int d = idx % HS;
-    int t = (idx / HS) % T;
-    int h = (idx / ((long long)HS * T)) % NH;
-    int b = idx / ((long long)HS * T * NH);
-    long long btc = ((long long)b * T + t) * NH * HS + (long long)h * HS + d;
+    const long long btc = head_to_token_offset(idx, T, NH, HS, 1);
     if (to_btc) out[btc] = inp[idx];
     else out[idx] = inp[btc];
 }
