@@ -1,13 +1,13 @@
 # Makefile: one binary per precision recipe.
-#   make train_gpt_bf16          the BF16 trainer (Hopper, sm_90a)
-#   make test_gpt_bf16           the GPU test binary for it
+#   make train_gpt_<recipe>      the trainer of a recipe: bf16 (the baseline), fp8 (FP8-hybrid)
+#   make test_gpt_<recipe>       the GPU test binary for it
 #   make train_gpt_fp32 / test_gpt_fp32   the FP32 reference-precision build (same as PRECISION=FP32)
 #   make test                    every test: CPU tests always, GPU tests when a CUDA device is present
 #   make all                     every target
 # Variables: GPU_ARCH (default sm_90a), PRECISION=FP32 (for the bf16 targets), CUDA_HOME, NVCC.
 
 SHELL := /bin/bash
-RECIPES := bf16
+RECIPES := bf16 fp8
 
 # ---- toolchain discovery -----------------------------------------------------------------------
 CUDA_HOME ?= $(shell dirname $$(dirname $$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)))
@@ -52,13 +52,16 @@ HEADERS := $(wildcard llmc/*.h llmc/*.cuh)
 
 # ---- targets -------------------------------------------------------------------------------------
 .PHONY: all test test_cpu clean
-all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 build/test_cpu build/test_attention
+all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 build/test_cpu \
+     build/test_attention build/test_fp8
 
-train_gpt_bf16: train_gpt.cu $(HEADERS)
-	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(PRECISION_FLAGS) -DRECIPE_BF16 $< $(NVCC_LDFLAGS) -o $@
+# one binary per recipe: -DRECIPE_<NAME> picks llmc/recipe_<name>.h
+recipe_define = -DRECIPE_$(shell echo $(1) | tr a-z A-Z)
+$(addprefix train_gpt_,$(RECIPES)): train_gpt_%: train_gpt.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(if $(filter bf16,$*),$(PRECISION_FLAGS)) $(call recipe_define,$*) $< $(NVCC_LDFLAGS) -o $@
 
-test_gpt_bf16: test_gpt.cu train_gpt.cu $(HEADERS)
-	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(PRECISION_FLAGS) -DRECIPE_BF16 $< $(NVCC_LDFLAGS) -o $@
+$(addprefix test_gpt_,$(RECIPES)): test_gpt_%: test_gpt.cu train_gpt.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(if $(filter bf16,$*),$(PRECISION_FLAGS)) $(call recipe_define,$*) $< $(NVCC_LDFLAGS) -o $@
 
 # the FP32 reference-precision build of the BF16 recipe (no fast math, no TF32)
 train_gpt_fp32: train_gpt.cu $(HEADERS)
@@ -69,6 +72,11 @@ test_gpt_fp32: test_gpt.cu train_gpt.cu $(HEADERS)
 
 # flash attention against a float64 CPU reference, and its speed against the materialized path
 build/test_attention: dev/test/test_attention.cu $(HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
+
+# the FP8 kernels: quantization against the CPU codec, FP8 GEMMs against float64, delayed scaling
+build/test_fp8: dev/test/test_fp8.cu $(HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 
@@ -87,4 +95,4 @@ test:
 	bash dev/test/run_tests.sh
 
 clean:
-	rm -rf build train_gpt_bf16 test_gpt_bf16 train_gpt_fp32 test_gpt_fp32
+	rm -rf build $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32

@@ -5,8 +5,8 @@
 // (before the GPU is touched), then the training loop with validation, sampling and logging.
 //
 // The precision recipe is chosen at compile time (make train_gpt_<recipe>); its code lives in one
-// header under llmc/ and the model reaches it only through the linear-layer API
-// (linear_forward, linear_backward_dx, linear_backward_dw).
+// header under llmc/ and the model reaches it only through the recipe API of llmc/recipe.h
+// (linear_forward, linear_forward_gelu, linear_backward, and the recipe_* state hooks).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -33,7 +33,13 @@
 #include "llmc/gelu.cuh"
 #include "llmc/fused_classifier.cuh"
 #include "llmc/adamw.cuh"
+#if defined(RECIPE_FP8)
+#include "llmc/recipe_fp8.h"
+#elif defined(RECIPE_BF16)
 #include "llmc/recipe_bf16.h"
+#else
+#error "pick a recipe: -DRECIPE_BF16 or -DRECIPE_FP8 (make train_gpt_<recipe>)"
+#endif
 #include "llmc/profiler.h"
 
 using namespace llmc;
@@ -122,7 +128,7 @@ struct GPT {
     ParamPointers<floatX> params;
     ParamPointers<float> grads;
     Activations acts;
-    LinearScratch linear_scratch;
+    Recipe recipe;                    // the precision recipe's state (scales, FP8 weights, ...)
     int B = 0, T = 0;                 // the sizes the activations were allocated for
     int recompute = 1;
     bool flash_attention = false;     // fused attention (BF16, head size 64/128), else materialized
@@ -154,7 +160,7 @@ template <typename T>
 T* alloc_n(size_t n, const char* what) { return (T*)cuda_malloc_or_die(n * sizeof(T), what); }
 
 // device memory for parameters, optimizer state, activations and scratch
-inline void gpt_allocate(GPT* model, int B, int T, int recompute) {
+inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOptions& recipe_options = RecipeOptions()) {
     const ModelShape& s = model->shape;
     const size_t L = s.num_layers, C = s.channels, NH = s.num_heads, Vp = s.padded_vocab_size;
     const size_t BT = (size_t)B * T, N = model->num_params;
@@ -227,7 +233,7 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute) {
     a.dqkv = alloc_n<floatX>(BT * 3 * C, "backward scratch");
     a.btc_scratch = alloc_n<floatX>(BT * C, "forward scratch");
     a.ln_partials = alloc_n<float>((size_t)LN_BACKWARD_WARPS * 2 * C, "layernorm scratch");
-    model->linear_scratch.bias_partials = alloc_n<float>((size_t)BIAS_ROW_GROUPS * 4 * C, "bias scratch");
+    recipe_init(model->recipe, recipe_options, s, B, T);
     model->inputs_dev = alloc_n<int>(BT, "inputs");
     model->targets_dev = alloc_n<int>(BT, "targets");
     model->buckets_dev = alloc_n<int>(3 * BT + 1, "embedding buckets");
@@ -270,11 +276,21 @@ __global__ void float_to_floatX_kernel(floatX* out, const float* in, size_t n) {
     if (i < n) out[i] = (floatX)in[i];
 }
 
+inline LinearWeights gpt_linear_weights(const GPT* model) {
+    LinearWeights w;
+    w.weight[LIN_QKV] = model->params.t[P_QKVW];
+    w.weight[LIN_ATTPROJ] = model->params.t[P_ATTPROJW];
+    w.weight[LIN_FC] = model->params.t[P_FCW];
+    w.weight[LIN_FCPROJ] = model->params.t[P_FCPROJW];
+    return w;
+}
+
 // FP32 host values -> master weights (exact) and parameters (rounded to nearest)
 inline void gpt_set_params(GPT* model, const std::vector<float>& host) {
     cudaCheck(cudaMemcpy(model->master_memory, host.data(), model->num_params * sizeof(float), cudaMemcpyHostToDevice));
     float_to_floatX_kernel<<<ceil_div(model->num_params, 512), 512>>>(model->params_memory, model->master_memory, model->num_params);
     cudaCheckLaunch();
+    recipe_weights_changed(model->recipe, gpt_linear_weights(model), 0);
     cudaCheck(cudaDeviceSynchronize());
 }
 
@@ -342,6 +358,7 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
     cudaStream_t st = model->stream;
     Activations& a = model->acts;
     ParamPointers<floatX>& p = model->params;
+    Recipe& rc = model->recipe;
 
     PHASE("fwd: upload");
     cudaCheck(cudaEventSynchronize(model->inputs_uploaded));
@@ -360,7 +377,8 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
         const LayerActs la = layer_acts(model, l, B, T);
         // attention block
         PHASE("fwd: linear");
-        linear_forward(la.qkv, la.ln1, p.t[P_QKVW] + (size_t)l * 3 * C * C, p.t[P_QKVB] + l * 3 * C, N, C, 3 * C, st);
+        linear_forward(rc, {l, LIN_QKV}, la.qkv, la.ln1, p.t[P_QKVW] + (size_t)l * 3 * C * C, p.t[P_QKVB] + l * 3 * C,
+                       N, C, 3 * C, training, st);
         PHASE("fwd: attention");
 #if !defined(ENABLE_FP32)
         if (model->flash_attention) flash_attention_forward(la.atty, la.lse, la.qkv, B, T, NH, HS, st);
@@ -368,14 +386,17 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
 #endif
         attention_forward(la.atty, la.att, la.qkv, a.attn, B, T, NH, HS, st);
         PHASE("fwd: linear");
-        linear_forward(a.btc_scratch, la.atty, p.t[P_ATTPROJW] + (size_t)l * C * C, p.t[P_ATTPROJB] + l * C, N, C, C, st);
+        linear_forward(rc, {l, LIN_ATTPROJ}, a.btc_scratch, la.atty, p.t[P_ATTPROJW] + (size_t)l * C * C,
+                       p.t[P_ATTPROJB] + l * C, N, C, C, training, st);
         PHASE("fwd: residual + layernorm");
         fused_residual_layernorm_forward(la.residual2, la.ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, la.residual_in,
                                          a.btc_scratch, p.t[P_LN2W] + l * C, p.t[P_LN2B] + l * C, N, C, st);
         // MLP block
         PHASE("fwd: linear");
-        linear_forward_gelu(la.fch_gelu, la.fch, la.ln2, p.t[P_FCW] + (size_t)l * 4 * C * C, p.t[P_FCB] + l * 4 * C, N, C, 4 * C, st);
-        linear_forward(a.btc_scratch, la.fch_gelu, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, p.t[P_FCPROJB] + l * C, N, 4 * C, C, st);
+        linear_forward_gelu(rc, {l, LIN_FC}, la.fch_gelu, la.fch, la.ln2, p.t[P_FCW] + (size_t)l * 4 * C * C,
+                            p.t[P_FCB] + l * 4 * C, N, C, 4 * C, training, st);
+        linear_forward(rc, {l, LIN_FCPROJ}, a.btc_scratch, la.fch_gelu, p.t[P_FCPROJW] + (size_t)l * 4 * C * C,
+                       p.t[P_FCPROJB] + l * C, N, 4 * C, C, training, st);
         // the residual add fused with the next LayerNorm: the next layer's ln1, or the final one
         PHASE("fwd: residual + layernorm");
         if (l + 1 < L) {
@@ -441,7 +462,7 @@ inline void gpt_backward(GPT* model, int B, int T) {
     Activations& a = model->acts;
     ParamPointers<floatX>& p = model->params;
     ParamPointers<float>& g = model->grads;
-    const LinearScratch& ls = model->linear_scratch;
+    Recipe& rc = model->recipe;
 
     PHASE("bwd: layernorm");
     cudaCheck(cudaMemsetAsync(a.dresidual, 0, NC * sizeof(float), st));
@@ -459,17 +480,18 @@ inline void gpt_backward(GPT* model, int B, int T) {
         }
         // MLP block; dresidual holds d(la.residual3)
         PHASE("bwd: linear");
-        linear_backward_dw(g.t[P_FCPROJW] + (size_t)l * 4 * C * C, g.t[P_FCPROJB] + l * C, a.dresidual_x, la.fch_gelu, ls, N, 4 * C, C, st);
-        linear_backward_dx_dgelu(a.dfch, a.dresidual_x, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, la.fch, N, 4 * C, C, st);
-        linear_backward_dw(g.t[P_FCW] + (size_t)l * 4 * C * C, g.t[P_FCB] + l * 4 * C, a.dfch, la.ln2, ls, N, C, 4 * C, st);
-        linear_backward_dx(a.dbtc, a.dfch, p.t[P_FCW] + (size_t)l * 4 * C * C, N, C, 4 * C, st);
+        // the fc projection's input gradient passes through the GELU (its derivative at la.fch)
+        linear_backward(rc, {l, LIN_FCPROJ}, a.dfch, g.t[P_FCPROJW] + (size_t)l * 4 * C * C, g.t[P_FCPROJB] + l * C,
+                        a.dresidual_x, la.fch_gelu, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, la.fch, N, 4 * C, C, st);
+        linear_backward(rc, {l, LIN_FC}, a.dbtc, g.t[P_FCW] + (size_t)l * 4 * C * C, g.t[P_FCB] + l * 4 * C, a.dfch,
+                        la.ln2, p.t[P_FCW] + (size_t)l * 4 * C * C, nullptr, N, C, 4 * C, st);
         PHASE("bwd: layernorm");
         layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN2W] + l * C, g.t[P_LN2B] + l * C, a.ln_partials, a.dbtc, la.residual2,
                            ln2w, a.ln2_mean + l * N, a.ln2_rstd + l * N, N, C, st);
         // attention block; dresidual now holds d(la.residual2)
         PHASE("bwd: linear");
-        linear_backward_dw(g.t[P_ATTPROJW] + (size_t)l * C * C, g.t[P_ATTPROJB] + l * C, a.dresidual_x, la.atty, ls, N, C, C, st);
-        linear_backward_dx(a.dbtc, a.dresidual_x, p.t[P_ATTPROJW] + (size_t)l * C * C, N, C, C, st);
+        linear_backward(rc, {l, LIN_ATTPROJ}, a.dbtc, g.t[P_ATTPROJW] + (size_t)l * C * C, g.t[P_ATTPROJB] + l * C,
+                        a.dresidual_x, la.atty, p.t[P_ATTPROJW] + (size_t)l * C * C, nullptr, N, C, C, st);
         PHASE("bwd: attention");
 #if !defined(ENABLE_FP32)
         if (model->flash_attention) flash_attention_backward(a.dqkv, a.dbtc, la.qkv, la.atty, la.lse, a.flash_scratch, B, T, NH, HS, st);
@@ -481,8 +503,8 @@ inline void gpt_backward(GPT* model, int B, int T) {
             layernorm_forward(la.ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, la.residual_in, ln1w, p.t[P_LN1B] + l * C, N, C, st);
         }
         PHASE("bwd: linear");
-        linear_backward_dw(g.t[P_QKVW] + (size_t)l * 3 * C * C, g.t[P_QKVB] + l * 3 * C, a.dqkv, la.ln1, ls, N, C, 3 * C, st);
-        linear_backward_dx(a.dbtc, a.dqkv, p.t[P_QKVW] + (size_t)l * 3 * C * C, N, C, 3 * C, st);
+        linear_backward(rc, {l, LIN_QKV}, a.dbtc, g.t[P_QKVW] + (size_t)l * 3 * C * C, g.t[P_QKVB] + l * 3 * C, a.dqkv,
+                        la.ln1, p.t[P_QKVW] + (size_t)l * 3 * C * C, nullptr, N, C, 3 * C, st);
         PHASE("bwd: layernorm");
         layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN1W] + l * C, g.t[P_LN1B] + l * C, a.ln_partials, a.dbtc, la.residual_in,
                            ln1w, a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, st);
@@ -528,6 +550,11 @@ inline float gpt_update(GPT* model, const OptimizerSettings& o) {
                      model->adam_steps, o.eps, PARAM_DECAYED[i] ? o.weight_decay : 0.0f, grad_scale, seed, st);
         offset += n;
     }
+    // the recipe's per-step bookkeeping (FP8: amax histories -> next scales), then whatever it
+    // derives from the new weights (FP8: their E4M3 copies), once per optimizer step
+    PHASE("optimizer: recipe");
+    recipe_step_end(model->recipe, st);
+    recipe_weights_changed(model->recipe, gpt_linear_weights(model), st);
     return norm;
 }
 
@@ -558,14 +585,16 @@ inline void save_checkpoint(const GPT* model, const std::string& dir, int step, 
     int32_t batch_shape[2] = {model->B, model->T};
     w.add("batch_shape", batch_shape, sizeof(batch_shape));
     w.add("seed", &seed, sizeof(seed));
+    recipe_save(model->recipe, w);
     w.write_atomic(state_path(dir, step, rank));
     if (rank == 0) write_done_marker(dir, step);
 }
 
-// Checks the checkpoint of `step` in `dir` against the model shape, the batch shape and this recipe.
-// No GPU needed.
+// Checks the checkpoint of `step` in `dir` against the model shape, the batch shape and this recipe
+// (another recipe's checkpoint is refused unless convert_recipe: then its model and optimizer state
+// are taken and this recipe's state starts afresh). No GPU needed.
 inline void check_checkpoint(const std::string& dir, int step, const ModelShape& shape, int B, int T, uint64_t seed,
-                             int rank, int num_processes) {
+                             int rank, int num_processes, bool convert_recipe = false) {
     ModelFileInfo info = read_model_header(model_path(dir, step));
     const ModelShape& c = info.shape;
     if (c.num_layers != shape.num_layers || c.channels != shape.channels || c.num_heads != shape.num_heads ||
@@ -577,9 +606,10 @@ inline void check_checkpoint(const std::string& dir, int step, const ModelShape&
     }
     StateReader r;
     r.open(state_path(dir, step, rank));
-    if (r.recipe() != RECIPE_NAME) {
-        input_error("checkpoint %s was written by the '%s' recipe, this binary is '%s'; resume it with train_gpt_%s",
-                    state_path(dir, step, rank).c_str(), r.recipe().c_str(), RECIPE_NAME, r.recipe().c_str());
+    if (r.recipe() != RECIPE_NAME && !convert_recipe) {
+        input_error("checkpoint %s was written by the '%s' recipe, this binary is '%s'; resume it with train_gpt_%s, "
+                    "or pass -cr 1 to continue it under '%s' (its recipe state starts afresh)",
+                    state_path(dir, step, rank).c_str(), r.recipe().c_str(), RECIPE_NAME, r.recipe().c_str(), RECIPE_NAME);
     }
     int32_t batch_shape[2] = {0, 0};
     r.read("batch_shape", batch_shape, sizeof(batch_shape));
@@ -626,6 +656,10 @@ inline void load_checkpoint(GPT* model, const std::string& dir, int step, DataLo
     std::vector<floatX> host(N);
     read_model_params(mpath, info, host.data(), N * sizeof(floatX));
     cudaCheck(cudaMemcpy(model->params_memory, host.data(), N * sizeof(floatX), cudaMemcpyHostToDevice));
+    // the recipe's state (a checkpoint of another recipe, allowed by -cr 1, has none for this one)
+    if (r.recipe() == RECIPE_NAME) recipe_load(model->recipe, r);
+    recipe_weights_changed(model->recipe, gpt_linear_weights(model), model->stream);
+    cudaCheck(cudaDeviceSynchronize());
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -712,7 +746,7 @@ int main(int argc, char** argv) {
         if (cfg.resume) {
             resume_step = find_latest_checkpoint(cfg.output_dir);
             if (resume_step >= 0) check_checkpoint(cfg.output_dir, resume_step, shape, cfg.B, cfg.T, cfg.seed, cfg.process_rank,
-                                                 cfg.num_processes);
+                                                 cfg.num_processes, cfg.convert_recipe != 0);
         }
     } catch (const InputError& e) {
         fprintf(stderr, "error: %s\n", e.what());
@@ -741,10 +775,11 @@ int main(int argc, char** argv) {
 
     GPT model;
     gpt_build(&model, shape);
-    gpt_allocate(&model, B, T, cfg.recompute);
+    gpt_allocate(&model, B, T, cfg.recompute, cfg.recipe);
     DataLoaderState resume_data;
     if (resume_step >= 0) {
-        load_checkpoint(&model, cfg.output_dir, resume_step, &resume_data, cfg.process_rank);
+        try { load_checkpoint(&model, cfg.output_dir, resume_step, &resume_data, cfg.process_rank); }
+        catch (const InputError& e) { fprintf(stderr, "error: %s\n", e.what()); return 1; }
         train_loader->restore(resume_data);
     } else if (from_checkpoint_file) {
         gpt_set_params(&model, read_params_fp32(cfg.model, init_info, model.num_params));
@@ -769,6 +804,7 @@ int main(int argc, char** argv) {
     printf("| lr, schedule, warmup  | %-50s |\n", strfmt("%g, %s to %g x, %d", cfg.learning_rate, cfg.lr_schedule.c_str(), cfg.final_lr_fraction, cfg.warmup_iterations).c_str());
     printf("| weight decay, clip    | %-50s |\n", strfmt("%g, %g", cfg.weight_decay, cfg.grad_clip).c_str());
     printf("| recompute, seed       | %-50s |\n", strfmt("%d, %llu", cfg.recompute, (unsigned long long)cfg.seed).c_str());
+    printf("| recipe                | %-50s |\n", recipe_describe(model.recipe).substr(0, 50).c_str());
     size_t free_b, total_b;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
     printf("| GPU memory in use     | %-50s |\n", strfmt("%.2f GiB of %.2f GiB", (total_b - free_b) / 1073741824.0, total_b / 1073741824.0).c_str());
@@ -783,6 +819,7 @@ int main(int argc, char** argv) {
         if (!logfile) { fprintf(stderr, "error: cannot open %s for writing\n", path.c_str()); return 1; }
         fprintf(logfile, "# recipe:%s precision:%s model:%s params:%zu B:%d T:%d tokens_per_step:%lld\n", RECIPE_NAME,
                 PRECISION_NAME, cfg.model.c_str(), model.num_params, B, T, tokens_per_step);
+        fprintf(logfile, "# %s\n", recipe_describe(model.recipe).c_str());
         fflush(logfile);
     }
 
@@ -841,6 +878,7 @@ int main(int argc, char** argv) {
         // one optimizer step over grad_accum_steps micro-batches
         auto t0 = std::chrono::steady_clock::now();
         g_profiler.step_begin();
+        const bool log_quantization = recipe_begin_step(model.recipe, step) && logfile;
         gpt_zero_grad(&model);
         const float dloss = 1.0f / (B * T * cfg.grad_accum_steps);
         for (int micro = 0; micro < cfg.grad_accum_steps; micro++) {
@@ -849,6 +887,8 @@ int main(int argc, char** argv) {
             gpt_backward(&model, B, T);
         }
         const float train_loss = gpt_read_loss(&model, (long long)B * T * cfg.grad_accum_steps);
+        // quantization telemetry of this step (before the optimizer step moves the scales on)
+        if (log_quantization) recipe_log_telemetry(model.recipe, logfile, step);
         OptimizerSettings opt{schedule.lr_at(step), cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.grad_clip, cfg.seed};
         const float norm = gpt_update(&model, opt);
         cudaCheck(cudaDeviceSynchronize());

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -345,6 +346,13 @@ public:
         sections_.push_back({name, data, bytes});
     }
 
+    // The same for data that will not outlive the call (a recipe's state copied from the GPU): the
+    // writer keeps its own copy.
+    void add_copy(const std::string& name, const void* data, size_t bytes) {
+        owned_.emplace_back((const unsigned char*)data, (const unsigned char*)data + bytes);
+        add(name, owned_.back().data(), bytes);
+    }
+
     void write_atomic(const std::string& path) const {
         unsigned char header[kStateHeaderBytes] = {0};
         uint32_t magic = kStateMagic, version = kStateVersion, count = (uint32_t)sections_.size();
@@ -384,6 +392,7 @@ private:
     int rank_, nprocs_;
     std::string recipe_;
     std::vector<Section> sections_;
+    std::deque<std::vector<unsigned char>> owned_; // add_copy's buffers (a deque never moves them)
 };
 
 // Reads a whole state file into memory and verifies it before anything is handed out.

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 #include "common.h"
+#include "recipe_options.h"
 
 namespace llmc {
 
@@ -62,6 +63,9 @@ struct TrainConfig {
     int checkpoint_every = 0;             // -n: write a checkpoint every N steps (0 = only at the end if -o)
     int checkpoint_keep = 0;              // -nk: keep the newest K checkpoints (0 = keep all)
     int resume = 0;                       // -y: 1 = resume from the newest complete checkpoint in -o
+    int convert_recipe = 0;               // -cr: 1 = resume another recipe's checkpoint under this one
+    // precision recipe (see llmc/recipe.h; a recipe ignores what it does not use)
+    RecipeOptions recipe;                 // -fh -fm -sqf -sql -lq
     // derived (filled by validate_config; not flags)
     int num_processes = 1;
     int process_rank = 0;
@@ -129,6 +133,12 @@ inline std::vector<Flag> flag_table(TrainConfig& c) {
         {"-n", K::Int, &c.checkpoint_every, "write a checkpoint every N steps (0 = only at the end; needs -o)"},
         {"-nk", K::Int, &c.checkpoint_keep, "keep only the newest K checkpoints (0 = keep all)"},
         {"-y", K::Int, &c.resume, "1 = resume from the newest complete checkpoint in -o"},
+        {"-cr", K::Int, &c.convert_recipe, "1 = resume a checkpoint of another recipe under this one (its recipe state starts afresh)"},
+        {"-fh", K::Int, &c.recipe.amax_history, "fp8: amax history length of delayed scaling, in steps"},
+        {"-fm", K::Int, &c.recipe.scale_margin, "fp8: scale margin: scale = FP8_MAX / amax / 2^margin"},
+        {"-sqf", K::Int, &c.recipe.skip_first, "quantized recipes: keep the first N transformer layers in BF16"},
+        {"-sql", K::Int, &c.recipe.skip_last, "quantized recipes: keep the last N transformer layers in BF16"},
+        {"-lq", K::Int, &c.recipe.telemetry_every, "quantized recipes: quantization telemetry in main.log every N steps (0 = off)"},
     };
 }
 
@@ -368,6 +378,16 @@ inline void validate_config(TrainConfig& cfg) {
     if (cfg.checkpoint_every < 0) input_error("-n %d: must be >= 0 (0 = checkpoint only at the end)", cfg.checkpoint_every);
     if (cfg.checkpoint_keep < 0) input_error("-nk %d: must be >= 0 (0 = keep every checkpoint)", cfg.checkpoint_keep);
     if (cfg.resume != 0 && cfg.resume != 1) input_error("-y %d: resume must be 0 or 1", cfg.resume);
+    if (cfg.convert_recipe != 0 && cfg.convert_recipe != 1) input_error("-cr %d: must be 0 or 1", cfg.convert_recipe);
+    if (cfg.recipe.amax_history < 1 || cfg.recipe.amax_history > 65536)
+        input_error("-fh %d: the amax history length must be between 1 and 65536 steps", cfg.recipe.amax_history);
+    if (cfg.recipe.scale_margin < 0 || cfg.recipe.scale_margin > 32)
+        input_error("-fm %d: the scale margin must be between 0 and 32", cfg.recipe.scale_margin);
+    if (cfg.recipe.skip_first < 0) input_error("-sqf %d: must be >= 0", cfg.recipe.skip_first);
+    if (cfg.recipe.skip_last < 0) input_error("-sql %d: must be >= 0", cfg.recipe.skip_last);
+    if (cfg.recipe.telemetry_every < 0) input_error("-lq %d: must be >= 0 (0 = off)", cfg.recipe.telemetry_every);
+    if (cfg.recipe.telemetry_every > 0 && cfg.output_dir.empty())
+        input_error("-lq %d: the telemetry goes to main.log, so it needs -o", cfg.recipe.telemetry_every);
     if (cfg.resume == 1 && cfg.output_dir.empty())
         input_error("-y 1: resuming needs the checkpoint directory; pass it with -o DIR");
 }

@@ -47,7 +47,25 @@ inline void gelu_forward(floatX* out, const floatX* inp, long long n, cudaStream
     }
     cudaCheckLaunch();
 }
+__global__ void gelu_backward_vec_kernel(floatX* dinout, const floatX* inp, long long n_vec) {
+    constexpr int PER = 16 / sizeof(floatX);
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_vec) return;
+    uint4 d = reinterpret_cast<const uint4*>(dinout)[i];
+    uint4 x = reinterpret_cast<const uint4*>(inp)[i];
+    floatX* dv = reinterpret_cast<floatX*>(&d);
+    const floatX* xv = reinterpret_cast<const floatX*>(&x);
+#pragma unroll
+    for (int j = 0; j < PER; j++) dv[j] = (floatX)((float)dv[j] * gelu_derivative((float)xv[j]));
+    reinterpret_cast<uint4*>(dinout)[i] = d;
+}
+
 inline void gelu_backward(floatX* dinout, const floatX* inp, long long n, cudaStream_t stream) {
-    gelu_backward_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(dinout, inp, n);
+    constexpr int PER = 16 / sizeof(floatX);
+    if (n % PER == 0 && ((uintptr_t)dinout % 16) == 0 && ((uintptr_t)inp % 16) == 0) {
+        gelu_backward_vec_kernel<<<ceil_div(n / PER, 256), 256, 0, stream>>>(dinout, inp, n / PER);
+    } else {
+        gelu_backward_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(dinout, inp, n);
+    }
     cudaCheckLaunch();
 }

@@ -10,11 +10,13 @@
 //     dW += dout^T inp      -> m=C,  n=OC, k=BT, A=inp,         B=dout (transB), beta=1, FP32 output
 #pragma once
 #include <map>
+#include <vector>
 #include <cstring>
 #include "cuda_common.h"
 
 static cublasLtHandle_t g_cublaslt = nullptr;
 static void* g_cublaslt_workspace = nullptr;
+static float* g_unit_scale = nullptr; // a device 1.0f: the FP8 scale pointers while plans are built
 static const size_t CUBLASLT_WORKSPACE_BYTES = 32ull << 20;
 
 // Accumulation is FP32 in every build. In the PRECISION=FP32 reference build the operands are FP32
@@ -24,6 +26,9 @@ static const cublasComputeType_t MATMUL_COMPUTE = CUBLAS_COMPUTE_32F;
 inline void matmul_init() {
     cublasCheck(cublasLtCreate(&g_cublaslt));
     g_cublaslt_workspace = cuda_malloc_or_die(CUBLASLT_WORKSPACE_BYTES, "cuBLASLt workspace");
+    const float one = 1.0f;
+    g_unit_scale = (float*)cuda_malloc_or_die(sizeof(float), "cuBLASLt scale");
+    cudaCheck(cudaMemcpy(g_unit_scale, &one, sizeof(float), cudaMemcpyHostToDevice));
 }
 
 struct MatmulBatch { int count = 1; long long stride_a = 0, stride_b = 0, stride_d = 0; };
@@ -37,7 +42,8 @@ struct MatmulBatch { int count = 1; long long stride_a = 0, stride_b = 0, stride
 enum MatmulEpilogue { EPI_NONE = 0, EPI_GELU_BIAS = 1, EPI_DGELU = 2 };
 
 struct MatmulKey {
-    int m, n, k, transA, transB, has_bias, d_fp32, batch, epilogue, pad_;
+    int m, n, k, transA, transB, has_bias, batch, epilogue;
+    int a_type, b_type, d_type, fast_accum; // cudaDataType_t of A, B, D (C = D); FP8 fast accumulation
     long long stride_a, stride_b, stride_d;
     bool operator<(const MatmulKey& o) const {
         return memcmp(this, &o, sizeof(MatmulKey)) < 0;
@@ -47,12 +53,17 @@ struct MatmulPlan {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;
     cublasLtMatmulAlgo_t algo;
+    // the heuristic's further candidates: an FP8 algorithm the heuristic offers can still be refused
+    // at run time (CUBLAS_STATUS_NOT_SUPPORTED); matmul_fp8 then moves on to the next one
+    std::vector<cublasLtMatmulAlgo_t> candidates;
+    size_t next_candidate = 1;
 };
 static std::map<MatmulKey, MatmulPlan> g_matmul_plans;
 
-inline MatmulPlan& matmul_plan(const MatmulKey& key) {
+// The cached plan of `key`; null when cuBLASLt has no algorithm for it (FP8 callers then fall back).
+inline MatmulPlan* matmul_plan(const MatmulKey& key) {
     auto it = g_matmul_plans.find(key);
-    if (it != g_matmul_plans.end()) return it->second;
+    if (it != g_matmul_plans.end()) return &it->second;
     MatmulPlan p;
     const int m = key.m, n = key.n, k = key.k;
     const bool transA = key.transA, transB = key.transB;
@@ -65,6 +76,16 @@ inline MatmulPlan& matmul_plan(const MatmulKey& key) {
     else if (key.epilogue == EPI_DGELU) epi = CUBLASLT_EPILOGUE_DGELU;
     else if (key.has_bias) epi = CUBLASLT_EPILOGUE_BIAS;
     cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    const bool fp8 = key.a_type == CUDA_R_8F_E4M3 || key.a_type == CUDA_R_8F_E5M2;
+    if (fp8) {
+        // FP8 operands: fast accumulation (partial sums kept at lower precision inside the tensor
+        // core) is the faster mode; the recipes ask for it in the forward pass only
+        int8_t fast = (int8_t)key.fast_accum;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+        // the heuristic sees scaled operands (the real pointers are set per call)
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g_unit_scale, sizeof(g_unit_scale)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g_unit_scale, sizeof(g_unit_scale)));
+    }
     if (key.has_bias) {
         cudaDataType_t bias_type = CUDA_R_FLOATX;
         cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
@@ -76,9 +97,9 @@ inline MatmulPlan& matmul_plan(const MatmulKey& key) {
         cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
         cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type)));
     }
-    cudaDataType_t d_type = key.d_fp32 ? CUDA_R_32F : CUDA_R_FLOATX;
-    cublasCheck(cublasLtMatrixLayoutCreate(&p.la, CUDA_R_FLOATX, transA ? k : m, transA ? m : k, transA ? k : m));
-    cublasCheck(cublasLtMatrixLayoutCreate(&p.lb, CUDA_R_FLOATX, transB ? n : k, transB ? k : n, transB ? n : k));
+    cudaDataType_t d_type = (cudaDataType_t)key.d_type;
+    cublasCheck(cublasLtMatrixLayoutCreate(&p.la, (cudaDataType_t)key.a_type, transA ? k : m, transA ? m : k, transA ? k : m));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p.lb, (cudaDataType_t)key.b_type, transB ? n : k, transB ? k : n, transB ? n : k));
     cublasCheck(cublasLtMatrixLayoutCreate(&p.ld, d_type, m, n, m));
     if (key.batch > 1) {
         cublasLtMatrixLayout_t layouts[3] = {p.la, p.lb, p.ld};
@@ -92,17 +113,25 @@ inline MatmulPlan& matmul_plan(const MatmulKey& key) {
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                      &CUBLASLT_WORKSPACE_BYTES, sizeof(CUBLASLT_WORKSPACE_BYTES)));
-    cublasLtMatmulHeuristicResult_t heuristic;
+    cublasLtMatmulHeuristicResult_t heuristics[8];
     int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(g_cublaslt, p.desc, p.la, p.lb, p.ld, p.ld, pref, 1, &heuristic, &found));
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(g_cublaslt, p.desc, p.la, p.lb, p.ld, p.ld, pref, fp8 ? 8 : 1, heuristics, &found));
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     if (found == 0) {
-        fprintf(stderr, "error: cuBLASLt has no algorithm for m=%d n=%d k=%d transA=%d transB=%d bias=%d epilogue=%d\n",
-                m, n, k, (int)transA, (int)transB, key.has_bias, key.epilogue);
-        exit(1);
+        cublasLtMatrixLayoutDestroy(p.la); cublasLtMatrixLayoutDestroy(p.lb); cublasLtMatrixLayoutDestroy(p.ld);
+        cublasLtMatmulDescDestroy(p.desc);
+        return nullptr;
     }
-    p.algo = heuristic.algo;
-    return g_matmul_plans.emplace(key, p).first->second;
+    p.algo = heuristics[0].algo;
+    for (int i = 0; i < found; i++) p.candidates.push_back(heuristics[i].algo);
+    return &g_matmul_plans.emplace(key, p).first->second;
+}
+
+inline void matmul_no_algorithm(const MatmulKey& key) {
+    fprintf(stderr, "error: cuBLASLt has no algorithm for m=%d n=%d k=%d transA=%d transB=%d bias=%d epilogue=%d "
+            "types A=%d B=%d D=%d\n", key.m, key.n, key.k, key.transA, key.transB, key.has_bias, key.epilogue,
+            key.a_type, key.b_type, key.d_type);
+    exit(1);
 }
 
 // The general entry point. d_fp32 selects an FP32 output (parameter gradients); otherwise D is floatX.
@@ -114,13 +143,64 @@ inline void matmul(void* d, const floatX* a, const floatX* b, const floatX* bias
     MatmulKey key;
     memset(&key, 0, sizeof(key)); // the key is compared bytewise
     key.m = m; key.n = n; key.k = k; key.transA = transA; key.transB = transB;
-    key.has_bias = bias != nullptr; key.d_fp32 = d_fp32; key.batch = batch.count; key.epilogue = epilogue;
+    key.has_bias = bias != nullptr; key.batch = batch.count; key.epilogue = epilogue;
+    key.a_type = key.b_type = CUDA_R_FLOATX; key.d_type = d_fp32 ? CUDA_R_32F : CUDA_R_FLOATX;
     if (batch.count > 1) { key.stride_a = batch.stride_a; key.stride_b = batch.stride_b; key.stride_d = batch.stride_d; }
-    MatmulPlan& p = matmul_plan(key);
+    MatmulPlan* plan = matmul_plan(key);
+    if (!plan) matmul_no_algorithm(key);
+    MatmulPlan& p = *plan;
     if (bias) cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     if (epilogue != EPI_NONE) cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     cublasCheck(cublasLtMatmul(g_cublaslt, p.desc, &alpha, a, p.la, b, p.lb, &beta, d, p.ld, d, p.ld, &p.algo,
                                g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, stream));
+}
+
+// FP8 GEMM (Hopper tensor cores). Hopper's FP8 GEMMs take both operands K-major only ("TN"): in
+// the row-major terms of the model, A is (m x k) and B is (n x k), both with k contiguous, and
+//     D (n x m, row-major) = a_scale * b_scale * (B A^T)  [+ bias[m] per row]   (+ beta * D)
+// where a_scale / b_scale (device pointers, 16-byte aligned: cuBLASLt refuses others at run time)
+// are the dequantization factors 1/s of the operands (x_fp8 = x * s). E5M2 x E5M2 is not supported by Hopper; the recipes never ask for it. D is
+// floatX (beta = 0) or FP32 (beta = 1 accumulates, for weight gradients). Returns false, with
+// nothing launched, when cuBLASLt has no algorithm for the combination (the caller falls back).
+struct Fp8Operand {
+    const void* data;
+    cudaDataType_t type;      // CUDA_R_8F_E4M3 or CUDA_R_8F_E5M2
+    const float* scale;       // device pointer to the dequantization factor
+};
+inline bool matmul_fp8(void* d, bool d_fp32, Fp8Operand a, Fp8Operand b, const floatX* bias, int m, int n, int k,
+                       float beta, bool fast_accum, cudaStream_t stream, MatmulEpilogue epilogue = EPI_NONE,
+                       void* aux = nullptr) {
+    MatmulKey key;
+    memset(&key, 0, sizeof(key));
+    key.m = m; key.n = n; key.k = k; key.transA = 1; key.transB = 0;
+    key.has_bias = bias != nullptr; key.batch = 1; key.epilogue = epilogue;
+    key.a_type = a.type; key.b_type = b.type; key.d_type = d_fp32 ? CUDA_R_32F : CUDA_R_FLOATX;
+    key.fast_accum = fast_accum;
+    if ((uintptr_t)a.scale % 16 != 0 || (uintptr_t)b.scale % 16 != 0) {
+        // cuBLASLt (13.1, H100) refuses 4-byte aligned scale pointers at run time
+        fprintf(stderr, "error: matmul_fp8: the scale pointers must be 16-byte aligned\n");
+        exit(1);
+    }
+    MatmulPlan* plan = matmul_plan(key);
+    if (!plan || plan->candidates.empty()) return false;
+    if (bias) cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    if (epilogue != EPI_NONE) cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a.scale, sizeof(a.scale)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b.scale, sizeof(b.scale)));
+    const float alpha = 1.0f;
+    for (;;) {
+        cublasStatus_t status = cublasLtMatmul(g_cublaslt, plan->desc, &alpha, a.data, plan->la, b.data, plan->lb, &beta,
+                                               d, plan->ld, d, plan->ld, &plan->algo, g_cublaslt_workspace,
+                                               CUBLASLT_WORKSPACE_BYTES, stream);
+        if (status == CUBLAS_STATUS_SUCCESS) return true;
+        if (status != CUBLAS_STATUS_NOT_SUPPORTED) cublasCheck(status);
+        if (plan->next_candidate >= plan->candidates.size()) {
+            // nothing works: forget the plan's algorithms so that the next call fails fast
+            plan->candidates.clear();
+            return false;
+        }
+        plan->algo = plan->candidates[plan->next_candidate++];
+    }
 }
 
 inline void matmul_free() {
@@ -133,7 +213,8 @@ inline void matmul_free() {
     g_matmul_plans.clear();
     if (g_cublaslt) cublasLtDestroy(g_cublaslt);
     if (g_cublaslt_workspace) cudaFree(g_cublaslt_workspace);
-    g_cublaslt = nullptr; g_cublaslt_workspace = nullptr;
+    if (g_unit_scale) cudaFree(g_unit_scale);
+    g_cublaslt = nullptr; g_cublaslt_workspace = nullptr; g_unit_scale = nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------

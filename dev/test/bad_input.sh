@@ -62,7 +62,12 @@ expect_error "-d not divisible by B*T" "-d" "${base[@]}" -d 1000
 expect_error "-t longer than the model's maxT" "maximum sequence length" "${base[@]}" -t 2048
 expect_error "unknown model descriptor" "d13" "${base[@]}" -e d13
 expect_error "-y without -o" "-o" "${base[@]}" -y 1
-expect_error "-Q of another recipe" "recipe" "${base[@]}" -Q fp8
+# a recipe name other than the binary's own (its name is the suffix of train_gpt_<recipe>)
+other_recipe=fp8; [[ "$(basename "$TRAINER")" == *_fp8 ]] && other_recipe=bf16
+expect_error "-Q of another recipe" "recipe" "${base[@]}" -Q "$other_recipe"
+expect_error "-fh out of range" "-fh" "${base[@]}" -fh 0
+expect_error "-lq without -o" "-o" "${base[@]}" -lq 10
+expect_error "-cr not 0/1" "-cr" "${base[@]}" -cr 2
 # data
 expect_error "missing shard" "no file matches" -i "$work/nothing_*.bin" -j "$good" -b 2 -t 64
 expect_error "wrong magic" "not a token shard" -i "$work/badmagic.bin" -j "$good" -b 2 -t 64

@@ -28,5 +28,30 @@ if [[ -f dev/reference/out/ref_model.bin ]]; then
     "$TRAINER" -e dev/reference/out/ref_model.bin -b 4 -t 64 -x 2 -v 0 -s 0 > "$work/e.out" 2>&1 \
         && ok "trains from an llm.c model file (-e ref_model.bin)" || bad "-e ref_model.bin failed: $(tail -n 2 "$work/e.out")"
 fi
+# a checkpoint of another recipe: refused, unless -cr 1 asks for the conversion
+other=""
+case "$(basename "$TRAINER")" in
+    *_fp8) other=$(dirname "$TRAINER")/train_gpt_bf16 ;;
+    *_bf16) other=$(dirname "$TRAINER")/train_gpt_fp8 ;;
+esac
+if [[ -n "$other" && -x "$other" ]]; then
+    cp -r "$work/b" "$work/c"
+    rm -f "$work/c/DONE_00000020" "$work/c/model_00000020.bin" "$work/c/state_00000020_00000.bin"
+    out=$("$other" "${args[@]}" -o "$work/c" -y 1 2>&1); rc=$?
+    [[ $rc -ne 0 ]] && grep -q "recipe" <<<"$out" && grep -q -- "-cr 1" <<<"$out" \
+        && ok "$(basename "$other") refuses this recipe's checkpoint, naming -cr 1" || bad "cross-recipe resume not refused (exit $rc): $(tail -n 2 <<<"$out")"
+    "$other" "${args[@]}" -o "$work/c" -y 1 -cr 1 > "$work/c.out" 2>&1 && grep -q "from 15" "$work/c.out" \
+        && ok "$(basename "$other") -cr 1 continues this recipe's checkpoint" || bad "-cr 1 failed: $(tail -n 2 "$work/c.out")"
+fi
+# quantization telemetry: -lq N writes one line per quantized tensor every N steps (quantized recipes)
+if [[ "$(basename "$TRAINER")" == *_fp8 ]]; then
+    "$TRAINER" "${args[@]}" -x 4 -v 0 -lq 2 -o "$work/t" > "$work/t.out" 2>&1 || bad "-lq run failed: $(tail -n 2 "$work/t.out")"
+    # d6: 6 layers x 4 linears x 3 tensors (w, x, dy), at steps 0 and 2
+    n=$(grep -cE '^s:[02] lq:l[0-9]+\.(qkv|attproj|fc|fcproj)\.(w|x|dy) amax:[0-9.e+-]+ scale:[0-9.e+-]+ sat:[0-9.e+-]+ ftz:[0-9.e+-]+$' "$work/t/main.log")
+    [[ $n -eq 144 ]] && ok "-lq 2 logs 72 tensors at steps 0 and 2 (144 lines)" || bad "-lq 2 logged $n telemetry lines, expected 144"
+    "$TRAINER" "${args[@]}" -x 2 -v 0 -lq 1 -sqf 2 -sql 1 -o "$work/u" > "$work/u.out" 2>&1 || bad "-sqf/-sql run failed"
+    layers=$(grep -oE '^s:0 lq:l[0-9]+' "$work/u/main.log" | sort -u | sed 's/.*lq:l//' | tr '\n' ' ')
+    [[ "$layers" == "2 3 4 " ]] && ok "-sqf 2 -sql 1 quantizes layers 2-4 of 6" || bad "-sqf 2 -sql 1 quantized layers: $layers"
+fi
 echo "resume tests: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

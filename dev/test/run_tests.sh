@@ -73,7 +73,7 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
     echo "== GPU tests on: $(nvidia-smi -L | head -n 1)"
     REF=${REF_DIR:-dev/reference/out}
     if python3 dev/reference/gpt_reference.py --write-reference --out "$REF"; then
-        for v in fp32 bf16; do
+        for v in fp32 bf16 fp8; do
             if make -s test_gpt_$v; then
                 ./test_gpt_$v "$REF" 2>&1 | tee "$tmp/gpu_$v.log"; rc=$?
                 count_suite "gpu tests ($v)" $rc "$tmp/gpu_$v.log"
@@ -87,8 +87,20 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
         else
             echo "== attention tests: build failed"; failed=$((failed + 1))
         fi
-        bash dev/test/resume_cli.sh ./train_gpt_bf16 2>&1 | tee "$tmp/resume.log"; rc=$?
-        count_suite "resume tests" $rc "$tmp/resume.log"
+        if make -s build/test_fp8; then
+            ./build/test_fp8 2>&1 | tee "$tmp/fp8.log"; rc=$?
+            count_suite "fp8 kernel tests" $rc "$tmp/fp8.log"
+        else
+            echo "== fp8 kernel tests: build failed"; failed=$((failed + 1))
+        fi
+        for v in bf16 fp8; do
+            if make -s train_gpt_$v; then
+                bash dev/test/resume_cli.sh ./train_gpt_$v 2>&1 | tee "$tmp/resume_$v.log"; rc=$?
+                count_suite "resume tests ($v)" $rc "$tmp/resume_$v.log"
+            else
+                echo "== resume tests ($v): build failed"; failed=$((failed + 1))
+            fi
+        done
         # out-of-memory is a clear message and a non-zero exit
         # (1.5B parameters fit; the activations of B=1024, T=256 do not)
         out=$(./train_gpt_bf16 -e d48 -b 1024 -t 256 -x 1 -v 0 -s 0 2>&1); rc=$?
@@ -101,7 +113,7 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
         echo "== GPU tests: writing the reference failed"; failed=$((failed + 1))
     fi
 else
-    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16, resume, out-of-memory)"
+    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16/FP8, FP8 kernels, resume, out-of-memory)"
     skipped=$((skipped + 1))
 fi
 

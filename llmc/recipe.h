@@ -1,0 +1,112 @@
+// recipe.h: what every precision recipe shares: the names of the transformer linears, the recipe
+// options from the command line, and the plain (unquantized) linear layer that BF16 is, and that
+// the other recipes fall back to for the layers they keep in BF16 (-sqf / -sql).
+//
+// The recipe API. Each recipe header (recipe_<name>.h, one per binary, picked by -DRECIPE_<NAME>)
+// defines a `struct Recipe` holding its state and these functions; train_gpt.cu calls nothing else
+// of a recipe:
+//   recipe_init(r, options, shape, B, T)        allocate state for the model and micro-batch shape
+//   recipe_describe(r)                          one line for the banner and main.log
+//   recipe_weights_changed(r, weights, stream)  the parameters changed (init, load, optimizer step):
+//                                               derive whatever the recipe keeps per weight (FP8 copies)
+//   recipe_step_end(r, stream)                  an optimizer step ended: per-step bookkeeping (scales);
+//                                               called before recipe_weights_changed of the new weights
+//   linear_forward(r, id, out, inp, W, bias, N, C, OC, training, stream)
+//                                               out (N x OC) = inp (N x C) W^T + bias
+//   linear_forward_gelu(r, id, gelu_out, pre_gelu, inp, W, bias, N, C, OC, training, stream)
+//                                               the same followed by GELU; pre_gelu is kept for backward
+//   linear_backward(r, id, dinp, dW, dbias, dout, inp, W, pre_gelu, N, C, OC, stream)
+//                                               backward-dx: dinp = dout W  (times gelu'(pre_gelu) when
+//                                               pre_gelu is given), overwriting dinp; and backward-dw:
+//                                               dW += dout^T inp, dbias += column sums of dout (FP32).
+//                                               One call for both, so that a recipe quantizes dout once.
+//   recipe_save(r, writer) / recipe_load(r, reader)   the recipe's state in the checkpoint's state file
+//   recipe_begin_step(r, step)                  before a training step's first micro-step; returns
+//                                               whether the step's quantization telemetry is due (-lq)
+//   recipe_log_telemetry(r, log, step)          after its backward pass: the -lq lines for main.log
+// `training` is false for evaluation and sampling: a recipe must then leave its state untouched, so
+// that how often a run validates never changes its training numbers.
+#pragma once
+#include <string>
+#include "cuda_common.h"
+#include "matmul.cuh"
+#include "checkpoint.h"
+#include "recipe_options.h"
+
+// the project-wide names the recipe headers use
+using llmc::ModelShape;
+using llmc::StateReader;
+using llmc::StateWriter;
+using llmc::input_error;
+using llmc::strfmt;
+
+// the four linears of a transformer block, in the order the forward pass runs them
+enum LinearKind { LIN_QKV = 0, LIN_ATTPROJ = 1, LIN_FC = 2, LIN_FCPROJ = 3, NUM_LINEAR_KINDS = 4 };
+static const char* LINEAR_NAMES[NUM_LINEAR_KINDS] = {"qkv", "attproj", "fc", "fcproj"};
+
+struct LinearId {
+    int layer;
+    LinearKind kind;
+};
+
+// input (C) and output (OC) widths of each linear, for channels C
+inline int linear_in_features(LinearKind k, int C) { return k == LIN_FCPROJ ? 4 * C : C; }
+inline int linear_out_features(LinearKind k, int C) {
+    return k == LIN_QKV ? 3 * C : k == LIN_FC ? 4 * C : C;
+}
+
+// The weights of every linear: weight[k] points at layer 0's (OC x C) matrix of kind k; layer l's
+// follows at l * OC * C (the checkpoint's layout).
+struct LinearWeights {
+    const floatX* weight[NUM_LINEAR_KINDS];
+};
+
+// Scratch every recipe's linear backward needs: the bias gradient's partial sums.
+struct LinearScratch {
+    float* bias_partials = nullptr; // BIAS_ROW_GROUPS * max OC floats
+};
+inline void linear_scratch_init(LinearScratch& s, int C) {
+    s.bias_partials = (float*)cuda_malloc_or_die((size_t)BIAS_ROW_GROUPS * 4 * C * sizeof(float), "bias scratch");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The plain linear layer: cuBLASLt GEMMs on floatX operands with FP32 accumulation (BF16 tensor
+// cores; FP32 operands in the PRECISION=FP32 reference build). W is (OC x C) row-major.
+
+// out (N x OC) = inp (N x C) W^T + bias
+inline void plain_linear_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
+                                 int N, int C, int OC, cudaStream_t stream) {
+    matmul(out, weight, inp, bias, OC, N, C, true, false, 1.0f, 0.0f, false, stream);
+}
+
+// gelu_out = gelu(inp W^T + bias), pre_gelu = inp W^T + bias; the GELU runs in the GEMM's epilogue
+inline void plain_linear_forward_gelu(floatX* gelu_out, floatX* pre_gelu, const floatX* inp, const floatX* weight,
+                                      const floatX* bias, int N, int C, int OC, cudaStream_t stream) {
+    matmul(gelu_out, weight, inp, bias, OC, N, C, true, false, 1.0f, 0.0f, false, stream, MatmulBatch(),
+           EPI_GELU_BIAS, pre_gelu);
+}
+
+// dinp = dout W, times gelu'(pre_gelu) when pre_gelu is given (the DGELU epilogue)
+inline void plain_linear_backward_dx(floatX* dinp, const floatX* dout, const floatX* weight, const floatX* pre_gelu,
+                                     int N, int C, int OC, cudaStream_t stream) {
+    if (pre_gelu) {
+        matmul(dinp, weight, dout, nullptr, C, N, OC, false, false, 1.0f, 0.0f, false, stream, MatmulBatch(),
+               EPI_DGELU, (void*)pre_gelu);
+    } else {
+        matmul(dinp, weight, dout, nullptr, C, N, OC, false, false, 1.0f, 0.0f, false, stream);
+    }
+}
+
+// dweight (OC x C, FP32) += dout^T inp
+inline void plain_linear_backward_dw(float* dweight, const floatX* dout, const floatX* inp, int N, int C, int OC,
+                                     cudaStream_t stream) {
+    matmul(dweight, inp, dout, nullptr, C, OC, N, false, true, 1.0f, 1.0f, true, stream);
+}
+
+inline void plain_linear_backward(float* dweight, float* dbias, floatX* dinp, const floatX* dout, const floatX* inp,
+                                  const floatX* weight, const floatX* pre_gelu, const LinearScratch& scratch,
+                                  int N, int C, int OC, cudaStream_t stream) {
+    plain_linear_backward_dw(dweight, dout, inp, N, C, OC, stream);
+    if (dbias) bias_backward(dbias, scratch.bias_partials, dout, N, OC, stream);
+    plain_linear_backward_dx(dinp, dout, weight, pre_gelu, N, C, OC, stream);
+}

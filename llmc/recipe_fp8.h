@@ -1,0 +1,374 @@
+// recipe_fp8.h: the FP8-hybrid precision recipe (seed 004): E4M3 for weights and activations in the
+// forward pass, E5M2 for gradients in the backward pass, per-tensor delayed scaling.
+//
+// Which GEMMs. The four linears of every transformer layer (qkv, attention projection, fc, fc
+// projection) run on Hopper's FP8 tensor cores, except in the first -sqf and last -sql layers,
+// which run the plain BF16 linear. Embeddings, the LM head, attention and the norms stay BF16, and
+// so do the master weights (FP32) and AdamW. Per linear, with x the input, W the weight and dy the
+// gradient of the output (N rows = tokens):
+//   forward   y  = x W^T          E4M3 x E4M3, fast accumulation, bias / GELU in the epilogue
+//   dgrad     dx = dy W           E5M2 x E4M3 (W^T kept as a second FP8 copy), FP32 accumulation
+//   wgrad     dW += dy^T x        E5M2 x E4M3 (x^T and dy^T made by the quantize-transpose kernel),
+//                                 FP32 accumulation straight into the FP32 gradient
+// Hopper's FP8 GEMMs want both operands K-major, hence the transposed copies: W and W^T are made
+// once per optimizer step (recipe_weights_changed), dy and dy^T in one pass per backward, and x^T
+// in backward from the BF16 activation with the forward's scale (the same codes as the forward's x).
+//
+// Scaling (fp8_scaling.h): three quantized tensors per linear (W, x, dy), each with its own scale
+// s = FP8_MAX / max(amax history) / 2^margin, constant within an optimizer step. The quantize
+// kernels record the amax of the step on the GPU in the pass that quantizes; recipe_step_end pushes
+// it into the history (-fh steps) and derives the next scale. A tensor quantized for the first
+// time has no history: its scale is then computed from its own amax first (one extra pass, once
+// per tensor per run), so step 0 is as well scaled as the rest. Evaluation and sampling use the
+// scales but record nothing.
+//
+// Telemetry (-lq N): every N steps, one main.log line per quantized tensor with the step's amax,
+// the scale it was quantized with, and the fractions of values saturated and flushed to zero.
+#pragma once
+#include <vector>
+#include "recipe.h"
+#include "fp8_quantize.cuh"
+#include "gelu.cuh"
+#include "profiler.h"
+
+#define RECIPE_NAME "fp8"
+
+#if defined(ENABLE_FP32)
+#error "the fp8 recipe is a BF16 build (PRECISION=FP32 is the BF16 recipe's reference build)"
+#endif
+
+static const int FP8_INV_STRIDE = 4; // floats: 16 bytes per dequantization factor
+
+enum Fp8Role { FP8_W = 0, FP8_X = 1, FP8_DY = 2, NUM_FP8_ROLES = 3 };
+static const char* FP8_ROLE_NAMES[NUM_FP8_ROLES] = {"w", "x", "dy"};
+
+struct Recipe {
+    RecipeOptions options;
+    LinearScratch scratch;
+    int L = 0, C = 0, B = 0, T = 0;
+    int num_linears = 0;               // 4 L
+    int num_tensors = 0;               // 3 per linear, role-major: t = role * num_linears + layer * 4 + kind
+    // device state, one entry per tensor (history: H per tensor)
+    float* scale = nullptr;            // s: q = fp8(x * s)
+    float* inv_scale = nullptr;        // 1 / s: what the GEMMs multiply by; tensor t's at t * FP8_INV_STRIDE
+                                       // (cuBLASLt wants its scale pointers 16-byte aligned)
+    uint32_t* amax_now = nullptr;      // this step's amax so far (bits of a non-negative float)
+    float* history = nullptr;          // (num_tensors x H) ring buffers
+    unsigned long long* stats = nullptr; // (num_tensors x 3): values, saturated, flushed (this step)
+    // host state
+    std::vector<uint8_t> calibrated;   // per tensor: has a scale from its own data
+    long long steps_pushed = 0;        // optimizer steps recorded in the histories
+    // FP8 copies of the weights, per linear: W (OC x C) then W^T (C x OC), E4M3
+    uint8_t* weights8 = nullptr;
+    std::vector<size_t> weight_offset; // per linear, into weights8
+    // scratch: x (N x K), x^T (K x N), dy (N x OC), dy^T (OC x N); the scale of an evaluation-only
+    // calibration (2 floats) and its amax
+    uint8_t *x8 = nullptr, *xt8 = nullptr, *dy8 = nullptr, *dyt8 = nullptr;
+    float* eval_scale = nullptr;       // [0] = s, [FP8_INV_STRIDE] = 1 / s
+    uint32_t* eval_amax = nullptr;
+    float* col_partials = nullptr;     // ceil(N / 64) x 4C: the bias gradient's per-tile column sums
+    // cuBLASLt's support for the GELU_AUX_BIAS epilogue with FP8 operands (probed on first use)
+    bool gelu_epilogue = true;
+    bool count_stats = false;          // this step's activations and gradients are counted (-lq)
+};
+
+inline int fp8_tensor(const Recipe& r, LinearId id, Fp8Role role) {
+    return role * r.num_linears + id.layer * NUM_LINEAR_KINDS + id.kind;
+}
+inline int fp8_linear_index(LinearId id) { return id.layer * NUM_LINEAR_KINDS + id.kind; }
+
+inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T) {
+    r.options = o;
+    r.L = shape.num_layers; r.C = shape.channels; r.B = B; r.T = T;
+    linear_scratch_init(r.scratch, r.C);
+    r.num_linears = r.L * NUM_LINEAR_KINDS;
+    r.num_tensors = r.num_linears * NUM_FP8_ROLES;
+    const size_t nt = r.num_tensors, H = o.amax_history;
+    r.scale = (float*)cuda_malloc_or_die(nt * sizeof(float), "fp8 scales");
+    r.inv_scale = (float*)cuda_malloc_or_die(nt * FP8_INV_STRIDE * sizeof(float), "fp8 scales");
+    r.amax_now = (uint32_t*)cuda_malloc_or_die(nt * sizeof(uint32_t), "fp8 amax");
+    r.history = (float*)cuda_malloc_or_die(nt * H * sizeof(float), "fp8 amax history");
+    r.stats = (unsigned long long*)cuda_malloc_or_die(nt * 3 * sizeof(unsigned long long), "fp8 telemetry");
+    std::vector<float> ones(nt * FP8_INV_STRIDE, 1.0f);
+    cudaCheck(cudaMemcpy(r.scale, ones.data(), nt * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(r.inv_scale, ones.data(), nt * FP8_INV_STRIDE * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemset(r.amax_now, 0, nt * sizeof(uint32_t)));
+    cudaCheck(cudaMemset(r.history, 0, nt * H * sizeof(float)));
+    cudaCheck(cudaMemset(r.stats, 0, nt * 3 * sizeof(unsigned long long)));
+    r.calibrated.assign(nt, 0);
+    r.steps_pushed = 0;
+    // FP8 weights of the quantized layers only
+    r.weight_offset.assign(r.num_linears, 0);
+    size_t total = 0;
+    for (int l = 0; l < r.L; l++) {
+        if (!layer_is_quantized(o, l, r.L)) continue;
+        for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+            r.weight_offset[l * NUM_LINEAR_KINDS + k] = total;
+            total += 2 * (size_t)linear_in_features((LinearKind)k, r.C) * linear_out_features((LinearKind)k, r.C);
+        }
+    }
+    r.weights8 = total ? (uint8_t*)cuda_malloc_or_die(total, "fp8 weights") : nullptr;
+    const size_t widest = (size_t)B * T * 4 * r.C;
+    r.x8 = (uint8_t*)cuda_malloc_or_die(widest, "fp8 activations");
+    r.xt8 = (uint8_t*)cuda_malloc_or_die(widest, "fp8 activations");
+    r.dy8 = (uint8_t*)cuda_malloc_or_die(widest, "fp8 gradients");
+    r.dyt8 = (uint8_t*)cuda_malloc_or_die(widest, "fp8 gradients");
+    r.eval_scale = (float*)cuda_malloc_or_die(2 * FP8_INV_STRIDE * sizeof(float), "fp8 scales");
+    r.eval_amax = (uint32_t*)cuda_malloc_or_die(sizeof(uint32_t), "fp8 amax");
+    r.col_partials = (float*)cuda_malloc_or_die((size_t)ceil_div((long long)B * T, FP8_TILE) * 4 * r.C * sizeof(float),
+                                                "bias gradient scratch");
+}
+
+inline std::string recipe_describe(const Recipe& r) {
+    const RecipeOptions& o = r.options;
+    int q0 = o.skip_first, q1 = r.L - o.skip_last;
+    std::string layers = q1 > q0 ? strfmt("layers %d-%d in FP8", q0, q1 - 1) : std::string("no layer in FP8");
+    return strfmt("fp8: E4M3 forward / E5M2 backward, delayed scaling (history %d, margin %d), %s, -sqf %d -sql %d",
+                  o.amax_history, o.scale_margin, layers.c_str(), o.skip_first, o.skip_last);
+}
+
+// ---- scales -------------------------------------------------------------------------------------
+__global__ void fp8_scale_from_amax_kernel(float* scale, float* inv_scale, const uint32_t* amax, float fp8_max, int margin) {
+    float s = llmc::fp8_delayed_scale(__uint_as_float(*amax), fp8_max, margin, 1.0f);
+    *scale = s;
+    *inv_scale = llmc::fp8_inverse(s);
+}
+
+__global__ void fp8_step_end_kernel(float* history, int H, long long steps, uint32_t* amax_now, float* scale,
+                                    float* inv_scale, int num_tensors, int num_linears, int margin) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= num_tensors) return;
+    const float fp8_max = t / num_linears == FP8_DY ? llmc::FP8_E5M2_MAX : llmc::FP8_E4M3_MAX;
+    llmc::fp8_history_push(history + (size_t)t * H, H, steps, reinterpret_cast<float*>(amax_now + t), scale + t,
+                           inv_scale + (size_t)t * FP8_INV_STRIDE, fp8_max, margin);
+}
+
+struct Fp8ScalePtrs { const float* scale; const float* inv; };
+inline float* fp8_inv(const Recipe& r, int t) { return r.inv_scale + (size_t)t * FP8_INV_STRIDE; }
+
+// The scale to quantize tensor t (the values x, n of them) with. A tensor seen for the first time
+// is calibrated from its own amax: into its state when training, else into a scratch slot.
+inline Fp8ScalePtrs fp8_scale_for(Recipe& r, int t, const floatX* x, long long n, bool training, cudaStream_t st) {
+    if (r.calibrated[t]) return {r.scale + t, fp8_inv(r, t)};
+    float* s = training ? r.scale + t : r.eval_scale;
+    float* inv = training ? fp8_inv(r, t) : r.eval_scale + FP8_INV_STRIDE;
+    cudaCheck(cudaMemsetAsync(r.eval_amax, 0, sizeof(uint32_t), st));
+    tensor_amax(r.eval_amax, x, n, st);
+    const float fp8_max = t / r.num_linears == FP8_DY ? llmc::FP8_E5M2_MAX : llmc::FP8_E4M3_MAX;
+    fp8_scale_from_amax_kernel<<<1, 1, 0, st>>>(s, inv, r.eval_amax, fp8_max, r.options.scale_margin);
+    cudaCheckLaunch();
+    if (training) r.calibrated[t] = 1;
+    return {s, inv};
+}
+
+inline Fp8Stats fp8_stats_of(const Recipe& r, int t) { Fp8Stats s; s.counts = r.stats + (size_t)t * 3; return s; }
+
+inline uint8_t* fp8_weight(const Recipe& r, LinearId id) { return r.weights8 + r.weight_offset[fp8_linear_index(id)]; }
+inline uint8_t* fp8_weight_t(const Recipe& r, LinearId id) {
+    return fp8_weight(r, id) + (size_t)linear_in_features(id.kind, r.C) * linear_out_features(id.kind, r.C);
+}
+
+// FP8 GEMMs need every leading dimension to be a multiple of 16 bytes; other shapes (and the
+// layers kept in BF16) take the plain linear
+inline bool fp8_applies(const Recipe& r, LinearId id, int N, int C, int OC) {
+    return layer_is_quantized(r.options, id.layer, r.L) && N % 16 == 0 && C % 16 == 0 && OC % 16 == 0;
+}
+
+// ---- the API ------------------------------------------------------------------------------------
+inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream_t st) {
+    const int nl = r.num_linears;
+    // the weights' amax and counts describe the weights now in use
+    cudaCheck(cudaMemsetAsync(r.amax_now + FP8_W * nl, 0, nl * sizeof(uint32_t), st));
+    cudaCheck(cudaMemsetAsync(r.stats + (size_t)FP8_W * nl * 3, 0, (size_t)nl * 3 * sizeof(unsigned long long), st));
+    for (int l = 0; l < r.L; l++) {
+        if (!layer_is_quantized(r.options, l, r.L)) continue;
+        for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+            LinearId id{l, (LinearKind)k};
+            const int C = linear_in_features(id.kind, r.C), OC = linear_out_features(id.kind, r.C);
+            const floatX* W = w.weight[k] + (size_t)l * OC * C;
+            const int t = fp8_tensor(r, id, FP8_W);
+            Fp8ScalePtrs s = fp8_scale_for(r, t, W, (long long)OC * C, true, st);
+            fp8_quantize_transpose<Fp8Kind::E4M3>(fp8_weight(r, id), fp8_weight_t(r, id), W, OC, C, s.scale,
+                                                  r.amax_now + t, fp8_stats_of(r, t), st);
+        }
+    }
+}
+
+inline void recipe_step_end(Recipe& r, cudaStream_t st) {
+    fp8_step_end_kernel<<<ceil_div(r.num_tensors, 128), 128, 0, st>>>(r.history, r.options.amax_history, r.steps_pushed,
+                                                                       r.amax_now, r.scale, r.inv_scale, r.num_tensors,
+                                                                       r.num_linears, r.options.scale_margin);
+    cudaCheckLaunch();
+    r.steps_pushed += 1;
+    // the activations' and gradients' counts start again (the weights' are reset with the weights)
+    const int nl = r.num_linears;
+    cudaCheck(cudaMemsetAsync(r.stats + (size_t)FP8_X * nl * 3, 0, (size_t)2 * nl * 3 * sizeof(unsigned long long), st));
+}
+
+// x (N x C) -> r.x8 with x's scale; returns the dequantization factor
+inline const float* fp8_quantize_input(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st) {
+    const int t = fp8_tensor(r, id, FP8_X);
+    Fp8ScalePtrs s = fp8_scale_for(r, t, inp, (long long)N * C, training, st);
+    fp8_quantize<Fp8Kind::E4M3>(r.x8, inp, (long long)N * C, s.scale, training ? r.amax_now + t : nullptr,
+                                training && r.count_stats ? fp8_stats_of(r, t) : Fp8Stats(), st);
+    return s.inv;
+}
+
+inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* weight,
+                           const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
+    if (!fp8_applies(r, id, N, C, OC)) { plain_linear_forward(out, inp, weight, bias, N, C, OC, st); return; }
+    PHASE("fp8: quantize x");
+    const float* x_inv = fp8_quantize_input(r, id, inp, N, C, training, st);
+    Fp8Operand a{fp8_weight(r, id), CUDA_R_8F_E4M3, fp8_inv(r, fp8_tensor(r, id, FP8_W))};
+    Fp8Operand b{r.x8, CUDA_R_8F_E4M3, x_inv};
+    PHASE("fp8: gemm forward");
+    if (!matmul_fp8(out, false, a, b, bias, OC, N, C, 0.0f, true, st)) {
+        fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the forward pass (m=%d n=%d k=%d)\n", OC, N, C);
+        exit(1);
+    }
+}
+
+inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
+                                const floatX* weight, const floatX* bias, int N, int C, int OC, bool training,
+                                cudaStream_t st) {
+    if (!fp8_applies(r, id, N, C, OC)) {
+        plain_linear_forward_gelu(gelu_out, pre_gelu, inp, weight, bias, N, C, OC, st);
+        return;
+    }
+    PHASE("fp8: quantize x");
+    const float* x_inv = fp8_quantize_input(r, id, inp, N, C, training, st);
+    Fp8Operand a{fp8_weight(r, id), CUDA_R_8F_E4M3, fp8_inv(r, fp8_tensor(r, id, FP8_W))};
+    Fp8Operand b{r.x8, CUDA_R_8F_E4M3, x_inv};
+    PHASE("fp8: gemm forward");
+    if (r.gelu_epilogue) {
+        r.gelu_epilogue = matmul_fp8(gelu_out, false, a, b, bias, OC, N, C, 0.0f, true, st, EPI_GELU_BIAS, pre_gelu);
+        if (r.gelu_epilogue) return;
+    }
+    // no fused GELU for these operand types: the GEMM with its bias, then the GELU kernel
+    if (!matmul_fp8(pre_gelu, false, a, b, bias, OC, N, C, 0.0f, true, st)) {
+        fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the forward pass (m=%d n=%d k=%d)\n", OC, N, C);
+        exit(1);
+    }
+    PHASE("fp8: gelu (unfused)");
+    gelu_forward(gelu_out, pre_gelu, (long long)N * OC, st);
+}
+
+inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
+                            const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
+                            cudaStream_t st) {
+    if (!fp8_applies(r, id, N, C, OC)) {
+        plain_linear_backward(dweight, dbias, dinp, dout, inp, weight, pre_gelu, r.scratch, N, C, OC, st);
+        return;
+    }
+    const int t_dy = fp8_tensor(r, id, FP8_DY), t_x = fp8_tensor(r, id, FP8_X), t_w = fp8_tensor(r, id, FP8_W);
+    // dy and dy^T in E5M2, and the bias gradient (column sums of the BF16 dy), from one read of dy
+    PHASE("fp8: quantize dy + bias grad");
+    Fp8ScalePtrs sdy = fp8_scale_for(r, t_dy, dout, (long long)N * OC, true, st);
+    fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, r.dyt8, dout, N, OC, sdy.scale, r.amax_now + t_dy,
+                                          r.count_stats ? fp8_stats_of(r, t_dy) : Fp8Stats(), st, dbias, r.col_partials);
+    // wgrad: x^T with the forward's scale (identical codes; its amax was recorded in forward)
+    PHASE("fp8: quantize x^T");
+    Fp8ScalePtrs sx = fp8_scale_for(r, t_x, inp, (long long)N * C, true, st);
+    fp8_quantize_transpose<Fp8Kind::E4M3>(nullptr, r.xt8, inp, N, C, sx.scale, nullptr, Fp8Stats(), st);
+    Fp8Operand xt{r.xt8, CUDA_R_8F_E4M3, sx.inv}, dyt{r.dyt8, CUDA_R_8F_E5M2, sdy.inv};
+    PHASE("fp8: gemm wgrad");
+    if (!matmul_fp8(dweight, true, xt, dyt, nullptr, C, OC, N, 1.0f, false, st)) {
+        fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the weight gradient (m=%d n=%d k=%d)\n", C, OC, N);
+        exit(1);
+    }
+    PHASE("fp8: gemm dgrad");
+    // dgrad: W^T (C x OC) against dy (N x OC), with the GELU derivative in the epilogue when asked
+    Fp8Operand wt{fp8_weight_t(r, id), CUDA_R_8F_E4M3, fp8_inv(r, t_w)}, dy{r.dy8, CUDA_R_8F_E5M2, sdy.inv};
+    // The GELU derivative is a separate pass, not cuBLASLt's DGELU epilogue: with FP8 operands that
+    // epilogue ran the fc projection's dgrad at 158 ms per d12 step (B=64, H100), against 48 ms for
+    // the other three dgrads together (doc/perf.md).
+    if (!matmul_fp8(dinp, false, wt, dy, nullptr, C, N, OC, 0.0f, false, st)) {
+        fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the input gradient (m=%d n=%d k=%d)\n", C, N, OC);
+        exit(1);
+    }
+    PHASE("fp8: gelu backward");
+    if (pre_gelu) gelu_backward(dinp, pre_gelu, (long long)N * C, st);
+}
+
+// ---- checkpoint state -----------------------------------------------------------------------------
+inline void recipe_save(const Recipe& r, StateWriter& w) {
+    const size_t nt = r.num_tensors, H = r.options.amax_history;
+    std::vector<float> scale(nt), inv(nt), hist(nt * H);
+    std::vector<uint32_t> amax(nt);
+    cudaCheck(cudaMemcpy(scale.data(), r.scale, nt * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy2D(inv.data(), sizeof(float), r.inv_scale, FP8_INV_STRIDE * sizeof(float), sizeof(float), nt,
+                           cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(amax.data(), r.amax_now, nt * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(hist.data(), r.history, nt * H * sizeof(float), cudaMemcpyDeviceToHost));
+    int32_t opts[4] = {r.options.amax_history, r.options.scale_margin, r.options.skip_first, r.options.skip_last};
+    int64_t steps = r.steps_pushed;
+    w.add_copy("fp8_options", opts, sizeof(opts));
+    w.add_copy("fp8_steps", &steps, sizeof(steps));
+    w.add_copy("fp8_scale", scale.data(), nt * sizeof(float));
+    w.add_copy("fp8_inv_scale", inv.data(), nt * sizeof(float));
+    w.add_copy("fp8_amax_now", amax.data(), nt * sizeof(uint32_t));
+    w.add_copy("fp8_amax_history", hist.data(), nt * H * sizeof(float));
+    w.add_copy("fp8_calibrated", r.calibrated.data(), nt);
+}
+
+// Throws InputError when the checkpoint's FP8 settings differ from this run's.
+inline void recipe_load(Recipe& r, StateReader& rd) {
+    const size_t nt = r.num_tensors, H = r.options.amax_history;
+    int32_t opts[4];
+    rd.read("fp8_options", opts, sizeof(opts));
+    const int32_t mine[4] = {r.options.amax_history, r.options.scale_margin, r.options.skip_first, r.options.skip_last};
+    if (memcmp(opts, mine, sizeof(opts)) != 0) {
+        input_error("the checkpoint was written with -fh %d -fm %d -sqf %d -sql %d, this run has -fh %d -fm %d -sqf %d "
+                    "-sql %d; resume with the checkpoint's settings", opts[0], opts[1], opts[2], opts[3], mine[0],
+                    mine[1], mine[2], mine[3]);
+    }
+    int64_t steps = 0;
+    rd.read("fp8_steps", &steps, sizeof(steps));
+    r.steps_pushed = steps;
+    std::vector<float> scale(nt), inv(nt), hist(nt * H);
+    std::vector<uint32_t> amax(nt);
+    rd.read("fp8_scale", scale.data(), nt * sizeof(float));
+    rd.read("fp8_inv_scale", inv.data(), nt * sizeof(float));
+    rd.read("fp8_amax_now", amax.data(), nt * sizeof(uint32_t));
+    rd.read("fp8_amax_history", hist.data(), nt * H * sizeof(float));
+    rd.read("fp8_calibrated", r.calibrated.data(), nt);
+    cudaCheck(cudaMemcpy(r.scale, scale.data(), nt * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy2D(r.inv_scale, FP8_INV_STRIDE * sizeof(float), inv.data(), sizeof(float), sizeof(float), nt,
+                           cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(r.amax_now, amax.data(), nt * sizeof(uint32_t), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(r.history, hist.data(), nt * H * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+// ---- telemetry ----------------------------------------------------------------------------------
+inline bool recipe_begin_step(Recipe& r, int step) {
+    r.count_stats = r.options.telemetry_every > 0 && step % r.options.telemetry_every == 0;
+    return r.count_stats;
+}
+
+// One line per quantized tensor, for the optimizer step that just ran its backward pass:
+//   s:STEP lq:l3.fc.dy amax:... scale:... sat:... ftz:...
+inline void recipe_log_telemetry(Recipe& r, FILE* log, int step) {
+    const size_t nt = r.num_tensors;
+    std::vector<float> scale(nt);
+    std::vector<uint32_t> amax(nt);
+    std::vector<unsigned long long> stats(nt * 3);
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaMemcpy(scale.data(), r.scale, nt * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(amax.data(), r.amax_now, nt * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(stats.data(), r.stats, nt * 3 * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+    for (int role = 0; role < NUM_FP8_ROLES; role++) {
+        for (int l = 0; l < r.L; l++) {
+            if (!layer_is_quantized(r.options, l, r.L)) continue;
+            for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+                const int t = fp8_tensor(r, LinearId{l, (LinearKind)k}, (Fp8Role)role);
+                const unsigned long long* c = &stats[(size_t)t * 3];
+                const double n = c[0] ? (double)c[0] : 1.0;
+                float a;
+                memcpy(&a, &amax[t], 4);
+                fprintf(log, "s:%d lq:l%d.%s.%s amax:%.6e scale:%.6e sat:%.6e ftz:%.6e\n", step, l, LINEAR_NAMES[k],
+                        FP8_ROLE_NAMES[role], a, scale[t], c[1] / n, c[2] / n);
+            }
+        }
+    }
+    fflush(log);
+}
