@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """plot_logs.py: the loss protocol's report from trainer main.log files.
 
-    python3 dev/plot_logs.py RUN_DIR_OR_MAIN_LOG [...] [--labels a,b] [--out curves.png] [--table out.md]
+    python3 dev/plot_logs.py RUN_DIR_OR_MAIN_LOG [...] [--labels a,b] [--out curves.png] [--table out.md] [--telemetry quant.png]
 
 For each run prints (and with --table writes as markdown) what doc/protocol.md asks for: the lowest
 validation loss and its step, the train loss averaged over steps 301-350, the train loss averaged
@@ -9,15 +9,28 @@ over the last 50 steps, and the validation loss at the last step; with two or mo
 figure's ratio to the first run (the baseline, e.g. BF16). Draws every run's train and validation
 curves on one PNG (--out). main.log lines: "s:STEP trl:LOSS ..." (train) and "s:STEP tel:LOSS" (val);
 lines starting with '#' are metadata ("# recipe:bf16 ...").
+
+FP8 quantization telemetry: a run trained with -lq N has, every N steps, one line per quantized tensor,
+"s:STEP lq:l3.fc.dy amax:A scale:S sat:F ftz:F" (layer 3, linear qkv|attproj|fc|fcproj, role w|x|dy:
+weight and activation in E4M3, output gradient in E5M2; sat = fraction of values that saturated to the
+format's largest value, ftz = fraction flushed to zero). For every run with such lines a short summary
+is printed: at the run's last telemetry step, per role, the largest sat and ftz over all tensors and
+which tensor had it. --telemetry PNG draws, per run with telemetry, a 3x3 grid (rows: the roles w, x,
+dy; columns: amax, sat, ftz over steps), one line per tensor: color = layer, line style = linear.
+With one run that has telemetry the PNG is written as named; with several, one PNG per such run,
+named with the run's 1-based position on the command line: quant.png -> quant_run1.png, quant_run3.png.
+--telemetry with no telemetry in any run is an error (exit status 1).
 """
 import argparse
+import math
 import os
 import sys
 
 
 def parse_main_log(path):
     """Returns (train {step: loss}, val {step: loss}, meta {key: value}). A resumed run appends to its
-    main.log; a step logged twice keeps the last value (the resumed run's)."""
+    main.log; a step logged twice keeps the last value (the resumed run's). Telemetry lines
+    ("s:STEP lq:...") are not losses and are skipped here; parse_telemetry reads them."""
     train, val, meta = {}, {}, {}
     with open(path) as f:
         for line in f:
@@ -31,7 +44,7 @@ def parse_main_log(path):
                         meta[k] = v
                 continue
             fields = dict(item.split(":", 1) for item in line.split() if ":" in item)
-            if "s" not in fields:
+            if "s" not in fields or "lq" in fields:
                 continue
             step = int(fields["s"])
             if "trl" in fields:
@@ -39,6 +52,158 @@ def parse_main_log(path):
             if "tel" in fields:
                 val[step] = float(fields["tel"])
     return train, val, meta
+
+
+# FP8 telemetry: the order of the roles (plot rows) and linears (line styles) as the trainer logs them
+TEL_ROLES = ("w", "x", "dy")
+TEL_ROLE_NAMES = {"w": "w (weight, E4M3)", "x": "x (activation, E4M3)", "dy": "dy (output gradient, E5M2)"}
+TEL_LINEARS = ("qkv", "attproj", "fc", "fcproj")
+TEL_LINESTYLES = {"qkv": "-", "attproj": "--", "fc": ":", "fcproj": "-."}
+TEL_QUANTITIES = ("amax", "scale", "sat", "ftz")
+
+
+def parse_telemetry(path):
+    """Returns the FP8 quantization telemetry of a main.log as {(layer, linear, role): {step: {quantity:
+    value}}}, e.g. {(3, "fc", "dy"): {100: {"amax": 0.0123, "scale": 4.6e6, "sat": 0.0, "ftz": 0.00125}}},
+    from lines "s:STEP lq:l3.fc.dy amax:... scale:... sat:... ftz:...". Values go through float(), so a
+    broken run's "nan", "-nan" or "inf" becomes a float nan/inf; a quantity missing from a line is left out
+    of its dict. As in parse_main_log, a step logged twice (a resumed run appends) keeps the last line.
+    Lines whose tensor name or numbers do not parse are skipped. {} when the log has no telemetry."""
+    tel = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            fields = dict(item.split(":", 1) for item in line.split() if ":" in item)
+            if "s" not in fields or "lq" not in fields:
+                continue
+            parts = fields["lq"].split(".")
+            if len(parts) != 3 or not parts[0].startswith("l"):
+                continue
+            try:
+                step, layer = int(fields["s"]), int(parts[0][1:])
+                values = {q: float(fields[q]) for q in TEL_QUANTITIES if q in fields}
+            except ValueError:
+                continue
+            tel.setdefault((layer, parts[1], parts[2]), {})[step] = values
+    return tel
+
+
+def tensor_name(key):
+    """(3, "fc", "dy") -> "l3.fc.dy", the name the trainer logs."""
+    layer, linear, role = key
+    return f"l{layer}.{linear}.{role}"
+
+
+def telemetry_summary(tel):
+    """Returns (step, {role: {"sat": (value, tensor or None), "ftz": (value, tensor or None), "nonfinite":
+    [tensors whose amax is nan/inf]}}) for the last step at which any tensor has telemetry: per role, the
+    largest sat and ftz over all tensors of that role and the tensor that had it (the first in layer/linear
+    order on ties; None when every value is 0). Non-finite sat/ftz values are ignored for the maxima.
+    (None, {}) without telemetry."""
+    steps = [s for per_step in tel.values() for s in per_step]
+    if not steps:
+        return None, {}
+    last = max(steps)
+    order = {name: i for i, name in enumerate(TEL_LINEARS)}
+    keys = sorted((k for k in tel if last in tel[k]), key=lambda k: (k[0], order.get(k[1], len(order)), k[1]))
+    out = {}
+    for role in TEL_ROLES + tuple(sorted({k[2] for k in keys} - set(TEL_ROLES))):
+        rk = [k for k in keys if k[2] == role]
+        if not rk:
+            continue
+        entry = {"nonfinite": [tensor_name(k) for k in rk if not math.isfinite(tel[k][last].get("amax", 0.0))]}
+        for q in ("sat", "ftz"):
+            best, who = 0.0, None
+            for k in rk:
+                v = tel[k][last].get(q, 0.0)
+                if math.isfinite(v) and v > best:
+                    best, who = v, tensor_name(k)
+            entry[q] = (best, who)
+        out[role] = entry
+    return last, out
+
+
+def telemetry_lines(label, path, tel):
+    """The text summary of one run's telemetry (see telemetry_summary), as lines for stdout."""
+    step, summary = telemetry_summary(tel)
+    n = sum(1 for per_step in tel.values() if step in per_step)
+    lines = [f"FP8 telemetry {label} ({path}): last telemetry step {step}, {n} tensors"]
+    for role, e in summary.items():
+        (sat, sat_t), (ftz, ftz_t) = e["sat"], e["ftz"]
+        row = f"  {role:<2}: max sat {sat:.3e} ({sat_t or 'none'})  max ftz {ftz:.3e} ({ftz_t or 'none'})"
+        if e["nonfinite"]:
+            shown = ", ".join(e["nonfinite"][:4]) + (", ..." if len(e["nonfinite"]) > 4 else "")
+            row += f"  non-finite amax in {len(e['nonfinite'])}: {shown}"
+        lines.append(row)
+    return lines
+
+
+def plot_telemetry(png, label, tel):
+    """Draws one run's telemetry to png: a 3x3 grid, rows = roles (w, x, dy), columns = amax, sat, ftz
+    against the main.log step. Every tensor is its own line: color = layer (viridis, shallow to deep), line
+    style = linear (qkv solid, attproj dashed, fc dotted, fcproj dash-dot); one legend of layers and one of
+    linears for the whole figure. amax is on a log axis (nan/inf/<=0 values leave a gap; steps where some
+    tensor of the role had a nan/inf amax get a red vertical line); sat and ftz are fractions on a symlog
+    axis (linear below 1e-6, so 0 stays visible, logarithmic above)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    layers = sorted({k[0] for k in tel})
+    cmap = plt.get_cmap("viridis")
+    color = {l: cmap(i / max(1, len(layers) - 1) * 0.9) for i, l in enumerate(layers)}
+    cols = (("amax", "amax (abs max)"), ("sat", "sat (fraction saturated)"), ("ftz", "ftz (fraction flushed to zero)"))
+    fig, axes = plt.subplots(len(TEL_ROLES), len(cols), figsize=(16, 10.5), sharex=True, squeeze=False)
+    for r, role in enumerate(TEL_ROLES):
+        keys = sorted(k for k in tel if k[2] == role)
+        bad_steps = sorted({s for k in keys for s, v in tel[k].items() if not math.isfinite(v.get("amax", 0.0))})
+        for c, (q, title) in enumerate(cols):
+            ax = axes[r][c]
+            any_positive = False
+            for k in keys:
+                steps = sorted(tel[k])
+                ys = [tel[k][s].get(q, math.nan) for s in steps]
+                if q == "amax":
+                    ys = [y if math.isfinite(y) and y > 0 else math.nan for y in ys]
+                any_positive = any_positive or any(y > 0 for y in ys if math.isfinite(y))
+                ax.plot(steps, ys, color=color[k[0]], ls=TEL_LINESTYLES.get(k[1], "-"), lw=1.0)
+            if q == "amax":
+                for s in bad_steps:
+                    ax.axvline(s, color="red", lw=0.8, alpha=0.6)
+                if any_positive:
+                    ax.set_yscale("log")
+            else:
+                ax.set_yscale("symlog", linthresh=1e-6)
+                ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+            if r == 0:
+                ax.set_title(title)
+            if c == 0:
+                ax.set_ylabel(TEL_ROLE_NAMES.get(role, role))
+            if r == len(TEL_ROLES) - 1:
+                ax.set_xlabel("step (main.log s:)")
+    layer_handles = [Line2D([], [], color=color[l], lw=2) for l in layers]
+    fig.legend(layer_handles, [f"layer {l}" for l in layers], loc="center right", title="color: layer",
+               fontsize="small", ncol=1 if len(layers) <= 24 else 2)
+    linear_handles = [Line2D([], [], color="black", ls=TEL_LINESTYLES[n]) for n in TEL_LINEARS]
+    fig.legend(linear_handles, TEL_LINEARS, loc="upper right", title="line style: linear", fontsize="small")
+    any_bad = any(not math.isfinite(v.get("amax", 0.0)) for per_step in tel.values() for v in per_step.values())
+    fig.suptitle(f"{label}: FP8 quantization telemetry per tensor (color: layer, line style: linear"
+                 + ("; red line: a nan/inf amax" if any_bad else "") + ")")
+    fig.tight_layout(rect=(0, 0, 0.88, 0.96))
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def telemetry_png_name(png, index, several):
+    """The PNG for the run at 1-based command-line position index: png itself when only one run has
+    telemetry, else png with "_run<index>" before the extension (quant.png -> quant_run2.png)."""
+    if not several:
+        return png
+    stem, ext = os.path.splitext(png)
+    return f"{stem}_run{index}{ext or '.png'}"
 
 
 def mean_over(d, lo, hi):
@@ -90,11 +255,13 @@ def main(argv=None):
     ap.add_argument("--labels", help="comma-separated labels (default: the recipe in each log, else the path)")
     ap.add_argument("--out", help="PNG with the train and validation curves of all runs")
     ap.add_argument("--table", help="write the summary table (markdown) here")
+    ap.add_argument("--telemetry", metavar="PNG", help="PNG of the FP8 quantization telemetry (amax, sat, ftz per "
+                    "tensor); one per run with telemetry, suffixed _runN when several runs have it")
     args = ap.parse_args(argv)
     labels = args.labels.split(",") if args.labels else []
     if labels and len(labels) != len(args.runs):
         ap.error(f"--labels has {len(labels)} names for {len(args.runs)} runs")
-    runs, curves = [], []
+    runs, curves, telemetry = [], [], []
     for i, r in enumerate(args.runs):
         path = os.path.join(r, "main.log") if os.path.isdir(r) else r
         if not os.path.isfile(path):
@@ -107,8 +274,17 @@ def main(argv=None):
         label = labels[i] if labels else meta.get("recipe", r)
         runs.append((label, summarize(train, val)))
         curves.append((label, train, val))
+        tel = parse_telemetry(path)
+        if tel:
+            telemetry.append((i + 1, label, path, tel))
+    if args.telemetry and not telemetry:
+        print("error: --telemetry: no run has FP8 quantization telemetry ('s:STEP lq:...' lines in main.log; "
+              "train the fp8 recipe with -lq N)", file=sys.stderr)
+        return 1
     lines = report(runs)
     print("\n".join(lines))
+    for _, label, path, tel in telemetry:
+        print("\n".join(telemetry_lines(label, path, tel)))
     if args.table:
         with open(args.table, "w") as f:
             f.write("\n".join(lines) + "\n")
@@ -130,6 +306,11 @@ def main(argv=None):
         fig.tight_layout()
         fig.savefig(args.out, dpi=120)
         print(f"wrote {args.out}")
+    if args.telemetry:
+        for index, label, _, tel in telemetry:
+            png = telemetry_png_name(args.telemetry, index, len(telemetry) > 1)
+            plot_telemetry(png, label, tel)
+            print(f"wrote {png}")
     return 0
 
 

@@ -97,6 +97,30 @@ TEST_CASE("cli: every flag parses into its field") {
     CHECK(c.resume == 1);
 }
 
+TEST_CASE("cli: the recipe flags parse into RecipeOptions and are range-checked") {
+    TrainConfig c = parse({"-fh", "16", "-fm", "2", "-sqf", "1", "-sql", "3", "-lq", "50", "-o", "out", "-cr", "1"});
+    CHECK(c.recipe.amax_history == 16);
+    CHECK(c.recipe.scale_margin == 2);
+    CHECK(c.recipe.skip_first == 1);
+    CHECK(c.recipe.skip_last == 3);
+    CHECK(c.recipe.telemetry_every == 50);
+    CHECK(c.convert_recipe == 1);
+    CHECK_NOTHROW(llmc::validate_config(c));
+    TrainConfig d = parse({});
+    CHECK(d.recipe.amax_history == 1024); // seed 004's default
+    CHECK(d.recipe.scale_margin == 0);
+    CHECK(d.recipe.telemetry_every == 0);
+    for (auto bad : std::vector<std::vector<std::string>>{{"-fh", "0"}, {"-fh", "65537"}, {"-fm", "-1"}, {"-sqf", "-1"},
+                                                         {"-sql", "-2"}, {"-lq", "-1"}, {"-lq", "5"}, {"-cr", "2"}}) {
+        TrainConfig e = parse(bad);
+        CHECK_THROWS_AS(llmc::validate_config(e), llmc::InputError);
+    }
+    CHECK(layer_is_quantized(c.recipe, 0, 12) == false); // -sqf 1
+    CHECK(layer_is_quantized(c.recipe, 1, 12) == true);
+    CHECK(layer_is_quantized(c.recipe, 8, 12) == true);
+    CHECK(layer_is_quantized(c.recipe, 9, 12) == false); // -sql 3: layers 9, 10, 11
+}
+
 TEST_CASE("cli: values may start with '-', empty strings are allowed, the last repeat wins") {
     TrainConfig c = parse({"-x", "-1", "-d", "-1", "-m", "-1", "-j", "", "-b", "2", "-b", "16"});
     CHECK(c.max_steps == -1);

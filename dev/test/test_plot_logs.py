@@ -1,4 +1,8 @@
-"""Unit tests for dev/plot_logs.py (no GPU): parsing main.log, the protocol summary, the table."""
+"""Unit tests for dev/plot_logs.py (no GPU): parsing main.log, the protocol summary, the table, and the FP8
+quantization telemetry ("s:STEP lq:..." lines): parsing, its summary, and the --telemetry plot."""
+import contextlib
+import io
+import math
 import os
 import sys
 import tempfile
@@ -13,6 +17,34 @@ def write_log(lines):
     with os.fdopen(fd, "w") as f:
         f.write("\n".join(lines) + "\n")
     return path
+
+
+def lq(step, name, amax, scale=1.0e4, sat=0.0, ftz=0.0):
+    """One telemetry line as the trainer writes it (amax may be a string such as "nan")."""
+    amax = amax if isinstance(amax, str) else f"{amax:.6e}"
+    return f"s:{step} lq:{name} amax:{amax} scale:{scale:.6e} sat:{sat:.6e} ftz:{ftz:.6e}"
+
+
+def fp8_log(layers=2, steps=(0, 10, 20)):
+    """A small fp8 run: train and val losses, the recipe's metadata lines, and telemetry for every tensor
+    at each of steps. At the last step l1.fc.x has the largest sat, l0.fcproj.dy the largest ftz and
+    l1.qkv.dy a nan amax."""
+    lines = ["# recipe:fp8 precision:bf16 model:d2 params:1000 B:4 T:64 tokens_per_step:256",
+             "# fp8: E4M3 forward / E5M2 backward, delayed scaling, history 16"]
+    last = steps[-1]
+    for s in range(last + 1):
+        lines.append(f"s:{s} trl:{5 - 0.1 * s:.6f} lr:6.0e-04 norm:1.0")
+        if s in steps:
+            lines.append(f"s:{s} tel:{5.5 - 0.1 * s:.6f}")
+            for l in range(layers):
+                for linear in ("qkv", "attproj", "fc", "fcproj"):
+                    for role in ("w", "x", "dy"):
+                        name = f"l{l}.{linear}.{role}"
+                        sat = 3e-4 if (s == last and name == "l1.fc.x") else 1e-5 * (l + 1)
+                        ftz = 0.25 if (s == last and name == "l0.fcproj.dy") else 1e-3
+                        amax = "nan" if (s == last and name == "l1.qkv.dy") else 0.01 * (l + 1) * (1 + s)
+                        lines.append(lq(s, name, amax, sat=sat, ftz=ftz))
+    return lines
 
 
 class PlotLogsTest(unittest.TestCase):
@@ -51,6 +83,105 @@ class PlotLogsTest(unittest.TestCase):
     def test_cli_rejects_a_log_without_losses(self):
         path = write_log(["# only metadata"])
         self.assertEqual(plot_logs.main([path]), 1)
+
+    def test_parse_telemetry_values(self):
+        path = write_log(["# recipe:fp8 precision:bf16", "# fp8: E4M3 forward / E5M2 backward",
+                          "s:0 trl:5.0 lr:6.0e-04 norm:1.0",
+                          "s:100 lq:l3.fc.dy amax:1.234560e-02 scale:4.646e+06 sat:0.000000e+00 ftz:1.250000e-03",
+                          "s:100 lq:l0.qkv.w amax:2.5e-01 scale:1.792e+03 sat:2.0e-05 ftz:0.0",
+                          "s:200 lq:l3.fc.dy amax:2.0e-02 scale:3.0e+06 sat:1.0e-06 ftz:5.0e-04"])
+        tel = plot_logs.parse_telemetry(path)
+        self.assertEqual(set(tel), {(3, "fc", "dy"), (0, "qkv", "w")})
+        self.assertEqual(tel[(3, "fc", "dy")][100], {"amax": 1.23456e-2, "scale": 4.646e6, "sat": 0.0, "ftz": 1.25e-3})
+        self.assertEqual(tel[(3, "fc", "dy")][200]["sat"], 1.0e-6)
+        self.assertEqual(sorted(tel[(3, "fc", "dy")]), [100, 200])
+        self.assertEqual(tel[(0, "qkv", "w")][100]["scale"], 1792.0)
+
+    def test_telemetry_resumed_run_keeps_the_last_value(self):
+        path = write_log([lq(10, "l1.attproj.x", 0.5), lq(20, "l1.attproj.x", 0.6),
+                          "# recipe:fp8 (resumed)", lq(20, "l1.attproj.x", 0.7, sat=0.125), lq(30, "l1.attproj.x", 0.8)])
+        tel = plot_logs.parse_telemetry(path)[(1, "attproj", "x")]
+        self.assertEqual(sorted(tel), [10, 20, 30])
+        self.assertEqual(tel[20]["amax"], 0.7)
+        self.assertEqual(tel[20]["sat"], 0.125)
+
+    def test_telemetry_nonfinite_amax_and_bad_lines(self):
+        path = write_log([lq(5, "l0.fc.dy", "nan"), lq(5, "l0.fc.x", "-nan"), lq(5, "l0.fc.w", "inf"),
+                          "s:5 lq:garbage amax:1.0", "s:5 lq:lx.fc.w amax:1.0", "s:5 lq:l0.fc.w2 amax:oops"])
+        tel = plot_logs.parse_telemetry(path)
+        self.assertTrue(math.isnan(tel[(0, "fc", "dy")][5]["amax"]))
+        self.assertTrue(math.isnan(tel[(0, "fc", "x")][5]["amax"]))
+        self.assertEqual(tel[(0, "fc", "w")][5]["amax"], math.inf)
+        self.assertEqual(set(tel), {(0, "fc", "dy"), (0, "fc", "x"), (0, "fc", "w")})
+        step, summary = plot_logs.telemetry_summary(tel)
+        self.assertEqual(step, 5)
+        self.assertEqual(summary["dy"]["nonfinite"], ["l0.fc.dy"])
+        self.assertEqual(summary["w"]["nonfinite"], ["l0.fc.w"])
+
+    def test_losses_unaffected_by_telemetry(self):
+        lines = fp8_log()
+        train, val, meta = plot_logs.parse_main_log(write_log(lines))
+        plain = [l for l in lines if " lq:" not in l]
+        self.assertNotEqual(len(plain), len(lines))
+        self.assertEqual((train, val), plot_logs.parse_main_log(write_log(plain))[:2])
+        self.assertEqual(len(train), 21)
+        self.assertEqual(sorted(val), [0, 10, 20])
+        self.assertAlmostEqual(train[20], 3.0, places=6)
+        self.assertEqual(meta["recipe"], "fp8")
+        self.assertEqual(plot_logs.parse_telemetry(write_log(plain)), {})
+
+    def test_telemetry_summary_names_the_worst_tensor(self):
+        tel = plot_logs.parse_telemetry(write_log(fp8_log()))
+        self.assertEqual(len(tel), 2 * 4 * 3)
+        step, summary = plot_logs.telemetry_summary(tel)
+        self.assertEqual(step, 20)
+        self.assertEqual(summary["x"]["sat"], (3e-4, "l1.fc.x"))
+        self.assertEqual(summary["dy"]["ftz"], (0.25, "l0.fcproj.dy"))
+        self.assertEqual(summary["w"]["sat"], (2e-5, "l1.qkv.w"))  # a tie between layer 1's linears: the first
+        self.assertEqual(summary["dy"]["nonfinite"], ["l1.qkv.dy"])
+        zero = plot_logs.telemetry_summary({(0, "fc", "w"): {1: {"amax": 1.0, "sat": 0.0, "ftz": 0.0}}})[1]
+        self.assertEqual(zero["w"]["sat"], (0.0, None))
+
+    def test_cli_telemetry_writes_a_png_and_prints_the_summary(self):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "main.log"), "w") as f:
+                f.write("\n".join(fp8_log()) + "\n")
+            png = os.path.join(d, "quant.png")
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                rc = plot_logs.main([d, "--telemetry", png])
+            self.assertEqual(rc, 0)
+            with open(png, "rb") as f:
+                data = f.read()
+            self.assertGreater(len(data), 1000)
+            self.assertEqual(data[:8], b"\x89PNG\r\n\x1a\n")
+            text = out.getvalue()
+            self.assertIn("last telemetry step 20, 24 tensors", text)
+            self.assertRegex(text, r"x +: max sat 3\.000e-04 \(l1\.fc\.x\)")
+            self.assertRegex(text, r"dy: max sat .* max ftz 2\.500e-01 \(l0\.fcproj\.dy\).*non-finite amax in 1: l1\.qkv\.dy")
+
+    def test_cli_telemetry_one_png_per_run_with_telemetry(self):
+        with tempfile.TemporaryDirectory() as d:
+            bf16 = write_log(["# recipe:bf16", "s:0 trl:5.0", "s:1 trl:4.9", "s:1 tel:5.1"])
+            a, b = write_log(fp8_log()), write_log(fp8_log(layers=3, steps=(0, 5)))
+            png = os.path.join(d, "quant.png")
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.assertEqual(plot_logs.main([bf16, a, b, "--telemetry", png]), 0)
+            self.assertEqual(sorted(os.listdir(d)), ["quant_run2.png", "quant_run3.png"])
+            self.assertGreater(os.path.getsize(os.path.join(d, "quant_run3.png")), 1000)
+
+    def test_cli_telemetry_without_telemetry_fails(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = write_log(["# recipe:bf16", "s:0 trl:5.0", "s:0 tel:5.2"])
+            png = os.path.join(d, "quant.png")
+            err = io.StringIO()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+                rc = plot_logs.main([path, "--telemetry", png])
+            self.assertNotEqual(rc, 0)
+            self.assertIn("no run has FP8 quantization telemetry", err.getvalue())
+            self.assertFalse(os.path.exists(png))
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.assertEqual(plot_logs.main([path]), 0)  # without --telemetry the same log is fine
 
 
 if __name__ == "__main__":
