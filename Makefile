@@ -71,12 +71,12 @@ test_gpt_fp32: test_gpt.cu train_gpt.cu $(HEADERS)
 	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -DRECIPE_BF16 $< $(NVCC_LDFLAGS) -o $@
 
 # flash attention against a float64 CPU reference, and its speed against the materialized path
-build/test_attention: dev/test/test_attention.cu $(HEADERS)
+build/test_attention: dev/test/test_attention.cu dev/test/gpu_check.h $(HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 
 # the FP8 kernels: quantization against the CPU codec, FP8 GEMMs against float64, delayed scaling
-build/test_fp8: dev/test/test_fp8.cu $(HEADERS)
+build/test_fp8: dev/test/test_fp8.cu dev/test/gpu_check.h $(HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 

@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
     std::vector<floatX> logits(BT * Vp);
     cudaCheck(cudaMemcpy(logits.data(), model.acts.logits, logits.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
     Diff dl = compare(logits.data(), ref.logits.data(), logits.size());
-    check(dl.rel_l2 <= TOL_LOGITS, strfmt("logits: rel L2 %.3e (tol %.0e), max abs %.3e", dl.rel_l2, TOL_LOGITS, dl.max_abs));
+    check(dl.rel_l2 <= TOL_LOGITS, strfmt("logits: rel L2 %.3e (tol %.2g), max abs %.3e", dl.rel_l2, TOL_LOGITS, dl.max_abs));
     check(std::fabs(loss - ref.loss) <= TOL_LOSS, strfmt("loss: %.6f vs reference %.6f (|diff| %.3e, tol %.0e)", loss, ref.loss, std::fabs(loss - ref.loss), TOL_LOSS));
 
     // 2. gradients of every tensor
@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
         size_t n = model.param_sizes[i];
         Diff d = compare(grads.data() + off, ref.grads.data() + off, n);
         worst = std::max(worst, d.rel_l2);
-        check(d.rel_l2 <= TOL_GRAD, strfmt("grad %-9s rel L2 %.3e (tol %.0e), max abs %.3e", PARAM_NAMES[i], d.rel_l2, TOL_GRAD, d.max_abs));
+        check(d.rel_l2 <= TOL_GRAD, strfmt("grad %-9s rel L2 %.3e (tol %.2g), max abs %.3e", PARAM_NAMES[i], d.rel_l2, TOL_GRAD, d.max_abs));
         off += n;
     }
     printf("largest gradient rel L2 error: %.3e\n", worst);
@@ -218,8 +218,8 @@ int main(int argc, char** argv) {
         max_loss_diff = std::max(max_loss_diff, std::fabs(l - ref.losses[s]));
         max_norm_rel = std::max(max_norm_rel, std::fabs(norm - ref.grad_norms[s]) / ref.grad_norms[s]);
     }
-    check(max_loss_diff <= TOL_LOSSES, strfmt("10-step losses: max |diff| %.3e (tol %.0e)", max_loss_diff, TOL_LOSSES));
-    check(max_norm_rel <= TOL_NORM, strfmt("10-step grad norms: max rel diff %.3e (tol %.0e)", max_norm_rel, TOL_NORM));
+    check(max_loss_diff <= TOL_LOSSES, strfmt("10-step losses: max |diff| %.3e (tol %.2g)", max_loss_diff, TOL_LOSSES));
+    check(max_norm_rel <= TOL_NORM, strfmt("10-step grad norms: max rel diff %.3e (tol %.2g)", max_norm_rel, TOL_NORM));
 
     // 4. save -> resume is bit-identical
     char tmpl[] = "/tmp/test_gpt_ckpt_XXXXXX";

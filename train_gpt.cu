@@ -472,10 +472,11 @@ inline void gpt_backward(GPT* model, int B, int T) {
         const LayerActs la = layer_acts(model, l, B, T);
         const floatX* ln1w = p.t[P_LN1W] + l * C;
         const floatX* ln2w = p.t[P_LN2W] + l * C;
-        // recompute what was not kept (identical kernels on identical inputs: identical values)
+        // recompute what was not kept (identical kernels on identical inputs: identical values), where
+        // the recipe's backward reads it
         PHASE("bwd: recompute");
-        if (model->recompute >= 1) gelu_forward(la.fch_gelu, la.fch, NC * 4, st);
-        if (model->recompute >= 2) {
+        if (model->recompute >= 1 && recipe_needs_input_in_backward(rc, {l, LIN_FCPROJ}, N)) gelu_forward(la.fch_gelu, la.fch, NC * 4, st);
+        if (model->recompute >= 2 && recipe_needs_input_in_backward(rc, {l, LIN_FC}, N)) {
             layernorm_forward(la.ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, la.residual2, ln2w, p.t[P_LN2B] + l * C, N, C, st);
         }
         // MLP block; dresidual holds d(la.residual3)
@@ -499,7 +500,7 @@ inline void gpt_backward(GPT* model, int B, int T) {
 #endif
         attention_backward(a.dqkv, a.dbtc, la.qkv, la.att, a.attn, a.dq, a.dk, a.dv, B, T, NH, HS, st);
         PHASE("bwd: recompute");
-        if (model->recompute >= 2) {
+        if (model->recompute >= 2 && recipe_needs_input_in_backward(rc, {l, LIN_QKV}, N)) {
             layernorm_forward(la.ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, la.residual_in, ln1w, p.t[P_LN1B] + l * C, N, C, st);
         }
         PHASE("bwd: linear");

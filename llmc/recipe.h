@@ -20,6 +20,11 @@
 //                                               pre_gelu is given), overwriting dinp; and backward-dw:
 //                                               dW += dout^T inp, dbias += column sums of dout (FP32).
 //                                               One call for both, so that a recipe quantizes dout once.
+//                                               The backward of a linear always follows the training
+//                                               forward of the same linear and micro-batch (a recipe
+//                                               may keep what it needs from that forward).
+//   recipe_needs_input_in_backward(r, id, N)    whether linear_backward reads `inp`; when not, the
+//                                               model skips recomputing it (-r 1 / -r 2)
 //   recipe_save(r, writer) / recipe_load(r, reader)   the recipe's state in the checkpoint's state file
 //   recipe_begin_step(r, step)                  before a training step's first micro-step; returns
 //                                               whether the step's quantization telemetry is due (-lq)

@@ -36,6 +36,8 @@ inline void linear_backward(Recipe& r, LinearId, floatX* dinp, float* dweight, f
     plain_linear_backward(dweight, dbias, dinp, dout, inp, weight, pre_gelu, r.scratch, N, C, OC, stream);
 }
 
+inline bool recipe_needs_input_in_backward(const Recipe&, LinearId, int) { return true; }
+
 inline void recipe_save(const Recipe&, StateWriter&) {}
 inline void recipe_load(Recipe&, StateReader&) {}
 inline bool recipe_begin_step(Recipe&, int) { return false; }

@@ -61,9 +61,13 @@ struct Recipe {
     // FP8 copies of the weights, per linear: W (OC x C) then W^T (C x OC), E4M3
     uint8_t* weights8 = nullptr;
     std::vector<size_t> weight_offset; // per linear, into weights8
-    // scratch: x (N x K), x^T (K x N), dy (N x OC), dy^T (OC x N); the scale of an evaluation-only
+    // scratch: x (N x K), dy (N x OC), dy^T (OC x N); the scale of an evaluation-only
     // calibration (2 floats) and its amax
-    uint8_t *x8 = nullptr, *xt8 = nullptr, *dy8 = nullptr, *dyt8 = nullptr;
+    uint8_t *x8 = nullptr, *dy8 = nullptr, *dyt8 = nullptr;
+    // x^T of every quantized linear, written by the training forward pass for its backward pass
+    // (so the backward needs neither the BF16 input nor its recomputation): (K x N) per linear
+    uint8_t* saved_xt = nullptr;
+    std::vector<size_t> saved_xt_offset; // per linear, into saved_xt
     float* eval_scale = nullptr;       // [0] = s, [FP8_INV_STRIDE] = 1 / s
     uint32_t* eval_amax = nullptr;
     float* col_partials = nullptr;     // ceil(N / 64) x 4C: the bias gradient's per-tile column sums
@@ -76,6 +80,22 @@ inline int fp8_tensor(const Recipe& r, LinearId id, Fp8Role role) {
     return role * r.num_linears + id.layer * NUM_LINEAR_KINDS + id.kind;
 }
 inline int fp8_linear_index(LinearId id) { return id.layer * NUM_LINEAR_KINDS + id.kind; }
+
+// Lays out one buffer per quantized linear (the layers -sqf/-sql keep in BF16 get none): offset[i]
+// for linear i = layer * 4 + kind, bytes_of(K, OC) its size; returns the total.
+template <typename BytesOf>
+inline size_t fp8_per_linear_layout(const Recipe& r, std::vector<size_t>& offset, BytesOf bytes_of) {
+    offset.assign(r.num_linears, 0);
+    size_t total = 0;
+    for (int l = 0; l < r.L; l++) {
+        if (!layer_is_quantized(r.options, l, r.L)) continue;
+        for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+            offset[l * NUM_LINEAR_KINDS + k] = total;
+            total += bytes_of(linear_in_features((LinearKind)k, r.C), linear_out_features((LinearKind)k, r.C));
+        }
+    }
+    return total;
+}
 
 inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T) {
     r.options = o;
@@ -97,20 +117,13 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
     cudaCheck(cudaMemset(r.stats, 0, nt * 3 * sizeof(unsigned long long)));
     r.calibrated.assign(nt, 0);
     r.steps_pushed = 0;
-    // FP8 weights of the quantized layers only
-    r.weight_offset.assign(r.num_linears, 0);
-    size_t total = 0;
-    for (int l = 0; l < r.L; l++) {
-        if (!layer_is_quantized(o, l, r.L)) continue;
-        for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
-            r.weight_offset[l * NUM_LINEAR_KINDS + k] = total;
-            total += 2 * (size_t)linear_in_features((LinearKind)k, r.C) * linear_out_features((LinearKind)k, r.C);
-        }
-    }
-    r.weights8 = total ? (uint8_t*)cuda_malloc_or_die(total, "fp8 weights") : nullptr;
+    // per quantized linear: its FP8 weights (W and W^T) and the x^T its forward saves for backward
+    const size_t weight_bytes = fp8_per_linear_layout(r, r.weight_offset, [&](int K, int OC) { return 2 * (size_t)K * OC; });
+    const size_t saved_bytes = fp8_per_linear_layout(r, r.saved_xt_offset, [&](int K, int) { return (size_t)B * T * K; });
+    r.weights8 = weight_bytes ? (uint8_t*)cuda_malloc_or_die(weight_bytes, "fp8 weights") : nullptr;
+    r.saved_xt = saved_bytes ? (uint8_t*)cuda_malloc_or_die(saved_bytes, "fp8 activations (x^T for backward)") : nullptr;
     const size_t widest = (size_t)B * T * 4 * r.C;
     r.x8 = (uint8_t*)cuda_malloc_or_die(widest, "fp8 activations");
-    r.xt8 = (uint8_t*)cuda_malloc_or_die(widest, "fp8 activations");
     r.dy8 = (uint8_t*)cuda_malloc_or_die(widest, "fp8 gradients");
     r.dyt8 = (uint8_t*)cuda_malloc_or_die(widest, "fp8 gradients");
     r.eval_scale = (float*)cuda_malloc_or_die(2 * FP8_INV_STRIDE * sizeof(float), "fp8 scales");
@@ -205,13 +218,26 @@ inline void recipe_step_end(Recipe& r, cudaStream_t st) {
     cudaCheck(cudaMemsetAsync(r.stats + (size_t)FP8_X * nl * 3, 0, (size_t)2 * nl * 3 * sizeof(unsigned long long), st));
 }
 
-// x (N x C) -> r.x8 with x's scale; returns the dequantization factor
+inline uint8_t* fp8_saved_xt(const Recipe& r, LinearId id) { return r.saved_xt + r.saved_xt_offset[fp8_linear_index(id)]; }
+
+// x (N x C) -> r.x8 with x's scale, and in training also x^T for the backward pass (one read of x);
+// returns the dequantization factor
 inline const float* fp8_quantize_input(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st) {
     const int t = fp8_tensor(r, id, FP8_X);
     Fp8ScalePtrs s = fp8_scale_for(r, t, inp, (long long)N * C, training, st);
-    fp8_quantize<Fp8Kind::E4M3>(r.x8, inp, (long long)N * C, s.scale, training ? r.amax_now + t : nullptr,
-                                training && r.count_stats ? fp8_stats_of(r, t) : Fp8Stats(), st);
+    if (training) {
+        fp8_quantize_transpose<Fp8Kind::E4M3>(r.x8, fp8_saved_xt(r, id), inp, N, C, s.scale, r.amax_now + t,
+                                              r.count_stats ? fp8_stats_of(r, t) : Fp8Stats(), st);
+    } else {
+        fp8_quantize<Fp8Kind::E4M3>(r.x8, inp, (long long)N * C, s.scale, nullptr, Fp8Stats(), st);
+    }
     return s.inv;
+}
+
+// Whether linear_backward reads its BF16 input `inp`: not for the layers in FP8, whose x^T was saved
+// by the forward pass, so the model can skip recomputing it (-r 1: the GELU output, -r 2: ln1/ln2).
+inline bool recipe_needs_input_in_backward(const Recipe& r, LinearId id, int N) {
+    return !fp8_applies(r, id, N, linear_in_features(id.kind, r.C), linear_out_features(id.kind, r.C));
 }
 
 inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* weight,
@@ -266,11 +292,9 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
     Fp8ScalePtrs sdy = fp8_scale_for(r, t_dy, dout, (long long)N * OC, true, st);
     fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, r.dyt8, dout, N, OC, sdy.scale, r.amax_now + t_dy,
                                           r.count_stats ? fp8_stats_of(r, t_dy) : Fp8Stats(), st, dbias, r.col_partials);
-    // wgrad: x^T with the forward's scale (identical codes; its amax was recorded in forward)
-    PHASE("fp8: quantize x^T");
-    Fp8ScalePtrs sx = fp8_scale_for(r, t_x, inp, (long long)N * C, true, st);
-    fp8_quantize_transpose<Fp8Kind::E4M3>(nullptr, r.xt8, inp, N, C, sx.scale, nullptr, Fp8Stats(), st);
-    Fp8Operand xt{r.xt8, CUDA_R_8F_E4M3, sx.inv}, dyt{r.dyt8, CUDA_R_8F_E5M2, sdy.inv};
+    // wgrad: x^T as the training forward pass saved it (same scale, same codes)
+    (void)inp;
+    Fp8Operand xt{fp8_saved_xt(r, id), CUDA_R_8F_E4M3, fp8_inv(r, t_x)}, dyt{r.dyt8, CUDA_R_8F_E5M2, sdy.inv};
     PHASE("fp8: gemm wgrad");
     if (!matmul_fp8(dweight, true, xt, dyt, nullptr, C, OC, N, 1.0f, false, st)) {
         fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the weight gradient (m=%d n=%d k=%d)\n", C, OC, N);

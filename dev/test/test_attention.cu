@@ -15,6 +15,7 @@
 #include <random>
 #include <thread>
 #include <vector>
+#include "dev/test/gpu_check.h"
 #include "llmc/cuda_common.h"
 #include "llmc/matmul.cuh"
 #include "llmc/attention.cuh"
@@ -24,18 +25,6 @@
 #error "test_attention.cu tests the BF16 build"
 #endif
 
-static int g_passed = 0, g_failed = 0;
-
-static void check(bool ok, const char* fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    printf("[%s] %s\n", ok ? "PASS" : "FAIL", msg);
-    fflush(stdout);
-    (ok ? g_passed : g_failed)++;
-}
 
 // ---- host bf16 ----------------------------------------------------------------------------------
 static uint16_t f2bf(float f) {

@@ -18,20 +18,10 @@
 #include <cstring>
 #include <random>
 #include <vector>
+#include "dev/test/gpu_check.h"
 #include "llmc/number_formats.h"
 #include "llmc/recipe_fp8.h"
 
-static int g_passed = 0, g_failed = 0;
-static void check(bool ok, const char* fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    printf("[%s] %s\n", ok ? "PASS" : "FAIL", msg);
-    fflush(stdout);
-    (ok ? g_passed : g_failed)++;
-}
 
 using llmc::Overflow;
 static float bf2f(floatX b) { return __bfloat162float(b); }
