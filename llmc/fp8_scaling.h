@@ -22,22 +22,14 @@ namespace llmc {
 static const float FP8_E4M3_MAX = 448.0f;
 static const float FP8_E5M2_MAX = 57344.0f;
 
-// IEEE round-to-nearest division and reciprocal on host and device alike (the trainer is built with
-// --use_fast_math, under which a plain '/' on the GPU is an approximation)
-LLMC_HD inline float fp8_div_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-    return __fdiv_rn(a, b);
-#else
-    return a / b;
-#endif
-}
-LLMC_HD inline float fp8_inverse(float s) { return fp8_div_rn(1.0f, s); }
+// IEEE round-to-nearest reciprocal on host and device alike (rn_div: see number_formats.h)
+LLMC_HD inline float fp8_inverse(float s) { return rn_div(1.0f, s); }
 
 // The delayed scale for a history maximum `amax`. Keeps `previous` when amax is zero, negative,
 // NaN or infinite, and when the scale itself would not be a finite positive float.
 LLMC_HD inline float fp8_delayed_scale(float amax, float fp8_max, int margin, float previous) {
     if (!(amax > 0.0f) || !(amax <= 3.4028235e38f)) return previous; // not positive, or inf/NaN
-    float s = fp8_div_rn(fp8_max, amax);
+    float s = rn_div(fp8_max, amax);
     // dividing by 2^margin is exact while s stays a normal float; ldexp-style via repeated halving
     // keeps the code free of libm differences between host and device
     for (int i = 0; i < margin; i++) s *= 0.5f;

@@ -137,6 +137,49 @@ LLMC_HD inline float bits_float(uint32_t u) {
 #endif
 }
 
+// ---------------------------------------------------------------------------------------------
+// Correctly rounded binary32 arithmetic, the same bits on host and device. Device code here is
+// built with --use_fast_math, under which '/' is an approximation and a * b + c may be contracted
+// into one FMA; the __f*_rn intrinsics are neither. On the host these are the plain operators
+// (x86-64 SSE with the default flags does not contract; a host build with -mfma needs
+// -ffp-contract=off). Codecs and quantizers that must match a CPU reference use these.
+
+LLMC_HD inline float rn_mul(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+LLMC_HD inline float rn_add(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+LLMC_HD inline float rn_sub(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fsub_rn(a, b);
+#else
+    return a - b;
+#endif
+}
+LLMC_HD inline float rn_div(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+LLMC_HD inline float rn_fma(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+    return __fmaf_rn(a, b, c);
+#else
+    return std::fma(a, b, c);
+#endif
+}
+
 // 2^k as a float, for -126 <= k <= 127 (a normal float32, built from its bits).
 LLMC_HD inline float pow2_normal(int k) { return bits_float((uint32_t)(k + 127) << 23); }
 
@@ -384,6 +427,9 @@ LLMC_HD inline int32_t round_to_int_even(float y) {
 }
 
 LLMC_HD inline bool is_nan_bits(float x) { return (float_bits(x) & 0x7FFFFFFFu) > 0x7F800000u; }
+LLMC_HD inline bool is_finite_bits(float x) { return (float_bits(x) & 0x7FFFFFFFu) < 0x7F800000u; }
+// |x| by clearing the sign bit (no libm call; NaN stays NaN)
+LLMC_HD inline float abs_bits(float x) { return bits_float(float_bits(x) & 0x7FFFFFFFu); }
 
 LLMC_HD inline float q_clamp(float x) {
     const float t = Q115_OVERFLOW_THRESHOLD;

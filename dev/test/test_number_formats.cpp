@@ -15,21 +15,13 @@
 #include <vector>
 
 #include "llmc/number_formats.h"
+#include "dev/test/test_util.h"
 
 using llmc::Overflow;
 using llmc::Rounding;
 
 namespace {
 
-// Report a mismatch inside a big loop without paying for a doctest assertion per iteration;
-// stop the loop after a few failures.
-#define EXPECT_IN_LOOP(cond, ...)                                                                 \
-    do {                                                                                          \
-        if (!(cond)) {                                                                            \
-            ++fails;                                                                              \
-            FAIL_CHECK(__VA_ARGS__);                                                              \
-        }                                                                                         \
-    } while (0)
 
 // ---------------------------------------------------------------------------------------------
 // Reference description of a small float format, and the code under test for it.

@@ -1,0 +1,507 @@
+// nvfp4.h: NVFP4 quantization, the reference numerics of the NVFP4 recipe (seed 004's "FP4" recipe,
+// issue #6 items 1 and 2): two-level block scaling, 1x16 and 16x16 blocks, Four Over Six, and the
+// 16-point random Hadamard transform.
+//
+// Everything that works on one element, one 16-value block or one 16x16 tile is LLMC_HD (host and
+// device; plain g++ -std=c++17 needs no CUDA header), so a GPU kernel calls the very functions the CPU
+// tests check and gets the same bits. The whole-matrix functions at the end are the host-only CPU
+// reference (std::vector). The E2M1 and UE4M3 codecs are llmc/number_formats.h's; nothing here
+// rounds to E2M1 or E4M3 by itself.
+//
+// ==================================================================================================
+// The format
+// ==================================================================================================
+// A tensor x is stored as 4-bit E2M1 codes q (values +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}), one UE4M3 block
+// scale s per block (E4M3 with the sign bit 0: 0, 2^-9 .. 448) and one FP32 global scale g per tensor:
+//
+//     x  ~=  e2m1(q) * ue4m3(s) * g
+//
+//   global scale  g = amax / (448 * 6)            amax = max |x| over the tensor
+//   block scale   s = ue4m3_encode((block_amax / 6) / g)          (round to nearest even)
+//   element       q = fp4e2m1_encode(x / (ue4m3_decode(s) * g))   (nearest even, or stochastic)
+//   dequantize    x' = (e2m1(q) * ue4m3(s)) * g
+//
+// g maps the tensor's largest value to the top of the two-level range: the block holding amax gets
+// s = 448 and its largest value y = 6. A block with a smaller amax gets a smaller s, so each block
+// uses the whole E2M1 range [-6, 6] (up to the 3-bit mantissa rounding of s).
+//
+// Arithmetic (bit-exact host vs device): every float operation above is one IEEE binary32 operation
+// rounded to nearest even, in exactly the order written: t = (block_amax / 6) / g; d = s * g;
+// y = x / d; x' = (e2m1 * s) * g, where e2m1 * s is exact (2 and 4 significant bits, within range).
+// On the device the helpers rn_mul/add/sub/div (number_formats.h) use the __f*_rn intrinsics, which --use_fast_math
+// does not approximate and the compiler never fuses into FMAs; on the host they are plain operators
+// (x86-64 SSE, no FP contraction with the default flags; a host build with -mfma needs
+// -ffp-contract=off to stay bit-exact). Results agree whenever no float32 subnormal is involved;
+// global scales are kept normal (see below), and every quantity that could be subnormal (a subnormal
+// input element, a dequantized value below 2^-126) only ever rounds to the same E2M1 code or a
+// negligibly different squared error.
+//
+// ==================================================================================================
+// Documented choices (the spec leaves these open; doc/nvfp4.md copies them)
+// ==================================================================================================
+// Global scale (nvfp4_global_scale):
+//   * amax = 0 (an all-zero tensor): g = 1. Any positive g works, since every block scale is then 0.
+//   * amax NaN or +-inf: g = NaN. Every block scale becomes the NaN code 0x7F and every dequantized
+//     value NaN, so a non-finite tensor poisons its GEMM (and the trainer's loss check) instead of
+//     being silently clipped.
+//   * tiny amax: g is clamped from below to 2^-96 (kNvfp4MinGlobal), i.e. amax < 2688 * 2^-96
+//     (about 3.4e-26) behaves as if it were 2688 * 2^-96. Block scales then come out smaller than 448
+//     (no saturation, only precision lost to E4M3's bottom range), and g, s * g and every dequantized
+//     value stay normal floats, so device code with flush-to-zero computes the same bits.
+//   * the sign of amax is ignored (|amax| is used).
+// Block amax (nvfp4_amax_merge): max |x| with NaN sticky: a block holding a NaN has amax NaN. The
+//   merge is commutative and associative, so a warp reduction in any order gives the same value.
+// Block scale (nvfp4_scale_code):
+//   * NaN or +-inf block amax, or NaN g: the scale is the NaN code 0x7F; the block's codes are all
+//     0x7 (E2M1 has no NaN; number_formats.h encodes NaN as +6) and the block dequantizes to NaN.
+//   * t = block_amax / 6 / g rounds to 0 (t <= 2^-10, half of E4M3's smallest subnormal; a tie rounds
+//     to the even code 0): the scale code is 0 and every element of the block is encoded as a zero
+//     with the element's sign (code 0x0 or 0x8), dequantizing to +-0. Dividing by a zero scale is
+//     never done. With the formula's g this happens for blocks whose amax is below amax/458752.
+//   * t in E4M3's subnormal range (2^-10 < t < 2^-6): s has 1 to 3 significant bits, so it can be
+//     up to 50% below t (elements then saturate at +-6) or above t (elements lose precision).
+//   * t > 448: s saturates at 448 (t <= 464 also rounds to 448 by RNE) and elements saturate at +-6.
+//     With the formula's g, t <= 448 up to rounding; a larger t means the caller's amax was below
+//     the tensor's true amax.
+// Elements (nvfp4_encode): E2M1 saturates at +-6 (|y| > 6 gives +-6); a zero keeps its sign (-0 is
+//   code 0x8). Stochastic rounding uses the caller's 32 random bits r per element with
+//   number_formats.h's rule (round away from zero iff r < floor(2^32 * (|y| - lo) / (hi - lo))), so
+//   E[x'] = y * s * g exactly: unbiased up to the rounding of y.
+// Four Over Six (nvfp4_four_over_six_*): per block (or 16x16 tile) two candidate scales, the block
+//   max mapped to 6 (the plain scale, t6 = block_amax / 6 / g) and to 4 (t4 = block_amax / 4 / g).
+//   Each candidate quantizes the block with round-to-nearest-even and its error is
+//       E = sum over the block of (x' - x)^2     in float32, in a fixed order (below)
+//   The 4 candidate is kept iff E4 < E6 (ties, and equal scale codes, keep the 6 candidate, which is
+//   the plain NVFP4 result). The choice is always made with RNE errors, also when the block is then
+//   encoded with stochastic rounding: the scale is a deterministic function of the block, so SR stays
+//   exactly unbiased given the scale (picking the lower error of two random roundings would not be).
+//   The summation order is fixed so a GPU can reproduce it bit for bit:
+//     * 1x16 block: the butterfly of a 16-lane xor-shuffle reduction (offsets 8, 4, 2, 1):
+//       e[i] + e[i + 8], then + the partner 4 away, 2 away, 1 away (nvfp4_sum16).
+//     * 16x16 tile: sum over r <= c in row-major order of p(r, c), with p(r, r) = e[r][r] and
+//       p(r, c) = e[r][c] + e[c][r]. Transposing the tile leaves every p, and so the sum, bit-for-bit
+//       unchanged (float addition is commutative), so W and W^T make the same choice.
+//   With the formula's g, t4 can exceed 448 (blocks with block_amax > 2/3 amax): the 4 candidate's
+//   scale saturates at 448 and it is evaluated as it is (it then rarely wins). Errors are computed in
+//   the tensor's units, so values above ~1e19 overflow the square to inf (both candidates inf: 6).
+// Blocks (layouts, see Nvfp4Matrix): 1x16 blocks run along the columns of a row-major (rows x cols)
+//   matrix, i.e. along K of an (M x K) GEMM operand (activations, gradients); 16x16 tiles (weights)
+//   share one scale per tile. Columns (and, for tiles, rows) that are not multiples of 16 are padded
+//   with zeros: the padding never changes an amax, quantizes to code 0, and the code/scale arrays
+//   cover the padded shape.
+// Random Hadamard transform: Q = (1/4) H D, H the 16x16 Sylvester-Hadamard matrix
+//   H[i][j] = (-1)^popcount(i & j), D = diag(d) with d_i = -1 iff bit i of a 16-bit sign mask is set.
+//   The mask is the top 16 bits of one splitmix64 output (nvfp4_mix64(seed)). Q^T Q = I, so rotating
+//   both operands of a GEMM along K in 16-chunks leaves the product unchanged up to rounding.
+// ==================================================================================================
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "number_formats.h"
+
+namespace llmc {
+
+constexpr int kNvfp4Block = 16;                 // values per block (and the tile edge, the RHT size)
+constexpr float kNvfp4ScaleMax = 448.0f;        // largest UE4M3 block scale
+constexpr float kNvfp4GlobalDivisor = 2688.0f;  // 448 * 6: g = amax / 2688
+constexpr float kNvfp4MinGlobal = 0x1p-96f;     // smallest global scale (see the top of the file)
+constexpr uint8_t kNvfp4ScaleNaN = 0x7F;        // the UE4M3 NaN code: a non-finite block
+static_assert(kNvfp4GlobalDivisor == kNvfp4ScaleMax * kFP4E2M1Max, "448 * 6");
+
+
+// ---------------------------------------------------------------------------------------------
+// Amax and the global scale
+
+// Merge two partial amaxes (each >= 0, or NaN). NaN is sticky; otherwise the larger one.
+LLMC_HD inline float nvfp4_amax_merge(float a, float b) {
+    if (is_nan_bits(a)) return a;
+    if (is_nan_bits(b)) return b;
+    return a > b ? a : b;
+}
+
+// The running amax m updated with one element x: max(m, |x|), NaN sticky.
+LLMC_HD inline float nvfp4_amax_add(float m, float x) { return nvfp4_amax_merge(m, abs_bits(x)); }
+
+// The per-tensor FP32 global (decode) scale g = amax / 2688, with the documented special cases:
+// amax == 0 -> 1, amax NaN/inf -> NaN, g below 2^-96 -> 2^-96.
+LLMC_HD inline float nvfp4_global_scale(float amax) {
+    const float a = abs_bits(amax);
+    if (!is_finite_bits(a)) return bits_float(0x7FC00000u);
+    if (a == 0.0f) return 1.0f;
+    const float g = rn_div(a, kNvfp4GlobalDivisor);
+    return g < kNvfp4MinGlobal ? kNvfp4MinGlobal : g;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One block scale, one element
+
+// The UE4M3 code of the block scale that maps block_amax to mapped_max (6: plain NVFP4; 4: Four Over
+// Six's second candidate): ue4m3_encode((block_amax / mapped_max) / global), round to nearest even,
+// saturating at 448. Non-finite block_amax or global -> the NaN code 0x7F. global must be what
+// nvfp4_global_scale returns (a positive normal float, or NaN).
+LLMC_HD inline uint8_t nvfp4_scale_code(float block_amax, float global, float mapped_max = 6.0f) {
+    if (!is_finite_bits(block_amax) || !is_finite_bits(global)) return kNvfp4ScaleNaN;
+    const float t = rn_div(rn_div(block_amax, mapped_max), global);
+    return ue4m3_encode(t);
+}
+
+// The E2M1 code (low nibble) of x in a block with scale code scale_code: fp4e2m1_encode(x / (s * g))
+// with s = ue4m3_decode(scale_code). A zero scale gives a signed zero code (0x0 or 0x8); a NaN scale
+// gives 0x7. rbits: the 32 random bits for Rounding::Stochastic (ignored for NearestEven).
+LLMC_HD inline uint8_t nvfp4_encode(float x, uint8_t scale_code, float global,
+                                    Rounding rounding = Rounding::NearestEven, uint32_t rbits = 0) {
+    const float s = ue4m3_decode(scale_code);
+    if (s == 0.0f) return (float_bits(x) >> 31) != 0u ? 0x8u : 0x0u;
+    const float y = rn_div(x, rn_mul(s, global));
+    return fp4e2m1_encode(y, rounding, rbits);
+}
+
+// The dequantized value of one element: (e2m1(code) * s) * g. The first product is exact.
+LLMC_HD inline float nvfp4_decode(uint8_t code, uint8_t scale_code, float global) {
+    return rn_mul(rn_mul(fp4e2m1_decode(code), ue4m3_decode(scale_code)), global);
+}
+
+// The squared dequantization error of x quantized with round-to-nearest-even under scale_code:
+// (x' - x)^2 in float. Four Over Six's per-element error term.
+LLMC_HD inline float nvfp4_sq_error(float x, uint8_t scale_code, float global) {
+    const uint8_t q = nvfp4_encode(x, scale_code, global);
+    const float d = rn_sub(nvfp4_decode(q, scale_code, global), x);
+    return rn_mul(d, d);
+}
+
+// Sum of 16 floats in the order of a 16-lane xor-shuffle reduction with offsets 8, 4, 2, 1.
+LLMC_HD inline float nvfp4_sum16(const float* e) {
+    float s[8];
+    for (int i = 0; i < 8; i++) s[i] = rn_add(e[i], e[i + 8]);
+    for (int i = 0; i < 4; i++) s[i] = rn_add(s[i], s[i + 4]);
+    for (int i = 0; i < 2; i++) s[i] = rn_add(s[i], s[i + 2]);
+    return rn_add(s[0], s[1]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1x16 blocks (activations, gradients): 16 consecutive values along K
+
+// max |x[i]| over the block, NaN sticky.
+LLMC_HD inline float nvfp4_block16_amax(const float* x) {
+    float m = 0.0f;
+    for (int i = 0; i < kNvfp4Block; i++) m = nvfp4_amax_add(m, x[i]);
+    return m;
+}
+
+// Sum over the block of the RNE squared errors under scale_code (nvfp4_sum16's order).
+LLMC_HD inline float nvfp4_block16_error(const float* x, uint8_t scale_code, float global) {
+    float e[kNvfp4Block];
+    for (int i = 0; i < kNvfp4Block; i++) e[i] = nvfp4_sq_error(x[i], scale_code, global);
+    return nvfp4_sum16(e);
+}
+
+// Four Over Six's choice of scale code for a block with amax block_amax (see the top of the file).
+LLMC_HD inline uint8_t nvfp4_four_over_six_block16(const float* x, float block_amax, float global) {
+    const uint8_t c6 = nvfp4_scale_code(block_amax, global, 6.0f);
+    const uint8_t c4 = nvfp4_scale_code(block_amax, global, 4.0f);
+    if (c4 == c6) return c6;
+    const float e6 = nvfp4_block16_error(x, c6, global);
+    const float e4 = nvfp4_block16_error(x, c4, global);
+    return e4 < e6 ? c4 : c6;
+}
+
+// Quantize one block of 16 values: x[16] in, codes[16] (one E2M1 code per byte, low nibble) and the
+// block's UE4M3 scale code out. rbits: 16 random words for Rounding::Stochastic, one per element;
+// nullptr means round-to-nearest-even whatever `rounding` says.
+LLMC_HD inline void nvfp4_quantize_block16(const float* x, float global, Rounding rounding,
+                                           const uint32_t* rbits, bool four_over_six,
+                                           uint8_t* codes, uint8_t* scale_code) {
+    const float amax = nvfp4_block16_amax(x);
+    const uint8_t sc = four_over_six ? nvfp4_four_over_six_block16(x, amax, global)
+                                     : nvfp4_scale_code(amax, global, 6.0f);
+    const Rounding r = rbits != nullptr ? rounding : Rounding::NearestEven;
+    for (int i = 0; i < kNvfp4Block; i++)
+        codes[i] = nvfp4_encode(x[i], sc, global, r, rbits != nullptr ? rbits[i] : 0u);
+    *scale_code = sc;
+}
+
+// Dequantize one block: out[i] = nvfp4_decode(codes[i], scale_code, global).
+LLMC_HD inline void nvfp4_dequantize_block16(const uint8_t* codes, uint8_t scale_code, float global,
+                                             float* out) {
+    for (int i = 0; i < kNvfp4Block; i++) out[i] = nvfp4_decode(codes[i], scale_code, global);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 16x16 tiles (weights): one scale for 256 values. x points at the tile's top-left element of a
+// row-major matrix with leading dimension ldx (elements between rows); codes likewise with ldc.
+
+LLMC_HD inline float nvfp4_tile16x16_amax(const float* x, int ldx) {
+    float m = 0.0f;
+    for (int r = 0; r < kNvfp4Block; r++)
+        for (int c = 0; c < kNvfp4Block; c++) m = nvfp4_amax_add(m, x[(size_t)r * ldx + c]);
+    return m;
+}
+
+// Sum of the tile's RNE squared errors in the transpose-invariant order (see the top of the file):
+// for r = 0..15, c = r..15: += e[r][r] (diagonal) or (e[r][c] + e[c][r]).
+LLMC_HD inline float nvfp4_tile16x16_error(const float* x, int ldx, uint8_t scale_code, float global) {
+    float sum = 0.0f;
+    for (int r = 0; r < kNvfp4Block; r++) {
+        for (int c = r; c < kNvfp4Block; c++) {
+            float p = nvfp4_sq_error(x[(size_t)r * ldx + c], scale_code, global);
+            if (c != r) p = rn_add(p, nvfp4_sq_error(x[(size_t)c * ldx + r], scale_code, global));
+            sum = rn_add(sum, p);
+        }
+    }
+    return sum;
+}
+
+LLMC_HD inline uint8_t nvfp4_four_over_six_tile16x16(const float* x, int ldx, float tile_amax,
+                                                     float global) {
+    const uint8_t c6 = nvfp4_scale_code(tile_amax, global, 6.0f);
+    const uint8_t c4 = nvfp4_scale_code(tile_amax, global, 4.0f);
+    if (c4 == c6) return c6;
+    const float e6 = nvfp4_tile16x16_error(x, ldx, c6, global);
+    const float e4 = nvfp4_tile16x16_error(x, ldx, c4, global);
+    return e4 < e6 ? c4 : c6;
+}
+
+// Quantize one 16x16 tile. rbits: 256 random words in row-major tile order (rbits[r * 16 + c]) for
+// Rounding::Stochastic, or nullptr for round-to-nearest-even.
+LLMC_HD inline void nvfp4_quantize_tile16x16(const float* x, int ldx, float global, Rounding rounding,
+                                             const uint32_t* rbits, bool four_over_six,
+                                             uint8_t* codes, int ldc, uint8_t* scale_code) {
+    const float amax = nvfp4_tile16x16_amax(x, ldx);
+    const uint8_t sc = four_over_six ? nvfp4_four_over_six_tile16x16(x, ldx, amax, global)
+                                     : nvfp4_scale_code(amax, global, 6.0f);
+    const Rounding rnd = rbits != nullptr ? rounding : Rounding::NearestEven;
+    for (int r = 0; r < kNvfp4Block; r++)
+        for (int c = 0; c < kNvfp4Block; c++)
+            codes[(size_t)r * ldc + c] = nvfp4_encode(x[(size_t)r * ldx + c], sc, global, rnd,
+                                                      rbits != nullptr ? rbits[r * kNvfp4Block + c] : 0u);
+    *scale_code = sc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packing: two E2M1 codes per byte, element 2i in the low nibble and element 2i + 1 in the high one
+// (the order of the packed FP4 operands of the FP4 tensor-core GEMMs).
+
+LLMC_HD inline uint8_t nvfp4_pack2(uint8_t even, uint8_t odd) {
+    return (uint8_t)((even & 0xFu) | ((odd & 0xFu) << 4));
+}
+LLMC_HD inline uint8_t nvfp4_unpack_even(uint8_t byte) { return (uint8_t)(byte & 0xFu); }
+LLMC_HD inline uint8_t nvfp4_unpack_odd(uint8_t byte) { return (uint8_t)(byte >> 4); }
+
+// ---------------------------------------------------------------------------------------------
+// Random bits: splitmix64 (Steele, Lea, Flood), written here because llmc/rand.h is host-only.
+
+// The first output of splitmix64 started at state z: add the golden-ratio increment, then the
+// bijective finalizer. Equals llmc/rand.h's splitmix64_next(&z) for the same z.
+LLMC_HD inline uint64_t nvfp4_mix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// Counter-based stochastic-rounding bits: 32 bits for element `index` under `seed`, the top half of
+// mix64(mix64(seed) ^ index). Stateless, so a kernel thread computes its element's bits directly.
+LLMC_HD inline uint32_t nvfp4_sr_bits(uint64_t seed, uint64_t index) {
+    return (uint32_t)(nvfp4_mix64(nvfp4_mix64(seed) ^ index) >> 32);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random Hadamard transform (16 points): y = Q x with Q = (1/4) H D (see the top of the file).
+
+// The 16 signs as a mask: bit i set means d_i = -1. Any mask (also 0: D = I) gives an orthonormal Q.
+LLMC_HD inline uint16_t nvfp4_rht_signs(uint64_t seed) { return (uint16_t)(nvfp4_mix64(seed) >> 48); }
+
+// H[i][j] = (-1)^popcount(i & j), the Sylvester construction H_2n = [[H_n, H_n], [H_n, -H_n]].
+LLMC_HD inline float nvfp4_hadamard16(int i, int j) {
+    int v = i & j, parity = 0;
+    for (; v != 0; v >>= 1) parity ^= v & 1;
+    return parity != 0 ? -1.0f : 1.0f;
+}
+
+// v <- H v (unnormalized) by the fast Walsh-Hadamard butterfly: 4 stages of (a, b) -> (a + b, a - b)
+// on pairs h = 1, 2, 4, 8 apart; 64 additions instead of 256 multiply-adds.
+LLMC_HD inline void nvfp4_fwht16(float* v) {
+    for (int h = 1; h < kNvfp4Block; h <<= 1) {
+        for (int i = 0; i < kNvfp4Block; i += 2 * h) {
+            for (int j = i; j < i + h; j++) {
+                const float a = v[j], b = v[j + h];
+                v[j] = rn_add(a, b);
+                v[j + h] = rn_sub(a, b);
+            }
+        }
+    }
+}
+
+// d_i * v_i: flips the sign bit, exact.
+LLMC_HD inline void nvfp4_apply_signs16(float* v, uint16_t signs) {
+    for (int i = 0; i < kNvfp4Block; i++)
+        if ((signs >> i) & 1u) v[i] = bits_float(float_bits(v[i]) ^ 0x80000000u);
+}
+
+// Forward: v <- (1/4) H (D v). The 1/4 is exact (a power of two) for normal results.
+LLMC_HD inline void nvfp4_rht16(float* v, uint16_t signs) {
+    nvfp4_apply_signs16(v, signs);
+    nvfp4_fwht16(v);
+    for (int i = 0; i < kNvfp4Block; i++) v[i] = rn_mul(v[i], 0.25f);
+}
+
+// Inverse (= transpose, Q is orthonormal and H symmetric): v <- D ((1/4) H v).
+LLMC_HD inline void nvfp4_rht16_inverse(float* v, uint16_t signs) {
+    nvfp4_fwht16(v);
+    for (int i = 0; i < kNvfp4Block; i++) v[i] = rn_mul(v[i], 0.25f);
+    nvfp4_apply_signs16(v, signs);
+}
+
+// ==============================================================================================
+// CPU reference for whole matrices (host only)
+// ==============================================================================================
+
+enum class Nvfp4Layout : uint8_t {
+    Rows1x16,   // one scale per 16 consecutive values of a row (activations, gradients; K = cols)
+    Tiles16x16, // one scale per 16x16 tile (weights: W and W^T share the quantization)
+};
+
+struct Nvfp4Config {
+    Nvfp4Layout layout = Nvfp4Layout::Rows1x16;
+    Rounding rounding = Rounding::NearestEven; // Stochastic for gradients
+    bool four_over_six = false;
+    uint64_t sr_seed = 0; // Stochastic: element (r, c) uses nvfp4_sr_bits(sr_seed, r * cols_pad + c)
+};
+
+// A quantized (rows x cols) row-major matrix.
+//   cols_pad = cols rounded up to 16; rows_pad = rows (Rows1x16) or rows rounded up to 16 (Tiles16x16).
+//   codes:  rows_pad * cols_pad bytes, row-major, one E2M1 code per byte in the low nibble (high
+//           nibble 0); the padding holds code 0. nvfp4_pack_codes packs them two per byte.
+//   scales: scale_rows() * scale_cols() UE4M3 codes, row-major: Rows1x16: scales[r * (cols_pad/16)
+//           + c/16] is the scale of element (r, c); Tiles16x16: scales[(r/16) * (cols_pad/16) + c/16].
+//   global: the FP32 global scale, from amax (the matrix's amax unless the caller gave one).
+struct Nvfp4Matrix {
+    Nvfp4Layout layout = Nvfp4Layout::Rows1x16;
+    int rows = 0, cols = 0;
+    int rows_pad = 0, cols_pad = 0;
+    float amax = 0.0f;
+    float global = 1.0f;
+    std::vector<uint8_t> codes;
+    std::vector<uint8_t> scales;
+
+    int scale_rows() const { return layout == Nvfp4Layout::Rows1x16 ? rows_pad : rows_pad / kNvfp4Block; }
+    int scale_cols() const { return cols_pad / kNvfp4Block; }
+    uint8_t code(int r, int c) const { return codes[(size_t)r * cols_pad + c]; }
+    uint8_t scale_of(int r, int c) const {
+        const int sr = layout == Nvfp4Layout::Rows1x16 ? r : r / kNvfp4Block;
+        return scales[(size_t)sr * scale_cols() + c / kNvfp4Block];
+    }
+    float value(int r, int c) const { return nvfp4_decode(code(r, c), scale_of(r, c), global); }
+};
+
+inline int nvfp4_round_up16(int n) { return (n + kNvfp4Block - 1) / kNvfp4Block * kNvfp4Block; }
+
+// max |x| over a (rows x cols) row-major matrix, NaN sticky.
+inline float nvfp4_matrix_amax(const float* x, int rows, int cols) {
+    if (rows < 0 || cols < 0) throw std::invalid_argument("nvfp4_matrix_amax: negative shape");
+    float m = 0.0f;
+    for (size_t i = 0; i < (size_t)rows * (size_t)cols; i++) m = nvfp4_amax_add(m, x[i]);
+    return m;
+}
+
+// Quantize with the global scale of a given amax (e.g. one a GPU reduction computed).
+inline Nvfp4Matrix nvfp4_quantize_matrix_with_amax(const float* x, int rows, int cols,
+                                                   const Nvfp4Config& cfg, float amax) {
+    if (rows < 0 || cols < 0) throw std::invalid_argument("nvfp4_quantize_matrix: negative shape");
+    Nvfp4Matrix q;
+    q.layout = cfg.layout;
+    q.rows = rows;
+    q.cols = cols;
+    q.cols_pad = nvfp4_round_up16(cols);
+    q.rows_pad = cfg.layout == Nvfp4Layout::Rows1x16 ? rows : nvfp4_round_up16(rows);
+    q.amax = amax;
+    q.global = nvfp4_global_scale(amax);
+    const size_t n = (size_t)q.rows_pad * q.cols_pad;
+    q.codes.assign(n, 0);
+    q.scales.assign((size_t)q.scale_rows() * q.scale_cols(), 0);
+
+    // zero-padded copy, so every block is a full 16 (or 16x16)
+    std::vector<float> xp(n, 0.0f);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) xp[(size_t)r * q.cols_pad + c] = x[(size_t)r * cols + c];
+
+    const bool sr = cfg.rounding == Rounding::Stochastic;
+    if (cfg.layout == Nvfp4Layout::Rows1x16) {
+        uint32_t bits[kNvfp4Block];
+        for (int r = 0; r < q.rows_pad; r++) {
+            for (int b = 0; b < q.scale_cols(); b++) {
+                const size_t off = (size_t)r * q.cols_pad + (size_t)b * kNvfp4Block;
+                if (sr)
+                    for (int i = 0; i < kNvfp4Block; i++) bits[i] = nvfp4_sr_bits(cfg.sr_seed, off + i);
+                nvfp4_quantize_block16(&xp[off], q.global, cfg.rounding, sr ? bits : nullptr,
+                                       cfg.four_over_six, &q.codes[off],
+                                       &q.scales[(size_t)r * q.scale_cols() + b]);
+            }
+        }
+    } else {
+        std::vector<uint32_t> bits(sr ? kNvfp4Block * kNvfp4Block : 0);
+        for (int tr = 0; tr < q.scale_rows(); tr++) {
+            for (int tc = 0; tc < q.scale_cols(); tc++) {
+                const size_t off = (size_t)tr * kNvfp4Block * q.cols_pad + (size_t)tc * kNvfp4Block;
+                if (sr)
+                    for (int r = 0; r < kNvfp4Block; r++)
+                        for (int c = 0; c < kNvfp4Block; c++)
+                            bits[r * kNvfp4Block + c] =
+                                nvfp4_sr_bits(cfg.sr_seed, off + (size_t)r * q.cols_pad + c);
+                nvfp4_quantize_tile16x16(&xp[off], q.cols_pad, q.global, cfg.rounding,
+                                         sr ? bits.data() : nullptr, cfg.four_over_six, &q.codes[off],
+                                         q.cols_pad, &q.scales[(size_t)tr * q.scale_cols() + tc]);
+            }
+        }
+    }
+    return q;
+}
+
+// Quantize a (rows x cols) row-major matrix with the global scale of its own amax.
+inline Nvfp4Matrix nvfp4_quantize_matrix(const float* x, int rows, int cols, const Nvfp4Config& cfg) {
+    return nvfp4_quantize_matrix_with_amax(x, rows, cols, cfg, nvfp4_matrix_amax(x, rows, cols));
+}
+
+// The dequantized (rows x cols) row-major matrix (the padding is dropped).
+inline std::vector<float> nvfp4_dequantize_matrix(const Nvfp4Matrix& q) {
+    std::vector<float> out((size_t)q.rows * q.cols);
+    for (int r = 0; r < q.rows; r++)
+        for (int c = 0; c < q.cols; c++) out[(size_t)r * q.cols + c] = q.value(r, c);
+    return out;
+}
+
+// Two codes per byte (nvfp4_pack2 order); an odd count leaves the last high nibble 0.
+inline std::vector<uint8_t> nvfp4_pack_codes(const std::vector<uint8_t>& codes) {
+    std::vector<uint8_t> packed((codes.size() + 1) / 2, 0);
+    for (size_t i = 0; i < codes.size(); i++)
+        packed[i / 2] |= (uint8_t)((codes[i] & 0xFu) << ((i & 1u) ? 4 : 0));
+    return packed;
+}
+
+inline std::vector<uint8_t> nvfp4_unpack_codes(const std::vector<uint8_t>& packed, size_t count) {
+    if (count > 2 * packed.size()) throw std::invalid_argument("nvfp4_unpack_codes: count too large");
+    std::vector<uint8_t> codes(count);
+    for (size_t i = 0; i < count; i++)
+        codes[i] = (i & 1u) ? nvfp4_unpack_odd(packed[i / 2]) : nvfp4_unpack_even(packed[i / 2]);
+    return codes;
+}
+
+// Rotate every row of a (rows x cols) row-major matrix along its columns, chunk by chunk of 16:
+// x[r, 16k .. 16k+15] <- Q x[r, 16k .. 16k+15] (or Q^T with inverse). cols must be a multiple of 16
+// (pad K with zeros first: both operands padded alike leave the product unchanged).
+inline void nvfp4_rht_rows(float* x, int rows, int cols, uint16_t signs, bool inverse = false) {
+    if (rows < 0 || cols < 0 || cols % kNvfp4Block != 0)
+        throw std::invalid_argument("nvfp4_rht_rows: cols must be a non-negative multiple of 16");
+    for (int r = 0; r < rows; r++) {
+        for (int c = 0; c < cols; c += kNvfp4Block) {
+            float* v = x + (size_t)r * cols + c;
+            if (inverse) nvfp4_rht16_inverse(v, signs);
+            else nvfp4_rht16(v, signs);
+        }
+    }
+}
+
+} // namespace llmc
