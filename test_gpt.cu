@@ -37,6 +37,18 @@ static const float TOL_LOSS = 5e-2f;
 static const float TOL_GRAD = 2.5e-1f;
 static const float TOL_LOSSES = 5e-2f;
 static const float TOL_NORM = 1e-1f;
+#elif defined(RECIPE_NVFP4)
+// NVFP4 against the FP32 reference. E2M1 has one mantissa bit: one rounding is off by up to 1/6 of
+// the block's range, about 10% RMS relative per operand on normal data, and the reference model's
+// small random-init logits amplify that. d12 keeps its last 2 layers in BF16 (the recipe's default).
+// Measured on an H100 (2026-11-22): logits 0.325, gradients up to 0.446, losses within 8.3e-3, grad
+// norms within 4.5%. The bounds are about 1.5-2.5x that: loose enough for FP4, tight enough that a
+// lost global scale (alpha), a transposed block layout or a rotation without its inverse fails.
+static const float TOL_LOGITS = 5e-1f;
+static const float TOL_LOSS = 2e-2f;
+static const float TOL_GRAD = 7e-1f;
+static const float TOL_LOSSES = 2e-2f;
+static const float TOL_NORM = 1e-1f;
 #else
 static const float TOL_LOGITS = 2e-2f;   // measured 1.14e-2 on an H200 (doc/testing.md)
 static const float TOL_LOSS = 1e-2f;

@@ -3,38 +3,46 @@
 # Carry .deps (doctest + the shared data files) with the call. Everything lands in $OUT (or
 # ./device_out), at most 8 files (what the device tool brings back):
 #   test.log                   make test
-#   loss_<recipe>.log          main.log of the loss protocol run of each recipe (LOSS_STEPS > 0)
+#   loss_logs.tgz              main.log of each loss protocol run, as loss_<name>.log (LOSS_STEPS > 0)
 #   profile.log                LLMC_PROFILE=1 per-phase table of each recipe, d12 B=64 T=1024
 #   bench_<size>.md            dev/bench tables (BENCH_SIZES)
-# Variables: RECIPES (default "bf16 fp8"), LOSS_STEPS (default 0 = no loss runs; the protocol's is
-# 1000), LQ (the fp8 loss run's -lq, default 100), BENCH_SIZES (default d12; "" = none), TESTS=0 skips
-# make test.
+# Variables: RECIPES (default "bf16 fp8 nvfp4"), LOSS_STEPS (default 0 = no loss runs; the protocol's
+# is 1000), LOSS_RUNS (default: one run per recipe; else "name:recipe:flags;name:recipe:flags..."),
+# LQ (the quantized runs' -lq, default 100), BENCH_SIZES (default d12; "" = none), TESTS=0 skips make
+# test, PROFILE=0 skips the profiles, BUILD_TARGETS (default all) what to build first.
 set -u
 OUT=${OUT:-device_out}; mkdir -p "$OUT"
 LOGS=/tmp/device_logs; mkdir -p "$LOGS"
 export LLMC_SHARED_DATA=$PWD/.deps/shared_data PYTHONUNBUFFERED=1
-RECIPES=${RECIPES:-bf16 fp8}
+RECIPES=${RECIPES:-bf16 fp8 nvfp4}
 LOSS_STEPS=${LOSS_STEPS:-0}
 LQ=${LQ:-100}
 BENCH_SIZES=${BENCH_SIZES-d12}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader; date -u
-echo "== build"; time make -j16 all > "$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log"; exit 1; }
+echo "== build"; time make -j16 ${BUILD_TARGETS:-all} > "$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log"; exit 1; }
 python3 dev/data/tinyshakespeare.py > "$LOGS/data.log" 2>&1 || tail -3 "$LOGS/data.log"
 if [[ "${TESTS:-1}" == 1 ]]; then
     echo "== make test"; timeout 420 make test 2>&1 | tee "$OUT/test.log" | grep -E "FAIL|== |tests:|skipped|error" | grep -v "^\[PASS" | tail -30
 fi
 if [[ "$LOSS_STEPS" -gt 0 ]]; then
-    for r in $RECIPES; do
-        echo "== loss protocol: $r, d12 on tiny-shakespeare, $LOSS_STEPS steps"
+    if [[ -z "${LOSS_RUNS:-}" ]]; then LOSS_RUNS=""; for r in $RECIPES; do LOSS_RUNS+="$r:$r:;"; done; fi
+    mkdir -p /tmp/loss_logs; rm -f /tmp/loss_logs/*
+    IFS=';' read -ra runs <<<"$LOSS_RUNS"
+    for run in "${runs[@]}"; do
+        [[ -z "$run" ]] && continue
+        IFS=':' read -r name r flags <<<"$run"
+        echo "== loss protocol: $name ($r $flags), d12 on tiny-shakespeare, $LOSS_STEPS steps"
         extra=(); [[ "$r" != bf16 ]] && extra=(-lq "$LQ")
-        rm -rf "/tmp/loss_$r"
-        timeout 300 "./train_gpt_$r" -x "$LOSS_STEPS" -s 0 -o "/tmp/loss_$r" "${extra[@]}" > "$LOGS/loss_$r.out" 2>&1
-        grep -E "average|error" "$LOGS/loss_$r.out"
-        cp "/tmp/loss_$r/main.log" "$OUT/loss_$r.log" 2>/dev/null
+        rm -rf "/tmp/loss_$name"
+        # shellcheck disable=SC2086
+        timeout 300 "./train_gpt_$r" -x "$LOSS_STEPS" -s 0 -o "/tmp/loss_$name" "${extra[@]}" $flags > "$LOGS/loss_$name.out" 2>&1
+        grep -E "average|error" "$LOGS/loss_$name.out"
+        cp "/tmp/loss_$name/main.log" "/tmp/loss_logs/loss_$name.log" 2>/dev/null
     done
+    tar -C /tmp/loss_logs -czf "$OUT/loss_logs.tgz" .
 fi
 : > "$OUT/profile.log"
-for r in $RECIPES; do
+[[ "${PROFILE:-1}" == 1 ]] && for r in $RECIPES; do
     echo "== per-phase profile: $r, d12 B=64 T=1024" | tee -a "$OUT/profile.log"
     LLMC_PROFILE=1 timeout 120 "./train_gpt_$r" -b 64 -t 1024 -d 524288 -x 8 -v 0 -s 0 > "$LOGS/profile_$r.log" 2>&1
     sed -n '/per-phase/,$p' "$LOGS/profile_$r.log" | tee -a "$OUT/profile.log" | grep -E "total|average"

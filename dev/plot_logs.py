@@ -59,7 +59,10 @@ TEL_ROLES = ("w", "x", "dy")
 TEL_ROLE_NAMES = {"w": "w (weight, E4M3)", "x": "x (activation, E4M3)", "dy": "dy (output gradient, E5M2)"}
 TEL_LINEARS = ("qkv", "attproj", "fc", "fcproj")
 TEL_LINESTYLES = {"qkv": "-", "attproj": "--", "fc": ":", "fcproj": "-."}
-TEL_QUANTITIES = ("amax", "scale", "sat", "ftz")
+TEL_QUANTITIES = ("amax", "scale", "sat", "err", "ftz")
+# NVFP4 logs "s:STEP lq:l3.fc.dy amax:A err:E ftz:F" (err = relative RMS quantization error) and the
+# roles w, x, x_wgrad, dy, dy_wgrad
+TEL_ROLE_NAMES.update({"x_wgrad": "x_wgrad (activation, wgrad operand)", "dy_wgrad": "dy_wgrad (gradient, wgrad operand)"})
 
 
 def parse_telemetry(path):
@@ -114,7 +117,8 @@ def telemetry_summary(tel):
         if not rk:
             continue
         entry = {"nonfinite": [tensor_name(k) for k in rk if not math.isfinite(tel[k][last].get("amax", 0.0))]}
-        for q in ("sat", "ftz"):
+        has_err = any("err" in tel[k][last] for k in rk)
+        for q in ("sat", "ftz") + (("err",) if has_err else ()):
             best, who = 0.0, None
             for k in rk:
                 v = tel[k][last].get(q, 0.0)
@@ -129,10 +133,15 @@ def telemetry_lines(label, path, tel):
     """The text summary of one run's telemetry (see telemetry_summary), as lines for stdout."""
     step, summary = telemetry_summary(tel)
     n = sum(1 for per_step in tel.values() if step in per_step)
-    lines = [f"FP8 telemetry {label} ({path}): last telemetry step {step}, {n} tensors"]
+    kind = "NVFP4" if any("err" in v for per_step in tel.values() for v in per_step.values()) else "FP8"
+    lines = [f"{kind} telemetry {label} ({path}): last telemetry step {step}, {n} tensors"]
     for role, e in summary.items():
         (sat, sat_t), (ftz, ftz_t) = e["sat"], e["ftz"]
-        row = f"  {role:<2}: max sat {sat:.3e} ({sat_t or 'none'})  max ftz {ftz:.3e} ({ftz_t or 'none'})"
+        if "err" in e:  # NVFP4: relative error instead of saturation (FP4 saturates only by design)
+            err, err_t = e["err"]
+            row = f"  {role:<2}: max err {err:.3e} ({err_t or 'none'})  max ftz {ftz:.3e} ({ftz_t or 'none'})"
+        else:
+            row = f"  {role:<2}: max sat {sat:.3e} ({sat_t or 'none'})  max ftz {ftz:.3e} ({ftz_t or 'none'})"
         if e["nonfinite"]:
             shown = ", ".join(e["nonfinite"][:4]) + (", ..." if len(e["nonfinite"]) > 4 else "")
             row += f"  non-finite amax in {len(e['nonfinite'])}: {shown}"
@@ -154,9 +163,16 @@ def plot_telemetry(png, label, tel):
     layers = sorted({k[0] for k in tel})
     cmap = plt.get_cmap("viridis")
     color = {l: cmap(i / max(1, len(layers) - 1) * 0.9) for i, l in enumerate(layers)}
-    cols = (("amax", "amax (abs max)"), ("sat", "sat (fraction saturated)"), ("ftz", "ftz (fraction flushed to zero)"))
-    fig, axes = plt.subplots(len(TEL_ROLES), len(cols), figsize=(16, 10.5), sharex=True, squeeze=False)
-    for r, role in enumerate(TEL_ROLES):
+    present = {q for per_step in tel.values() for v in per_step.values() for q in v}
+    cols = (("amax", "amax (abs max)"),)
+    if "sat" in present or "err" not in present:
+        cols += (("sat", "sat (fraction saturated)"),)
+    if "err" in present:
+        cols += (("err", "err (relative RMS quantization error)"),)
+    cols += (("ftz", "ftz (fraction flushed to zero)"),)
+    roles = TEL_ROLES + tuple(sorted({k[2] for k in tel} - set(TEL_ROLES)))
+    fig, axes = plt.subplots(len(roles), len(cols), figsize=(16, 3.5 * len(roles)), sharex=True, squeeze=False)
+    for r, role in enumerate(roles):
         keys = sorted(k for k in tel if k[2] == role)
         bad_steps = sorted({s for k in keys for s, v in tel[k].items() if not math.isfinite(v.get("amax", 0.0))})
         for c, (q, title) in enumerate(cols):
@@ -174,6 +190,9 @@ def plot_telemetry(png, label, tel):
                     ax.axvline(s, color="red", lw=0.8, alpha=0.6)
                 if any_positive:
                     ax.set_yscale("log")
+            elif "err" in present:  # NVFP4: errors and flush fractions are 1e-3..1, a log axis shows them
+                if any_positive:
+                    ax.set_yscale("log")
             else:
                 ax.set_yscale("symlog", linthresh=1e-6)
                 ax.set_ylim(bottom=0)
@@ -181,8 +200,8 @@ def plot_telemetry(png, label, tel):
             if r == 0:
                 ax.set_title(title)
             if c == 0:
-                ax.set_ylabel(TEL_ROLE_NAMES.get(role, role))
-            if r == len(TEL_ROLES) - 1:
+                ax.set_ylabel(role if "err" in present else TEL_ROLE_NAMES.get(role, role))
+            if r == len(roles) - 1:
                 ax.set_xlabel("step (main.log s:)")
     layer_handles = [Line2D([], [], color=color[l], lw=2) for l in layers]
     fig.legend(layer_handles, [f"layer {l}" for l in layers], loc="center right", title="color: layer",
@@ -190,7 +209,7 @@ def plot_telemetry(png, label, tel):
     linear_handles = [Line2D([], [], color="black", ls=TEL_LINESTYLES[n]) for n in TEL_LINEARS]
     fig.legend(linear_handles, TEL_LINEARS, loc="upper right", title="line style: linear", fontsize="small")
     any_bad = any(not math.isfinite(v.get("amax", 0.0)) for per_step in tel.values() for v in per_step.values())
-    fig.suptitle(f"{label}: FP8 quantization telemetry per tensor (color: layer, line style: linear"
+    fig.suptitle(f"{label}: quantization telemetry per tensor (color: layer, line style: linear"
                  + ("; red line: a nan/inf amax" if any_bad else "") + ")")
     fig.tight_layout(rect=(0, 0, 0.88, 0.96))
     fig.savefig(png, dpi=110)

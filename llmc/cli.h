@@ -136,9 +136,12 @@ inline std::vector<Flag> flag_table(TrainConfig& c) {
         {"-cr", K::Int, &c.convert_recipe, "1 = resume a checkpoint of another recipe under this one (its recipe state starts afresh)"},
         {"-fh", K::Int, &c.recipe.amax_history, "fp8: amax history length of delayed scaling, in steps"},
         {"-fm", K::Int, &c.recipe.scale_margin, "fp8: scale margin: scale = FP8_MAX / amax / 2^margin"},
-        {"-sqf", K::Int, &c.recipe.skip_first, "quantized recipes: keep the first N transformer layers in BF16"},
-        {"-sql", K::Int, &c.recipe.skip_last, "quantized recipes: keep the last N transformer layers in BF16"},
+        {"-sqf", K::Int, &c.recipe.skip_first, "quantized recipes: keep the first N transformer layers in BF16 (-1 = the recipe's default)"},
+        {"-sql", K::Int, &c.recipe.skip_last, "quantized recipes: keep the last N transformer layers in BF16 (-1 = the recipe's default)"},
         {"-lq", K::Int, &c.recipe.telemetry_every, "quantized recipes: quantization telemetry in main.log every N steps (0 = off)"},
+        {"-rht", K::Int, &c.recipe.fp4_rht, "nvfp4: 1 = random Hadamard transform of the weight-gradient operands"},
+        {"-sr", K::Int, &c.recipe.fp4_stochastic, "nvfp4: 1 = stochastic rounding of the gradients"},
+        {"-fos", K::Int, &c.recipe.fp4_four_over_six, "nvfp4: 1 = Four Over Six block scales (block max to 4 or 6, the lower error)"},
     };
 }
 
@@ -383,8 +386,13 @@ inline void validate_config(TrainConfig& cfg) {
         input_error("-fh %d: the amax history length must be between 1 and 65536 steps", cfg.recipe.amax_history);
     if (cfg.recipe.scale_margin < 0 || cfg.recipe.scale_margin > 32)
         input_error("-fm %d: the scale margin must be between 0 and 32", cfg.recipe.scale_margin);
-    if (cfg.recipe.skip_first < 0) input_error("-sqf %d: must be >= 0", cfg.recipe.skip_first);
-    if (cfg.recipe.skip_last < 0) input_error("-sql %d: must be >= 0", cfg.recipe.skip_last);
+    if (cfg.recipe.skip_first < -1) input_error("-sqf %d: must be >= 0 (or -1, the recipe's default)", cfg.recipe.skip_first);
+    if (cfg.recipe.skip_last < -1) input_error("-sql %d: must be >= 0 (or -1, the recipe's default)", cfg.recipe.skip_last);
+    const std::pair<const char*, int> switches[] = {{"-rht", cfg.recipe.fp4_rht}, {"-sr", cfg.recipe.fp4_stochastic},
+                                                    {"-fos", cfg.recipe.fp4_four_over_six}};
+    for (const auto& sw : switches)
+        if (sw.second != 0 && sw.second != 1) input_error("%s %d: must be 0 or 1", sw.first, sw.second);
+    cfg.recipe.seed = cfg.seed;
     if (cfg.recipe.telemetry_every < 0) input_error("-lq %d: must be >= 0 (0 = off)", cfg.recipe.telemetry_every);
     if (cfg.recipe.telemetry_every > 0 && cfg.output_dir.empty())
         input_error("-lq %d: the telemetry goes to main.log, so it needs -o", cfg.recipe.telemetry_every);

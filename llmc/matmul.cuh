@@ -17,6 +17,7 @@
 static cublasLtHandle_t g_cublaslt = nullptr;
 static void* g_cublaslt_workspace = nullptr;
 static float* g_unit_scale = nullptr; // a device 1.0f: the FP8 scale pointers while plans are built
+static float* g_device_beta = nullptr; // device 0.0f and 1.0f: beta of the GEMMs whose alpha is on the device
 static const size_t CUBLASLT_WORKSPACE_BYTES = 32ull << 20;
 
 // Accumulation is FP32 in every build. In the PRECISION=FP32 reference build the operands are FP32
@@ -29,6 +30,9 @@ inline void matmul_init() {
     const float one = 1.0f;
     g_unit_scale = (float*)cuda_malloc_or_die(sizeof(float), "cuBLASLt scale");
     cudaCheck(cudaMemcpy(g_unit_scale, &one, sizeof(float), cudaMemcpyHostToDevice));
+    const float betas[2] = {0.0f, 1.0f};
+    g_device_beta = (float*)cuda_malloc_or_die(sizeof(betas), "cuBLASLt beta");
+    cudaCheck(cudaMemcpy(g_device_beta, betas, sizeof(betas), cudaMemcpyHostToDevice));
 }
 
 struct MatmulBatch { int count = 1; long long stride_a = 0, stride_b = 0, stride_d = 0; };
@@ -44,6 +48,7 @@ enum MatmulEpilogue { EPI_NONE = 0, EPI_GELU_BIAS = 1, EPI_DGELU = 2 };
 struct MatmulKey {
     int m, n, k, transA, transB, has_bias, batch, epilogue;
     int a_type, b_type, d_type, fast_accum; // cudaDataType_t of A, B, D (C = D); FP8 fast accumulation
+    int device_alpha;                       // alpha and beta are device pointers
     long long stride_a, stride_b, stride_d;
     bool operator<(const MatmulKey& o) const {
         return memcmp(this, &o, sizeof(MatmulKey)) < 0;
@@ -76,6 +81,10 @@ inline MatmulPlan* matmul_plan(const MatmulKey& key) {
     else if (key.epilogue == EPI_DGELU) epi = CUBLASLT_EPILOGUE_DGELU;
     else if (key.has_bias) epi = CUBLASLT_EPILOGUE_BIAS;
     cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    if (key.device_alpha) {
+        cublasLtPointerMode_t mode = CUBLASLT_POINTER_MODE_DEVICE;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode, sizeof(mode)));
+    }
     const bool fp8 = key.a_type == CUDA_R_8F_E4M3 || key.a_type == CUDA_R_8F_E5M2;
     if (fp8) {
         // FP8 operands: fast accumulation (partial sums kept at lower precision inside the tensor
@@ -136,23 +145,40 @@ inline void matmul_no_algorithm(const MatmulKey& key) {
 
 // The general entry point. d_fp32 selects an FP32 output (parameter gradients); otherwise D is floatX.
 // bias (floatX, length m) may be null. aux: the epilogue's extra (m x n) floatX matrix, see above.
-inline void matmul(void* d, const floatX* a, const floatX* b, const floatX* bias,
-                   int m, int n, int k, bool transA, bool transB, float alpha, float beta,
-                   bool d_fp32, cudaStream_t stream, MatmulBatch batch = MatmulBatch(),
-                   MatmulEpilogue epilogue = EPI_NONE, void* aux = nullptr) {
+// The bias and the epilogue apply to alpha * op(A) op(B) + beta * D.
+inline void matmul_launch(void* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+                          bool transA, bool transB, const float* alpha, const float* beta, bool device_alpha,
+                          bool d_fp32, cudaStream_t stream, MatmulBatch batch, MatmulEpilogue epilogue, void* aux) {
     MatmulKey key;
     memset(&key, 0, sizeof(key)); // the key is compared bytewise
     key.m = m; key.n = n; key.k = k; key.transA = transA; key.transB = transB;
     key.has_bias = bias != nullptr; key.batch = batch.count; key.epilogue = epilogue;
     key.a_type = key.b_type = CUDA_R_FLOATX; key.d_type = d_fp32 ? CUDA_R_32F : CUDA_R_FLOATX;
+    key.device_alpha = device_alpha;
     if (batch.count > 1) { key.stride_a = batch.stride_a; key.stride_b = batch.stride_b; key.stride_d = batch.stride_d; }
     MatmulPlan* plan = matmul_plan(key);
     if (!plan) matmul_no_algorithm(key);
     MatmulPlan& p = *plan;
     if (bias) cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     if (epilogue != EPI_NONE) cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-    cublasCheck(cublasLtMatmul(g_cublaslt, p.desc, &alpha, a, p.la, b, p.lb, &beta, d, p.ld, d, p.ld, &p.algo,
+    cublasCheck(cublasLtMatmul(g_cublaslt, p.desc, alpha, a, p.la, b, p.lb, beta, d, p.ld, d, p.ld, &p.algo,
                                g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, stream));
+}
+
+inline void matmul(void* d, const floatX* a, const floatX* b, const floatX* bias,
+                   int m, int n, int k, bool transA, bool transB, float alpha, float beta,
+                   bool d_fp32, cudaStream_t stream, MatmulBatch batch = MatmulBatch(),
+                   MatmulEpilogue epilogue = EPI_NONE, void* aux = nullptr) {
+    matmul_launch(d, a, b, bias, m, n, k, transA, transB, &alpha, &beta, false, d_fp32, stream, batch, epilogue, aux);
+}
+
+// The same with alpha read from device memory when the GEMM runs (a scale computed on the GPU, as
+// NVFP4's product of global scales); beta is 0 or 1.
+inline void matmul_alpha_on_device(void* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+                                   bool transA, bool transB, const float* alpha, bool accumulate, bool d_fp32,
+                                   cudaStream_t stream, MatmulEpilogue epilogue = EPI_NONE, void* aux = nullptr) {
+    matmul_launch(d, a, b, bias, m, n, k, transA, transB, alpha, g_device_beta + (accumulate ? 1 : 0), true, d_fp32,
+                  stream, MatmulBatch(), epilogue, aux);
 }
 
 // FP8 GEMM (Hopper tensor cores). Hopper's FP8 GEMMs take both operands K-major only ("TN"): in
@@ -214,7 +240,8 @@ inline void matmul_free() {
     if (g_cublaslt) cublasLtDestroy(g_cublaslt);
     if (g_cublaslt_workspace) cudaFree(g_cublaslt_workspace);
     if (g_unit_scale) cudaFree(g_unit_scale);
-    g_cublaslt = nullptr; g_cublaslt_workspace = nullptr; g_unit_scale = nullptr;
+    if (g_device_beta) cudaFree(g_device_beta);
+    g_cublaslt = nullptr; g_cublaslt_workspace = nullptr; g_unit_scale = nullptr; g_device_beta = nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -358,11 +358,32 @@ LLMC_HD inline float fp8e5m2_decode(uint8_t code) { return minifloat_decode(code
 // ---------------------------------------------------------------------------------------------
 // FP4 E2M1 (always saturating; code in the low nibble; decode ignores the high nibble)
 
+// Round to nearest even by comparisons against the midpoints of the 8 magnitudes {0, 0.5, 1, 1.5,
+// 2, 3, 4, 6}: a tie goes to the even code (0.25 -> 0, 0.75 -> 1.0, 1.25 -> 1.0, 1.75 -> 2, 2.5 -> 2,
+// 3.5 -> 4, 5 -> 4), above 5 everything (inf too) saturates to 6, NaN gives +6 (code 0x7) as the
+// generic encoder does. The NVFP4 kernels encode every element two or three times (Four Over
+// Six), so this is their hot loop; the CPU tests check it against minifloat_encode over a dense
+// sample of all float32 values.
+LLMC_HD inline uint8_t fp4e2m1_encode_nearest(float x) {
+    const uint32_t u = float_bits(x), abits = u & 0x7FFFFFFFu;
+    if (abits > 0x7F800000u) return 0x7u;
+    const float a = bits_float(abits);
+    const uint32_t mag = (uint32_t)(a > 0.25f) + (uint32_t)(a >= 0.75f) + (uint32_t)(a > 1.25f) +
+                         (uint32_t)(a >= 1.75f) + (uint32_t)(a > 2.5f) + (uint32_t)(a >= 3.5f) + (uint32_t)(a > 5.0f);
+    return (uint8_t)(((u >> 28) & 0x8u) | mag);
+}
+
 LLMC_HD inline uint8_t fp4e2m1_encode(float x, Rounding rounding = Rounding::NearestEven,
                                       uint32_t rbits = 0) {
+    if (rounding == Rounding::NearestEven) return fp4e2m1_encode_nearest(x);
     return (uint8_t)minifloat_encode(x, kFP4E2M1, Overflow::Saturate, rounding, rbits);
 }
-LLMC_HD inline float fp4e2m1_decode(uint8_t code) { return minifloat_decode(code, kFP4E2M1); }
+// magnitudes 0..3 -> 0, 0.5, 1, 1.5; 4, 5 -> 2, 3; 6, 7 -> 4, 6 (each one exact float operation)
+LLMC_HD inline float fp4e2m1_decode(uint8_t code) {
+    const uint32_t mag = code & 0x7u;
+    const float v = mag < 4u ? (float)mag * 0.5f : mag < 6u ? (float)(mag - 2u) : (float)(mag - 4u) * 2.0f;
+    return (code & 0x8u) ? -v : v;
+}
 
 // ---------------------------------------------------------------------------------------------
 // UE4M3 block scales (always saturating; negatives -> 0; decode ignores bit 7)

@@ -191,11 +191,38 @@ LLMC_HD inline float nvfp4_block16_amax(const float* x) {
     return m;
 }
 
+// Encode a block's 16 values under scale_code: codes[i] = nvfp4_encode(x[i], scale_code, global,
+// rounding, rbits[i]) (rbits may be null for round-to-nearest-even), with the divisor s * g formed
+// once for the block.
+LLMC_HD inline void nvfp4_block16_encode(const float* x, uint8_t scale_code, float global, Rounding rounding,
+                                         const uint32_t* rbits, uint8_t* codes) {
+    const float s = ue4m3_decode(scale_code);
+    if (s == 0.0f) {
+        for (int i = 0; i < kNvfp4Block; i++) codes[i] = (float_bits(x[i]) >> 31) != 0u ? 0x8u : 0x0u;
+        return;
+    }
+    const float d = rn_mul(s, global);
+    for (int i = 0; i < kNvfp4Block; i++)
+        codes[i] = fp4e2m1_encode(rn_div(x[i], d), rbits != nullptr ? rounding : Rounding::NearestEven,
+                                  rbits != nullptr ? rbits[i] : 0u);
+}
+
+// Sum over the block of the squared errors of the round-to-nearest-even codes (nvfp4_sum16's
+// order); the codes are left in codes[16] (Four Over Six reuses the winner's).
+LLMC_HD inline float nvfp4_block16_encode_error(const float* x, uint8_t scale_code, float global, uint8_t* codes) {
+    nvfp4_block16_encode(x, scale_code, global, Rounding::NearestEven, nullptr, codes);
+    float e[kNvfp4Block];
+    for (int i = 0; i < kNvfp4Block; i++) {
+        const float d = rn_sub(nvfp4_decode(codes[i], scale_code, global), x[i]);
+        e[i] = rn_mul(d, d);
+    }
+    return nvfp4_sum16(e);
+}
+
 // Sum over the block of the RNE squared errors under scale_code (nvfp4_sum16's order).
 LLMC_HD inline float nvfp4_block16_error(const float* x, uint8_t scale_code, float global) {
-    float e[kNvfp4Block];
-    for (int i = 0; i < kNvfp4Block; i++) e[i] = nvfp4_sq_error(x[i], scale_code, global);
-    return nvfp4_sum16(e);
+    uint8_t codes[kNvfp4Block];
+    return nvfp4_block16_encode_error(x, scale_code, global, codes);
 }
 
 // Four Over Six's choice of scale code for a block with amax block_amax (see the top of the file).
@@ -210,16 +237,26 @@ LLMC_HD inline uint8_t nvfp4_four_over_six_block16(const float* x, float block_a
 
 // Quantize one block of 16 values: x[16] in, codes[16] (one E2M1 code per byte, low nibble) and the
 // block's UE4M3 scale code out. rbits: 16 random words for Rounding::Stochastic, one per element;
-// nullptr means round-to-nearest-even whatever `rounding` says.
+// nullptr means round-to-nearest-even whatever `rounding` says. (Four Over Six as in
+// nvfp4_four_over_six_block16; with round-to-nearest-even the winner's codes are kept, not redone.)
 LLMC_HD inline void nvfp4_quantize_block16(const float* x, float global, Rounding rounding,
                                            const uint32_t* rbits, bool four_over_six,
                                            uint8_t* codes, uint8_t* scale_code) {
     const float amax = nvfp4_block16_amax(x);
-    const uint8_t sc = four_over_six ? nvfp4_four_over_six_block16(x, amax, global)
-                                     : nvfp4_scale_code(amax, global, 6.0f);
-    const Rounding r = rbits != nullptr ? rounding : Rounding::NearestEven;
-    for (int i = 0; i < kNvfp4Block; i++)
-        codes[i] = nvfp4_encode(x[i], sc, global, r, rbits != nullptr ? rbits[i] : 0u);
+    const uint8_t c6 = nvfp4_scale_code(amax, global, 6.0f);
+    const uint8_t c4 = four_over_six ? nvfp4_scale_code(amax, global, 4.0f) : c6;
+    if (c4 == c6) {
+        nvfp4_block16_encode(x, c6, global, rounding, rbits, codes);
+        *scale_code = c6;
+        return;
+    }
+    uint8_t codes4[kNvfp4Block];
+    const float e6 = nvfp4_block16_encode_error(x, c6, global, codes);
+    const float e4 = nvfp4_block16_encode_error(x, c4, global, codes4);
+    const uint8_t sc = e4 < e6 ? c4 : c6;
+    if (rbits != nullptr) nvfp4_block16_encode(x, sc, global, rounding, rbits, codes);
+    else if (sc == c4)
+        for (int i = 0; i < kNvfp4Block; i++) codes[i] = codes4[i];
     *scale_code = sc;
 }
 

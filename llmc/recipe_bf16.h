@@ -16,6 +16,7 @@ struct Recipe {
 inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T) {
     (void)B; (void)T;
     r.options = o;
+    resolve_skip_defaults(r.options, 0, 0);
     linear_scratch_init(r.scratch, shape.channels);
 }
 inline std::string recipe_describe(const Recipe&) { return "bf16: BF16 GEMMs, FP32 accumulation"; }

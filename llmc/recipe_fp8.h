@@ -99,6 +99,7 @@ inline size_t fp8_per_linear_layout(const Recipe& r, std::vector<size_t>& offset
 
 inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T) {
     r.options = o;
+    resolve_skip_defaults(r.options, 0, 0);
     r.L = shape.num_layers; r.C = shape.channels; r.B = B; r.T = T;
     linear_scratch_init(r.scratch, r.C);
     r.num_linears = r.L * NUM_LINEAR_KINDS;

@@ -1,14 +1,26 @@
 // recipe_options.h: the command-line options of the precision recipes (no CUDA: cli.h includes it).
 #pragma once
 
-// cli.h fills these from -fh -fm -sqf -sql -lq; a recipe ignores what it does not use.
+// cli.h fills these from -fh -fm -sqf -sql -lq -rht -sr -fos (and -sd); a recipe ignores what it
+// does not use.
 struct RecipeOptions {
     int amax_history = 1024;     // -fh: delayed scaling's amax history length, in optimizer steps
     int scale_margin = 0;        // -fm: scale = FP8_MAX / max(amax history) / 2^margin
-    int skip_first = 0;          // -sqf: keep the first N transformer layers in BF16
-    int skip_last = 0;           // -sql: keep the last N transformer layers in BF16
+    int skip_first = -1;         // -sqf: keep the first N transformer layers in BF16 (-1: the recipe's default)
+    int skip_last = -1;          // -sql: keep the last N transformer layers in BF16 (-1: the recipe's default)
     int telemetry_every = 0;     // -lq: quantization telemetry in main.log every N steps (0 = off)
+    int fp4_rht = 1;             // -rht: nvfp4: random Hadamard transform of the wgrad operands
+    int fp4_stochastic = 1;      // -sr: nvfp4: stochastic rounding of the gradients
+    int fp4_four_over_six = 1;   // -fos: nvfp4: Four Over Six block scales
+    unsigned long long seed = 0; // -sd: the run's seed (stochastic rounding streams, Hadamard signs)
 };
+
+// A recipe's recipe_init replaces -1 (the flags' default) by its own default number of layers to
+// keep in BF16.
+inline void resolve_skip_defaults(RecipeOptions& o, int default_first, int default_last) {
+    if (o.skip_first < 0) o.skip_first = default_first;
+    if (o.skip_last < 0) o.skip_last = default_last;
+}
 
 // Layers [skip_first, L - skip_last) are quantized; the others run the plain BF16 linear.
 inline bool layer_is_quantized(const RecipeOptions& o, int layer, int num_layers) {

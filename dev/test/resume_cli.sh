@@ -31,7 +31,7 @@ fi
 # a checkpoint of another recipe: refused, unless -cr 1 asks for the conversion
 other=""
 case "$(basename "$TRAINER")" in
-    *_fp8) other=$(dirname "$TRAINER")/train_gpt_bf16 ;;
+    *_fp8|*_nvfp4) other=$(dirname "$TRAINER")/train_gpt_bf16 ;;
     *_bf16) other=$(dirname "$TRAINER")/train_gpt_fp8 ;;
 esac
 if [[ -n "$other" && -x "$other" ]]; then
@@ -52,6 +52,22 @@ if [[ "$(basename "$TRAINER")" == *_fp8 ]]; then
     "$TRAINER" "${args[@]}" -x 2 -v 0 -lq 1 -sqf 2 -sql 1 -o "$work/u" > "$work/u.out" 2>&1 || bad "-sqf/-sql run failed"
     layers=$(grep -oE '^s:0 lq:l[0-9]+' "$work/u/main.log" | sort -u | sed 's/.*lq:l//' | tr '\n' ' ')
     [[ "$layers" == "2 3 4 " ]] && ok "-sqf 2 -sql 1 quantizes layers 2-4 of 6" || bad "-sqf 2 -sql 1 quantized layers: $layers"
+fi
+if [[ "$(basename "$TRAINER")" == *_nvfp4 ]]; then
+    "$TRAINER" "${args[@]}" -x 4 -v 0 -lq 2 -o "$work/t" > "$work/t.out" 2>&1 || bad "-lq run failed: $(tail -n 2 "$work/t.out")"
+    # d6 keeps its last layer in BF16 by default: 5 layers x 4 linears x 5 tensors, at steps 0 and 2
+    n=$(grep -cE '^s:[02] lq:l[0-4]\.(qkv|attproj|fc|fcproj)\.(w|x|x_wgrad|dy|dy_wgrad) amax:[0-9.e+-]+ err:[0-9.e+-]+ ftz:[0-9.e+-]+$' "$work/t/main.log")
+    [[ $n -eq 200 ]] && ok "-lq 2 logs 100 NVFP4 tensors at steps 0 and 2 (200 lines)" || bad "-lq 2 logged $n telemetry lines, expected 200"
+    # every tensor's relative quantization error lies in the range FP4 gives (0 < err < 0.5)
+    awk '/ lq:/ { split($4, e, ":"); if (!(e[2] > 0.0 && e[2] < 0.5)) bad++ } END { exit bad > 0 }' "$work/t/main.log" \
+        && ok "every NVFP4 tensor's relative error lies in (0, 0.5)" || bad "NVFP4 telemetry errors out of range: $(grep ' lq:' "$work/t/main.log" | head -n 3)"
+    "$TRAINER" "${args[@]}" -x 2 -v 0 -lq 1 -sqf 2 -sql 1 -o "$work/u" > "$work/u.out" 2>&1 || bad "-sqf/-sql run failed"
+    layers=$(grep -oE '^s:0 lq:l[0-9]+' "$work/u/main.log" | sort -u | sed 's/.*lq:l//' | tr '\n' ' ')
+    [[ "$layers" == "2 3 4 " ]] && ok "-sqf 2 -sql 1 quantizes layers 2-4 of 6" || bad "-sqf 2 -sql 1 quantized layers: $layers"
+    # resuming with other NVFP4 options is refused, naming them
+    out=$("$TRAINER" "${args[@]}" -o "$work/b" -y 1 -rht 0 2>&1); rc=$?
+    [[ $rc -ne 0 ]] && grep -q -- "-rht" <<<"$out" && ok "resuming with another -rht is refused, naming it" \
+        || bad "resume with -rht 0 not refused (exit $rc): $(tail -n 2 <<<"$out")"
 fi
 echo "resume tests: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

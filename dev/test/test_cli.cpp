@@ -110,8 +110,25 @@ TEST_CASE("cli: the recipe flags parse into RecipeOptions and are range-checked"
     CHECK(d.recipe.amax_history == 1024); // seed 004's default
     CHECK(d.recipe.scale_margin == 0);
     CHECK(d.recipe.telemetry_every == 0);
-    for (auto bad : std::vector<std::vector<std::string>>{{"-fh", "0"}, {"-fh", "65537"}, {"-fm", "-1"}, {"-sqf", "-1"},
-                                                         {"-sql", "-2"}, {"-lq", "-1"}, {"-lq", "5"}, {"-cr", "2"}}) {
+    CHECK(d.recipe.skip_first == -1); // -1: each recipe's own default
+    CHECK(d.recipe.skip_last == -1);
+    CHECK(d.recipe.fp4_rht == 1); // seed 004: RHT, stochastic rounding and Four Over Six on by default
+    CHECK(d.recipe.fp4_stochastic == 1);
+    CHECK(d.recipe.fp4_four_over_six == 1);
+    TrainConfig f = parse({"-rht", "0", "-sr", "0", "-fos", "0", "-sd", "42"});
+    CHECK_NOTHROW(llmc::validate_config(f));
+    CHECK(f.recipe.fp4_rht == 0);
+    CHECK(f.recipe.fp4_stochastic == 0);
+    CHECK(f.recipe.fp4_four_over_six == 0);
+    CHECK(f.recipe.seed == 42); // validate_config hands the run's seed to the recipe
+    RecipeOptions r = d.recipe;
+    resolve_skip_defaults(r, 0, 2);
+    CHECK(r.skip_first == 0);
+    CHECK(r.skip_last == 2);
+    resolve_skip_defaults(c.recipe, 0, 2); // explicit values stay
+    CHECK(c.recipe.skip_last == 3);
+    for (auto bad : std::vector<std::vector<std::string>>{{"-fh", "0"}, {"-fh", "65537"}, {"-fm", "-1"}, {"-sqf", "-2"},
+                                                         {"-sql", "-2"}, {"-rht", "2"}, {"-sr", "-1"}, {"-fos", "7"}, {"-lq", "-1"}, {"-lq", "5"}, {"-cr", "2"}}) {
         TrainConfig e = parse(bad);
         CHECK_THROWS_AS(llmc::validate_config(e), llmc::InputError);
     }

@@ -696,3 +696,28 @@ TEST_CASE("number formats: Q1.31 clamp, fixed points, ties, decode") {
 }
 
 } // namespace
+
+TEST_CASE("number formats: the E2M1 fast paths equal the generic minifloat codec") {
+    // every 256th float32 bit pattern, plus every pattern within 4096 ulps of each E2M1 midpoint
+    // and value (the places where rounding decides), both signs
+    int fails = 0;
+    auto check_one = [&](uint32_t u) {
+        const float x = llmc::bits_float(u);
+        const uint32_t want = llmc::minifloat_encode(x, llmc::kFP4E2M1, Overflow::Saturate, Rounding::NearestEven);
+        EXPECT_IN_LOOP(llmc::fp4e2m1_encode_nearest(x) == want, "x bits " << u << ": fast "
+                       << (int)llmc::fp4e2m1_encode_nearest(x) << " generic " << want);
+    };
+    for (uint64_t u = 0; u < (1ull << 32) && fails < 5; u += 256) check_one((uint32_t)u);
+    const float points[] = {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f, 6.0f};
+    for (float p : points)
+        for (int sign = 0; sign < 2; sign++)
+            for (int d = -4096; d <= 4096 && fails < 5; d++) {
+                const int64_t u = (int64_t)(llmc::float_bits(p) & 0x7FFFFFFFu) + d;
+                if (u < 0) continue;
+                check_one((uint32_t)u | (sign ? 0x80000000u : 0u));
+            }
+    for (uint32_t c = 0; c < 16; c++)
+        EXPECT_IN_LOOP(llmc::float_bits(llmc::fp4e2m1_decode((uint8_t)c)) ==
+                           llmc::float_bits(llmc::minifloat_decode(c, llmc::kFP4E2M1)), "decode of code " << c);
+    CHECK(fails == 0);
+}

@@ -1,0 +1,303 @@
+// nvfp4_quantize.cuh: the NVFP4 quantization kernels of the nvfp4 recipe (issue #6), and the
+// emulated NVFP4 GEMM of Hopper.
+//
+// Every kernel here calls the __host__ __device__ functions of nvfp4.h for each block, so its
+// codes and scales are those of the CPU reference bit for bit (build/test_nvfp4 checks it).
+//
+// Emulation on Hopper (no FP4 tensor cores). An NVFP4 value is e2m1(q) * ue4m3(s) * g. The product
+// e2m1 * ue4m3 has at most 2 + 4 significant bits and lies in [2^-10, 2688], so it is exact in
+// BF16. The kernels therefore write the operand as BF16 "block-dequantized" values e2m1(q) * ue4m3(s)
+// and leave the FP32 global scales out; the GEMM multiplies by alpha = g_a * g_b (a device
+// pointer, computed by the quantize kernel). The BF16 GEMM then computes exactly the products an
+// FP4 tensor core computes; only the FP32 accumulation order differs.
+//
+// Layouts. A GEMM operand is quantized in blocks of 16 along the GEMM's K dimension:
+//   forward  y = x W^T   x (N x C): blocks along C, i.e. along the rows of the row-major x
+//   dgrad    dx = dy W   dy (N x OC): blocks along OC (rows of dy)
+//   wgrad    dW = dy^T x dy and x: blocks along N, i.e. down the columns of the row-major tensors,
+//                        after a 16-point random Hadamard transform along N (seed 004's RHT)
+//   weights  W (OC x C): 16x16 tiles, so W and W^T share one quantization (forward and dgrad)
+// nvfp4_quantize_kernel does both directions from one read of a 16 x 64 patch: every thread owns
+// one 1x16 row block and one 16x1 column block of the patch. The column numbering of the CPU
+// reference is that of the transposed matrix (x^T quantized by rows).
+//
+// Global scales need the tensor's amax before any block is encoded, so every activation and
+// gradient is read twice: nvfp4_amax_kernel (the plain amax and, for the wgrad operands, the amax
+// after the Hadamard transform), then the quantize kernel.
+#pragma once
+#include "cuda_common.h"
+#include "nvfp4.h"
+#include "fp8_quantize.cuh" // tensor_amax (the weights' amax)
+
+using llmc::kNvfp4Block;
+
+static const int NVFP4_PATCH_COLS = 64; // columns of one quantize patch (and block): 4 row blocks wide
+static const int NVFP4_TILE_STRIP = 32; // 16x16 weight tiles per block of the weight kernel
+
+// Telemetry of one quantized tensor (-lq): sums over its elements, in double.
+//   [0] sum (x' - x)^2   [1] sum x^2   [2] elements   [3] non-zero x quantized to zero
+static const int NVFP4_STATS = 4;
+
+// One direction of nvfp4_quantize_kernel: where it writes and how it rounds.
+struct Nvfp4Direction {
+    floatX* out = nullptr;            // block-dequantized values e2m1 * ue4m3, x's shape; null = skip
+    const uint32_t* amax = nullptr;   // bits of the amax behind the global scale
+    bool rht = false;                 // columns only: rotate each 16-block first
+    bool stochastic = false;          // stochastic rounding (gradients)
+    uint64_t seed = 0;                // the random bits' seed (nvfp4_sr_bits)
+    float* alpha = nullptr;           // if set: *alpha = g * g_other, the GEMM's alpha
+    const uint32_t* other_amax = nullptr; // the other GEMM operand's amax (for alpha)
+    double* stats = nullptr;          // NVFP4_STATS sums, or null
+};
+
+__device__ __forceinline__ float nvfp4_global_of(const uint32_t* amax) {
+    return llmc::nvfp4_global_scale(__uint_as_float(*amax));
+}
+
+// e2m1 * ue4m3, exact in BF16
+__device__ __forceinline__ float nvfp4_block_value(uint8_t code, uint8_t scale_code) {
+    return llmc::fp4e2m1_decode(code) * llmc::ue4m3_decode(scale_code);
+}
+
+// Block-wide sums of the telemetry terms, one atomic per block and term.
+__device__ __forceinline__ void nvfp4_commit_stats(double* stats, float err2, float x2, float n, float zeros) {
+    float v[NVFP4_STATS] = {err2, x2, n, zeros};
+    __shared__ float s_part[NVFP4_STATS][32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+#pragma unroll
+    for (int k = 0; k < NVFP4_STATS; k++) {
+        for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+        if (lane == 0) s_part[k][warp] = v[k];
+    }
+    __syncthreads();
+    if (threadIdx.x < NVFP4_STATS) {
+        double sum = 0.0;
+        for (int w = 0; w < warps; w++) sum += s_part[threadIdx.x][w];
+        atomicAdd(stats + threadIdx.x, sum);
+    }
+}
+
+// One 16-value block of one direction: quantize x (nvfp4.h), overwrite it with the
+// block-dequantized values, and add the block's telemetry terms to tele. index0: the CPU
+// reference's flat index of the block's first element (its elements follow at +1), the counter of
+// the stochastic-rounding bits.
+__device__ __forceinline__ void nvfp4_block(float* x, const Nvfp4Direction& d, float g, bool four_over_six,
+                                            uint64_t index0, float4& tele) {
+    uint32_t bits[kNvfp4Block];
+    if (d.stochastic) {
+#pragma unroll
+        for (int i = 0; i < kNvfp4Block; i++) bits[i] = llmc::nvfp4_sr_bits(d.seed, index0 + i);
+    }
+    uint8_t codes[kNvfp4Block], sc;
+    llmc::nvfp4_quantize_block16(x, g, llmc::Rounding::Stochastic, d.stochastic ? bits : nullptr, four_over_six,
+                                 codes, &sc);
+    if (d.stats) {
+        // in units of g, so that tiny tensors do not underflow the squares
+        const float inv_g = 1.0f / g;
+#pragma unroll
+        for (int i = 0; i < kNvfp4Block; i++) {
+            const float q = nvfp4_block_value(codes[i], sc), xs = x[i] * inv_g, e = q - xs;
+            tele.x += e * e;
+            tele.y += xs * xs;
+            tele.z += 1.0f;
+            tele.w += (x[i] != 0.0f && q == 0.0f) ? 1.0f : 0.0f;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < kNvfp4Block; i++) x[i] = nvfp4_block_value(codes[i], sc);
+}
+
+// Block-wide sums of the telemetry terms, one atomic per block and term. Every thread calls it.
+__device__ __forceinline__ void nvfp4_commit_stats(double* stats, float4 t) {
+    float v[NVFP4_STATS] = {t.x, t.y, t.z, t.w};
+    __shared__ float s_part[NVFP4_STATS][32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    __syncthreads(); // s_part may still be read by a previous call
+#pragma unroll
+    for (int k = 0; k < NVFP4_STATS; k++) {
+        for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+        if (lane == 0) s_part[k][warp] = v[k];
+    }
+    __syncthreads();
+    if (threadIdx.x < NVFP4_STATS) {
+        double sum = 0.0;
+        for (int w = 0; w < warps; w++) sum += s_part[threadIdx.x][w];
+        atomicAdd(stats + threadIdx.x, sum);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Amax: max |x| over a (rows x cols) tensor and, for the wgrad operands, max |Q x| over its 16-row
+// column blocks (Q the Hadamard rotation). Each thread reads a 16 x 8 patch (16 16-byte loads).
+// rows % 16 == 0, cols % 8 == 0. The amaxes are bits of non-negative floats combined with
+// atomicMax (a NaN's bits exceed inf's: NaN stays sticky, as in nvfp4_amax_merge).
+__global__ void nvfp4_amax_kernel(const floatX* x, int rows, int cols, uint32_t* amax_plain, uint32_t* amax_rot,
+                                  bool rht, uint16_t signs) {
+    const long long patches_per_row = cols / 8, patches = (long long)(rows / 16) * patches_per_row;
+    uint32_t plain = 0u, rot = 0u;
+    for (long long p = blockIdx.x * (long long)blockDim.x + threadIdx.x; p < patches; p += (long long)gridDim.x * blockDim.x) {
+        const long long r0 = p / patches_per_row * 16, c0 = p % patches_per_row * 8;
+        float v[8][kNvfp4Block];
+#pragma unroll
+        for (int i = 0; i < kNvfp4Block; i++) {
+            const uint4 packed = *reinterpret_cast<const uint4*>(x + (r0 + i) * cols + c0);
+            const floatX* e = reinterpret_cast<const floatX*>(&packed);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                v[j][i] = (float)e[j];
+                plain = max(plain, llmc::amax_bits(v[j][i]));
+            }
+        }
+        if (rht) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                llmc::nvfp4_rht16(v[j], signs);
+#pragma unroll
+                for (int i = 0; i < kNvfp4Block; i++) rot = max(rot, llmc::amax_bits(v[j][i]));
+            }
+        }
+    }
+    if (!rht) rot = plain;
+    for (int o = 16; o > 0; o >>= 1) {
+        plain = max(plain, __shfl_xor_sync(0xffffffffu, plain, o));
+        rot = max(rot, __shfl_xor_sync(0xffffffffu, rot, o));
+    }
+    if (threadIdx.x % 32 == 0) {
+        atomicMax(amax_plain, plain);
+        if (amax_rot) atomicMax(amax_rot, rot);
+    }
+}
+
+// amax_plain and amax_rot are set (not accumulated): the kernel's atomics run on zeroed slots
+inline void nvfp4_amax(const floatX* x, int rows, int cols, uint32_t* amax_plain, uint32_t* amax_rot, bool rht,
+                       uint16_t signs, cudaStream_t stream) {
+    cudaCheck(cudaMemsetAsync(amax_plain, 0, sizeof(uint32_t), stream));
+    if (amax_rot) cudaCheck(cudaMemsetAsync(amax_rot, 0, sizeof(uint32_t), stream));
+    const long long patches = (long long)(rows / 16) * (cols / 8);
+    nvfp4_amax_kernel<<<fp8_grid_size(patches, 128), 128, 0, stream>>>(x, rows, cols, amax_plain, amax_rot, rht, signs);
+    cudaCheckLaunch();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations and gradients: 1x16 row blocks and/or 16x1 column blocks (with the optional RHT) of
+// a (rows x cols) row-major tensor, from one read of each 16 x 64 patch. rows % 16 == 0 and
+// cols % 64 == 0. 64 threads: thread t owns row block (t / 4, t % 4) and column t of the patch.
+__global__ void __launch_bounds__(NVFP4_PATCH_COLS) nvfp4_quantize_kernel(const floatX* x, int rows, int cols,
+                                                                          Nvfp4Direction rowd, Nvfp4Direction cold,
+                                                                          bool four_over_six, uint16_t signs) {
+    __shared__ float tile[kNvfp4Block][NVFP4_PATCH_COLS + 1];
+    const int t = threadIdx.x;
+    const long long r0 = (long long)blockIdx.y * kNvfp4Block, c0 = (long long)blockIdx.x * NVFP4_PATCH_COLS;
+    // 16 rows x 64 columns = 128 16-byte loads, two per thread
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int i = t + k * NVFP4_PATCH_COLS, row = i / 8, col = i % 8 * 8;
+        const uint4 packed = *reinterpret_cast<const uint4*>(x + (r0 + row) * cols + c0 + col);
+        const floatX* e = reinterpret_cast<const floatX*>(&packed);
+#pragma unroll
+        for (int j = 0; j < 8; j++) tile[row][col + j] = (float)e[j];
+    }
+    __syncthreads();
+    if (rowd.out) {
+        const int row = t / 4, b = t % 4;
+        float v[kNvfp4Block];
+#pragma unroll
+        for (int i = 0; i < kNvfp4Block; i++) v[i] = tile[row][b * kNvfp4Block + i];
+        const float g = nvfp4_global_of(rowd.amax);
+        const long long off = (r0 + row) * cols + c0 + b * kNvfp4Block;
+        float4 tele = make_float4(0.f, 0.f, 0.f, 0.f);
+        nvfp4_block(v, rowd, g, four_over_six, (uint64_t)off, tele);
+        floatX outv[kNvfp4Block];
+#pragma unroll
+        for (int i = 0; i < kNvfp4Block; i++) outv[i] = (floatX)v[i];
+        *reinterpret_cast<uint4*>(rowd.out + off) = *reinterpret_cast<const uint4*>(&outv[0]);
+        *reinterpret_cast<uint4*>(rowd.out + off + 8) = *reinterpret_cast<const uint4*>(&outv[8]);
+        if (rowd.alpha && blockIdx.x == 0 && blockIdx.y == 0 && t == 0)
+            *rowd.alpha = llmc::rn_mul(g, nvfp4_global_of(rowd.other_amax));
+        if (rowd.stats) nvfp4_commit_stats(rowd.stats, tele);
+    }
+    if (cold.out) {
+        float v[kNvfp4Block];
+#pragma unroll
+        for (int i = 0; i < kNvfp4Block; i++) v[i] = tile[i][t];
+        if (cold.rht) llmc::nvfp4_rht16(v, signs);
+        const float g = nvfp4_global_of(cold.amax);
+        // the reference quantizes x^T by rows: element (r, c) of x is (c, r) of x^T, index c * rows + r
+        float4 tele = make_float4(0.f, 0.f, 0.f, 0.f);
+        nvfp4_block(v, cold, g, four_over_six, (uint64_t)(c0 + t) * rows + r0, tele);
+#pragma unroll
+        for (int i = 0; i < kNvfp4Block; i++) cold.out[(r0 + i) * cols + c0 + t] = (floatX)v[i];
+        if (cold.alpha && blockIdx.x == 0 && blockIdx.y == 0 && t == 0)
+            *cold.alpha = llmc::rn_mul(g, nvfp4_global_of(cold.other_amax));
+        if (cold.stats) nvfp4_commit_stats(cold.stats, tele);
+    }
+}
+
+inline bool nvfp4_shape_ok(int rows, int cols) { return rows % kNvfp4Block == 0 && cols % NVFP4_PATCH_COLS == 0; }
+
+inline void nvfp4_quantize(const floatX* x, int rows, int cols, const Nvfp4Direction& rowd, const Nvfp4Direction& cold,
+                           bool four_over_six, uint16_t signs, cudaStream_t stream) {
+    if (!nvfp4_shape_ok(rows, cols) || ((uintptr_t)x % 16) != 0) {
+        fprintf(stderr, "error: nvfp4_quantize: %d x %d (rows must be a multiple of 16, columns of 64)\n", rows, cols);
+        exit(1);
+    }
+    dim3 grid(cols / NVFP4_PATCH_COLS, rows / kNvfp4Block);
+    nvfp4_quantize_kernel<<<grid, NVFP4_PATCH_COLS, 0, stream>>>(x, rows, cols, rowd, cold, four_over_six, signs);
+    cudaCheckLaunch();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weights: 16x16 tiles of a (rows x cols) row-major W (rows % 16 == 0, cols % 16 == 0), round to
+// nearest even. A block of 32 threads stages a 16 x 512 strip in shared memory; each thread runs
+// nvfp4_quantize_tile16x16 on one tile (Four Over Six's tile error is a fixed sequential sum, so
+// one thread per tile reproduces the reference's order).
+__global__ void __launch_bounds__(NVFP4_TILE_STRIP) nvfp4_weight_kernel(const floatX* w, int rows, int cols, floatX* out,
+                                                                        const uint32_t* amax, bool four_over_six,
+                                                                        double* stats) {
+    constexpr int W = NVFP4_TILE_STRIP * kNvfp4Block;
+    __shared__ float tile[kNvfp4Block][W + 1];
+    __shared__ uint8_t codes[kNvfp4Block][W];
+    __shared__ uint8_t scales[NVFP4_TILE_STRIP];
+    const int t = threadIdx.x;
+    const long long r0 = (long long)blockIdx.y * kNvfp4Block, c0 = (long long)blockIdx.x * W;
+    const int width = (int)min((long long)W, cols - c0);
+    for (int i = t; i < kNvfp4Block * width; i += NVFP4_TILE_STRIP) {
+        const int r = i / width, c = i % width;
+        tile[r][c] = (float)w[(r0 + r) * cols + c0 + c];
+    }
+    __syncthreads();
+    const float g = nvfp4_global_of(amax);
+    if (t * kNvfp4Block < width)
+        llmc::nvfp4_quantize_tile16x16(&tile[0][t * kNvfp4Block], W + 1, g, llmc::Rounding::NearestEven, nullptr,
+                                       four_over_six, &codes[0][t * kNvfp4Block], W, &scales[t]);
+    __syncthreads();
+    float4 tele = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float inv_g = 1.0f / g; // telemetry in units of g (no underflow for tiny weights)
+    for (int i = t; i < kNvfp4Block * width; i += NVFP4_TILE_STRIP) {
+        const int r = i / width, c = i % width;
+        const float q = nvfp4_block_value(codes[r][c], scales[c / kNvfp4Block]);
+        out[(r0 + r) * cols + c0 + c] = (floatX)q;
+        if (stats) {
+            const float x = tile[r][c], xs = x * inv_g, e = q - xs;
+            tele.x += e * e;
+            tele.y += xs * xs;
+            tele.z += 1.0f;
+            tele.w += (x != 0.0f && q == 0.0f) ? 1.0f : 0.0f;
+        }
+    }
+    if (stats) nvfp4_commit_stats(stats, tele);
+}
+
+// W -> out (block-dequantized), with W's amax computed first into *amax
+inline void nvfp4_quantize_weight(const floatX* w, int rows, int cols, floatX* out, uint32_t* amax, bool four_over_six,
+                                  double* stats, cudaStream_t stream) {
+    if (rows % kNvfp4Block != 0 || cols % kNvfp4Block != 0) {
+        fprintf(stderr, "error: nvfp4_quantize_weight: %d x %d is not a multiple of 16 x 16\n", rows, cols);
+        exit(1);
+    }
+    cudaCheck(cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream));
+    tensor_amax(amax, w, (long long)rows * cols, stream);
+    dim3 grid(ceil_div(cols, NVFP4_TILE_STRIP * kNvfp4Block), rows / kNvfp4Block);
+    nvfp4_weight_kernel<<<grid, NVFP4_TILE_STRIP, 0, stream>>>(w, rows, cols, out, amax, four_over_six, stats);
+    cudaCheckLaunch();
+}
