@@ -112,6 +112,14 @@
 #endif
 #endif
 
+// Full unrolling of the small fixed-length loops of the block codecs on the device (their arrays
+// then live in registers); nothing on the host.
+#ifdef __CUDA_ARCH__
+#define LLMC_UNROLL _Pragma("unroll")
+#else
+#define LLMC_UNROLL
+#endif
+
 namespace llmc {
 
 // ---------------------------------------------------------------------------------------------
@@ -378,11 +386,13 @@ LLMC_HD inline uint8_t fp4e2m1_encode(float x, Rounding rounding = Rounding::Nea
     if (rounding == Rounding::NearestEven) return fp4e2m1_encode_nearest(x);
     return (uint8_t)minifloat_encode(x, kFP4E2M1, Overflow::Saturate, rounding, rbits);
 }
-// magnitudes 0..3 -> 0, 0.5, 1, 1.5; 4, 5 -> 2, 3; 6, 7 -> 4, 6 (each one exact float operation)
+// The value's float32 bits built directly (no int-to-float conversion, a slow instruction on GPUs):
+// magnitude m >= 2 is 2^((m >> 1) - 1) * (1 + (m & 1) / 2), i.e. exponent field 126 + (m >> 1) and
+// mantissa MSB m & 1; m = 1 is 0.5, m = 0 is 0; bit 3 is the sign.
 LLMC_HD inline float fp4e2m1_decode(uint8_t code) {
     const uint32_t mag = code & 0x7u;
-    const float v = mag < 4u ? (float)mag * 0.5f : mag < 6u ? (float)(mag - 2u) : (float)(mag - 4u) * 2.0f;
-    return (code & 0x8u) ? -v : v;
+    const uint32_t bits = mag >= 2u ? ((126u + (mag >> 1)) << 23) | ((mag & 1u) << 22) : (mag != 0u ? 0x3F000000u : 0u);
+    return bits_float(bits | ((uint32_t)(code & 0x8u) << 28));
 }
 
 // ---------------------------------------------------------------------------------------------
