@@ -37,6 +37,16 @@ static const float TOL_LOSS = 5e-2f;
 static const float TOL_GRAD = 2.5e-1f;
 static const float TOL_LOSSES = 5e-2f;
 static const float TOL_NORM = 1e-1f;
+#elif defined(RECIPE_VCAST)
+// vcast with its defaults (MXFP8: E4M3 weights and activations, E5M2 gradients, one power-of-two
+// scale per 32 values) against the FP32 reference: per-block scales put every block at the top of
+// its range, so the errors are about those of FP8-hybrid's per-tensor scaling. Measured on an H100
+// (2026-11-22): logits 0.099, gradients up to 0.147, losses within 6.5e-3, grad norms within 1.6%.
+static const float TOL_LOGITS = 2e-1f;
+static const float TOL_LOSS = 5e-2f;
+static const float TOL_GRAD = 2.5e-1f;
+static const float TOL_LOSSES = 5e-2f;
+static const float TOL_NORM = 1e-1f;
 #elif defined(RECIPE_NVFP4)
 // NVFP4 against the FP32 reference. E2M1 has one mantissa bit: one rounding is off by up to 1/6 of
 // the block's range, about 10% RMS relative per operand on normal data, and the reference model's

@@ -15,6 +15,7 @@
 #include <vector>
 #include "common.h"
 #include "recipe_options.h"
+#include "vcast.h"
 
 namespace llmc {
 
@@ -142,6 +143,13 @@ inline std::vector<Flag> flag_table(TrainConfig& c) {
         {"-rht", K::Int, &c.recipe.fp4_rht, "nvfp4: 1 = random Hadamard transform of the weight-gradient operands"},
         {"-sr", K::Int, &c.recipe.fp4_stochastic, "nvfp4: 1 = stochastic rounding of the gradients"},
         {"-fos", K::Int, &c.recipe.fp4_four_over_six, "nvfp4: 1 = Four Over Six block scales (block max to 4 or 6, the lower error)"},
+        {"-qw", K::Str, &c.recipe.vcast_weights, "vcast: datatype of the weights (TensorCast spec or name: mxfp4e2, e5m6, bfp16, ...)"},
+        {"-qa", K::Str, &c.recipe.vcast_activations, "vcast: datatype of the activations"},
+        {"-qg", K::Str, &c.recipe.vcast_gradients, "vcast: datatype of the output gradients"},
+        {"-qr", K::Str, &c.recipe.vcast_round, "vcast: rounding of weights and activations: nearest | even | zero | stochastic"},
+        {"-qgr", K::Str, &c.recipe.vcast_grad_round, "vcast: rounding of the gradients"},
+        {"-qs", K::Str, &c.recipe.vcast_scale_mode, "vcast: scale selection: max | midmax"},
+        {"-qsp", K::Str, &c.recipe.vcast_sparsity, "vcast: M:N sparsity of the weights, e.g. 2:4 (\"\" = off)"},
     };
 }
 
@@ -393,6 +401,20 @@ inline void validate_config(TrainConfig& cfg) {
     for (const auto& sw : switches)
         if (sw.second != 0 && sw.second != 1) input_error("%s %d: must be 0 or 1", sw.first, sw.second);
     cfg.recipe.seed = cfg.seed;
+    // the vcast datatypes and options (every binary checks them, so a typo fails at once)
+    try {
+        const auto w = llmc::vcast::parse_datatype(cfg.recipe.vcast_weights);
+        llmc::vcast::parse_datatype(cfg.recipe.vcast_activations);
+        llmc::vcast::parse_datatype(cfg.recipe.vcast_gradients);
+        llmc::vcast::parse_round_mode(cfg.recipe.vcast_round);
+        llmc::vcast::parse_round_mode(cfg.recipe.vcast_grad_round);
+        llmc::vcast::VcastOptions o;
+        o.scale = llmc::vcast::parse_scale_mode(cfg.recipe.vcast_scale_mode);
+        llmc::vcast::parse_sparsity(cfg.recipe.vcast_sparsity, &o.sparse_m, &o.sparse_n);
+        llmc::vcast::check_options(w, o);
+    } catch (const InputError& e) {
+        input_error("%s (flags -qw -qa -qg -qr -qgr -qs -qsp)", e.what());
+    }
     if (cfg.recipe.telemetry_every < 0) input_error("-lq %d: must be >= 0 (0 = off)", cfg.recipe.telemetry_every);
     if (cfg.recipe.telemetry_every > 0 && cfg.output_dir.empty())
         input_error("-lq %d: the telemetry goes to main.log, so it needs -o", cfg.recipe.telemetry_every);

@@ -1,5 +1,6 @@
 // recipe_options.h: the command-line options of the precision recipes (no CUDA: cli.h includes it).
 #pragma once
+#include <string>
 
 // cli.h fills these from -fh -fm -sqf -sql -lq -rht -sr -fos (and -sd); a recipe ignores what it
 // does not use.
@@ -13,6 +14,14 @@ struct RecipeOptions {
     int fp4_stochastic = 1;      // -sr: nvfp4: stochastic rounding of the gradients
     int fp4_four_over_six = 1;   // -fos: nvfp4: Four Over Six block scales
     unsigned long long seed = 0; // -sd: the run's seed (stochastic rounding streams, Hadamard signs)
+    // vcast: TensorCast-style datatypes (llmc/vcast.h) per role, and the cast options
+    std::string vcast_weights = "mxfp8e4";     // -qw
+    std::string vcast_activations = "mxfp8e4"; // -qa
+    std::string vcast_gradients = "mxfp8e5";   // -qg
+    std::string vcast_round = "even";          // -qr: weights and activations (nearest|even|zero|stochastic)
+    std::string vcast_grad_round = "even";     // -qgr: gradients
+    std::string vcast_scale_mode = "max";      // -qs: max | midmax
+    std::string vcast_sparsity = "";           // -qsp: M:N sparsity of the weights ("" = off)
 };
 
 // A recipe's recipe_init replaces -1 (the flags' default) by its own default number of layers to

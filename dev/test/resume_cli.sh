@@ -31,7 +31,7 @@ fi
 # a checkpoint of another recipe: refused, unless -cr 1 asks for the conversion
 other=""
 case "$(basename "$TRAINER")" in
-    *_fp8|*_nvfp4) other=$(dirname "$TRAINER")/train_gpt_bf16 ;;
+    *_fp8|*_nvfp4|*_vcast) other=$(dirname "$TRAINER")/train_gpt_bf16 ;;
     *_bf16) other=$(dirname "$TRAINER")/train_gpt_fp8 ;;
 esac
 if [[ -n "$other" && -x "$other" ]]; then
@@ -68,6 +68,26 @@ if [[ "$(basename "$TRAINER")" == *_nvfp4 ]]; then
     out=$("$TRAINER" "${args[@]}" -o "$work/b" -y 1 -rht 0 2>&1); rc=$?
     [[ $rc -ne 0 ]] && grep -q -- "-rht" <<<"$out" && ok "resuming with another -rht is refused, naming it" \
         || bad "resume with -rht 0 not refused (exit $rc): $(tail -n 2 <<<"$out")"
+fi
+if [[ "$(basename "$TRAINER")" == *_vcast ]]; then
+    # the datatypes are recorded in main.log
+    grep -q "weights mxfp8e4" "$work/a/main.log" && grep -q "gradients mxfp8e5" "$work/a/main.log" \
+        && ok "main.log records the vcast datatypes" || bad "main.log lacks the datatypes: $(grep '^# vcast' "$work/a/main.log")"
+    "$TRAINER" "${args[@]}" -x 2 -v 0 -lq 1 -qw mxfp4e2 -qa bfp16 -qg mxfp8e5 -o "$work/t" > "$work/t.out" 2>&1 || bad "-lq run failed: $(tail -n 2 "$work/t.out")"
+    # d6: 6 layers x 4 linears x 6 cast tensors, at steps 0 and 1
+    n=$(grep -cE '^s:[01] lq:l[0-5]\.(qkv|attproj|fc|fcproj)\.(w|w_dgrad|x|x_wgrad|dy|dy_wgrad) err:[0-9.e+-]+ ftz:[0-9.e+-]+$' "$work/t/main.log")
+    [[ $n -eq 288 ]] && ok "-lq 1 logs 144 cast tensors at steps 0 and 1 (288 lines)" || bad "-lq 1 logged $n telemetry lines, expected 288"
+    # E2M1 weights (2 significant bits) err more than E5M2 gradients (3), which err more than BFP16
+    # activations (8-bit integers sharing a scale per 8 values)
+    mean() { grep -E "^s:1 lq:.*\.$1 " "$work/t/main.log" | sed -E 's/.* err:([^ ]+).*/\1/' | awk '{s+=$1} END {print s/NR}'; }
+    w=$(mean w); x=$(mean x); g=$(mean dy)
+    awk -v w="$w" -v x="$x" -v g="$g" 'BEGIN { exit !(w > g && g > x && x > 0) }' \
+        && ok "relative errors order as the formats do: mxfp4e2 $w > mxfp8e5 $g > bfp16 $x" || bad "error order: w $w, dy $g, x $x"
+    out=$("$TRAINER" "${args[@]}" -o "$work/b" -y 1 -qw mxfp6e2 2>&1); rc=$?
+    [[ $rc -ne 0 ]] && grep -q -- "-qw" <<<"$out" && ok "resuming with another -qw is refused, naming it" \
+        || bad "resume with -qw mxfp6e2 not refused (exit $rc): $(tail -n 2 <<<"$out")"
+    out=$("$TRAINER" -qw mxfp9e9 2>&1); rc=$?
+    [[ $rc -ne 0 ]] && grep -q "mxfp9e9" <<<"$out" && ok "a bad datatype is a clear error naming it" || bad "bad -qw accepted (exit $rc)"
 fi
 echo "resume tests: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -73,7 +73,7 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
     echo "== GPU tests on: $(nvidia-smi -L | head -n 1)"
     REF=${REF_DIR:-dev/reference/out}
     if python3 dev/reference/gpt_reference.py --write-reference --out "$REF"; then
-        for v in fp32 bf16 fp8 nvfp4; do
+        for v in fp32 bf16 fp8 nvfp4 vcast; do
             if make -s test_gpt_$v; then
                 ./test_gpt_$v "$REF" 2>&1 | tee "$tmp/gpu_$v.log"; rc=$?
                 count_suite "gpu tests ($v)" $rc "$tmp/gpu_$v.log"
@@ -99,7 +99,13 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
         else
             echo "== nvfp4 kernel tests: build failed"; failed=$((failed + 1))
         fi
-        for v in bf16 fp8 nvfp4; do
+        if make -s build/test_vcast; then
+            ./build/test_vcast 2>&1 | tee "$tmp/vcast.log"; rc=$?
+            count_suite "vcast kernel tests" $rc "$tmp/vcast.log"
+        else
+            echo "== vcast kernel tests: build failed"; failed=$((failed + 1))
+        fi
+        for v in bf16 fp8 nvfp4 vcast; do
             if make -s train_gpt_$v; then
                 bash dev/test/resume_cli.sh ./train_gpt_$v 2>&1 | tee "$tmp/resume_$v.log"; rc=$?
                 count_suite "resume tests ($v)" $rc "$tmp/resume_$v.log"
@@ -119,7 +125,7 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
         echo "== GPU tests: writing the reference failed"; failed=$((failed + 1))
     fi
 else
-    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16/FP8/NVFP4, FP8 and NVFP4 kernels, resume, out-of-memory)"
+    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16/FP8/NVFP4/VCAST, FP8, NVFP4 and vcast kernels, resume, out-of-memory)"
     skipped=$((skipped + 1))
 fi
 

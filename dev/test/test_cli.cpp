@@ -121,6 +121,19 @@ TEST_CASE("cli: the recipe flags parse into RecipeOptions and are range-checked"
     CHECK(f.recipe.fp4_stochastic == 0);
     CHECK(f.recipe.fp4_four_over_six == 0);
     CHECK(f.recipe.seed == 42); // validate_config hands the run's seed to the recipe
+    CHECK(d.recipe.vcast_weights == "mxfp8e4"); // vcast defaults: MXFP8 (E4M3 forward, E5M2 gradients)
+    CHECK(d.recipe.vcast_gradients == "mxfp8e5");
+    TrainConfig v = parse({"-qw", "mxfp4e2", "-qa", "e5m6_e8m0_t32", "-qg", "bfp16", "-qr", "stochastic", "-qsp", "2:4"});
+    CHECK_NOTHROW(llmc::validate_config(v));
+    CHECK(v.recipe.vcast_weights == "mxfp4e2");
+    CHECK(v.recipe.vcast_sparsity == "2:4");
+    for (auto bad_vcast : std::vector<std::vector<std::string>>{{"-qw", "mxfp9e9"}, {"-qa", "e9m2"}, {"-qg", "int1"},
+                                                                 {"-qr", "up"}, {"-qs", "min"}, {"-qsp", "3:5"},
+                                                                 {"-qw", "bfp16", "-qsp", "4:16"}}) {
+        TrainConfig e = parse(bad_vcast);
+        const std::string msg = test_util::error_of([&] { llmc::validate_config(e); });
+        CHECK_MESSAGE(test_util::contains(msg, "-qw -qa -qg"), msg);
+    }
     RecipeOptions r = d.recipe;
     resolve_skip_defaults(r, 0, 2);
     CHECK(r.skip_first == 0);

@@ -1,0 +1,199 @@
+// test_vcast.cu: the virtual-cast kernels (llmc/vcast_kernels.cuh) against the CPU reference of
+// llmc/vcast.h (vcast_matrix), and against the FP8 recipe's kernels.
+//   1. Every predefined datatype and a grid of custom ones, cast along rows and along columns, round
+//      to nearest even and stochastic, scale modes max and midmax, with and without M-of-N
+//      sparsity: the GPU's BF16 output equals the reference's value rounded to BF16, bit for bit.
+//   2. E4M3 / E5M2 as vcast datatypes reproduce the FP8-hybrid recipe's quantized operands exactly:
+//      unscaled against fp8_quantize with scale 1, and with a power-of-two tensor scale (e8m0)
+//      against fp8_quantize with the same power of two.
+//   3. The telemetry sums (relative error) against the CPU's.
+//
+//   make build/test_vcast && ./build/test_vcast
+// Prints [PASS]/[FAIL] lines and "vcast tests: N passed, N failed"; exit 0 iff all pass. Without a
+// CUDA device: "skipped: no CUDA device", exit 77.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+#include "dev/test/gpu_check.h"
+#include "llmc/vcast_kernels.cuh"
+#include "llmc/fp8_quantize.cuh"
+
+static float bf2f(floatX b) { return __bfloat162float(b); }
+static floatX f2bf(float f) { return __float2bfloat16(f); }
+static uint16_t bfbits(floatX b) { uint16_t u; memcpy(&u, &b, 2); return u; }
+using llmc::strfmt;
+
+template <typename T>
+static T* to_device(const std::vector<T>& h) {
+    T* d = nullptr;
+    cudaCheck(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)));
+    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+template <typename T>
+static std::vector<T> to_host(const T* d, size_t n) {
+    std::vector<T> h(n);
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+// BF16 test data: normal values with a spread of magnitudes per row (so tiles see different
+// scales), some exact zeros, negative rows for the unsigned types, rare outliers
+static std::vector<float> make_input(int rows, int cols, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x((size_t)rows * cols);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            float v = nd(rng) * std::ldexp(1.0f, (r * 7 + c / 32) % 9 - 4);
+            if ((r + c) % 37 == 0) v = 0.0f;
+            if ((r * 31 + c) % 997 == 0) v *= 64.0f;
+            x[(size_t)r * cols + c] = bf2f(f2bf(v));
+        }
+    return x;
+}
+
+// 1. One datatype, one direction, one set of options: GPU against vcast_matrix.
+static void test_cast(const std::string& spec, bool along_cols, vc::RoundMode round, vc::ScaleMode scale,
+                      int sparse_m, int sparse_n, int rows, int cols) {
+    vc::DataType dt = vc::parse_datatype(spec);
+    vc::VcastOptions o;
+    o.round = round;
+    o.scale = scale;
+    o.sparse_m = sparse_m;
+    o.sparse_n = sparse_n;
+    const std::string what = strfmt("%s along %s, round %s, scale %s%s, %dx%d", spec.c_str(), along_cols ? "columns" : "rows",
+                                    vc::round_mode_name(round), vc::scale_mode_name(scale),
+                                    sparse_n ? strfmt(", sparsity %d:%d", sparse_m, sparse_n).c_str() : "", rows, cols);
+    if (!vcast_shape_ok(dt, o, rows, cols, along_cols)) { check(false, "shape refused: %s", what.c_str()); return; }
+    const std::vector<float> x = make_input(rows, cols, std::hash<std::string>()(spec) + along_cols);
+    std::vector<floatX> xb(x.size());
+    for (size_t i = 0; i < x.size(); i++) xb[i] = f2bf(x[i]);
+    floatX* dx = to_device(xb);
+    floatX* dq;
+    cudaCheck(cudaMalloc(&dq, x.size() * sizeof(floatX)));
+    VcastTensorStats* ds;
+    cudaCheck(cudaMalloc(&ds, sizeof(VcastTensorStats)));
+    const uint64_t seed = 0xC0FFEE;
+    vcast_tensor(dq, dx, rows, cols, along_cols, dt, o, seed, ds, 0);
+    const std::vector<floatX> got = to_host(dq, x.size());
+    // the reference: tiles along dim 0 for the column direction
+    vc::DataType ref_dt = dt;
+    if (vcast_is_tiled(dt)) ref_dt.scale.dim = along_cols ? 0 : -1;
+    std::vector<float> want(x.size());
+    vc::vcast_matrix(x.data(), want.data(), rows, cols, ref_dt, o, seed);
+    size_t bad = 0;
+    for (size_t i = 0; i < x.size(); i++) {
+        const floatX w = f2bf(want[i]);
+        const bool same = bfbits(w) == bfbits(got[i]) || (want[i] != want[i] && bf2f(got[i]) != bf2f(got[i]));
+        if (!same && bad++ < 3)
+            printf("    element %zu (x %.9g): gpu %.9g, reference %.9g\n", i, x[i], bf2f(got[i]), want[i]);
+    }
+    check(bad == 0, "vcast %s: %zu of %zu values differ from the CPU reference", what.c_str(), bad, x.size());
+    cudaFree(dx); cudaFree(dq); cudaFree(ds);
+}
+
+// 2. E4M3 / E5M2 through vcast equal the FP8 recipe's quantize kernel (dequantized).
+template <Fp8Kind K>
+static void test_fp8_equivalence(const char* unscaled, const char* scaled) {
+    const int rows = 64, cols = 256;
+    const std::vector<float> x = make_input(rows, cols, 5);
+    std::vector<floatX> xb(x.size());
+    for (size_t i = 0; i < x.size(); i++) xb[i] = f2bf(x[i]);
+    floatX *dx = to_device(xb), *dq;
+    cudaCheck(cudaMalloc(&dq, x.size() * sizeof(floatX)));
+    VcastTensorStats* ds;
+    cudaCheck(cudaMalloc(&ds, sizeof(VcastTensorStats)));
+    uint8_t* d8;
+    cudaCheck(cudaMalloc(&d8, x.size()));
+    float* dscale;
+    cudaCheck(cudaMalloc(&dscale, 16));
+    const float fmax = K == Fp8Kind::E4M3 ? 448.0f : 57344.0f;
+    float amax = 0.0f;
+    for (float v : x) amax = std::max(amax, std::fabs(v));
+    for (int scaled_case = 0; scaled_case < 2; scaled_case++) {
+        const vc::DataType dt = vc::parse_datatype(scaled_case ? scaled : unscaled);
+        vc::VcastOptions o;
+        vcast_tensor(dq, dx, rows, cols, false, dt, o, 0, ds, 0);
+        const std::vector<floatX> v = to_host(dq, x.size());
+        // the FP8 recipe's scale s multiplies: q = fp8(x * s), x' = q / s. vcast's exponent scale is
+        // 2^e with e = floor(log2 amax) - emax, x' = fp8(x / 2^e) * 2^e: the same for s = 2^-e.
+        const int e = scaled_case ? (int)std::floor(std::log2(amax)) - (int)std::floor(std::log2(fmax)) : 0;
+        const float s = std::ldexp(1.0f, -e);
+        cudaCheck(cudaMemcpy(dscale, &s, sizeof(float), cudaMemcpyHostToDevice));
+        fp8_quantize<K>(d8, dx, (long long)x.size(), dscale, nullptr, Fp8Stats(), 0);
+        const std::vector<uint8_t> q = to_host(d8, x.size());
+        size_t bad = 0;
+        for (size_t i = 0; i < x.size(); i++) {
+            const float deq = (K == Fp8Kind::E4M3 ? llmc::fp8e4m3_decode(q[i]) : llmc::fp8e5m2_decode(q[i])) / s;
+            if (bfbits(f2bf(deq)) != bfbits(v[i]) && bad++ < 3)
+                printf("    element %zu (x %.9g): vcast %.9g, fp8 recipe %.9g\n", i, x[i], bf2f(v[i]), deq);
+        }
+        check(bad == 0, "vcast '%s' reproduces the FP8 recipe's quantized operand (scale 2^%d): %zu of %zu differ",
+              scaled_case ? scaled : unscaled, -e, bad, x.size());
+    }
+    cudaFree(dx); cudaFree(dq); cudaFree(ds); cudaFree(d8); cudaFree(dscale);
+}
+
+// 3. Telemetry: the relative error of a cast, against the CPU.
+static void test_error_sums() {
+    const int rows = 128, cols = 256;
+    const std::vector<float> x = make_input(rows, cols, 9);
+    std::vector<floatX> xb(x.size());
+    for (size_t i = 0; i < x.size(); i++) xb[i] = f2bf(x[i]);
+    const vc::DataType dt = vc::parse_datatype("mxfp4e2");
+    floatX *dx = to_device(xb), *dq;
+    cudaCheck(cudaMalloc(&dq, x.size() * sizeof(floatX)));
+    VcastTensorStats* ds;
+    cudaCheck(cudaMalloc(&ds, sizeof(VcastTensorStats)));
+    double* dsum = to_device(std::vector<double>(VCAST_STATS, 0.0));
+    vcast_tensor(dq, dx, rows, cols, false, dt, vc::VcastOptions(), 0, ds, 0);
+    vcast_error(dsum, dx, dq, (long long)x.size(), 0);
+    const std::vector<double> s = to_host(dsum, VCAST_STATS);
+    std::vector<float> want(x.size());
+    vc::vcast_matrix(x.data(), want.data(), rows, cols, dt, vc::VcastOptions(), 0);
+    double e2 = 0, x2 = 0, ftz = 0;
+    for (size_t i = 0; i < x.size(); i++) {
+        const double q = bf2f(f2bf(want[i])), d = q - x[i];
+        e2 += d * d;
+        x2 += (double)x[i] * x[i];
+        ftz += (x[i] != 0.0f && q == 0.0) ? 1 : 0;
+    }
+    const double have = std::sqrt(s[0] / s[1]), ref = std::sqrt(e2 / x2);
+    check(std::fabs(have - ref) <= 1e-9 * ref && s[2] == (double)x.size() && s[3] == ftz,
+          "vcast telemetry (mxfp4e2): relative error %.6f (reference %.6f), %g flushed (reference %g)", have, ref, s[3], ftz);
+    cudaFree(dx); cudaFree(dq); cudaFree(ds); cudaFree(dsum);
+}
+
+int main() {
+    int device_count = 0;
+    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+        printf("skipped: no CUDA device\n");
+        return 77;
+    }
+    // every predefined datatype, both directions, nearest even
+    for (const std::string& name : vc::predefined_names())
+        for (int along_cols = 0; along_cols < 2; along_cols++)
+            test_cast(name, along_cols, vc::RoundMode::Even, vc::ScaleMode::Max, 0, 0, 128, 192);
+    // custom datatypes, all round modes and both scale modes
+    const char* custom[] = {"e5m6", "e5m6_e8m0_t32", "e4m3fn_e5m0_t32", "e2m1fnuz_float8_e4m3fn_t16", "int4_f32",
+                            "int8_e8m0_t0", "e3m2fnuz_e8m0_t64", "uint8_float16_e5m6", "uint4_float16_t32", "e6m3_e8m0_t16"};
+    const vc::RoundMode rounds[] = {vc::RoundMode::Nearest, vc::RoundMode::Even, vc::RoundMode::Zero, vc::RoundMode::Stochastic};
+    for (const char* spec : custom)
+        for (vc::RoundMode rm : rounds)
+            for (int along_cols = 0; along_cols < 2; along_cols++)
+                test_cast(spec, along_cols, rm, rm == vc::RoundMode::Even ? vc::ScaleMode::MidMax : vc::ScaleMode::Max, 0, 0,
+                          128, 192);
+    // M-of-N sparsity (the recipe's weights), tiled and tensor-scaled
+    test_cast("mxfp8e4", false, vc::RoundMode::Even, vc::ScaleMode::Max, 2, 4, 64, 256);
+    test_cast("mxfp8e4", true, vc::RoundMode::Even, vc::ScaleMode::Max, 2, 4, 64, 256);
+    test_cast("int8_e", false, vc::RoundMode::Stochastic, vc::ScaleMode::Max, 4, 8, 64, 256);
+    test_fp8_equivalence<Fp8Kind::E4M3>("float8_e4m3fn", "e4m3fn_e8m0");
+    test_fp8_equivalence<Fp8Kind::E5M2>("float8_e5m2", "e5m2_e8m0");
+    test_error_sums();
+    printf("vcast tests: %d passed, %d failed\n", g_passed, g_failed);
+    return g_failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,266 @@
+// vcast_kernels.cuh: virtual casts (quantize, then dequantize) of BF16 GEMM operands to any
+// TensorCast-style datatype parsed by llmc/vcast.h, on the GPU. The kernels call vcast.h's
+// __host__ __device__ functions per tile, so a cast equals the CPU reference vcast_matrix value for
+// value (build/test_vcast checks it); the result is then stored in BF16, which is exact for every
+// cast value with at most 8 significant bits inside BF16's range (all the MX, BFP and FP8/FP6/FP4
+// datatypes), and rounds to nearest even otherwise (e.g. e5m10, or float scales).
+//
+// Directions. A GEMM operand is scaled along the GEMM's K dimension (as the MX formats specify), so
+// the recipe casts each (rows x cols) row-major tensor along its rows (K = cols: the forward and
+// dgrad operands) or along its columns (K = rows: the wgrad operands):
+//   rows:    tiles of `tile` consecutive values of a row (t0: the whole row), a warp at a time
+//            (one thread per tile with M-of-N sparsity)
+//   columns: tiles of `tile` consecutive values of a column, one thread each (a warp covers 32
+//               neighbouring columns, so its loads are coalesced)
+// A datatype without tiles (one tensor scale, or no scale) does not depend on the direction:
+// vcast_tensor first reduces the tensor's statistics (amax, min, max over the values M-of-N
+// sparsity keeps), then casts every value with the one scale.
+// Stochastic rounding draws the bits of element (r, c) from vcast_random_bits(seed, r * cols + c),
+// as the CPU reference does, whatever the direction.
+#pragma once
+#include "cuda_common.h"
+#include "vcast.h"
+
+namespace vc = llmc::vcast;
+
+// The statistics of a whole tensor on the device: bits of amax, -min(0, min x) and max(0, max x),
+// all non-negative floats, so atomicMax on their bits is a float max.
+struct VcastTensorStats {
+    uint32_t amax, neg_vmin, vmax;
+};
+
+__device__ __forceinline__ vc::TileStats vcast_stats_from_device(const VcastTensorStats* s) {
+    vc::TileStats st;
+    st.amax = __uint_as_float(s->amax);
+    st.vmin = -__uint_as_float(s->neg_vmin);
+    st.vmax = __uint_as_float(s->vmax);
+    return st;
+}
+
+// The tensor is walked in chunks of `chunk` values of a row (a multiple of the sparsity group, so
+// the groups fall where the CPU reference puts them: from the start of each row).
+inline int vcast_chunk(int cols, const vc::VcastOptions& o) {
+    int chunk = vc::vcast_sparsity_on(o) ? std::max(64, o.sparse_n) : 64;
+    return cols % chunk == 0 ? chunk : cols;
+}
+
+__global__ void vcast_tensor_stats_kernel(VcastTensorStats* out, const floatX* x, long long chunks, int chunk,
+                                          vc::VcastOptions o) {
+    vc::TileStats st;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < chunks; i += (long long)gridDim.x * blockDim.x)
+        st = vc::vcast_stats_merge(st, vc::vcast_tile_stats(x + i * chunk, chunk, 1, o));
+    uint32_t a = __float_as_uint(st.amax), lo = __float_as_uint(-st.vmin), hi = __float_as_uint(st.vmax);
+    lo &= 0x7FFFFFFFu; // -0.0 -> +0.0
+    for (int k = 16; k > 0; k >>= 1) {
+        a = max(a, __shfl_xor_sync(0xffffffffu, a, k));
+        lo = max(lo, __shfl_xor_sync(0xffffffffu, lo, k));
+        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, k));
+    }
+    if (threadIdx.x % 32 == 0) {
+        atomicMax(&out->amax, a);
+        atomicMax(&out->neg_vmin, lo);
+        atomicMax(&out->vmax, hi);
+    }
+}
+
+__global__ void vcast_tensor_apply_kernel(floatX* out, const floatX* x, long long chunks, int chunk, vc::DataType dt,
+                                          vc::VcastOptions o, uint64_t seed, const VcastTensorStats* stats) {
+    const vc::TileScale ts = vc::vcast_select_scale(dt, vcast_stats_from_device(stats), o.scale);
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < chunks; i += (long long)gridDim.x * blockDim.x) {
+        const long long at = i * chunk;
+        vc::vcast_tile_apply(x + at, out + at, chunk, 1, dt, ts, o, seed, (uint64_t)at, 1);
+    }
+}
+
+// Without sparsity, element-wise versions of the two kernels above (coalesced: neighbouring threads
+// take neighbouring values). The statistics merge is a max / min, so any order gives the same bits.
+__global__ void vcast_tensor_stats_flat_kernel(VcastTensorStats* out, const floatX* x, long long n) {
+    vc::TileStats st;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        vc::vcast_stats_add(st, (float)x[i]);
+    uint32_t a = __float_as_uint(st.amax), lo = __float_as_uint(-st.vmin) & 0x7FFFFFFFu, hi = __float_as_uint(st.vmax);
+    for (int k = 16; k > 0; k >>= 1) {
+        a = max(a, __shfl_xor_sync(0xffffffffu, a, k));
+        lo = max(lo, __shfl_xor_sync(0xffffffffu, lo, k));
+        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, k));
+    }
+    if (threadIdx.x % 32 == 0) {
+        atomicMax(&out->amax, a);
+        atomicMax(&out->neg_vmin, lo);
+        atomicMax(&out->vmax, hi);
+    }
+}
+
+__global__ void vcast_tensor_apply_flat_kernel(floatX* out, const floatX* x, long long n, vc::DataType dt,
+                                               vc::VcastOptions o, uint64_t seed, const VcastTensorStats* stats) {
+    const vc::TileScale ts = vc::vcast_select_scale(dt, vcast_stats_from_device(stats), o.scale);
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const uint32_t bits = o.round == vc::RoundMode::Stochastic ? vc::vcast_random_bits(seed, (uint64_t)i) : 0u;
+        out[i] = (floatX)vc::vcast_element((float)x[i], dt, ts, o.round, bits);
+    }
+}
+
+// The statistics of the `width` lanes (a power of two <= 32, aligned) that share a tile, merged
+// across them with xor shuffles.
+__device__ __forceinline__ vc::TileStats vcast_stats_reduce(vc::TileStats st, int width) {
+    for (int k = width / 2; k > 0; k >>= 1) {
+        st.amax = fmaxf(st.amax, __shfl_xor_sync(0xffffffffu, st.amax, k));
+        st.vmin = fminf(st.vmin, __shfl_xor_sync(0xffffffffu, st.vmin, k));
+        st.vmax = fmaxf(st.vmax, __shfl_xor_sync(0xffffffffu, st.vmax, k));
+    }
+    return st;
+}
+
+// Tiles along rows without sparsity, a warp at a time (coalesced): a tile of t <= 32 values is
+// held by t neighbouring lanes, one value each; a longer tile (or a channel) by the whole warp,
+// each lane walking it 32 values apart. Same statistics, scale and element casts as vcast_tile.
+__global__ void vcast_rows_warp_kernel(floatX* out, const floatX* x, long long n, int tile, vc::DataType dt,
+                                       vc::VcastOptions o, uint64_t seed) {
+    const int lane = threadIdx.x % 32;
+    const long long warp = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
+    const long long warps = (long long)gridDim.x * blockDim.x / 32;
+    const bool stochastic = o.round == vc::RoundMode::Stochastic;
+    if (tile <= 32) {
+        // each warp step covers 32 consecutive values: 32 / tile whole tiles
+        for (long long base = warp * 32; base < n; base += warps * 32) {
+            const long long i = base + lane; // n is a multiple of 32 here
+            const float v = (float)x[i];
+            vc::TileStats st;
+            vc::vcast_stats_add(st, v);
+            st = vcast_stats_reduce(st, tile);
+            const vc::TileScale ts = vc::vcast_select_scale(dt, st, o.scale);
+            out[i] = (floatX)vc::vcast_element(v, dt, ts, o.round, stochastic ? vc::vcast_random_bits(seed, (uint64_t)i) : 0u);
+        }
+        return;
+    }
+    for (long long t0 = warp * tile; t0 < n; t0 += warps * tile) {
+        vc::TileStats st;
+        for (int j = lane; j < tile; j += 32) vc::vcast_stats_add(st, (float)x[t0 + j]);
+        st = vcast_stats_reduce(st, 32);
+        const vc::TileScale ts = vc::vcast_select_scale(dt, st, o.scale);
+        for (int j = lane; j < tile; j += 32) {
+            const long long i = t0 + j;
+            out[i] = (floatX)vc::vcast_element((float)x[i], dt, ts, o.round, stochastic ? vc::vcast_random_bits(seed, (uint64_t)i) : 0u);
+        }
+    }
+}
+
+// tiles along rows: tile t of row r covers columns [t * tile, (t + 1) * tile)
+__global__ void vcast_rows_kernel(floatX* out, const floatX* x, int rows, int cols, int tile, vc::DataType dt,
+                                  vc::VcastOptions o, uint64_t seed) {
+    const int per_row = cols / tile;
+    const long long tiles = (long long)rows * per_row;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < tiles; i += (long long)gridDim.x * blockDim.x) {
+        const long long at = (i / per_row) * cols + (i % per_row) * tile;
+        vc::vcast_tile(x + at, out + at, tile, 1, dt, o, seed, (uint64_t)at, 1);
+    }
+}
+
+// tiles along columns: tile t of column c covers rows [t * tile, (t + 1) * tile); consecutive
+// threads take consecutive columns
+__global__ void vcast_cols_kernel(floatX* out, const floatX* x, int rows, int cols, int tile, vc::DataType dt,
+                                  vc::VcastOptions o, uint64_t seed) {
+    const long long tiles = (long long)(rows / tile) * cols;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < tiles; i += (long long)gridDim.x * blockDim.x) {
+        const long long at = (i / cols) * tile * (long long)cols + i % cols;
+        vc::vcast_tile(x + at, out + at, tile, (int64_t)cols, dt, o, seed, (uint64_t)at, (int64_t)cols);
+    }
+}
+
+inline int vcast_grid(long long work, int threads) {
+    return (int)std::max<long long>(1, std::min<long long>(ceil_div(work, (long long)threads), 132LL * 32));
+}
+
+// Whether a datatype's cast depends on the direction (it has tiles or channels)
+inline bool vcast_is_tiled(const vc::DataType& dt) {
+    return dt.scale.present && dt.scale.tile_kind != vc::TileKind::Tensor;
+}
+
+// The shapes a cast needs: tiles divide the line, sparsity groups divide the tile (or the chunk)
+inline bool vcast_shape_ok(const vc::DataType& dt, const vc::VcastOptions& o, int rows, int cols, bool along_cols) {
+    const int len = along_cols ? rows : cols;
+    if (vcast_is_tiled(dt)) {
+        const int tile = dt.scale.tile_kind == vc::TileKind::Channel ? len : dt.scale.tile;
+        return len % tile == 0 && (!vc::vcast_sparsity_on(o) || tile % o.sparse_n == 0);
+    }
+    return !vc::vcast_sparsity_on(o) || cols % o.sparse_n == 0;
+}
+
+// out = the virtual cast of x (rows x cols), tiles along the rows (along_cols = false) or the
+// columns. stats: device scratch for a tensor scale (one VcastTensorStats). out must not alias x.
+inline void vcast_tensor(floatX* out, const floatX* x, int rows, int cols, bool along_cols, const vc::DataType& dt,
+                         const vc::VcastOptions& o, uint64_t seed, VcastTensorStats* stats, cudaStream_t stream) {
+    if (!vcast_shape_ok(dt, o, rows, cols, along_cols)) {
+        fprintf(stderr, "error: vcast: datatype '%s' does not fit a %d x %d tensor cast along its %s\n", dt.name, rows,
+                cols, along_cols ? "columns" : "rows");
+        exit(1);
+    }
+    const bool sparse = vc::vcast_sparsity_on(o);
+    const long long n = (long long)rows * cols;
+    if (!vcast_is_tiled(dt) && !sparse) {
+        cudaCheck(cudaMemsetAsync(stats, 0, sizeof(VcastTensorStats), stream));
+        if (dt.scale.present) {
+            vcast_tensor_stats_flat_kernel<<<vcast_grid(n, 256), 256, 0, stream>>>(stats, x, n);
+            cudaCheckLaunch();
+        }
+        vcast_tensor_apply_flat_kernel<<<vcast_grid(n, 256), 256, 0, stream>>>(out, x, n, dt, o, seed, stats);
+        cudaCheckLaunch();
+        return;
+    }
+    if (!vcast_is_tiled(dt)) {
+        const int chunk = vcast_chunk(cols, o);
+        const long long chunks = (long long)rows * cols / chunk;
+        cudaCheck(cudaMemsetAsync(stats, 0, sizeof(VcastTensorStats), stream));
+        if (dt.scale.present) {
+            vcast_tensor_stats_kernel<<<vcast_grid(chunks, 256), 256, 0, stream>>>(stats, x, chunks, chunk, o);
+            cudaCheckLaunch();
+        }
+        vcast_tensor_apply_kernel<<<vcast_grid(chunks, 256), 256, 0, stream>>>(out, x, chunks, chunk, dt, o, seed, stats);
+        cudaCheckLaunch();
+        return;
+    }
+    const int len = along_cols ? rows : cols;
+    const int tile = dt.scale.tile_kind == vc::TileKind::Channel ? len : dt.scale.tile;
+    const long long tiles = (long long)rows * cols / tile;
+    if (along_cols) vcast_cols_kernel<<<vcast_grid(tiles, 128), 128, 0, stream>>>(out, x, rows, cols, tile, dt, o, seed);
+    else if (!sparse && n % 32 == 0)
+        vcast_rows_warp_kernel<<<vcast_grid(n, 256), 256, 0, stream>>>(out, x, n, tile, dt, o, seed);
+    else vcast_rows_kernel<<<vcast_grid(tiles, 128), 128, 0, stream>>>(out, x, rows, cols, tile, dt, o, seed);
+    cudaCheckLaunch();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Telemetry (-lq): sums over a tensor of (x' - x)^2, x^2, the count and the non-zero values cast
+// to zero, in double; one atomic per block and term.
+static const int VCAST_STATS = 4;
+
+__global__ void vcast_error_kernel(double* sums, const floatX* x, const floatX* xq, long long n) {
+    double e2 = 0, x2 = 0, cnt = 0, ftz = 0;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const float a = (float)x[i], q = (float)xq[i];
+        if (!isfinite(a) || !isfinite(q)) continue;
+        const double d = (double)q - a;
+        e2 += d * d;
+        x2 += (double)a * a;
+        cnt += 1;
+        ftz += (a != 0.0f && q == 0.0f) ? 1 : 0;
+    }
+    double v[VCAST_STATS] = {e2, x2, cnt, ftz};
+    __shared__ double part[VCAST_STATS][32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int k = 0; k < VCAST_STATS; k++) {
+        for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+        if (lane == 0) part[k][warp] = v[k];
+    }
+    __syncthreads();
+    if (threadIdx.x < VCAST_STATS) {
+        double s = 0;
+        for (int w = 0; w < (int)blockDim.x / 32; w++) s += part[threadIdx.x][w];
+        atomicAdd(sums + threadIdx.x, s);
+    }
+}
+
+inline void vcast_error(double* sums, const floatX* x, const floatX* xq, long long n, cudaStream_t stream) {
+    vcast_error_kernel<<<vcast_grid(n, 256), 256, 0, stream>>>(sums, x, xq, n);
+    cudaCheckLaunch();
+}
