@@ -8,8 +8,8 @@
 // Directions. A GEMM operand is scaled along the GEMM's K dimension (as the MX formats specify), so
 // the recipe casts each (rows x cols) row-major tensor along its rows (K = cols: the forward and
 // dgrad operands) or along its columns (K = rows: the wgrad operands):
-//   rows:    tiles of `tile` consecutive values of a row (t0: the whole row), a warp at a time
-//            (one thread per tile with M-of-N sparsity)
+//   rows:    tiles of `tile` consecutive values of a row (t0: the whole row), one thread each,
+//            staged through shared memory for tiles of up to 64 values
 //   columns: tiles of `tile` consecutive values of a column, one thread each (a warp covers 32
 //               neighbouring columns, so its loads are coalesced)
 // A datatype without tiles (one tensor scale, or no scale) does not depend on the direction:
@@ -100,49 +100,24 @@ __global__ void vcast_tensor_apply_flat_kernel(floatX* out, const floatX* x, lon
     }
 }
 
-// The statistics of the `width` lanes (a power of two <= 32, aligned) that share a tile, merged
-// across them with xor shuffles.
-__device__ __forceinline__ vc::TileStats vcast_stats_reduce(vc::TileStats st, int width) {
-    for (int k = width / 2; k > 0; k >>= 1) {
-        st.amax = fmaxf(st.amax, __shfl_xor_sync(0xffffffffu, st.amax, k));
-        st.vmin = fminf(st.vmin, __shfl_xor_sync(0xffffffffu, st.vmin, k));
-        st.vmax = fmaxf(st.vmax, __shfl_xor_sync(0xffffffffu, st.vmax, k));
+// Tiles along rows of up to VCAST_SMEM_TILE values: a block of 128 threads stages 128 consecutive
+// tiles in shared memory with coalesced loads, each thread casts one tile there (vcast_tile, in
+// place: statistics, scale, values), and the block writes them back coalesced. Rows padded by one
+// float, so that the threads' tile-strided reads fall on different banks.
+static const int VCAST_SMEM_TILE = 64;
+__global__ void __launch_bounds__(128) vcast_rows_smem_kernel(floatX* out, const floatX* x, long long n, int tile,
+                                                              vc::DataType dt, vc::VcastOptions o, uint64_t seed) {
+    __shared__ float buf[128 * (VCAST_SMEM_TILE + 1)];
+    const long long base = (long long)blockIdx.x * 128 * tile;
+    const int count = (int)min((long long)128 * tile, n - base); // a whole number of tiles
+    for (int i = threadIdx.x; i < count; i += 128) buf[(i / tile) * (tile + 1) + i % tile] = (float)x[base + i];
+    __syncthreads();
+    if (threadIdx.x * tile < count) {
+        float* t = buf + threadIdx.x * (tile + 1);
+        vc::vcast_tile(t, t, tile, 1, dt, o, seed, (uint64_t)(base + (long long)threadIdx.x * tile), 1);
     }
-    return st;
-}
-
-// Tiles along rows without sparsity, a warp at a time (coalesced): a tile of t <= 32 values is
-// held by t neighbouring lanes, one value each; a longer tile (or a channel) by the whole warp,
-// each lane walking it 32 values apart. Same statistics, scale and element casts as vcast_tile.
-__global__ void vcast_rows_warp_kernel(floatX* out, const floatX* x, long long n, int tile, vc::DataType dt,
-                                       vc::VcastOptions o, uint64_t seed) {
-    const int lane = threadIdx.x % 32;
-    const long long warp = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
-    const long long warps = (long long)gridDim.x * blockDim.x / 32;
-    const bool stochastic = o.round == vc::RoundMode::Stochastic;
-    if (tile <= 32) {
-        // each warp step covers 32 consecutive values: 32 / tile whole tiles
-        for (long long base = warp * 32; base < n; base += warps * 32) {
-            const long long i = base + lane; // n is a multiple of 32 here
-            const float v = (float)x[i];
-            vc::TileStats st;
-            vc::vcast_stats_add(st, v);
-            st = vcast_stats_reduce(st, tile);
-            const vc::TileScale ts = vc::vcast_select_scale(dt, st, o.scale);
-            out[i] = (floatX)vc::vcast_element(v, dt, ts, o.round, stochastic ? vc::vcast_random_bits(seed, (uint64_t)i) : 0u);
-        }
-        return;
-    }
-    for (long long t0 = warp * tile; t0 < n; t0 += warps * tile) {
-        vc::TileStats st;
-        for (int j = lane; j < tile; j += 32) vc::vcast_stats_add(st, (float)x[t0 + j]);
-        st = vcast_stats_reduce(st, 32);
-        const vc::TileScale ts = vc::vcast_select_scale(dt, st, o.scale);
-        for (int j = lane; j < tile; j += 32) {
-            const long long i = t0 + j;
-            out[i] = (floatX)vc::vcast_element((float)x[i], dt, ts, o.round, stochastic ? vc::vcast_random_bits(seed, (uint64_t)i) : 0u);
-        }
-    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < count; i += 128) out[base + i] = (floatX)buf[(i / tile) * (tile + 1) + i % tile];
 }
 
 // tiles along rows: tile t of row r covers columns [t * tile, (t + 1) * tile)
@@ -223,8 +198,8 @@ inline void vcast_tensor(floatX* out, const floatX* x, int rows, int cols, bool 
     const int tile = dt.scale.tile_kind == vc::TileKind::Channel ? len : dt.scale.tile;
     const long long tiles = (long long)rows * cols / tile;
     if (along_cols) vcast_cols_kernel<<<vcast_grid(tiles, 128), 128, 0, stream>>>(out, x, rows, cols, tile, dt, o, seed);
-    else if (!sparse && n % 32 == 0)
-        vcast_rows_warp_kernel<<<vcast_grid(n, 256), 256, 0, stream>>>(out, x, n, tile, dt, o, seed);
+    else if (tile <= VCAST_SMEM_TILE)
+        vcast_rows_smem_kernel<<<(unsigned)ceil_div(tiles, 128LL), 128, 0, stream>>>(out, x, n, tile, dt, o, seed);
     else vcast_rows_kernel<<<vcast_grid(tiles, 128), 128, 0, stream>>>(out, x, rows, cols, tile, dt, o, seed);
     cudaCheckLaunch();
 }
