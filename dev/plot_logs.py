@@ -133,7 +133,7 @@ def telemetry_lines(label, path, tel):
     """The text summary of one run's telemetry (see telemetry_summary), as lines for stdout."""
     step, summary = telemetry_summary(tel)
     n = sum(1 for per_step in tel.values() if step in per_step)
-    kind = "NVFP4" if any("err" in v for per_step in tel.values() for v in per_step.values()) else "FP8"
+    kind = "Quantization" if any("err" in v for per_step in tel.values() for v in per_step.values()) else "FP8"
     lines = [f"{kind} telemetry {label} ({path}): last telemetry step {step}, {n} tensors"]
     for role, e in summary.items():
         (sat, sat_t), (ftz, ftz_t) = e["sat"], e["ftz"]
