@@ -193,36 +193,27 @@ LLMC_HD inline float nvfp4_block16_amax(const float* x) {
 
 // Encode a block's 16 values under scale_code: codes[i] = nvfp4_encode(x[i], scale_code, global,
 // rounding, rbits[i]) (rbits may be null for round-to-nearest-even), with the divisor s * g formed
-// once for the block. y (optional): the scaled values x[i] / (s g), as nvfp4_encode computes them.
+// once for the block.
 LLMC_HD inline void nvfp4_block16_encode(const float* x, uint8_t scale_code, float global, Rounding rounding,
-                                         const uint32_t* rbits, uint8_t* codes, float* y = nullptr) {
+                                         const uint32_t* rbits, uint8_t* codes) {
     const float s = ue4m3_decode(scale_code);
     if (s == 0.0f) {
-        for (int i = 0; i < kNvfp4Block; i++) {
-            codes[i] = (float_bits(x[i]) >> 31) != 0u ? 0x8u : 0x0u;
-            if (y) y[i] = 0.0f;
-        }
+        for (int i = 0; i < kNvfp4Block; i++) codes[i] = (float_bits(x[i]) >> 31) != 0u ? 0x8u : 0x0u;
         return;
     }
     const float d = rn_mul(s, global);
-    for (int i = 0; i < kNvfp4Block; i++) {
-        const float yi = rn_div(x[i], d);
-        codes[i] = fp4e2m1_encode(yi, rbits != nullptr ? rounding : Rounding::NearestEven, rbits != nullptr ? rbits[i] : 0u);
-        if (y) y[i] = yi;
-    }
+    for (int i = 0; i < kNvfp4Block; i++)
+        codes[i] = fp4e2m1_encode(rn_div(x[i], d), rbits != nullptr ? rounding : Rounding::NearestEven,
+                                  rbits != nullptr ? rbits[i] : 0u);
 }
 
 // Sum over the block of the squared errors of the round-to-nearest-even codes (nvfp4_sum16's
-// order); the codes are left in codes[16] and the scaled values in y[16] (Four Over Six reuses the
-// winner's).
-LLMC_HD inline float nvfp4_block16_encode_error(const float* x, uint8_t scale_code, float global, uint8_t* codes,
-                                                float* y) {
-    nvfp4_block16_encode(x, scale_code, global, Rounding::NearestEven, nullptr, codes, y);
-    const float s = ue4m3_decode(scale_code);
+// order); the codes are left in codes[16] (Four Over Six reuses the winner's).
+LLMC_HD inline float nvfp4_block16_encode_error(const float* x, uint8_t scale_code, float global, uint8_t* codes) {
+    nvfp4_block16_encode(x, scale_code, global, Rounding::NearestEven, nullptr, codes);
     float e[kNvfp4Block];
     for (int i = 0; i < kNvfp4Block; i++) {
-        // nvfp4_decode(codes[i], scale_code, global) - x[i]
-        const float d = rn_sub(rn_mul(rn_mul(fp4e2m1_decode(codes[i]), s), global), x[i]);
+        const float d = rn_sub(nvfp4_decode(codes[i], scale_code, global), x[i]);
         e[i] = rn_mul(d, d);
     }
     return nvfp4_sum16(e);
@@ -231,8 +222,7 @@ LLMC_HD inline float nvfp4_block16_encode_error(const float* x, uint8_t scale_co
 // Sum over the block of the RNE squared errors under scale_code (nvfp4_sum16's order).
 LLMC_HD inline float nvfp4_block16_error(const float* x, uint8_t scale_code, float global) {
     uint8_t codes[kNvfp4Block];
-    float y[kNvfp4Block];
-    return nvfp4_block16_encode_error(x, scale_code, global, codes, y);
+    return nvfp4_block16_encode_error(x, scale_code, global, codes);
 }
 
 // Four Over Six's choice of scale code for a block with amax block_amax (see the top of the file).
@@ -248,8 +238,7 @@ LLMC_HD inline uint8_t nvfp4_four_over_six_block16(const float* x, float block_a
 // Quantize one block of 16 values: x[16] in, codes[16] (one E2M1 code per byte, low nibble) and the
 // block's UE4M3 scale code out. rbits: 16 random words for Rounding::Stochastic, one per element;
 // nullptr means round-to-nearest-even whatever `rounding` says. (Four Over Six as in
-// nvfp4_four_over_six_block16; the winner's RNE codes are kept, and its scaled values are reused
-// for stochastic rounding, instead of being computed again: the same bits either way.)
+// nvfp4_four_over_six_block16; with round-to-nearest-even the winner's codes are kept, not redone.)
 LLMC_HD inline void nvfp4_quantize_block16(const float* x, float global, Rounding rounding,
                                            const uint32_t* rbits, bool four_over_six,
                                            uint8_t* codes, uint8_t* scale_code) {
@@ -262,15 +251,13 @@ LLMC_HD inline void nvfp4_quantize_block16(const float* x, float global, Roundin
         return;
     }
     uint8_t codes4[kNvfp4Block];
-    float y6[kNvfp4Block], y4[kNvfp4Block];
-    const float e6 = nvfp4_block16_encode_error(x, c6, global, codes, y6);
-    const float e4 = nvfp4_block16_encode_error(x, c4, global, codes4, y4);
-    const bool four = e4 < e6;
-    for (int i = 0; i < kNvfp4Block; i++) {
-        if (rbits != nullptr) codes[i] = fp4e2m1_encode(four ? y4[i] : y6[i], rounding, rbits[i]);
-        else if (four) codes[i] = codes4[i];
-    }
-    *scale_code = four ? c4 : c6;
+    const float e6 = nvfp4_block16_encode_error(x, c6, global, codes);
+    const float e4 = nvfp4_block16_encode_error(x, c4, global, codes4);
+    const uint8_t sc = e4 < e6 ? c4 : c6;
+    if (rbits != nullptr) nvfp4_block16_encode(x, sc, global, rounding, rbits, codes);
+    else if (sc == c4)
+        for (int i = 0; i < kNvfp4Block; i++) codes[i] = codes4[i];
+    *scale_code = sc;
 }
 
 // Dequantize one block: out[i] = nvfp4_decode(codes[i], scale_code, global).

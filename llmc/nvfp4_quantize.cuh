@@ -20,7 +20,7 @@
 // nvfp4_quantize_kernel does both directions from one read of a 16 x 64 patch: every thread owns
 // one 1x16 row block and one 16x1 column block of the patch. (One kernel per direction, with the
 // options as template parameters, measured slower on an H100: 1.70 against 1.46 ms for a d12 fc
-// gradient, both directions; doc/nvfp4.md.) The column numbering of the CPU
+// gradient, both directions, in dev/bench/nvfp4_quantize_bench.cu.) The column numbering of the CPU
 // reference is that of the transposed matrix (x^T quantized by rows).
 //
 // Global scales need the tensor's amax before any block is encoded, so every activation and
