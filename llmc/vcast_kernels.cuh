@@ -100,11 +100,71 @@ __global__ void vcast_tensor_apply_flat_kernel(floatX* out, const floatX* x, lon
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The MX float datatypes (a float number with a power-of-two scale per tile: mxfp8e4/e5,
+// mxfp6e3/e2, mxfp4e2 and any other tile size) get kernels with the number format as a
+// compile-time constant: the same functions (minifloat_encode / decode) with the format folded
+// in, several times faster than the run-time format of the general path, and the same bits.
+template <int FMT> struct VcastMxFormat;
+template <> struct VcastMxFormat<1> { static constexpr llmc::MinifloatFormat f{4, 3, 7, llmc::Specials::NanOnly, true}; };
+template <> struct VcastMxFormat<2> { static constexpr llmc::MinifloatFormat f{5, 2, 15, llmc::Specials::IEEE, true}; };
+template <> struct VcastMxFormat<3> { static constexpr llmc::MinifloatFormat f{3, 2, 3, llmc::Specials::FiniteOnly, true}; };
+template <> struct VcastMxFormat<4> { static constexpr llmc::MinifloatFormat f{2, 3, 1, llmc::Specials::FiniteOnly, true}; };
+template <> struct VcastMxFormat<5> { static constexpr llmc::MinifloatFormat f{2, 1, 1, llmc::Specials::FiniteOnly, true}; };
+static const int VCAST_MX_FORMATS = 5;
+
+// Which of the formats above a datatype is (1..5), or 0: the general path
+inline int vcast_mx_format(const vc::DataType& dt, const vc::VcastOptions& o) {
+    if (dt.num.kind != vc::NumKind::Float || !dt.scale.present || dt.scale.scale.kind != vc::NumKind::Exponent ||
+        dt.scale.tile_kind == vc::TileKind::Tensor || vc::vcast_sparsity_on(o))
+        return 0;
+    const llmc::MinifloatFormat fs[VCAST_MX_FORMATS] = {VcastMxFormat<1>::f, VcastMxFormat<2>::f, VcastMxFormat<3>::f,
+                                                         VcastMxFormat<4>::f, VcastMxFormat<5>::f};
+    const llmc::MinifloatFormat& m = dt.num.mf;
+    for (int i = 0; i < VCAST_MX_FORMATS; i++)
+        if (m.exp_bits == fs[i].exp_bits && m.man_bits == fs[i].man_bits && m.bias == fs[i].bias &&
+            m.specials == fs[i].specials && m.is_signed == fs[i].is_signed)
+            return i + 1;
+    return 0;
+}
+
+// vcast_element's branch for a float number with an exponent scale, the format F a constant
+template <int FMT>
+__device__ __forceinline__ float vcast_element_mx(float x, vc::InfNan infnan, int exp, vc::RoundMode rm, uint32_t rbits) {
+    constexpr llmc::MinifloatFormat F = VcastMxFormat<FMT>::f;
+    if (llmc::is_nan_bits(x)) return x;
+    const float y = vc::vc_mul_pow2(x, -exp);
+    float q = y; // vcast_quantize_float(y, n, rm, rbits)
+    if (!llmc::is_nan_bits(y)) {
+        q = llmc::minifloat_decode(vc::mf_encode(y, F, rm, rbits), F);
+        if (infnan == vc::InfNan::FNUZ && q == 0.0f) q = 0.0f;
+    }
+    return vc::vc_mul_pow2(q, exp);
+}
+
+// vcast_tile, with the MX fast path for FMT > 0 (no sparsity there)
+template <int FMT, class TIn, class TOut>
+__device__ __forceinline__ void vcast_tile_any(const TIn* in, TOut* out, int n, int64_t stride, const vc::DataType& dt,
+                                               const vc::VcastOptions& o, uint64_t seed, uint64_t index0, int64_t step) {
+    if (FMT == 0) {
+        vc::vcast_tile(in, out, n, stride, dt, o, seed, index0, step);
+        return;
+    }
+    const vc::TileScale ts = vc::vcast_select_scale(dt, vc::vcast_tile_stats(in, n, stride, o), o.scale);
+    const bool stochastic = o.round == vc::RoundMode::Stochastic;
+    for (int i = 0; i < n; i++) {
+        const uint32_t r = stochastic ? vc::vcast_random_bits(seed, index0 + (uint64_t)((int64_t)i * step)) : 0u;
+        out[i * stride] = static_cast<TOut>(vcast_element_mx<FMT == 0 ? 1 : FMT>(static_cast<float>(in[i * stride]),
+                                                                                  dt.num.infnan, ts.exp, o.round, r));
+    }
+}
+
 // Tiles along rows of up to VCAST_SMEM_TILE values: a block of 128 threads stages 128 consecutive
 // tiles in shared memory with coalesced loads, each thread casts one tile there (vcast_tile, in
 // place: statistics, scale, values), and the block writes them back coalesced. Rows padded by one
 // float, so that the threads' tile-strided reads fall on different banks.
 static const int VCAST_SMEM_TILE = 64;
+template <int FMT>
 __global__ void __launch_bounds__(128) vcast_rows_smem_kernel(floatX* out, const floatX* x, long long n, int tile,
                                                               vc::DataType dt, vc::VcastOptions o, uint64_t seed) {
     __shared__ float buf[128 * (VCAST_SMEM_TILE + 1)];
@@ -114,36 +174,50 @@ __global__ void __launch_bounds__(128) vcast_rows_smem_kernel(floatX* out, const
     __syncthreads();
     if (threadIdx.x * tile < count) {
         float* t = buf + threadIdx.x * (tile + 1);
-        vc::vcast_tile(t, t, tile, 1, dt, o, seed, (uint64_t)(base + (long long)threadIdx.x * tile), 1);
+        vcast_tile_any<FMT>(t, t, tile, 1, dt, o, seed, (uint64_t)(base + (long long)threadIdx.x * tile), 1);
     }
     __syncthreads();
     for (int i = threadIdx.x; i < count; i += 128) out[base + i] = (floatX)buf[(i / tile) * (tile + 1) + i % tile];
 }
 
 // tiles along rows: tile t of row r covers columns [t * tile, (t + 1) * tile)
+template <int FMT>
 __global__ void vcast_rows_kernel(floatX* out, const floatX* x, int rows, int cols, int tile, vc::DataType dt,
                                   vc::VcastOptions o, uint64_t seed) {
     const int per_row = cols / tile;
     const long long tiles = (long long)rows * per_row;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < tiles; i += (long long)gridDim.x * blockDim.x) {
         const long long at = (i / per_row) * cols + (i % per_row) * tile;
-        vc::vcast_tile(x + at, out + at, tile, 1, dt, o, seed, (uint64_t)at, 1);
+        vcast_tile_any<FMT>(x + at, out + at, tile, 1, dt, o, seed, (uint64_t)at, 1);
     }
 }
 
 // tiles along columns: tile t of column c covers rows [t * tile, (t + 1) * tile); consecutive
 // threads take consecutive columns
+template <int FMT>
 __global__ void vcast_cols_kernel(floatX* out, const floatX* x, int rows, int cols, int tile, vc::DataType dt,
                                   vc::VcastOptions o, uint64_t seed) {
     const long long tiles = (long long)(rows / tile) * cols;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < tiles; i += (long long)gridDim.x * blockDim.x) {
         const long long at = (i / cols) * tile * (long long)cols + i % cols;
-        vc::vcast_tile(x + at, out + at, tile, (int64_t)cols, dt, o, seed, (uint64_t)at, (int64_t)cols);
+        vcast_tile_any<FMT>(x + at, out + at, tile, (int64_t)cols, dt, o, seed, (uint64_t)at, (int64_t)cols);
     }
 }
 
 inline int vcast_grid(long long work, int threads) {
     return (int)std::max<long long>(1, std::min<long long>(ceil_div(work, (long long)threads), 132LL * 32));
+}
+
+template <int FMT>
+inline void vcast_launch_tiles(floatX* out, const floatX* x, int rows, int cols, int tile, bool along_cols,
+                               const vc::DataType& dt, const vc::VcastOptions& o, uint64_t seed, cudaStream_t stream) {
+    const long long n = (long long)rows * cols, tiles = n / tile;
+    if (along_cols)
+        vcast_cols_kernel<FMT><<<vcast_grid(tiles, 128), 128, 0, stream>>>(out, x, rows, cols, tile, dt, o, seed);
+    else if (tile <= VCAST_SMEM_TILE)
+        vcast_rows_smem_kernel<FMT><<<(unsigned)ceil_div(tiles, 128LL), 128, 0, stream>>>(out, x, n, tile, dt, o, seed);
+    else
+        vcast_rows_kernel<FMT><<<vcast_grid(tiles, 128), 128, 0, stream>>>(out, x, rows, cols, tile, dt, o, seed);
 }
 
 // Whether a datatype's cast depends on the direction (it has tiles or channels)
@@ -196,11 +270,14 @@ inline void vcast_tensor(floatX* out, const floatX* x, int rows, int cols, bool 
     }
     const int len = along_cols ? rows : cols;
     const int tile = dt.scale.tile_kind == vc::TileKind::Channel ? len : dt.scale.tile;
-    const long long tiles = (long long)rows * cols / tile;
-    if (along_cols) vcast_cols_kernel<<<vcast_grid(tiles, 128), 128, 0, stream>>>(out, x, rows, cols, tile, dt, o, seed);
-    else if (tile <= VCAST_SMEM_TILE)
-        vcast_rows_smem_kernel<<<(unsigned)ceil_div(tiles, 128LL), 128, 0, stream>>>(out, x, n, tile, dt, o, seed);
-    else vcast_rows_kernel<<<vcast_grid(tiles, 128), 128, 0, stream>>>(out, x, rows, cols, tile, dt, o, seed);
+    switch (vcast_mx_format(dt, o)) {
+        case 1: vcast_launch_tiles<1>(out, x, rows, cols, tile, along_cols, dt, o, seed, stream); break;
+        case 2: vcast_launch_tiles<2>(out, x, rows, cols, tile, along_cols, dt, o, seed, stream); break;
+        case 3: vcast_launch_tiles<3>(out, x, rows, cols, tile, along_cols, dt, o, seed, stream); break;
+        case 4: vcast_launch_tiles<4>(out, x, rows, cols, tile, along_cols, dt, o, seed, stream); break;
+        case 5: vcast_launch_tiles<5>(out, x, rows, cols, tile, along_cols, dt, o, seed, stream); break;
+        default: vcast_launch_tiles<0>(out, x, rows, cols, tile, along_cols, dt, o, seed, stream); break;
+    }
     cudaCheckLaunch();
 }
 

@@ -1,8 +1,9 @@
 // test_vcast.cu: the virtual-cast kernels (llmc/vcast_kernels.cuh) against the CPU reference of
 // llmc/vcast.h (vcast_matrix), and against the FP8 recipe's kernels.
-//   1. Every predefined datatype and a grid of custom ones, cast along rows and along columns, round
-//      to nearest even and stochastic, scale modes max and midmax, with and without M-of-N
-//      sparsity: the GPU's BF16 output equals the reference's value rounded to BF16, bit for bit.
+//   1. Every predefined datatype and a grid of custom ones (the MX formats, which take the kernels
+//      with a compile-time format, among them), cast along rows and along columns, all four round
+//      modes, scale modes max and midmax, with and without M-of-N sparsity: the GPU's BF16 output
+//      equals the reference's value rounded to BF16, bit for bit.
 //   2. E4M3 / E5M2 as vcast datatypes reproduce the FP8-hybrid recipe's quantized operands exactly:
 //      unscaled against fp8_quantize with scale 1, and with a power-of-two tensor scale (e8m0)
 //      against fp8_quantize with the same power of two.
@@ -180,7 +181,9 @@ int main() {
             test_cast(name, along_cols, vc::RoundMode::Even, vc::ScaleMode::Max, 0, 0, 128, 192);
     // custom datatypes, all round modes and both scale modes
     const char* custom[] = {"e5m6", "e5m6_e8m0_t32", "e4m3fn_e5m0_t32", "e2m1fnuz_float8_e4m3fn_t16", "int4_f32",
-                            "int8_e8m0_t0", "e3m2fnuz_e8m0_t64", "uint8_float16_e5m6", "uint4_float16_t32", "e6m3_e8m0_t16"};
+                            "int8_e8m0_t0", "e3m2fnuz_e8m0_t64", "uint8_float16_e5m6", "uint4_float16_t32", "e6m3_e8m0_t16",
+                            // the MX fast path (a compile-time format) under every round mode, and per channel
+                            "mxfp8e4", "mxfp8e5", "mxfp6e3", "mxfp6e2", "mxfp4e2", "e4m3fn_e8m0_t0"};
     const vc::RoundMode rounds[] = {vc::RoundMode::Nearest, vc::RoundMode::Even, vc::RoundMode::Zero, vc::RoundMode::Stochastic};
     for (const char* spec : custom)
         for (vc::RoundMode rm : rounds)
