@@ -44,13 +44,10 @@ inline int vcast_chunk(int cols, const vc::VcastOptions& o) {
     return cols % chunk == 0 ? chunk : cols;
 }
 
-__global__ void vcast_tensor_stats_kernel(VcastTensorStats* out, const floatX* x, long long chunks, int chunk,
-                                          vc::VcastOptions o) {
-    vc::TileStats st;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < chunks; i += (long long)gridDim.x * blockDim.x)
-        st = vc::vcast_stats_merge(st, vc::vcast_tile_stats(x + i * chunk, chunk, 1, o));
-    uint32_t a = __float_as_uint(st.amax), lo = __float_as_uint(-st.vmin), hi = __float_as_uint(st.vmax);
-    lo &= 0x7FFFFFFFu; // -0.0 -> +0.0
+// A thread's statistics into the tensor's: a warp reduction, then one atomicMax per warp and value
+// (float max on the bits of non-negative floats; -0.0 counts as +0.0)
+__device__ __forceinline__ void vcast_commit_tensor_stats(VcastTensorStats* out, const vc::TileStats& st) {
+    uint32_t a = __float_as_uint(st.amax), lo = __float_as_uint(-st.vmin) & 0x7FFFFFFFu, hi = __float_as_uint(st.vmax);
     for (int k = 16; k > 0; k >>= 1) {
         a = max(a, __shfl_xor_sync(0xffffffffu, a, k));
         lo = max(lo, __shfl_xor_sync(0xffffffffu, lo, k));
@@ -61,6 +58,14 @@ __global__ void vcast_tensor_stats_kernel(VcastTensorStats* out, const floatX* x
         atomicMax(&out->neg_vmin, lo);
         atomicMax(&out->vmax, hi);
     }
+}
+
+__global__ void vcast_tensor_stats_kernel(VcastTensorStats* out, const floatX* x, long long chunks, int chunk,
+                                          vc::VcastOptions o) {
+    vc::TileStats st;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < chunks; i += (long long)gridDim.x * blockDim.x)
+        st = vc::vcast_stats_merge(st, vc::vcast_tile_stats(x + i * chunk, chunk, 1, o));
+    vcast_commit_tensor_stats(out, st);
 }
 
 __global__ void vcast_tensor_apply_kernel(floatX* out, const floatX* x, long long chunks, int chunk, vc::DataType dt,
@@ -78,17 +83,7 @@ __global__ void vcast_tensor_stats_flat_kernel(VcastTensorStats* out, const floa
     vc::TileStats st;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         vc::vcast_stats_add(st, (float)x[i]);
-    uint32_t a = __float_as_uint(st.amax), lo = __float_as_uint(-st.vmin) & 0x7FFFFFFFu, hi = __float_as_uint(st.vmax);
-    for (int k = 16; k > 0; k >>= 1) {
-        a = max(a, __shfl_xor_sync(0xffffffffu, a, k));
-        lo = max(lo, __shfl_xor_sync(0xffffffffu, lo, k));
-        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, k));
-    }
-    if (threadIdx.x % 32 == 0) {
-        atomicMax(&out->amax, a);
-        atomicMax(&out->neg_vmin, lo);
-        atomicMax(&out->vmax, hi);
-    }
+    vcast_commit_tensor_stats(out, st);
 }
 
 __global__ void vcast_tensor_apply_flat_kernel(floatX* out, const floatX* x, long long n, vc::DataType dt,

@@ -1,9 +1,14 @@
-// gpu_check.h: the pass/fail bookkeeping of the standalone GPU tests (test_attention, test_fp8):
-// one "[PASS] ..." or "[FAIL] ..." line per check, counted for the final "N passed, N failed" line
-// that dev/test/run_tests.sh reads.
+// gpu_check.h: what the standalone GPU tests (test_attention, test_fp8, test_nvfp4, test_vcast)
+// share: the pass/fail bookkeeping (one "[PASS] ..." or "[FAIL] ..." line per check, counted for the
+// final "N passed, N failed" line that dev/test/run_tests.sh reads), host <-> device copies and the
+// BF16 conversions.
 #pragma once
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
+#include <vector>
+#include "llmc/cuda_common.h"
 
 static int g_passed = 0, g_failed = 0;
 
@@ -17,3 +22,37 @@ static void check(bool ok, const char* fmt, ...) {
     fflush(stdout);
     (ok ? g_passed : g_failed)++;
 }
+
+// Whether a CUDA device is present; without one the test prints the line run_tests.sh counts as
+// skipped (the caller then exits with 77)
+static bool gpu_present() {
+    int device_count = 0;
+    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+        printf("skipped: no CUDA device\n");
+        return false;
+    }
+    return true;
+}
+
+// a device copy of a host vector (at least one element allocated)
+template <typename T>
+static T* to_device(const std::vector<T>& h) {
+    T* d = nullptr;
+    cudaCheck(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)));
+    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+// n elements back from the device, after everything queued has finished
+template <typename T>
+static std::vector<T> to_host(const T* d, size_t n) {
+    std::vector<T> h(n);
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+#if !defined(ENABLE_FP32)
+static inline float bf2f(floatX b) { return __bfloat162float(b); }
+static inline floatX f2bf(float f) { return __float2bfloat16(f); }
+static inline uint16_t bfbits(floatX b) { uint16_t u; memcpy(&u, &b, 2); return u; }
+#endif

@@ -81,30 +81,16 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
                 echo "== gpu tests ($v): build failed"; failed=$((failed + 1))
             fi
         done
-        if make -s build/test_attention; then
-            ./build/test_attention 2>&1 | tee "$tmp/attention.log"; rc=$?
-            count_suite "attention tests" $rc "$tmp/attention.log"
-        else
-            echo "== attention tests: build failed"; failed=$((failed + 1))
-        fi
-        if make -s build/test_fp8; then
-            ./build/test_fp8 2>&1 | tee "$tmp/fp8.log"; rc=$?
-            count_suite "fp8 kernel tests" $rc "$tmp/fp8.log"
-        else
-            echo "== fp8 kernel tests: build failed"; failed=$((failed + 1))
-        fi
-        if make -s build/test_nvfp4; then
-            ./build/test_nvfp4 2>&1 | tee "$tmp/nvfp4.log"; rc=$?
-            count_suite "nvfp4 kernel tests" $rc "$tmp/nvfp4.log"
-        else
-            echo "== nvfp4 kernel tests: build failed"; failed=$((failed + 1))
-        fi
-        if make -s build/test_vcast; then
-            ./build/test_vcast 2>&1 | tee "$tmp/vcast.log"; rc=$?
-            count_suite "vcast kernel tests" $rc "$tmp/vcast.log"
-        else
-            echo "== vcast kernel tests: build failed"; failed=$((failed + 1))
-        fi
+        # standalone kernel tests: flash attention, and each recipe's quantization kernels
+        for k in attention fp8 nvfp4 vcast; do
+            name="$k kernel tests"; [[ $k == attention ]] && name="attention tests"
+            if make -s build/test_$k; then
+                ./build/test_$k 2>&1 | tee "$tmp/$k.log"; rc=$?
+                count_suite "$name" $rc "$tmp/$k.log"
+            else
+                echo "== $name: build failed"; failed=$((failed + 1))
+            fi
+        done
         for v in bf16 fp8 nvfp4 vcast; do
             if make -s train_gpt_$v; then
                 bash dev/test/resume_cli.sh ./train_gpt_$v 2>&1 | tee "$tmp/resume_$v.log"; rc=$?

@@ -27,14 +27,14 @@
 
 
 // ---- host bf16 ----------------------------------------------------------------------------------
-static uint16_t f2bf(float f) {
+static uint16_t bf16_bits_of(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7F800000u) == 0x7F800000u) return (uint16_t)((u >> 16) | ((u & 0xFFFF) ? 0x40 : 0));
     u += 0x7FFFu + ((u >> 16) & 1u);   // round to nearest even
     return (uint16_t)(u >> 16);
 }
-static float bf2f(uint16_t b) {
+static float float_of_bf16_bits(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
     float f;
     memcpy(&f, &u, 4);
@@ -64,10 +64,10 @@ static Ref reference(const std::vector<uint16_t>& qkv, const std::vector<uint16_
             for (int t = 0; t < T; t++) {
                 for (int d = 0; d < HS; d++) {
                     size_t base = ((size_t)b * T + t) * 3 * C + (size_t)h * HS + d;
-                    q[(size_t)t * HS + d] = bf2f(qkv[base]);
-                    k[(size_t)t * HS + d] = bf2f(qkv[base + C]);
-                    v[(size_t)t * HS + d] = bf2f(qkv[base + 2 * C]);
-                    dO[(size_t)t * HS + d] = bf2f(dout[((size_t)b * T + t) * C + (size_t)h * HS + d]);
+                    q[(size_t)t * HS + d] = float_of_bf16_bits(qkv[base]);
+                    k[(size_t)t * HS + d] = float_of_bf16_bits(qkv[base + C]);
+                    v[(size_t)t * HS + d] = float_of_bf16_bits(qkv[base + 2 * C]);
+                    dO[(size_t)t * HS + d] = float_of_bf16_bits(dout[((size_t)b * T + t) * C + (size_t)h * HS + d]);
                 }
             }
             std::fill(dk.begin(), dk.end(), 0.0);
@@ -138,7 +138,7 @@ static double rel_l2(const std::vector<uint16_t>& gpu, size_t gpu_row_stride, si
     size_t nans = 0;
     for (size_t r = 0; r < rows; r++) {
         for (size_t c = 0; c < cols; c++) {
-            double g = bf2f(gpu[r * gpu_row_stride + gpu_col0 + c]);
+            double g = float_of_bf16_bits(gpu[r * gpu_row_stride + gpu_col0 + c]);
             double x = ref[r * cols + c];
             if (!std::isfinite(g)) { nans++; continue; }
             num += (g - x) * (g - x);
@@ -174,8 +174,8 @@ static void test_case(int B, int NH, int T, int HS, uint32_t seed, bool compare_
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<uint16_t> h_qkv(n_qkv), h_dout(n_btc);
-    for (auto& x : h_qkv) x = f2bf(nd(rng));
-    for (auto& x : h_dout) x = f2bf(nd(rng));
+    for (auto& x : h_qkv) x = bf16_bits_of(nd(rng));
+    for (auto& x : h_dout) x = bf16_bits_of(nd(rng));
     Ref ref = reference(h_qkv, h_dout, B, T, NH, HS);
 
     floatX* d_qkv = dalloc<floatX>(n_qkv);

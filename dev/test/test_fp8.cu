@@ -24,8 +24,6 @@
 
 
 using llmc::Overflow;
-static float bf2f(floatX b) { return __bfloat162float(b); }
-static floatX f2bf(float f) { return __float2bfloat16(f); }
 static bool is_nan(float x) { return x != x; }
 
 template <Fp8Kind K>
@@ -37,19 +35,6 @@ static double cpu_decode(uint8_t c) {
     return K == Fp8Kind::E4M3 ? llmc::fp8e4m3_decode(c) : llmc::fp8e5m2_decode(c);
 }
 
-template <typename T>
-static T* to_device(const std::vector<T>& h) {
-    T* d = nullptr;
-    cudaCheck(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)));
-    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-template <typename T>
-static std::vector<T> to_host(const T* d, size_t n) {
-    std::vector<T> h(n);
-    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-}
 static float amax_of(const std::vector<floatX>& v) {
     float m = 0.0f;
     for (floatX b : v) m = std::max(m, std::fabs(bf2f(b)));
@@ -451,11 +436,7 @@ static void test_recipe() {
 }
 
 int main() {
-    int device_count = 0;
-    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
+    if (!gpu_present()) return 77;
     matmul_init();
     test_quantize_all_bf16<Fp8Kind::E4M3>("E4M3");
     test_quantize_all_bf16<Fp8Kind::E5M2>("E5M2");

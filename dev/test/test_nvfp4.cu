@@ -27,25 +27,9 @@ using llmc::Nvfp4Layout;
 using llmc::Nvfp4Matrix;
 using llmc::Rounding;
 
-static float bf2f(floatX b) { return __bfloat162float(b); }
-static floatX f2bf(float f) { return __float2bfloat16(f); }
 static uint32_t fbits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 using llmc::strfmt;
 
-template <typename T>
-static T* to_device(const std::vector<T>& h) {
-    T* d = nullptr;
-    cudaCheck(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)));
-    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-template <typename T>
-static std::vector<T> to_host(const T* d, size_t n) {
-    std::vector<T> h(n);
-    cudaCheck(cudaDeviceSynchronize());
-    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-}
 
 // A (rows x cols) test input, BF16-representable (the kernels read BF16). Kinds:
 //   0 normal(0, 1)   1 normal with rare 1000x outliers   2 every E2M1 value times powers of two,
@@ -384,11 +368,7 @@ static void test_rht_wgrad(int N, int C, int OC) {
 }
 
 int main() {
-    int device_count = 0;
-    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
+    if (!gpu_present()) return 77;
     matmul_init();
     for (int kind = 0; kind < 4; kind++)
         for (int variant = 0; variant < 8; variant++)

@@ -21,25 +21,8 @@
 #include "llmc/vcast_kernels.cuh"
 #include "llmc/fp8_quantize.cuh"
 
-static float bf2f(floatX b) { return __bfloat162float(b); }
-static floatX f2bf(float f) { return __float2bfloat16(f); }
-static uint16_t bfbits(floatX b) { uint16_t u; memcpy(&u, &b, 2); return u; }
 using llmc::strfmt;
 
-template <typename T>
-static T* to_device(const std::vector<T>& h) {
-    T* d = nullptr;
-    cudaCheck(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)));
-    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-template <typename T>
-static std::vector<T> to_host(const T* d, size_t n) {
-    std::vector<T> h(n);
-    cudaCheck(cudaDeviceSynchronize());
-    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-}
 
 // BF16 test data: normal values with a spread of magnitudes per row (so tiles see different
 // scales), some exact zeros, negative rows for the unsigned types, rare outliers
@@ -170,11 +153,7 @@ static void test_error_sums() {
 }
 
 int main() {
-    int device_count = 0;
-    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
+    if (!gpu_present()) return 77;
     // every predefined datatype, both directions, nearest even
     for (const std::string& name : vc::predefined_names())
         for (int along_cols = 0; along_cols < 2; along_cols++)
