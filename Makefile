@@ -1,6 +1,6 @@
 # Makefile: one binary per precision recipe.
 #   make train_gpt_<recipe>      the trainer of a recipe: bf16 (the baseline), fp8 (FP8-hybrid), nvfp4,
-#                                vcast (any TensorCast datatype: -qw -qa -qg)
+#                                vcast (any TensorCast datatype: -qw -qa -qg), tcfp12 (W = W_hi + W_lo, two FP8 GEMMs)
 #   make test_gpt_<recipe>       the GPU test binary for it
 #   make train_gpt_fp32 / test_gpt_fp32   the FP32 reference-precision build (same as PRECISION=FP32)
 #   make test                    every test: CPU tests always, GPU tests when a CUDA device is present
@@ -8,7 +8,7 @@
 # Variables: GPU_ARCH (default sm_90a), PRECISION=FP32 (for the bf16 targets), CUDA_HOME, NVCC.
 
 SHELL := /bin/bash
-RECIPES := bf16 fp8 nvfp4 vcast
+RECIPES := bf16 fp8 nvfp4 vcast tcfp12
 
 # ---- toolchain discovery -----------------------------------------------------------------------
 CUDA_HOME ?= $(shell dirname $$(dirname $$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)))
@@ -54,7 +54,7 @@ HEADERS := $(wildcard llmc/*.h llmc/*.cuh)
 # ---- targets -------------------------------------------------------------------------------------
 .PHONY: all test test_cpu clean
 all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 build/test_cpu \
-     build/test_attention build/test_fp8 build/test_nvfp4 build/test_vcast
+     build/test_attention build/test_fp8 build/test_nvfp4 build/test_vcast build/test_tcfp12
 
 # one binary per recipe: -DRECIPE_<NAME> picks llmc/recipe_<name>.h
 recipe_define = -DRECIPE_$(shell echo $(1) | tr a-z A-Z)
@@ -88,6 +88,11 @@ build/test_nvfp4: dev/test/test_nvfp4.cu dev/test/gpu_check.h $(HEADERS)
 
 # the virtual-cast kernels: bit-exact against the CPU reference (vcast.h), and against the FP8 kernels
 build/test_vcast: dev/test/test_vcast.cu dev/test/gpu_check.h $(HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
+
+# the TCFP-12 kernels: the split bit-exact against tcfp12.h, the dual GEMMs against float64
+build/test_tcfp12: dev/test/test_tcfp12.cu dev/test/gpu_check.h $(HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 

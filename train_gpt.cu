@@ -39,10 +39,12 @@
 #include "llmc/recipe_nvfp4.h"
 #elif defined(RECIPE_VCAST)
 #include "llmc/recipe_vcast.h"
+#elif defined(RECIPE_TCFP12)
+#include "llmc/recipe_tcfp12.h"
 #elif defined(RECIPE_BF16)
 #include "llmc/recipe_bf16.h"
 #else
-#error "pick a recipe: -DRECIPE_BF16, -DRECIPE_FP8, -DRECIPE_NVFP4 or -DRECIPE_VCAST (make train_gpt_<recipe>)"
+#error "pick a recipe: -DRECIPE_BF16, -DRECIPE_FP8, -DRECIPE_NVFP4, -DRECIPE_VCAST or -DRECIPE_TCFP12 (make train_gpt_<recipe>)"
 #endif
 #include "llmc/profiler.h"
 

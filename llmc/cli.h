@@ -16,6 +16,7 @@
 #include "common.h"
 #include "recipe_options.h"
 #include "vcast.h"
+#include "tcfp12.h"
 
 namespace llmc {
 
@@ -150,6 +151,13 @@ inline std::vector<Flag> flag_table(TrainConfig& c) {
         {"-qgr", K::Str, &c.recipe.vcast_grad_round, "vcast: rounding of the gradients"},
         {"-qs", K::Str, &c.recipe.vcast_scale_mode, "vcast: scale selection: max | midmax"},
         {"-qsp", K::Str, &c.recipe.vcast_sparsity, "vcast: M:N sparsity of the weights, e.g. 2:4 (\"\" = off)"},
+        {"-tb", K::Int, &c.recipe.tcfp_block, "tcfp12: scale block of the weight split: 0 (per tensor), 32, 64, 128"},
+        {"-tef", K::Int, &c.recipe.tcfp_ef, "tcfp12: 1 = error feedback buffer (-1: on unless -tsrr 1)"},
+        {"-tsrr", K::Int, &c.recipe.tcfp_srr, "tcfp12: 1 = stochastic rounding of W_lo instead of error feedback"},
+        {"-tpdds", K::Int, &c.recipe.tcfp_pdds, "tcfp12: 1 = predictive dual-track delayed scaling (EMA W_hi scale)"},
+        {"-tabd", K::Int, &c.recipe.tcfp_abd, "tcfp12: 1 = input gradient with W_hi alone (asymmetric backward)"},
+        {"-tfw", K::Int, &c.recipe.tcfp_fp8_wgrad, "tcfp12: 1 = weight gradient on FP8 tensor cores (0 = BF16)"},
+        {"-tfa", K::Int, &c.recipe.tcfp_fast_accum, "tcfp12: 1 = fast FP8 accumulation in the W_hi GEMMs too (W_lo's always)"},
     };
 }
 
@@ -415,6 +423,13 @@ inline void validate_config(TrainConfig& cfg) {
     } catch (const InputError& e) {
         input_error("%s (flags -qw -qa -qg -qr -qgr -qs -qsp)", e.what());
     }
+    // the TCFP-12 options, with the seed's exclusions (every binary checks them)
+    const std::string tcfp_error = llmc::tcfp12_validate(tcfp12_options_of(cfg.recipe));
+    if (!tcfp_error.empty()) input_error("%s", tcfp_error.c_str());
+    if (cfg.recipe.tcfp_fp8_wgrad != 0 && cfg.recipe.tcfp_fp8_wgrad != 1)
+        input_error("-tfw %d: must be 0 or 1", cfg.recipe.tcfp_fp8_wgrad);
+    if (cfg.recipe.tcfp_fast_accum != 0 && cfg.recipe.tcfp_fast_accum != 1)
+        input_error("-tfa %d: must be 0 or 1", cfg.recipe.tcfp_fast_accum);
     if (cfg.recipe.telemetry_every < 0) input_error("-lq %d: must be >= 0 (0 = off)", cfg.recipe.telemetry_every);
     if (cfg.recipe.telemetry_every > 0 && cfg.output_dir.empty())
         input_error("-lq %d: the telemetry goes to main.log, so it needs -o", cfg.recipe.telemetry_every);

@@ -1,9 +1,10 @@
 // recipe_options.h: the command-line options of the precision recipes (no CUDA: cli.h includes it).
 #pragma once
 #include <string>
+#include "tcfp12.h"
 
-// cli.h fills these from -fh -fm -sqf -sql -lq -rht -sr -fos (and -sd); a recipe ignores what it
-// does not use.
+// cli.h fills these from -fh -fm -sqf -sql -lq -rht -sr -fos -q* -t* (and -sd); a recipe ignores
+// what it does not use.
 struct RecipeOptions {
     int amax_history = 1024;     // -fh: delayed scaling's amax history length, in optimizer steps
     int scale_margin = 0;        // -fm: scale = FP8_MAX / max(amax history) / 2^margin
@@ -22,6 +23,14 @@ struct RecipeOptions {
     std::string vcast_grad_round = "even";     // -qgr: gradients
     std::string vcast_scale_mode = "max";      // -qs: max | midmax
     std::string vcast_sparsity = "";           // -qsp: M:N sparsity of the weights ("" = off)
+    // tcfp12 (llmc/tcfp12.h): the split's options, and the weight gradient's precision
+    int tcfp_block = 0;          // -tb: 0 (one scale pair per tensor), 32, 64, 128
+    int tcfp_ef = -1;            // -tef: error feedback (-1: on unless SRR)
+    int tcfp_srr = 0;            // -tsrr: stochastic rounding of W_lo instead of the EF buffer
+    int tcfp_pdds = 0;           // -tpdds: predictive dual-track delayed scaling
+    int tcfp_abd = 0;            // -tabd: dgrad with W_hi alone
+    int tcfp_fp8_wgrad = 0;      // -tfw: weight gradient on FP8 tensor cores (0: BF16, the seed's hp_grad_weight)
+    int tcfp_fast_accum = 0;     // -tfa: Hopper's fast FP8 accumulation for the W_hi GEMMs too (W_lo's always)
 };
 
 // A recipe's recipe_init replaces -1 (the flags' default) by its own default number of layers to
@@ -34,4 +43,15 @@ inline void resolve_skip_defaults(RecipeOptions& o, int default_first, int defau
 // Layers [skip_first, L - skip_last) are quantized; the others run the plain BF16 linear.
 inline bool layer_is_quantized(const RecipeOptions& o, int layer, int num_layers) {
     return layer >= o.skip_first && layer < num_layers - o.skip_last;
+}
+
+// The TCFP-12 split's options (tcfp12.h) from the flags
+inline llmc::Tcfp12Options tcfp12_options_of(const RecipeOptions& o) {
+    llmc::Tcfp12Options t;
+    t.block_size = o.tcfp_block;
+    t.error_feedback = o.tcfp_ef;
+    t.srr = o.tcfp_srr;
+    t.pdds = o.tcfp_pdds;
+    t.abd = o.tcfp_abd;
+    return t;
 }

@@ -68,6 +68,8 @@ expect_error "-Q of another recipe" "recipe" "${base[@]}" -Q "$other_recipe"
 expect_error "-fh out of range" "-fh" "${base[@]}" -fh 0
 expect_error "-lq without -o" "-o" "${base[@]}" -lq 10
 expect_error "-cr not 0/1" "-cr" "${base[@]}" -cr 2
+expect_error "tcfp12: SRR with PDDS" "mutually exclusive" -tsrr 1 -tpdds 1
+expect_error "tcfp12: bad block size" "-tb 48" -tb 48
 # data
 expect_error "missing shard" "no file matches" -i "$work/nothing_*.bin" -j "$good" -b 2 -t 64
 expect_error "wrong magic" "not a token shard" -i "$work/badmagic.bin" -j "$good" -b 2 -t 64

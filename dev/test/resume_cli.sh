@@ -31,7 +31,7 @@ fi
 # a checkpoint of another recipe: refused, unless -cr 1 asks for the conversion
 other=""
 case "$(basename "$TRAINER")" in
-    *_fp8|*_nvfp4|*_vcast) other=$(dirname "$TRAINER")/train_gpt_bf16 ;;
+    *_fp8|*_nvfp4|*_vcast|*_tcfp12) other=$(dirname "$TRAINER")/train_gpt_bf16 ;;
     *_bf16) other=$(dirname "$TRAINER")/train_gpt_fp8 ;;
 esac
 if [[ -n "$other" && -x "$other" ]]; then
@@ -88,6 +88,36 @@ if [[ "$(basename "$TRAINER")" == *_vcast ]]; then
         || bad "resume with -qw mxfp6e2 not refused (exit $rc): $(tail -n 2 <<<"$out")"
     out=$("$TRAINER" -qw mxfp9e9 2>&1); rc=$?
     [[ $rc -ne 0 ]] && grep -q "mxfp9e9" <<<"$out" && ok "a bad datatype is a clear error naming it" || bad "bad -qw accepted (exit $rc)"
+fi
+if [[ "$(basename "$TRAINER")" == *_tcfp12 ]]; then
+    grep -q "^# tcfp12: TCFP-12 per tensor, EF" "$work/a/main.log" && ok "main.log records the TCFP-12 options" \
+        || bad "main.log lacks the TCFP-12 options: $(grep '^# tcfp12' "$work/a/main.log")"
+    "$TRAINER" "${args[@]}" -x 4 -v 0 -lq 2 -o "$work/t" > "$work/t.out" 2>&1 || bad "-lq run failed: $(tail -n 2 "$work/t.out")"
+    # d6: 6 layers x 4 linears: the weight split and x, dy, at steps 0 and 2
+    nw=$(grep -cE '^s:[02] lq:l[0-5]\.(qkv|attproj|fc|fcproj)\.w amax:[0-9.e+-]+ lo_amax:[0-9.e+-]+ hi_scale:[0-9.e+-]+ lo_scale:[0-9.e+-]+ lo_zero:[0-9.e+-]+ err:[0-9.e+-]+ sat:[0-9.e+-]+$' "$work/t/main.log")
+    na=$(grep -cE '^s:[02] lq:l[0-5]\.(qkv|attproj|fc|fcproj)\.(x|dy) amax:[0-9.e+-]+ scale:[0-9.e+-]+ sat:[0-9.e+-]+ ftz:[0-9.e+-]+$' "$work/t/main.log")
+    [[ $nw -eq 48 && $na -eq 96 ]] && ok "-lq 2 logs the split of 24 weights and 48 operands at steps 0 and 2" \
+        || bad "-lq 2 logged $nw weight and $na operand lines, expected 48 and 96"
+    # the split error of a BF16 weight: W_hi + W_lo hold it to well under 1% (E4M3 alone: ~3%)
+    awk '/ lq:.*\.w / { split($8, e, ":"); if (!(e[2] > 0.0 && e[2] < 0.01)) bad++ } END { exit bad > 0 }' "$work/t/main.log" \
+        && ok "every weight's relative split error lies in (0, 1%)" || bad "split errors out of range: $(grep ' lq:.*\.w ' "$work/t/main.log" | head -n 2)"
+    out=$("$TRAINER" "${args[@]}" -o "$work/b" -y 1 -tabd 1 2>&1); rc=$?
+    [[ $rc -ne 0 ]] && grep -q -- "-tabd" <<<"$out" && ok "resuming with another -tabd is refused, naming it" \
+        || bad "resume with -tabd 1 not refused (exit $rc): $(tail -n 2 <<<"$out")"
+    out=$("$TRAINER" -tsrr 1 -tpdds 1 2>&1); rc=$?
+    [[ $rc -ne 0 ]] && grep -q "mutually exclusive" <<<"$out" && ok "-tsrr 1 -tpdds 1 is refused (the seed's exclusion)" \
+        || bad "-tsrr 1 -tpdds 1 accepted (exit $rc)"
+    # resume is bit-exact under the other options too: per block with PDDS (state per group), and SRR
+    for opts in "-tb 64 -tpdds 1 -tabd 1" "-tsrr 1 -tfw 1"; do
+        d=$work/o${opts// /}
+        "$TRAINER" "${args[@]}" $opts -x 12 -v 0 -o "$d.a" > "$d.a.out" 2>&1 || bad "run with $opts failed: $(tail -n 2 "$d.a.out")"
+        "$TRAINER" "${args[@]}" $opts -x 12 -v 0 -o "$d.b" -n 6 > "$d.b.out" 2>&1 || bad "run with $opts failed"
+        rm -f "$d.b/DONE_00000012" "$d.b/model_00000012.bin" "$d.b/state_00000012_00000.bin"
+        "$TRAINER" "${args[@]}" $opts -x 12 -v 0 -o "$d.b" -y 1 > "$d.b2.out" 2>&1 || bad "resume with $opts failed: $(tail -n 2 "$d.b2.out")"
+        want=$(grep -E '^s:(6|7|8|9|10|11) trl' "$d.a/main.log"); got=$(grep -E '^s:(6|7|8|9|10|11) trl' "$d.b/main.log" | tail -n 6)
+        [[ -n "$want" && "$want" == "$got" ]] && ok "$opts: resumed steps 6-11 are bit-identical" \
+            || bad "$opts: resumed losses differ:"$'\n'"$want"$'\n'"---"$'\n'"$got"
+    done
 fi
 echo "resume tests: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -73,7 +73,7 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
     echo "== GPU tests on: $(nvidia-smi -L | head -n 1)"
     REF=${REF_DIR:-dev/reference/out}
     if python3 dev/reference/gpt_reference.py --write-reference --out "$REF"; then
-        for v in fp32 bf16 fp8 nvfp4 vcast; do
+        for v in fp32 bf16 fp8 nvfp4 vcast tcfp12; do
             if make -s test_gpt_$v; then
                 ./test_gpt_$v "$REF" 2>&1 | tee "$tmp/gpu_$v.log"; rc=$?
                 count_suite "gpu tests ($v)" $rc "$tmp/gpu_$v.log"
@@ -82,7 +82,7 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
             fi
         done
         # standalone kernel tests: flash attention, and each recipe's quantization kernels
-        for k in attention fp8 nvfp4 vcast; do
+        for k in attention fp8 nvfp4 vcast tcfp12; do
             name="$k kernel tests"; [[ $k == attention ]] && name="attention tests"
             if make -s build/test_$k; then
                 ./build/test_$k 2>&1 | tee "$tmp/$k.log"; rc=$?
@@ -91,7 +91,7 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
                 echo "== $name: build failed"; failed=$((failed + 1))
             fi
         done
-        for v in bf16 fp8 nvfp4 vcast; do
+        for v in bf16 fp8 nvfp4 vcast tcfp12; do
             if make -s train_gpt_$v; then
                 bash dev/test/resume_cli.sh ./train_gpt_$v 2>&1 | tee "$tmp/resume_$v.log"; rc=$?
                 count_suite "resume tests ($v)" $rc "$tmp/resume_$v.log"
@@ -111,7 +111,7 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
         echo "== GPU tests: writing the reference failed"; failed=$((failed + 1))
     fi
 else
-    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16/FP8/NVFP4/VCAST, FP8, NVFP4 and vcast kernels, resume, out-of-memory)"
+    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16/FP8/NVFP4/VCAST/TCFP12, FP8, NVFP4, vcast and TCFP-12 kernels, resume, out-of-memory)"
     skipped=$((skipped + 1))
 fi
 

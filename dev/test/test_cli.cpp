@@ -145,6 +145,29 @@ TEST_CASE("cli: the recipe flags parse into RecipeOptions and are range-checked"
         TrainConfig e = parse(bad);
         CHECK_THROWS_AS(llmc::validate_config(e), llmc::InputError);
     }
+    // tcfp12: defaults (per tensor, EF unless SRR, BF16 wgrad), the flags, and the seed's exclusions
+    CHECK(d.recipe.tcfp_block == 0);
+    CHECK(d.recipe.tcfp_ef == -1);
+    CHECK(d.recipe.tcfp_fp8_wgrad == 0);
+    CHECK(llmc::tcfp12_uses_ef(tcfp12_options_of(d.recipe)));
+    TrainConfig t = parse({"-tb", "64", "-tpdds", "1", "-tabd", "1", "-tfw", "1"});
+    CHECK_NOTHROW(llmc::validate_config(t));
+    const llmc::Tcfp12Options to = tcfp12_options_of(t.recipe);
+    CHECK(to.block_size == 64);
+    CHECK(to.pdds == 1);
+    CHECK(to.abd == 1);
+    CHECK(t.recipe.tcfp_fp8_wgrad == 1);
+    TrainConfig ts = parse({"-tsrr", "1"});
+    CHECK_NOTHROW(llmc::validate_config(ts));
+    CHECK_FALSE(llmc::tcfp12_uses_ef(tcfp12_options_of(ts.recipe))); // SRR replaces the EF buffer
+    for (auto bad_tcfp : std::vector<std::pair<std::vector<std::string>, std::string>>{
+             {{"-tsrr", "1", "-tpdds", "1"}, "mutually exclusive"}, {{"-tsrr", "1", "-tef", "1"}, "-tef"},
+             {{"-tpdds", "1", "-tef", "0"}, "-tpdds"}, {{"-tb", "48"}, "-tb 48"}, {{"-tabd", "2"}, "-tabd"},
+             {{"-tfw", "2"}, "-tfw"}, {{"-tfa", "-1"}, "-tfa"}}) {
+        TrainConfig e = parse(bad_tcfp.first);
+        const std::string msg = test_util::error_of([&] { llmc::validate_config(e); });
+        CHECK_MESSAGE(test_util::contains(msg, bad_tcfp.second), msg);
+    }
     CHECK(layer_is_quantized(c.recipe, 0, 12) == false); // -sqf 1
     CHECK(layer_is_quantized(c.recipe, 1, 12) == true);
     CHECK(layer_is_quantized(c.recipe, 8, 12) == true);

@@ -1,0 +1,350 @@
+// test_tcfp12.cu: the TCFP-12 recipe's GPU pieces against the CPU reference of llmc/tcfp12.h.
+//   1. The split kernels, bit for bit against tcfp12_split_matrix: per tensor and per block of
+//      32/64/128, with error feedback, SRR, PDDS and none, over several consecutive splits of
+//      changing weights (the EF buffer and the PDDS state carry over), BF16 and FP32 input: W_hi and
+//      W_lo codes, both scale codes (the zero-residual sentinel included), EF', the PDDS state and
+//      the split's counts. A PDDS run whose weights grow faster than the EMA clips, and the clipped
+//      counts agree too.
+//   2. Reconstruction: on N(0,1) 4096 x 4096, the SNR of deq(W_hi) + deq(W_lo) from the GPU split is
+//      >= 45 dB (one E4M3 tensor: about 31.5 dB).
+//   3. The recipe's linear layer (recipe_tcfp12.h, as the trainer calls it) under each option set:
+//      the split it made equals the CPU's; forward (bias, GELU epilogue), dgrad (both halves, or W_hi
+//      alone under ABD) and wgrad (BF16 or FP8) against float64 products of the dequantized
+//      operands, with x and dy quantized on the CPU with the fresh power-of-two scales; and the
+//      dual GEMM against the unquantized product, within FP8's error.
+//
+//   make build/test_tcfp12 && ./build/test_tcfp12
+// Prints [PASS]/[FAIL] lines and "tcfp12 tests: N passed, N failed"; exit 0 iff all pass. Without a
+// CUDA device: "skipped: no CUDA device", exit 77.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+#include "dev/test/gpu_check.h"
+#include "llmc/recipe_tcfp12.h"
+
+using llmc::strfmt;
+using llmc::Tcfp12Options;
+using llmc::Tcfp12Matrix;
+
+static uint32_t fbits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+
+// Weights of a (rows x cols) matrix for split t: rows of different magnitudes, an all-zero row, rows
+// of small multiples of 1/8 (exact in W_hi: their blocks get the zero-residual sentinel), and a
+// drift with t as an optimizer would make. grow: split t is scaled by 8^t (a PDDS EMA then lags).
+static std::vector<float> make_weights(int rows, int cols, int t, bool grow, bool bf16, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> w((size_t)rows * cols);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            const float base = nd(rng), drift = nd(rng);
+            float v;
+            if (r % 11 == 3) v = 0.0f;
+            else if (r % 11 == 5) v = (float)((r + c) % 9 - 4) * 0.125f;
+            else v = (base + 0.01f * t * drift) * std::ldexp(1.0f, r % 7 - 6);
+            if (grow) v *= std::ldexp(1.0f, 3 * t);
+            w[(size_t)r * cols + c] = bf16 ? bf2f(f2bf(v)) : v;
+        }
+    return w;
+}
+
+template <typename T>
+static size_t count_diff(const std::vector<T>& a, const std::vector<T>& b) {
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); i++) n += memcmp(&a[i], &b[i], sizeof(T)) != 0;
+    return n;
+}
+static size_t count_diff_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); i++) n += fbits(a[i]) != fbits(b[i]);
+    return n;
+}
+
+static std::string describe(const Tcfp12Options& o) { return llmc::tcfp12_describe(o); }
+
+// 1. Consecutive splits on the GPU and the CPU, compared after each.
+template <typename InT>
+static void test_split(int rows, int cols, Tcfp12Options o, int splits, bool grow) {
+    const bool bf16 = sizeof(InT) == 2;
+    const bool use_ef = llmc::tcfp12_uses_ef(o);
+    const int64_t groups = llmc::tcfp12_num_groups(rows, cols, o.block_size);
+    const size_t n = (size_t)rows * cols;
+    std::vector<float> ef_h(n, 0.0f), pdds_h(groups, 0.0f);
+    float* ef_d = use_ef ? to_device(ef_h) : nullptr;
+    float* pdds_d = o.pdds ? to_device(pdds_h) : nullptr;
+    uint8_t *hi, *lo, *hs, *ls;
+    cudaCheck(cudaMalloc(&hi, n)); cudaCheck(cudaMalloc(&lo, n));
+    cudaCheck(cudaMalloc(&hs, groups)); cudaCheck(cudaMalloc(&ls, groups));
+    Tcfp12SplitStats* st;
+    cudaCheck(cudaMalloc(&st, sizeof(Tcfp12SplitStats)));
+    const std::string what = strfmt("%s, %s input %dx%d%s", describe(o).c_str(), bf16 ? "BF16" : "FP32", rows, cols,
+                                    grow ? ", weights growing 8x per split" : "");
+    size_t bad = 0;
+    int64_t sentinels = 0, clipped = 0;
+    for (int t = 0; t < splits; t++) {
+        const std::vector<float> w = make_weights(rows, cols, t, grow, bf16, 1000 + rows + cols);
+        const uint32_t seed = 77 + t;
+        const Tcfp12Matrix m = llmc::tcfp12_split_matrix(w.data(), rows, cols, o, use_ef ? ef_h.data() : nullptr,
+                                                         o.pdds ? pdds_h.data() : nullptr, seed);
+        InT* wd;
+        if (bf16) {
+            std::vector<floatX> wb(n);
+            for (size_t i = 0; i < n; i++) wb[i] = f2bf(w[i]);
+            wd = (InT*)to_device(wb);
+        } else {
+            wd = (InT*)to_device(w);
+        }
+        tcfp12_split(wd, rows, cols, o, ef_d, pdds_d, seed, hi, lo, hs, ls, st, 0);
+        const auto ghi = to_host(hi, n), glo = to_host(lo, n), ghs = to_host(hs, groups), gls = to_host(ls, groups);
+        const Tcfp12SplitStats gs = to_host(st, 1)[0];
+        size_t d = count_diff(ghi, m.hi) + count_diff(glo, m.lo) + count_diff(ghs, m.hi_scale) + count_diff(gls, m.lo_scale);
+        if (use_ef) d += count_diff_bits(to_host(ef_d, n), ef_h);
+        if (o.pdds) d += count_diff_bits(to_host(pdds_d, groups), pdds_h);
+        const bool counts_ok = (int64_t)gs.hi_saturated == m.hi_saturated && (int64_t)gs.lo_saturated == m.lo_saturated &&
+                               (int64_t)gs.lo_nonzero == m.lo_nonzero &&
+                               (int64_t)gs.zero_residual_groups == m.zero_residual_groups && gs.amax_bits == fbits(m.amax);
+        if ((d || !counts_ok) && bad < 3)
+            printf("    split %d: %zu values differ; counts gpu/cpu: hi sat %llu/%lld lo sat %llu/%lld nonzero %llu/%lld "
+                   "sentinels %llu/%lld\n", t, d, gs.hi_saturated, (long long)m.hi_saturated, gs.lo_saturated,
+                   (long long)m.lo_saturated, gs.lo_nonzero, (long long)m.lo_nonzero, gs.zero_residual_groups,
+                   (long long)m.zero_residual_groups);
+        bad += d + (counts_ok ? 0 : 1);
+        sentinels += m.zero_residual_groups;
+        clipped += m.hi_saturated + m.lo_saturated;
+        cudaFree(wd);
+    }
+    check(bad == 0, "split %s, %d splits: codes, scale codes, EF, PDDS state and counts equal the CPU's (%lld sentinel "
+          "groups, %lld clipped values)", what.c_str(), splits, (long long)sentinels, (long long)clipped);
+    if (grow && o.pdds) check(clipped > 0, "split %s: the lagging PDDS scale clipped values (%lld), and EF carried them",
+                              what.c_str(), (long long)clipped);
+    cudaFree(hi); cudaFree(lo); cudaFree(hs); cudaFree(ls); cudaFree(st);
+    if (ef_d) cudaFree(ef_d);
+    if (pdds_d) cudaFree(pdds_d);
+}
+
+// 2. SNR of the reconstruction on N(0,1) 4096 x 4096 (FP32 input, no EF: one split)
+static void test_snr(int block_size) {
+    const int rows = 4096, cols = 4096;
+    const size_t n = (size_t)rows * cols;
+    std::mt19937_64 rng(1234);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> w(n);
+    for (auto& v : w) v = nd(rng);
+    Tcfp12Options o;
+    o.block_size = block_size;
+    o.error_feedback = 0;
+    const int64_t groups = llmc::tcfp12_num_groups(rows, cols, block_size);
+    float* wd = to_device(w);
+    uint8_t *hi, *lo, *hs, *ls;
+    cudaCheck(cudaMalloc(&hi, n)); cudaCheck(cudaMalloc(&lo, n));
+    cudaCheck(cudaMalloc(&hs, groups)); cudaCheck(cudaMalloc(&ls, groups));
+    Tcfp12SplitStats* st;
+    cudaCheck(cudaMalloc(&st, sizeof(Tcfp12SplitStats)));
+    tcfp12_split(wd, rows, cols, o, nullptr, nullptr, 0, hi, lo, hs, ls, st, 0);
+    Tcfp12Matrix m;
+    m.rows = rows; m.cols = cols; m.block_size = block_size;
+    m.hi = to_host(hi, n); m.lo = to_host(lo, n); m.hi_scale = to_host(hs, groups); m.lo_scale = to_host(ls, groups);
+    const std::vector<float> both = llmc::tcfp12_dequantize_matrix(m), hi_only = llmc::tcfp12_dequantize_matrix(m, true);
+    double sig = 0, e2 = 0, e1 = 0;
+    for (size_t i = 0; i < n; i++) {
+        sig += (double)w[i] * w[i];
+        e2 += ((double)w[i] - both[i]) * ((double)w[i] - both[i]);
+        e1 += ((double)w[i] - hi_only[i]) * ((double)w[i] - hi_only[i]);
+    }
+    const double snr = 10 * std::log10(sig / e2), snr1 = 10 * std::log10(sig / e1);
+    const Tcfp12SplitStats gs = to_host(st, 1)[0];
+    const double err = std::sqrt(gs.err2 / gs.weff2), err_host = std::sqrt(e2 / sig);
+    check(snr >= 45.0 && snr1 < 35.0, "reconstruction SNR on N(0,1) 4096x4096, %s: %.1f dB (W_hi alone: %.1f dB; seed: 46.0 / 31.5)",
+          block_size ? strfmt("block %d", block_size).c_str() : "per tensor", snr, snr1);
+    check(std::fabs(err - err_host) <= 1e-6 * err_host, "the split's telemetry error sqrt(sum EF'^2 / sum W^2) = %.6e equals the host's %.6e",
+          err, err_host);
+    cudaFree(wd); cudaFree(hi); cudaFree(lo); cudaFree(hs); cudaFree(ls); cudaFree(st);
+}
+
+// ---- 3. the recipe's linear layer -------------------------------------------------------------------
+static double rel_l2(const std::vector<double>& a, const std::vector<double>& ref) {
+    double e = 0, n = 0;
+    for (size_t i = 0; i < a.size(); i++) { e += (a[i] - ref[i]) * (a[i] - ref[i]); n += ref[i] * ref[i]; }
+    return std::sqrt(e / std::max(n, 1e-300));
+}
+static double gelu_tanh(double x) { return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
+// x quantized as the recipe does: fresh power-of-two scale from amax, nearest even, saturating
+static std::vector<double> host_quantize(const std::vector<float>& x, bool e5m2) {
+    float amax = 0.0f;
+    for (float v : x) amax = std::max(amax, std::fabs(v));
+    const uint8_t code = tcfp12_act_scale_code(amax, e5m2);
+    const float q = llmc::tcfp12_inv_scale(code), s = llmc::tcfp12_scale(code);
+    std::vector<double> out(x.size());
+    for (size_t i = 0; i < x.size(); i++) {
+        const float v = x[i] * q;
+        const float d = e5m2 ? llmc::fp8e5m2_decode(llmc::fp8e5m2_encode(v, llmc::Overflow::Saturate))
+                             : llmc::fp8e4m3_decode(llmc::fp8e4m3_encode(v, llmc::Overflow::Saturate));
+        out[i] = (double)d * s;
+    }
+    return out;
+}
+
+static std::vector<float> bf16_values(int n, float scale, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> v(n);
+    for (int i = 0; i < n; i++) v[i] = bf2f(f2bf(nd(rng) * scale * (1.0f + (i % 5))));
+    return v;
+}
+static std::vector<floatX> to_bf(const std::vector<float>& v) {
+    std::vector<floatX> b(v.size());
+    for (size_t i = 0; i < v.size(); i++) b[i] = f2bf(v[i]);
+    return b;
+}
+static std::vector<double> host_bf(const floatX* d, size_t n) {
+    const auto h = to_host(d, n);
+    std::vector<double> v(n);
+    for (size_t i = 0; i < n; i++) v[i] = bf2f(h[i]);
+    return v;
+}
+
+static void test_recipe(const char* label, RecipeOptions ro) {
+    ModelShape shape;
+    shape.num_layers = 1; shape.channels = 64; shape.num_heads = 1;
+    const int B = 2, T = 96, N = B * T, C0 = shape.channels;
+    Recipe r;
+    recipe_init(r, ro, shape, B, T);
+    // weights of the four linears of the one layer, in BF16
+    std::vector<std::vector<float>> w(NUM_LINEAR_KINDS);
+    LinearWeights lw;
+    std::vector<floatX*> wd(NUM_LINEAR_KINDS);
+    std::vector<uint32_t> seeds(NUM_LINEAR_KINDS);
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+        const int C = linear_in_features((LinearKind)k, C0), OC = linear_out_features((LinearKind)k, C0);
+        w[k] = bf16_values(OC * C, 0.02f, 500 + k);
+        wd[k] = to_device(to_bf(w[k]));
+        lw.weight[k] = wd[k];
+        seeds[k] = tcfp12_split_seed(r, k);
+    }
+    recipe_weights_changed(r, lw, 0);
+    const Tcfp12Options o = r.split;
+    for (int k : {(int)LIN_FC, (int)LIN_FCPROJ}) {
+        const LinearId id{0, (LinearKind)k};
+        const int C = linear_in_features(id.kind, C0), OC = linear_out_features(id.kind, C0);
+        const std::string what = strfmt("%s: %s (N=%d C=%d OC=%d)", label, LINEAR_NAMES[k], N, C, OC);
+        // the split the recipe made equals the CPU's
+        std::vector<float> ef(r.use_ef ? (size_t)OC * C : 0, 0.0f), pd(o.pdds ? llmc::tcfp12_num_groups(OC, C, o.block_size) : 0, 0.0f);
+        const Tcfp12Matrix m = llmc::tcfp12_split_matrix(w[k].data(), OC, C, o, r.use_ef ? ef.data() : nullptr,
+                                                         o.pdds ? pd.data() : nullptr, seeds[k]);
+        const size_t ng = m.hi_scale.size();
+        size_t d = count_diff(to_host(r.hi + r.elem_offset[k], (size_t)OC * C), m.hi) +
+                   count_diff(to_host(r.lo + r.elem_offset[k], (size_t)OC * C), m.lo) +
+                   count_diff(to_host(r.hi_scale + r.group_offset[k], ng), m.hi_scale) +
+                   count_diff(to_host(r.lo_scale + r.group_offset[k], ng), m.lo_scale);
+        check(d == 0, "%s: the recipe's split equals the CPU reference (%zu differences)", what.c_str(), d);
+        const std::vector<float> wfull = llmc::tcfp12_dequantize_matrix(m), whi = llmc::tcfp12_dequantize_matrix(m, true);
+        // inputs
+        const std::vector<float> x = bf16_values(N * C, 0.5f, 600 + k), dy = bf16_values(N * OC, 1e-3f, 700 + k);
+        std::vector<float> bias(OC);
+        for (int i = 0; i < OC; i++) bias[i] = bf2f(f2bf(0.05f * (i % 7) - 0.15f));
+        floatX *xd = to_device(to_bf(x)), *dyd = to_device(to_bf(dy)), *bd = to_device(to_bf(bias));
+        floatX *out, *pre, *dinp;
+        cudaCheck(cudaMalloc(&out, (size_t)N * OC * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&pre, (size_t)N * OC * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&dinp, (size_t)N * C * sizeof(floatX)));
+        float *dw, *db;
+        cudaCheck(cudaMalloc(&dw, (size_t)OC * C * sizeof(float)));
+        cudaCheck(cudaMalloc(&db, (size_t)OC * sizeof(float)));
+        cudaCheck(cudaMemset(dw, 0, (size_t)OC * C * sizeof(float)));
+        cudaCheck(cudaMemset(db, 0, (size_t)OC * sizeof(float)));
+        const std::vector<double> xq = host_quantize(x, false), dyq = host_quantize(dy, true);
+        // float64 references
+        std::vector<double> y_ref((size_t)N * OC), y_true((size_t)N * OC), dx_ref((size_t)N * C), dw_ref((size_t)OC * C),
+            db_ref(OC, 0.0);
+        for (int n = 0; n < N; n++)
+            for (int oc = 0; oc < OC; oc++) {
+                double s = 0, t = 0;
+                for (int c = 0; c < C; c++) {
+                    s += xq[(size_t)n * C + c] * wfull[(size_t)oc * C + c];
+                    t += (double)x[(size_t)n * C + c] * w[k][(size_t)oc * C + c];
+                }
+                y_ref[(size_t)n * OC + oc] = s + bias[oc];
+                y_true[(size_t)n * OC + oc] = t + bias[oc];
+            }
+        const std::vector<float>& wdg = o.abd ? whi : wfull;
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < C; c++) {
+                double s = 0;
+                for (int oc = 0; oc < OC; oc++) s += dyq[(size_t)n * OC + oc] * wdg[(size_t)oc * C + c];
+                dx_ref[(size_t)n * C + c] = s;
+            }
+        for (int oc = 0; oc < OC; oc++)
+            for (int c = 0; c < C; c++) {
+                double s = 0;
+                for (int n = 0; n < N; n++)
+                    s += ro.tcfp_fp8_wgrad ? dyq[(size_t)n * OC + oc] * xq[(size_t)n * C + c]
+                                           : (double)dy[(size_t)n * OC + oc] * x[(size_t)n * C + c];
+                dw_ref[(size_t)oc * C + c] = s;
+            }
+        for (int n = 0; n < N; n++)
+            for (int oc = 0; oc < OC; oc++) db_ref[oc] += dy[(size_t)n * OC + oc];
+        // forward, plain and with the GELU epilogue
+        linear_forward(r, id, out, xd, wd[k], bd, N, C, OC, true, 0);
+        const std::vector<double> y = host_bf(out, (size_t)N * OC);
+        double e = rel_l2(y, y_ref);
+        check(e < 4e-3, "%s: forward (x W_lo^T + x W_hi^T + bias) against float64 of the dequantized operands: rel L2 %.2e",
+              what.c_str(), e);
+        e = rel_l2(y, y_true);
+        check(e < 0.06, "%s: forward against the unquantized product: rel L2 %.3f (E4M3 x, near-exact W)", what.c_str(), e);
+        linear_forward_gelu(r, id, out, pre, xd, wd[k], bd, N, C, OC, true, 0);
+        const std::vector<double> g = host_bf(out, (size_t)N * OC), p = host_bf(pre, (size_t)N * OC);
+        std::vector<double> g_ref(y_ref.size());
+        for (size_t i = 0; i < g_ref.size(); i++) g_ref[i] = gelu_tanh(y_ref[i]);
+        e = std::max(rel_l2(g, g_ref), rel_l2(p, y_ref));
+        check(e < 4e-3, "%s: forward with the GELU epilogue (output and pre-activation): rel L2 %.2e", what.c_str(), e);
+        // backward (no GELU derivative: pre_gelu null)
+        linear_backward(r, id, dinp, dw, db, dyd, xd, wd[k], nullptr, N, C, OC, 0);
+        e = rel_l2(host_bf(dinp, (size_t)N * C), dx_ref);
+        check(e < 4e-3, "%s: dgrad (%s) against float64: rel L2 %.2e", what.c_str(), o.abd ? "dy W_hi, ABD" : "dy W_lo + dy W_hi", e);
+        const std::vector<float> dwh = to_host(dw, (size_t)OC * C), dbh = to_host(db, (size_t)OC);
+        e = rel_l2(std::vector<double>(dwh.begin(), dwh.end()), dw_ref);
+        check(e < (ro.tcfp_fp8_wgrad ? 5e-4 : 1e-4), "%s: wgrad (%s) against float64: rel L2 %.2e", what.c_str(), ro.tcfp_fp8_wgrad ? "E5M2 x E4M3" : "BF16", e);
+        e = rel_l2(std::vector<double>(dbh.begin(), dbh.end()), db_ref);
+        check(e < 1e-5, "%s: bias gradient: rel L2 %.2e", what.c_str(), e);
+        cudaFree(xd); cudaFree(dyd); cudaFree(bd); cudaFree(out); cudaFree(pre); cudaFree(dinp); cudaFree(dw); cudaFree(db);
+    }
+    for (auto p : wd) cudaFree(p);
+}
+
+int main() {
+    if (!gpu_present()) return 77;
+    matmul_init();
+    for (int block : {0, 32, 64, 128}) {
+        Tcfp12Options o;
+        o.block_size = block;
+        test_split<floatX>(88, 384, o, 3, false);                 // EF (the default)
+        Tcfp12Options plain = o; plain.error_feedback = 0;
+        test_split<floatX>(88, 384, plain, 2, false);             // neither EF nor SRR
+        Tcfp12Options srr = o; srr.srr = 1;
+        test_split<floatX>(88, 384, srr, 3, false);
+        Tcfp12Options pdds = o; pdds.pdds = 1; pdds.abd = 1;
+        test_split<floatX>(88, 384, pdds, 3, false);
+        test_split<floatX>(88, 384, pdds, 3, true);               // a lagging EMA clips; EF carries it
+        test_split<float>(40, 256, o, 2, false);                  // FP32 input
+    }
+    test_snr(0);
+    test_snr(128);
+    RecipeOptions ro;
+    test_recipe("per tensor, EF", ro);
+    RecipeOptions fast = ro; fast.tcfp_abd = 1; fast.tcfp_fp8_wgrad = 1; fast.tcfp_fast_accum = 1;
+    test_recipe("per tensor, ABD, FP8 wgrad, fast accumulation", fast);
+    RecipeOptions srr = ro; srr.tcfp_srr = 1;
+    test_recipe("per tensor, SRR", srr);
+    RecipeOptions pdds = ro; pdds.tcfp_pdds = 1;
+    test_recipe("per tensor, PDDS", pdds);
+    RecipeOptions b32 = ro; b32.tcfp_block = 32;
+    test_recipe("block 32 (emulated), EF", b32);
+    RecipeOptions b64 = ro; b64.tcfp_block = 64; b64.tcfp_abd = 1; b64.tcfp_fp8_wgrad = 1;
+    test_recipe("block 64 (emulated), ABD, FP8 wgrad", b64);
+    matmul_free();
+    printf("tcfp12 tests: %d passed, %d failed\n", g_passed, g_failed);
+    return g_failed == 0 ? 0 : 1;
+}

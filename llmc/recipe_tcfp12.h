@@ -1,0 +1,506 @@
+// recipe_tcfp12.h: the TCFP-12 precision recipe (seed 000, issue #5): every transformer weight is
+// split as W ~= deq(W_hi) + deq(W_lo), both FP8 E4M3 (tcfp12.h), so that two FP8 tensor-core GEMMs
+// see about 8 significant bits of the weight.
+//
+// Per transformer linear (x the input, W the weight, dy the output gradient, N tokens):
+//   forward  y  = x W_lo^T + x W_hi^T   x: E4M3 with a fresh power-of-two scale (its current amax);
+//                                        the W_lo GEMM writes y, the W_hi GEMM adds onto it (beta=1)
+//                                        and applies the bias / GELU epilogue
+//   dgrad    dx = dy W_lo + dy W_hi     dy: E5M2, fresh scale; -tabd 1: dy W_hi alone (ABD)
+//   wgrad    dW += dy^T x               BF16 operands by default (the seed's hp_grad_weight);
+//                                        -tfw 1: E5M2 dy^T x E4M3 x^T on FP8 tensor cores
+// The small W_lo product goes first so that the BF16 rounding of the partial result is 2^-9 of a
+// term about 16 times smaller than y: the sum is rounded essentially once. The W_lo GEMMs use
+// Hopper's fast FP8 accumulation (its error is scaled down with the term); the W_hi GEMMs
+// accumulate in full FP32 unless -tfa 1.
+//
+// The split runs once per optimizer step (recipe_weights_changed), on the BF16 weights the BF16
+// recipe's GEMMs would read, with the options -tb (per tensor, or per block of 32/64/128 along K),
+// -tef (error feedback, default), -tsrr (stochastic W_lo instead of EF), -tpdds (EMA W_hi scale,
+// predicted W_lo scale); tcfp12_validate enforces the seed's exclusions.
+//
+// GEMMs. Per tensor (-tb 0, the default): cuBLASLt FP8 GEMMs with the power-of-two scales as the
+// operands' scale factors; W^T codes for dgrad are transposed once per split (Hopper's FP8 GEMMs
+// take both operands K-major). Per block (-tb 32/64/128): Hopper's FP8 GEMMs have one scale per
+// operand (cuBLASLt's block-scaled modes are 1x128/128x128 FP32 scales, not 32/64 E8M0), so the
+// block modes are emulated exactly: deq(W_hi), deq(W_lo) and the quantized x / dy are written as
+// BF16 (exact: at most 4 significant bits each), and BF16 GEMMs form the same products (up to
+// FP32 accumulation order). Correct numbers, BF16 speed or below: doc/tcfp12.md.
+//
+// Which layers: the four linears of layers [-sqf, L - -sql) (default: all); embeddings, LM head,
+// attention and norms stay BF16; master weights and AdamW stay FP32.
+//
+// State in the checkpoint: the options, the split counter, the EF buffers, the PDDS state and the
+// current split itself (codes and scale codes), so that a resumed run uses exactly the W_hi / W_lo
+// the uninterrupted run used (re-splitting the loaded weights would apply the EF buffer twice).
+//
+// Telemetry (-lq N): per quantized linear, the weight split (amax, the residual's amax, the scales,
+// the fraction of zero W_lo codes, the relative split error ||EF'|| / ||W_eff||, saturation) and
+// for x and dy the amax, scale, saturated and flushed-to-zero fractions.
+#pragma once
+#include <cmath>
+#include <vector>
+#include "recipe.h"
+#include "tcfp12_kernels.cuh"
+#include "gelu.cuh"
+#include "profiler.h"
+
+#define RECIPE_NAME "tcfp12"
+
+#if defined(ENABLE_FP32)
+#error "the tcfp12 recipe is a BF16 build (PRECISION=FP32 is the BF16 recipe's reference build)"
+#endif
+
+enum TcfpActRole { TCFP_X = 0, TCFP_DY = 1, NUM_TCFP_ACT_ROLES = 2 };
+static const char* TCFP_ACT_NAMES[NUM_TCFP_ACT_ROLES] = {"x", "dy"};
+
+struct Recipe {
+    RecipeOptions options;
+    LinearScratch scratch;
+    llmc::Tcfp12Options split;              // the split's options (from -tb -tef -tsrr -tpdds -tabd)
+    bool use_ef = false;
+    bool emulated = false;                  // block scales: BF16 GEMMs on the exact dequantized values
+    int L = 0, C = 0, B = 0, T = 0;
+    int num_linears = 0;
+    // per quantized linear: offsets of its elements and of its scale groups
+    std::vector<size_t> elem_offset, group_offset;
+    size_t total_elems = 0, total_groups = 0;
+    uint8_t *hi = nullptr, *lo = nullptr;         // the split: codes (OC x C), per linear at elem_offset
+    uint8_t *hi_scale = nullptr, *lo_scale = nullptr; // scale codes, per linear at group_offset
+    uint8_t *hi_t = nullptr, *lo_t = nullptr;     // per tensor: the codes transposed (C x OC), for dgrad
+    floatX *hi_bf = nullptr, *lo_bf = nullptr;    // per block: deq(W_hi), deq(W_lo) as BF16
+    float* ef = nullptr;                          // EF buffers (with error feedback)
+    float* pdds = nullptr;                        // PDDS state, one float per group (with PDDS)
+    float* weight_slots = nullptr;                // per linear: W_hi and W_lo scale slots
+    Tcfp12SplitStats* split_stats = nullptr;      // per linear
+    // activations and gradients: per linear and role a scale slot, an amax and telemetry counts;
+    // one more slot pair for evaluation (which must leave the state untouched)
+    float* act_slots = nullptr;
+    uint32_t* act_amax = nullptr;
+    unsigned long long* act_stats = nullptr;      // per linear and role: values, saturated, flushed
+    uint8_t *x8 = nullptr, *xt8 = nullptr, *dy8 = nullptr, *dyt8 = nullptr; // FP8 scratch
+    floatX *xq = nullptr, *dyq = nullptr;         // emulated: the quantized values as BF16
+    long long splits = 0;                         // splits so far (the SRR streams' counter)
+    uint64_t srr_seed = 0;
+    bool skip_next_split = false;                 // the checkpoint restored the split
+    bool gelu_epilogue = true;
+    bool count_stats = false;
+};
+
+inline int tcfp_linear_index(LinearId id) { return id.layer * NUM_LINEAR_KINDS + id.kind; }
+inline float* tcfp_hi_slot(const Recipe& r, int li) { return r.weight_slots + (size_t)(2 * li) * TCFP_SCALE_SLOT; }
+inline float* tcfp_lo_slot(const Recipe& r, int li) { return r.weight_slots + (size_t)(2 * li + 1) * TCFP_SCALE_SLOT; }
+// slot index num_linears * 2 + role is evaluation's
+inline float* tcfp_act_slot(const Recipe& r, int li, TcfpActRole role, bool training) {
+    const size_t i = training ? (size_t)li * NUM_TCFP_ACT_ROLES + role : (size_t)r.num_linears * NUM_TCFP_ACT_ROLES + role;
+    return r.act_slots + i * TCFP_SCALE_SLOT;
+}
+inline uint32_t* tcfp_act_amax(const Recipe& r, int li, TcfpActRole role, bool training) {
+    return r.act_amax + (training ? (size_t)li * NUM_TCFP_ACT_ROLES + role : (size_t)r.num_linears * NUM_TCFP_ACT_ROLES + role);
+}
+inline Fp8Stats tcfp_act_stats(const Recipe& r, int li, TcfpActRole role) {
+    Fp8Stats s;
+    if (r.count_stats) s.counts = r.act_stats + ((size_t)li * NUM_TCFP_ACT_ROLES + role) * 3;
+    return s;
+}
+
+// FP8 GEMMs need 16-byte leading dimensions, the blocks whole rows of groups
+inline bool tcfp12_applies(const Recipe& r, LinearId id, int N, int C, int OC) {
+    if (!layer_is_quantized(r.options, id.layer, r.L)) return false;
+    if (N % 16 != 0 || C % 16 != 0 || OC % 16 != 0) return false;
+    return r.split.block_size == 0 || C % r.split.block_size == 0;
+}
+
+inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T) {
+    r.options = o;
+    resolve_skip_defaults(r.options, 0, 0);
+    r.split = tcfp12_options_of(r.options);
+    const std::string err = llmc::tcfp12_validate(r.split);
+    if (!err.empty()) input_error("%s", err.c_str());
+    r.use_ef = llmc::tcfp12_uses_ef(r.split);
+    r.emulated = r.split.block_size != 0;
+    r.L = shape.num_layers; r.C = shape.channels; r.B = B; r.T = T;
+    r.num_linears = r.L * NUM_LINEAR_KINDS;
+    linear_scratch_init(r.scratch, r.C);
+    const int nl = r.num_linears;
+    r.elem_offset.assign(nl, 0);
+    r.group_offset.assign(nl, 0);
+    r.total_elems = r.total_groups = 0;
+    for (int l = 0; l < r.L; l++) {
+        if (!layer_is_quantized(r.options, l, r.L)) continue;
+        for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+            const size_t n = (size_t)linear_in_features((LinearKind)k, r.C) * linear_out_features((LinearKind)k, r.C);
+            r.elem_offset[l * NUM_LINEAR_KINDS + k] = r.total_elems;
+            r.group_offset[l * NUM_LINEAR_KINDS + k] = r.total_groups;
+            r.total_elems += n;
+            r.total_groups += r.split.block_size ? n / r.split.block_size : 1;
+        }
+    }
+    const size_t ne = std::max<size_t>(r.total_elems, 1), ng = std::max<size_t>(r.total_groups, 1);
+    r.hi = (uint8_t*)cuda_malloc_or_die(ne, "tcfp12 W_hi");
+    r.lo = (uint8_t*)cuda_malloc_or_die(ne, "tcfp12 W_lo");
+    r.hi_scale = (uint8_t*)cuda_malloc_or_die(ng, "tcfp12 scales");
+    r.lo_scale = (uint8_t*)cuda_malloc_or_die(ng, "tcfp12 scales");
+    if (r.emulated) {
+        r.hi_bf = (floatX*)cuda_malloc_or_die(ne * sizeof(floatX), "tcfp12 deq(W_hi)");
+        r.lo_bf = (floatX*)cuda_malloc_or_die(ne * sizeof(floatX), "tcfp12 deq(W_lo)");
+    } else {
+        r.hi_t = (uint8_t*)cuda_malloc_or_die(ne, "tcfp12 W_hi^T");
+        r.lo_t = (uint8_t*)cuda_malloc_or_die(ne, "tcfp12 W_lo^T");
+    }
+    if (r.use_ef) {
+        r.ef = (float*)cuda_malloc_or_die(ne * sizeof(float), "tcfp12 error-feedback buffer");
+        cudaCheck(cudaMemset(r.ef, 0, ne * sizeof(float)));
+    }
+    if (r.split.pdds) {
+        r.pdds = (float*)cuda_malloc_or_die(ng * sizeof(float), "tcfp12 PDDS state");
+        cudaCheck(cudaMemset(r.pdds, 0, ng * sizeof(float))); // 0 = no history yet
+    }
+    r.weight_slots = (float*)cuda_malloc_or_die((size_t)2 * nl * TCFP_SCALE_SLOT * sizeof(float), "tcfp12 scales");
+    cudaCheck(cudaMemset(r.weight_slots, 0, (size_t)2 * nl * TCFP_SCALE_SLOT * sizeof(float)));
+    r.split_stats = (Tcfp12SplitStats*)cuda_malloc_or_die((size_t)nl * sizeof(Tcfp12SplitStats), "tcfp12 telemetry");
+    cudaCheck(cudaMemset(r.split_stats, 0, (size_t)nl * sizeof(Tcfp12SplitStats)));
+    const size_t act = (size_t)(nl + 1) * NUM_TCFP_ACT_ROLES;
+    r.act_slots = (float*)cuda_malloc_or_die(act * TCFP_SCALE_SLOT * sizeof(float), "tcfp12 scales");
+    r.act_amax = (uint32_t*)cuda_malloc_or_die(act * sizeof(uint32_t), "tcfp12 amax");
+    r.act_stats = (unsigned long long*)cuda_malloc_or_die(act * 3 * sizeof(unsigned long long), "tcfp12 telemetry");
+    cudaCheck(cudaMemset(r.act_slots, 0, act * TCFP_SCALE_SLOT * sizeof(float)));
+    cudaCheck(cudaMemset(r.act_amax, 0, act * sizeof(uint32_t)));
+    cudaCheck(cudaMemset(r.act_stats, 0, act * 3 * sizeof(unsigned long long)));
+    const size_t widest = (size_t)B * T * 4 * r.C;
+    if (r.emulated) {
+        r.xq = (floatX*)cuda_malloc_or_die(widest * sizeof(floatX), "tcfp12 activations");
+        r.dyq = (floatX*)cuda_malloc_or_die(widest * sizeof(floatX), "tcfp12 gradients");
+    } else {
+        r.x8 = (uint8_t*)cuda_malloc_or_die(widest, "tcfp12 activations");
+        r.dy8 = (uint8_t*)cuda_malloc_or_die(widest, "tcfp12 gradients");
+        if (o.tcfp_fp8_wgrad) {
+            r.xt8 = (uint8_t*)cuda_malloc_or_die(widest, "tcfp12 activations");
+            r.dyt8 = (uint8_t*)cuda_malloc_or_die(widest, "tcfp12 gradients");
+        }
+    }
+    r.srr_seed = o.seed ^ 0x5443465031325352ULL;
+    r.splits = 0;
+}
+
+inline std::string recipe_describe(const Recipe& r) {
+    const RecipeOptions& o = r.options;
+    const int q0 = o.skip_first, q1 = r.L - o.skip_last;
+    std::string layers = q1 > q0 ? strfmt("layers %d-%d in TCFP-12", q0, q1 - 1) : std::string("no layer in TCFP-12");
+    return strfmt("tcfp12: %s; W_hi + W_lo E4M3 (%s), x E4M3 / dy E5M2 fresh power-of-two scales, %s wgrad; %s, "
+                  "-sqf %d -sql %d", llmc::tcfp12_describe(r.split).c_str(),
+                  r.emulated ? "block scales emulated exactly on BF16 tensor cores"
+                             : (o.tcfp_fast_accum ? "two FP8 GEMMs, fast accumulation" : "two FP8 GEMMs"),
+                  o.tcfp_fp8_wgrad ? "FP8" : "BF16", layers.c_str(), o.skip_first, o.skip_last);
+}
+
+// The split's seed for SRR: the run's seed, the split counter and the linear, mixed
+inline uint32_t tcfp12_split_seed(const Recipe& r, int li) {
+    uint64_t z = r.srr_seed + 0x9E3779B97F4A7C15ULL * (uint64_t)(r.splits * 1024 + li + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+
+// What the GEMMs read, derived from the split: the scale factors and transposes (per tensor) or
+// the BF16 dequantized halves (per block)
+inline void tcfp12_derive(Recipe& r, int li, int OC, int C, cudaStream_t st) {
+    uint8_t* hi = r.hi + r.elem_offset[li];
+    uint8_t* lo = r.lo + r.elem_offset[li];
+    const uint8_t* hs = r.hi_scale + r.group_offset[li];
+    const uint8_t* ls = r.lo_scale + r.group_offset[li];
+    if (r.emulated) {
+        tcfp12_dequantize_blocks(r.hi_bf + r.elem_offset[li], r.lo_bf + r.elem_offset[li], hi, lo, hs, ls, (long long)OC * C,
+                                 r.split.block_size, st);
+    } else {
+        tcfp12_tensor_factors_kernel<<<1, 1, 0, st>>>(tcfp_hi_slot(r, li), tcfp_lo_slot(r, li), hs, ls);
+        cudaCheckLaunch();
+        tcfp12_transpose_codes(r.hi_t + r.elem_offset[li], hi, OC, C, st);
+        tcfp12_transpose_codes(r.lo_t + r.elem_offset[li], lo, OC, C, st);
+    }
+}
+
+inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream_t st) {
+    const bool split = !r.skip_next_split;
+    r.skip_next_split = false;
+    for (int l = 0; l < r.L; l++) {
+        if (!layer_is_quantized(r.options, l, r.L)) continue;
+        for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+            const int li = l * NUM_LINEAR_KINDS + k;
+            const int C = linear_in_features((LinearKind)k, r.C), OC = linear_out_features((LinearKind)k, r.C);
+            if (split) {
+                tcfp12_split(w.weight[k] + (size_t)l * OC * C, OC, C, r.split, r.use_ef ? r.ef + r.elem_offset[li] : nullptr,
+                             r.split.pdds ? r.pdds + r.group_offset[li] : nullptr, tcfp12_split_seed(r, li),
+                             r.hi + r.elem_offset[li], r.lo + r.elem_offset[li], r.hi_scale + r.group_offset[li],
+                             r.lo_scale + r.group_offset[li], r.split_stats + li, st);
+            }
+            tcfp12_derive(r, li, OC, C, st);
+        }
+    }
+    if (split) r.splits += 1;
+}
+
+// TCFP-12 keeps no per-step scale state: the weights' scales come with each split, the others fresh
+inline void recipe_step_end(Recipe&, cudaStream_t) {}
+
+// The BF16 input is read in backward: by the BF16 weight gradient, or to make x^T for the FP8 one
+inline bool recipe_needs_input_in_backward(const Recipe&, LinearId, int) { return true; }
+
+// x -> FP8 (or its exact BF16 values, emulated) with a fresh scale; returns the scale slot
+inline float* tcfp12_quantize_input(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st) {
+    const int li = tcfp_linear_index(id);
+    float* slot = tcfp_act_slot(r, li, TCFP_X, training);
+    tcfp12_fresh_scale(slot, tcfp_act_amax(r, li, TCFP_X, training), inp, (long long)N * C, false, st);
+    if (r.emulated) {
+        tcfp12_fake_quantize<Fp8Kind::E4M3>(r.xq, inp, (long long)N * C, slot, st);
+    } else {
+        fp8_quantize<Fp8Kind::E4M3>(r.x8, inp, (long long)N * C, slot, nullptr,
+                                    training ? tcfp_act_stats(r, li, TCFP_X) : Fp8Stats(), st);
+    }
+    return slot;
+}
+
+[[noreturn]] inline void tcfp12_no_gemm(const char* what, int m, int n, int k) {
+    fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the TCFP-12 %s (m=%d n=%d k=%d)\n", what, m, n, k);
+    exit(1);
+}
+
+// out = x W_lo^T, then out = x W_hi^T + out + bias (and the GELU epilogue when asked)
+inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu, const floatX* inp, const floatX* bias,
+                           int N, int C, int OC, bool training, cudaStream_t st) {
+    const int li = tcfp_linear_index(id);
+    PHASE("tcfp12: quantize x");
+    float* xs = tcfp12_quantize_input(r, id, inp, N, C, training, st);
+    PHASE("tcfp12: gemm forward");
+    const MatmulEpilogue epi = pre_gelu ? EPI_GELU_BIAS : EPI_NONE;
+    if (r.emulated) {
+        const size_t off = r.elem_offset[li];
+        matmul(out, r.lo_bf + off, r.xq, nullptr, OC, N, C, true, false, 1.0f, 0.0f, false, st);
+        matmul(out, r.hi_bf + off, r.xq, bias, OC, N, C, true, false, 1.0f, 1.0f, false, st, MatmulBatch(), epi, pre_gelu);
+        return;
+    }
+    const bool fast = r.options.tcfp_fast_accum != 0; // the W_lo GEMM always accumulates fast: its terms are ~16x smaller
+    Fp8Operand x{r.x8, CUDA_R_8F_E4M3, xs + 4};
+    Fp8Operand wlo{r.lo + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_lo_slot(r, li) + 4};
+    Fp8Operand whi{r.hi + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_hi_slot(r, li) + 4};
+    if (pre_gelu && !r.gelu_epilogue) {
+        // no fused GELU for FP8 operands here: both GEMMs into pre_gelu, then the GELU kernel
+        if (!matmul_fp8(pre_gelu, false, wlo, x, nullptr, OC, N, C, 0.0f, true, st)) tcfp12_no_gemm("forward", OC, N, C);
+        if (!matmul_fp8(pre_gelu, false, whi, x, bias, OC, N, C, 1.0f, fast, st)) tcfp12_no_gemm("forward", OC, N, C);
+        gelu_forward(out, pre_gelu, (long long)N * OC, st);
+        return;
+    }
+    if (!matmul_fp8(out, false, wlo, x, nullptr, OC, N, C, 0.0f, true, st)) tcfp12_no_gemm("forward", OC, N, C);
+    if (!matmul_fp8(out, false, whi, x, bias, OC, N, C, 1.0f, fast, st, epi, pre_gelu)) {
+        if (!pre_gelu) tcfp12_no_gemm("forward", OC, N, C);
+        r.gelu_epilogue = false; // probed once: take the unfused path from now on
+        tcfp12_forward(r, id, out, pre_gelu, inp, bias, N, C, OC, training, st);
+    }
+}
+
+inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* weight,
+                           const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
+    if (!tcfp12_applies(r, id, N, C, OC)) { plain_linear_forward(out, inp, weight, bias, N, C, OC, st); return; }
+    tcfp12_forward(r, id, out, nullptr, inp, bias, N, C, OC, training, st);
+}
+
+inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
+                                const floatX* weight, const floatX* bias, int N, int C, int OC, bool training,
+                                cudaStream_t st) {
+    if (!tcfp12_applies(r, id, N, C, OC)) {
+        plain_linear_forward_gelu(gelu_out, pre_gelu, inp, weight, bias, N, C, OC, st);
+        return;
+    }
+    tcfp12_forward(r, id, gelu_out, pre_gelu, inp, bias, N, C, OC, training, st);
+}
+
+inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
+                            const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
+                            cudaStream_t st) {
+    if (!tcfp12_applies(r, id, N, C, OC)) {
+        plain_linear_backward(dweight, dbias, dinp, dout, inp, weight, pre_gelu, r.scratch, N, C, OC, st);
+        return;
+    }
+    const int li = tcfp_linear_index(id);
+    const bool fp8_wgrad = r.options.tcfp_fp8_wgrad != 0, abd = r.split.abd != 0;
+    float* dys = tcfp_act_slot(r, li, TCFP_DY, true);
+    const float* xs = tcfp_act_slot(r, li, TCFP_X, true); // the forward pass's x scale
+    PHASE("tcfp12: quantize dy + bias grad");
+    // dy's amax and the bias gradient from one read, then the quantization
+    tcfp12_dy_scale_and_bias(dys, tcfp_act_amax(r, li, TCFP_DY, true), dbias, r.scratch.bias_partials, dout, N, OC, st);
+    if (r.emulated) {
+        const size_t off = r.elem_offset[li];
+        tcfp12_fake_quantize<Fp8Kind::E5M2>(r.dyq, dout, (long long)N * OC, dys, st);
+        PHASE("tcfp12: gemm wgrad");
+        if (fp8_wgrad) {
+            tcfp12_fake_quantize<Fp8Kind::E4M3>(r.xq, inp, (long long)N * C, xs, st);
+            matmul(dweight, r.xq, r.dyq, nullptr, C, OC, N, false, true, 1.0f, 1.0f, true, st);
+        } else {
+            plain_linear_backward_dw(dweight, dout, inp, N, C, OC, st);
+        }
+        PHASE("tcfp12: gemm dgrad");
+        if (!abd) matmul(dinp, r.lo_bf + off, r.dyq, nullptr, C, N, OC, false, false, 1.0f, 0.0f, false, st);
+        matmul(dinp, r.hi_bf + off, r.dyq, nullptr, C, N, OC, false, false, 1.0f, abd ? 0.0f : 1.0f, false, st);
+    } else {
+        // dy in E5M2 (and dy^T for an FP8 wgrad, from the same read)
+        if (fp8_wgrad) {
+            fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, r.dyt8, dout, N, OC, dys, nullptr, tcfp_act_stats(r, li, TCFP_DY), st);
+        } else {
+            fp8_quantize<Fp8Kind::E5M2>(r.dy8, dout, (long long)N * OC, dys, nullptr, tcfp_act_stats(r, li, TCFP_DY), st);
+        }
+        PHASE("tcfp12: gemm wgrad");
+        if (fp8_wgrad) {
+            // x^T with the forward's scale: the same codes the forward GEMM read
+            fp8_quantize_transpose<Fp8Kind::E4M3>(nullptr, r.xt8, inp, N, C, xs, nullptr, Fp8Stats(), st);
+            Fp8Operand xt{r.xt8, CUDA_R_8F_E4M3, xs + 4}, dyt{r.dyt8, CUDA_R_8F_E5M2, dys + 4};
+            if (!matmul_fp8(dweight, true, xt, dyt, nullptr, C, OC, N, 1.0f, false, st)) tcfp12_no_gemm("weight gradient", C, OC, N);
+        } else {
+            plain_linear_backward_dw(dweight, dout, inp, N, C, OC, st);
+        }
+        PHASE("tcfp12: gemm dgrad");
+        const bool fast = r.options.tcfp_fast_accum != 0;
+        Fp8Operand dy{r.dy8, CUDA_R_8F_E5M2, dys + 4};
+        Fp8Operand wlo{r.lo_t + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_lo_slot(r, li) + 4};
+        Fp8Operand whi{r.hi_t + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_hi_slot(r, li) + 4};
+        if (!abd && !matmul_fp8(dinp, false, wlo, dy, nullptr, C, N, OC, 0.0f, true, st)) tcfp12_no_gemm("input gradient", C, N, OC);
+        if (!matmul_fp8(dinp, false, whi, dy, nullptr, C, N, OC, abd ? 0.0f : 1.0f, fast, st)) tcfp12_no_gemm("input gradient", C, N, OC);
+    }
+    PHASE("tcfp12: gelu backward");
+    if (pre_gelu) gelu_backward(dinp, pre_gelu, (long long)N * C, st);
+}
+
+// ---- checkpoint state -----------------------------------------------------------------------------
+static const int TCFP_NUM_OPTIONS = 9;
+inline void tcfp12_option_values(const Recipe& r, int32_t* v) {
+    const RecipeOptions& o = r.options;
+    const int32_t vals[TCFP_NUM_OPTIONS] = {o.tcfp_block, r.use_ef ? 1 : 0, o.tcfp_srr, o.tcfp_pdds, o.tcfp_abd,
+                                            o.tcfp_fp8_wgrad, o.skip_first, o.skip_last, o.tcfp_fast_accum};
+    memcpy(v, vals, sizeof(vals));
+}
+
+template <typename T>
+inline std::vector<T> tcfp12_download(const T* d, size_t n) {
+    std::vector<T> h(n);
+    if (n) cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+inline void recipe_save(const Recipe& r, StateWriter& w) {
+    int32_t opts[TCFP_NUM_OPTIONS];
+    tcfp12_option_values(r, opts);
+    const int64_t splits = r.splits;
+    w.add_copy("tcfp12_options", opts, sizeof(opts));
+    w.add_copy("tcfp12_splits", &splits, sizeof(splits));
+    const size_t ne = r.total_elems, ng = r.total_groups;
+    auto hi = tcfp12_download(r.hi, ne), lo = tcfp12_download(r.lo, ne);
+    auto hs = tcfp12_download(r.hi_scale, ng), ls = tcfp12_download(r.lo_scale, ng);
+    w.add_copy("tcfp12_w_hi", hi.data(), ne);
+    w.add_copy("tcfp12_w_lo", lo.data(), ne);
+    w.add_copy("tcfp12_hi_scale", hs.data(), ng);
+    w.add_copy("tcfp12_lo_scale", ls.data(), ng);
+    if (r.use_ef) {
+        auto ef = tcfp12_download(r.ef, ne);
+        w.add_copy("tcfp12_error_feedback", ef.data(), ne * sizeof(float));
+    }
+    if (r.split.pdds) {
+        auto pd = tcfp12_download(r.pdds, ng);
+        w.add_copy("tcfp12_pdds", pd.data(), ng * sizeof(float));
+    }
+}
+
+inline void recipe_load(Recipe& r, StateReader& rd) {
+    int32_t opts[TCFP_NUM_OPTIONS], mine[TCFP_NUM_OPTIONS];
+    rd.read("tcfp12_options", opts, sizeof(opts));
+    tcfp12_option_values(r, mine);
+    if (memcmp(opts, mine, sizeof(opts)) != 0) {
+        input_error("the checkpoint was written with -tb %d -tef %d -tsrr %d -tpdds %d -tabd %d -tfw %d -sqf %d -sql %d "
+                    "-tfa %d, this run has -tb %d -tef %d -tsrr %d -tpdds %d -tabd %d -tfw %d -sqf %d -sql %d -tfa %d; "
+                    "resume with the checkpoint's settings", opts[0], opts[1], opts[2], opts[3], opts[4], opts[5], opts[6],
+                    opts[7], opts[8], mine[0], mine[1], mine[2], mine[3], mine[4], mine[5], mine[6], mine[7], mine[8]);
+    }
+    int64_t splits = 0;
+    rd.read("tcfp12_splits", &splits, sizeof(splits));
+    r.splits = splits;
+    const size_t ne = r.total_elems, ng = r.total_groups;
+    std::vector<uint8_t> b(ne);
+    rd.read("tcfp12_w_hi", b.data(), ne);
+    if (ne) cudaCheck(cudaMemcpy(r.hi, b.data(), ne, cudaMemcpyHostToDevice));
+    rd.read("tcfp12_w_lo", b.data(), ne);
+    if (ne) cudaCheck(cudaMemcpy(r.lo, b.data(), ne, cudaMemcpyHostToDevice));
+    std::vector<uint8_t> s(ng);
+    rd.read("tcfp12_hi_scale", s.data(), ng);
+    if (ng) cudaCheck(cudaMemcpy(r.hi_scale, s.data(), ng, cudaMemcpyHostToDevice));
+    rd.read("tcfp12_lo_scale", s.data(), ng);
+    if (ng) cudaCheck(cudaMemcpy(r.lo_scale, s.data(), ng, cudaMemcpyHostToDevice));
+    if (r.use_ef) {
+        std::vector<float> ef(ne);
+        rd.read("tcfp12_error_feedback", ef.data(), ne * sizeof(float));
+        if (ne) cudaCheck(cudaMemcpy(r.ef, ef.data(), ne * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    if (r.split.pdds) {
+        std::vector<float> pd(ng);
+        rd.read("tcfp12_pdds", pd.data(), ng * sizeof(float));
+        if (ng) cudaCheck(cudaMemcpy(r.pdds, pd.data(), ng * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    // the split of the loaded weights is the one just restored (train_gpt.cu calls
+    // recipe_weights_changed next: it then only derives the GEMMs' operands from it)
+    r.skip_next_split = true;
+}
+
+// ---- telemetry ----------------------------------------------------------------------------------
+inline bool recipe_begin_step(Recipe& r, int step) {
+    r.count_stats = r.options.telemetry_every > 0 && step % r.options.telemetry_every == 0;
+    if (r.count_stats) {
+        cudaCheck(cudaMemset(r.act_stats, 0, (size_t)r.num_linears * NUM_TCFP_ACT_ROLES * 3 * sizeof(unsigned long long)));
+    }
+    return r.count_stats;
+}
+
+// Per quantized linear, the weight split and the two quantized operands:
+//   s:STEP lq:l3.fc.w amax:... lo_amax:... hi_scale:... lo_scale:... lo_zero:... err:... sat:...
+//   s:STEP lq:l3.fc.x amax:... scale:... sat:... ftz:...       (and .dy)
+// Weights: hi_scale / lo_scale are the tensor's scales (per block: those of the block holding the
+// largest value and the largest residual), lo_zero the fraction of W_lo codes that are zero, err
+// the relative split error sqrt(sum EF'^2 / sum W_eff^2), sat the fraction clipped (W_hi or W_lo).
+// x and dy: the last micro-step's amax and scale; counts over the step's micro-steps (the emulated
+// block modes do not count them: sat and ftz read 0 there).
+inline void recipe_log_telemetry(Recipe& r, FILE* log, int step) {
+    const int nl = r.num_linears;
+    cudaCheck(cudaDeviceSynchronize());
+    auto ss = tcfp12_download(r.split_stats, (size_t)nl);
+    auto amax = tcfp12_download(r.act_amax, (size_t)nl * NUM_TCFP_ACT_ROLES);
+    auto slots = tcfp12_download(r.act_slots, (size_t)nl * NUM_TCFP_ACT_ROLES * TCFP_SCALE_SLOT);
+    auto counts = tcfp12_download(r.act_stats, (size_t)nl * NUM_TCFP_ACT_ROLES * 3);
+    auto ls = tcfp12_download(r.lo_scale, r.total_groups);
+    for (int l = 0; l < r.L; l++) {
+        if (!layer_is_quantized(r.options, l, r.L)) continue;
+        for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+            const int li = l * NUM_LINEAR_KINDS + k;
+            const Tcfp12SplitStats& s = ss[li];
+            const double n = (double)linear_in_features((LinearKind)k, r.C) * linear_out_features((LinearKind)k, r.C);
+            const float a = llmc::bits_float(s.amax_bits), la = llmc::bits_float(s.lo_amax_bits);
+            float hs, lsc;
+            if (r.split.block_size == 0) {
+                hs = llmc::tcfp12_scale((uint8_t)s.hi_code);
+                lsc = llmc::tcfp12_scale(ls[r.group_offset[li]]);
+            } else {
+                hs = llmc::tcfp12_scale(llmc::tcfp12_scale_code(a));
+                lsc = llmc::tcfp12_scale(llmc::tcfp12_scale_code(la));
+            }
+            const double err = s.weff2 > 0 ? std::sqrt(s.err2 / s.weff2) : 0.0;
+            fprintf(log, "s:%d lq:l%d.%s.w amax:%.6e lo_amax:%.6e hi_scale:%.6e lo_scale:%.6e lo_zero:%.6e err:%.6e sat:%.6e\n",
+                    step, l, LINEAR_NAMES[k], a, la, hs, lsc, 1.0 - s.lo_nonzero / n, err,
+                    (s.hi_saturated + s.lo_saturated) / n);
+            for (int role = 0; role < NUM_TCFP_ACT_ROLES; role++) {
+                const size_t i = (size_t)li * NUM_TCFP_ACT_ROLES + role;
+                const unsigned long long* c = &counts[i * 3];
+                const double cnt = c[0] ? (double)c[0] : 1.0;
+                float am;
+                memcpy(&am, &amax[i], 4);
+                fprintf(log, "s:%d lq:l%d.%s.%s amax:%.6e scale:%.6e sat:%.6e ftz:%.6e\n", step, l, LINEAR_NAMES[k],
+                        TCFP_ACT_NAMES[role], am, slots[i * TCFP_SCALE_SLOT], c[1] / cnt, c[2] / cnt);
+            }
+        }
+    }
+    fflush(log);
+}

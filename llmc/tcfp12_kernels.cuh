@@ -1,0 +1,399 @@
+// tcfp12_kernels.cuh: the GPU side of the TCFP-12 format (tcfp12.h): the weight split, the
+// layouts the dual GEMMs read, and the fresh power-of-two quantization of activations and gradients.
+//
+// The split. Every kernel below composes the __host__ __device__ element functions of tcfp12.h in
+// the order tcfp12_split_group does, so the codes, scale codes, EF buffer and PDDS state equal the
+// CPU reference bit for bit (build/test_tcfp12 checks every option). Maxima and counts are order-
+// independent, so how the work is cut into threads does not matter.
+//   * Per block (B = 32, 64, 128 consecutive values of a row): one warp per block, which holds the
+//     block in registers: W (and the EF buffer) is read once and W_hi, W_lo, both scale codes and
+//     EF' are written once (tcfp12_split_blocks). The SRR bits are drawn from the element's flat
+//     index, as on the CPU.
+//   * Per tensor: the scales depend on the whole tensor, so it takes three passes over it
+//     (amax of W + EF; W_hi codes and the residual's amax; W_lo codes and EF'), with one-thread
+//     kernels between them that turn the maxima into scale codes (and run the PDDS update). The
+//     weights are split once per optimizer step, so the passes cost little (doc/tcfp12.md).
+//
+// Telemetry of a split (Tcfp12SplitStats, one per weight matrix): the maxima, saturation counts,
+// the W_lo codes that are not zero, the groups that got the zero-residual sentinel, and the sums
+// of EF'^2 and W_eff^2 (the relative split error).
+//
+// Activations and gradients are quantized afresh for every GEMM with a power-of-two scale from
+// their current amax: s = 2^ceil(log2(amax / FP8_MAX)) as an E8M0 code, the rule the weights use
+// (tcfp12_scale_code; E5M2's 57344 = 448 * 2^7). The quantization itself is fp8_quantize.cuh's.
+#pragma once
+#include "cuda_common.h"
+#include "fp8_quantize.cuh"
+#include "matmul.cuh"
+#include "tcfp12.h"
+
+struct Tcfp12SplitStats {
+    uint32_t amax_bits;             // max |W_eff| (bits of a non-negative float)
+    uint32_t lo_amax_bits;          // max |R|
+    uint32_t hi_code, lo_code;      // per tensor: this split's scale codes (before the sentinel)
+    unsigned long long hi_saturated, lo_saturated, lo_nonzero, zero_residual_groups;
+    double err2, weff2;             // sum of EF'^2 and of W_eff^2
+};
+
+// A quantization scale slot: [0] the factor to quantize with (1/s), [4] the factor the GEMM
+// dequantizes with (s). 16-byte aligned, as cuBLASLt wants its scale pointers.
+static const int TCFP_SCALE_SLOT = 8; // floats
+
+template <typename T> __device__ __forceinline__ float tcfp12_load(const T* p, long long i) { return (float)p[i]; }
+
+// Block-level sums of the split's statistics, then one atomic each per block (one per warp made the
+// per-tensor passes ~10x slower than their memory traffic: thousands of double atomics on one address)
+// (a plain aggregate, so that it can live in shared memory; zero it with `Tcfp12Partial p = {};`)
+struct Tcfp12Partial {
+    float amax, lo_amax;
+    uint32_t hi_sat, lo_sat, lo_nonzero, zero_groups;
+    double err2, weff2;
+};
+
+__device__ inline void tcfp12_commit(Tcfp12Partial p, Tcfp12SplitStats* st) {
+    for (int o = 16; o > 0; o >>= 1) {
+        p.amax = llmc::tcfp12_amax_update(p.amax, __shfl_xor_sync(0xffffffffu, p.amax, o));
+        p.lo_amax = llmc::tcfp12_amax_update(p.lo_amax, __shfl_xor_sync(0xffffffffu, p.lo_amax, o));
+        p.hi_sat += __shfl_xor_sync(0xffffffffu, p.hi_sat, o);
+        p.lo_sat += __shfl_xor_sync(0xffffffffu, p.lo_sat, o);
+        p.lo_nonzero += __shfl_xor_sync(0xffffffffu, p.lo_nonzero, o);
+        p.zero_groups += __shfl_xor_sync(0xffffffffu, p.zero_groups, o);
+        p.err2 += __shfl_xor_sync(0xffffffffu, p.err2, o);
+        p.weff2 += __shfl_xor_sync(0xffffffffu, p.weff2, o);
+    }
+    // then across the block's warps (blockDim.x <= 256), so that only one thread per block does atomics
+    __shared__ Tcfp12Partial warp_part[8];
+    const int warp = threadIdx.x / 32;
+    if ((threadIdx.x & 31) == 0) warp_part[warp] = p;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    for (int w = 1; w < (int)blockDim.x / 32; w++) {
+        const Tcfp12Partial& q = warp_part[w];
+        p.amax = llmc::tcfp12_amax_update(p.amax, q.amax);
+        p.lo_amax = llmc::tcfp12_amax_update(p.lo_amax, q.lo_amax);
+        p.hi_sat += q.hi_sat; p.lo_sat += q.lo_sat; p.lo_nonzero += q.lo_nonzero; p.zero_groups += q.zero_groups;
+        p.err2 += q.err2; p.weff2 += q.weff2;
+    }
+    if (p.amax > 0.0f) atomicMax(&st->amax_bits, llmc::float_bits(p.amax));
+    if (p.lo_amax > 0.0f) atomicMax(&st->lo_amax_bits, llmc::float_bits(p.lo_amax));
+    if (p.hi_sat) atomicAdd(&st->hi_saturated, (unsigned long long)p.hi_sat);
+    if (p.lo_sat) atomicAdd(&st->lo_saturated, (unsigned long long)p.lo_sat);
+    if (p.lo_nonzero) atomicAdd(&st->lo_nonzero, (unsigned long long)p.lo_nonzero);
+    if (p.zero_groups) atomicAdd(&st->zero_residual_groups, (unsigned long long)p.zero_groups);
+    atomicAdd(&st->err2, p.err2);
+    atomicAdd(&st->weff2, p.weff2);
+}
+
+// ---- per block: one warp per group of B values, held in registers ----------------------------
+// Lane l holds elements base + j*32 + l (j < B/32): coalesced loads and stores.
+template <typename InT, int B>
+__global__ void __launch_bounds__(256) tcfp12_split_blocks_kernel(const InT* w, float* ef, float* pdds_ema,
+                                                                  long long groups, bool srr, uint32_t srr_seed,
+                                                                  uint8_t* hi, uint8_t* lo, uint8_t* hi_scale,
+                                                                  uint8_t* lo_scale, Tcfp12SplitStats* st) {
+    constexpr int V = B / 32;
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * blockDim.x / 32;
+    Tcfp12Partial part = {};
+    for (long long g = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; g < groups; g += warps) {
+        const long long base = g * B;
+        float we[V];
+        float amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const long long e = base + j * 32 + lane;
+            we[j] = ef ? tcfp12_load(w, e) + ef[e] : tcfp12_load(w, e);
+            amax = llmc::tcfp12_amax_update(amax, we[j]);
+        }
+        for (int o = 16; o > 0; o >>= 1) amax = llmc::tcfp12_amax_update(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        uint8_t hi_code, lo_code = 0;
+        if (pdds_ema) {
+            const float ema = llmc::tcfp12_pdds_ema_update(pdds_ema[g], amax);
+            hi_code = llmc::tcfp12_scale_code(ema);
+            lo_code = llmc::tcfp12_pdds_lo_code(hi_code, ema);
+            __syncwarp();
+            if (lane == 0) pdds_ema[g] = ema;
+        } else {
+            hi_code = llmc::tcfp12_scale_code(amax);
+        }
+        const float inv_hi = llmc::tcfp12_inv_scale(hi_code);
+        float r[V];
+        uint8_t hc[V];
+        float lo_amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            hc[j] = llmc::tcfp12_encode_hi(we[j], hi_code);
+            part.hi_sat += (!(llmc::abs_bits(we[j] * inv_hi) <= llmc::kTcfp12Max) && we[j] == we[j]) ? 1u : 0u;
+            r[j] = we[j] - llmc::tcfp12_decode(hc[j], hi_code);
+            lo_amax = llmc::tcfp12_amax_update(lo_amax, r[j]);
+        }
+        for (int o = 16; o > 0; o >>= 1) lo_amax = llmc::tcfp12_amax_update(lo_amax, __shfl_xor_sync(0xffffffffu, lo_amax, o));
+        if (!pdds_ema) lo_code = llmc::tcfp12_scale_code(lo_amax);
+        const float inv_lo = llmc::tcfp12_inv_scale(lo_code);
+        uint32_t nonzero = 0;
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const long long e = base + j * 32 + lane;
+            const uint32_t bits = srr ? llmc::tcfp12_srr_bits(srr_seed, (uint32_t)e) : 0u;
+            const uint8_t c = llmc::tcfp12_encode_lo(r[j], lo_code, srr, bits);
+            part.lo_sat += (!(llmc::abs_bits(r[j] * inv_lo) <= llmc::kTcfp12Max) && r[j] == r[j]) ? 1u : 0u;
+            nonzero += llmc::tcfp12_code_is_zero(c) ? 0u : 1u;
+            const float err = r[j] - llmc::tcfp12_decode(c, lo_code);
+            if (ef) ef[e] = err;
+            part.err2 += (double)err * err;
+            part.weff2 += (double)we[j] * we[j];
+            hi[e] = hc[j];
+            lo[e] = c;
+        }
+        part.lo_nonzero += nonzero;
+        for (int o = 16; o > 0; o >>= 1) nonzero += __shfl_xor_sync(0xffffffffu, nonzero, o);
+        if (lane == 0) {
+            hi_scale[g] = hi_code;
+            lo_scale[g] = nonzero == 0 ? llmc::kTcfp12ZeroResidual : lo_code;
+            part.zero_groups += nonzero == 0 ? 1u : 0u;
+        }
+        part.amax = llmc::tcfp12_amax_update(part.amax, amax);
+        part.lo_amax = llmc::tcfp12_amax_update(part.lo_amax, lo_amax);
+    }
+    tcfp12_commit(part, st);
+}
+
+// ---- per tensor: three passes, with the scale codes decided between them ------------------------
+enum Tcfp12TensorPass { TCFP_PASS_AMAX = 0, TCFP_PASS_HI = 1, TCFP_PASS_LO = 2 };
+
+template <typename InT, int PASS>
+__global__ void __launch_bounds__(256) tcfp12_split_tensor_kernel(const InT* w, float* ef, long long n, bool srr,
+                                                                  uint32_t srr_seed, uint8_t* hi, uint8_t* lo,
+                                                                  Tcfp12SplitStats* st) {
+    const uint8_t hi_code = PASS == TCFP_PASS_AMAX ? 0 : (uint8_t)st->hi_code;
+    const uint8_t lo_code = PASS == TCFP_PASS_LO ? (uint8_t)st->lo_code : 0;
+    const float inv_hi = llmc::tcfp12_inv_scale(hi_code), inv_lo = llmc::tcfp12_inv_scale(lo_code);
+    Tcfp12Partial part = {};
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x) {
+        const float we = ef ? tcfp12_load(w, e) + ef[e] : tcfp12_load(w, e);
+        if (PASS == TCFP_PASS_AMAX) {
+            part.amax = llmc::tcfp12_amax_update(part.amax, we);
+        } else if (PASS == TCFP_PASS_HI) {
+            const uint8_t c = llmc::tcfp12_encode_hi(we, hi_code);
+            hi[e] = c;
+            part.hi_sat += (!(llmc::abs_bits(we * inv_hi) <= llmc::kTcfp12Max) && we == we) ? 1u : 0u;
+            part.lo_amax = llmc::tcfp12_amax_update(part.lo_amax, we - llmc::tcfp12_decode(c, hi_code));
+        } else {
+            const float r = we - llmc::tcfp12_decode(hi[e], hi_code);
+            const uint32_t bits = srr ? llmc::tcfp12_srr_bits(srr_seed, (uint32_t)e) : 0u;
+            const uint8_t c = llmc::tcfp12_encode_lo(r, lo_code, srr, bits);
+            lo[e] = c;
+            part.lo_sat += (!(llmc::abs_bits(r * inv_lo) <= llmc::kTcfp12Max) && r == r) ? 1u : 0u;
+            part.lo_nonzero += llmc::tcfp12_code_is_zero(c) ? 0u : 1u;
+            const float err = r - llmc::tcfp12_decode(c, lo_code);
+            if (ef) ef[e] = err;
+            part.err2 += (double)err * err;
+            part.weff2 += (double)we * we;
+        }
+    }
+    tcfp12_commit(part, st);
+}
+
+// after the amax pass: the W_hi scale code (PDDS: from the updated EMA, which also predicts W_lo's)
+__global__ void tcfp12_tensor_hi_scale_kernel(Tcfp12SplitStats* st, float* pdds_ema) {
+    const float amax = llmc::bits_float(st->amax_bits);
+    if (pdds_ema) {
+        const float ema = llmc::tcfp12_pdds_ema_update(*pdds_ema, amax);
+        *pdds_ema = ema;
+        st->hi_code = llmc::tcfp12_scale_code(ema);
+        st->lo_code = llmc::tcfp12_pdds_lo_code((uint8_t)st->hi_code, ema);
+    } else {
+        st->hi_code = llmc::tcfp12_scale_code(amax);
+    }
+}
+
+// after the W_hi pass: the fresh W_lo scale code (PDDS predicted it already)
+__global__ void tcfp12_tensor_lo_scale_kernel(Tcfp12SplitStats* st, bool pdds) {
+    if (!pdds) st->lo_code = llmc::tcfp12_scale_code(llmc::bits_float(st->lo_amax_bits));
+}
+
+// after the W_lo pass: the scale codes, with the sentinel when every W_lo code is zero
+__global__ void tcfp12_tensor_finish_kernel(Tcfp12SplitStats* st, uint8_t* hi_scale, uint8_t* lo_scale) {
+    const bool zero = st->lo_nonzero == 0;
+    hi_scale[0] = (uint8_t)st->hi_code;
+    lo_scale[0] = zero ? llmc::kTcfp12ZeroResidual : (uint8_t)st->lo_code;
+    st->zero_residual_groups = zero ? 1 : 0;
+}
+
+// ---- host wrappers of the split ------------------------------------------------------------------
+// Split W (rows x cols, row-major; float or floatX) under the options o (valid: tcfp12_validate).
+// ef: rows*cols floats (iff tcfp12_uses_ef), updated in place; pdds_ema: one float per group (iff
+// o.pdds); hi, lo: rows*cols codes; hi_scale, lo_scale: one code per group; st: zeroed here.
+template <typename InT>
+inline void tcfp12_split(const InT* w, int rows, int cols, const llmc::Tcfp12Options& o, float* ef, float* pdds_ema,
+                         uint32_t srr_seed, uint8_t* hi, uint8_t* lo, uint8_t* hi_scale, uint8_t* lo_scale,
+                         Tcfp12SplitStats* st, cudaStream_t stream) {
+    cudaCheck(cudaMemsetAsync(st, 0, sizeof(Tcfp12SplitStats), stream));
+    const long long n = (long long)rows * cols;
+    const bool srr = o.srr != 0;
+    if (o.block_size == 0) {
+        const int grid = fp8_grid_size(n, 256);
+        tcfp12_split_tensor_kernel<InT, TCFP_PASS_AMAX><<<grid, 256, 0, stream>>>(w, ef, n, srr, srr_seed, hi, lo, st);
+        tcfp12_tensor_hi_scale_kernel<<<1, 1, 0, stream>>>(st, o.pdds ? pdds_ema : nullptr);
+        tcfp12_split_tensor_kernel<InT, TCFP_PASS_HI><<<grid, 256, 0, stream>>>(w, ef, n, srr, srr_seed, hi, lo, st);
+        tcfp12_tensor_lo_scale_kernel<<<1, 1, 0, stream>>>(st, o.pdds != 0);
+        tcfp12_split_tensor_kernel<InT, TCFP_PASS_LO><<<grid, 256, 0, stream>>>(w, ef, n, srr, srr_seed, hi, lo, st);
+        tcfp12_tensor_finish_kernel<<<1, 1, 0, stream>>>(st, hi_scale, lo_scale);
+    } else {
+        const long long groups = n / o.block_size;
+        const int grid = fp8_grid_size(groups * 32, 256);
+        float* pd = o.pdds ? pdds_ema : nullptr;
+        if (o.block_size == 32)
+            tcfp12_split_blocks_kernel<InT, 32><<<grid, 256, 0, stream>>>(w, ef, pd, groups, srr, srr_seed, hi, lo, hi_scale, lo_scale, st);
+        else if (o.block_size == 64)
+            tcfp12_split_blocks_kernel<InT, 64><<<grid, 256, 0, stream>>>(w, ef, pd, groups, srr, srr_seed, hi, lo, hi_scale, lo_scale, st);
+        else
+            tcfp12_split_blocks_kernel<InT, 128><<<grid, 256, 0, stream>>>(w, ef, pd, groups, srr, srr_seed, hi, lo, hi_scale, lo_scale, st);
+    }
+    cudaCheckLaunch();
+}
+
+// ---- what the GEMMs read ---------------------------------------------------------------------------
+// Per tensor: the dequantization factors s_hi and s_lo (0 under the sentinel) into two scale slots.
+__global__ void tcfp12_tensor_factors_kernel(float* hi_slot, float* lo_slot, const uint8_t* hi_scale,
+                                             const uint8_t* lo_scale) {
+    hi_slot[4] = llmc::tcfp12_scale(hi_scale[0]);
+    lo_slot[4] = llmc::tcfp12_scale(lo_scale[0]);
+}
+
+// Byte transpose of a (rows x cols) code matrix into (cols x rows), through 32 x 32 tiles
+// (the dgrad GEMM wants W^T K-major). blockDim (32, 8).
+__global__ void tcfp12_transpose_codes_kernel(uint8_t* out_t, const uint8_t* in, int rows, int cols) {
+    __shared__ uint8_t tile[32][33];
+    const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+    for (int i = threadIdx.y; i < 32; i += 8) {
+        const int r = r0 + i, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[i][threadIdx.x] = in[(size_t)r * cols + c];
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < 32; i += 8) {
+        const int c = c0 + i, r = r0 + threadIdx.x;
+        if (r < rows && c < cols) out_t[(size_t)c * rows + r] = tile[threadIdx.x][i];
+    }
+}
+
+inline void tcfp12_transpose_codes(uint8_t* out_t, const uint8_t* in, int rows, int cols, cudaStream_t stream) {
+    tcfp12_transpose_codes_kernel<<<dim3(ceil_div(cols, 32), ceil_div(rows, 32)), dim3(32, 8), 0, stream>>>(out_t, in, rows, cols);
+    cudaCheckLaunch();
+}
+
+// Block scales: deq(W_hi) and deq(W_lo) as BF16, exactly (an E4M3 value times a power of two has
+// at most 4 significant bits), for the emulated dual GEMM. Group of element e: e / block_size.
+__global__ void tcfp12_dequantize_blocks_kernel(floatX* hi_out, floatX* lo_out, const uint8_t* hi, const uint8_t* lo,
+                                                const uint8_t* hi_scale, const uint8_t* lo_scale, long long n,
+                                                int block_size) {
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x) {
+        const long long g = e / block_size;
+        hi_out[e] = (floatX)llmc::tcfp12_decode(hi[e], hi_scale[g]);
+        lo_out[e] = (floatX)llmc::tcfp12_decode(lo[e], lo_scale[g]);
+    }
+}
+
+inline void tcfp12_dequantize_blocks(floatX* hi_out, floatX* lo_out, const uint8_t* hi, const uint8_t* lo,
+                                     const uint8_t* hi_scale, const uint8_t* lo_scale, long long n, int block_size,
+                                     cudaStream_t stream) {
+    tcfp12_dequantize_blocks_kernel<<<fp8_grid_size(n, 256), 256, 0, stream>>>(hi_out, lo_out, hi, lo, hi_scale, lo_scale,
+                                                                              n, block_size);
+    cudaCheckLaunch();
+}
+
+// ---- activations and gradients: fresh power-of-two scales ----------------------------------------
+// The E8M0 code of the smallest power of two s with amax <= FP8_MAX * s (E4M3: 448; E5M2: 57344 =
+// 448 * 2^7, so amax * 2^-7 against 448; exact for amax >= 2^-119, below which everything
+// quantizes to zero anyway).
+LLMC_HD inline uint8_t tcfp12_act_scale_code(float amax, bool e5m2) {
+    return llmc::tcfp12_scale_code(e5m2 ? amax * 0.0078125f : amax);
+}
+
+// slot[0] = 1/s (to quantize with), slot[4] = s (to dequantize with), from the amax bits
+__global__ void tcfp12_act_scale_kernel(float* slot, const uint32_t* amax_bits, bool e5m2) {
+    const uint8_t code = tcfp12_act_scale_code(llmc::bits_float(*amax_bits), e5m2);
+    slot[0] = llmc::tcfp12_inv_scale(code);
+    slot[4] = llmc::tcfp12_scale(code);
+}
+
+// amax of x (n values) into *amax (zeroed here), then x's scale slot
+inline void tcfp12_fresh_scale(float* slot, uint32_t* amax, const floatX* x, long long n, bool e5m2, cudaStream_t stream) {
+    cudaCheck(cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream));
+    tensor_amax(amax, x, n, stream);
+    tcfp12_act_scale_kernel<<<1, 1, 0, stream>>>(slot, amax, e5m2);
+    cudaCheckLaunch();
+}
+
+// dy (N x OC): its amax and the bias gradient's per-row-group column sums, from one read (16-byte
+// loads; the same row groups and order as bias_backward, so the sums are those of the BF16 recipe).
+// OC % 8 == 0, dy 16-byte aligned. Finish the bias gradient with bias_backward_reduce_kernel.
+__global__ void tcfp12_amax_colsum_kernel(float* scratch, uint32_t* amax_out, const floatX* dout, int N, int OC) {
+    const int oc0 = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    uint32_t amax = 0;
+    if (oc0 < OC) {
+        const int rows_per_group = (N + BIAS_ROW_GROUPS - 1) / BIAS_ROW_GROUPS;
+        const int r0 = blockIdx.y * rows_per_group, r1 = min(N, r0 + rows_per_group);
+        float sum[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) sum[k] = 0.0f;
+#pragma unroll 4
+        for (int r = r0; r < r1; r++) {
+            uint4 packed = *reinterpret_cast<const uint4*>(dout + (long long)r * OC + oc0);
+            const floatX* v = reinterpret_cast<const floatX*>(&packed);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const float f = (float)v[k];
+                sum[k] += f;
+                amax = max(amax, llmc::amax_bits(f));
+            }
+        }
+        if (scratch) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) scratch[(long long)blockIdx.y * OC + oc0 + k] = sum[k];
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if ((threadIdx.x & 31) == 0 && amax) atomicMax(amax_out, amax);
+}
+
+// dy's scale slot (fresh, E5M2) and, when dbias is given, dbias += its column sums
+inline void tcfp12_dy_scale_and_bias(float* slot, uint32_t* amax, float* dbias, float* scratch, const floatX* dout, int N,
+                                     int OC, cudaStream_t stream) {
+    cudaCheck(cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream));
+    if (OC % 8 == 0 && (uintptr_t)dout % 16 == 0) {
+        tcfp12_amax_colsum_kernel<<<dim3(ceil_div(OC / 8, 64), BIAS_ROW_GROUPS), 64, 0, stream>>>(dbias ? scratch : nullptr,
+                                                                                                amax, dout, N, OC);
+        cudaCheckLaunch();
+        if (dbias) {
+            bias_backward_reduce_kernel<<<ceil_div(OC, 256), 256, 0, stream>>>(dbias, scratch, OC);
+            cudaCheckLaunch();
+        }
+    } else {
+        tensor_amax(amax, dout, (long long)N * OC, stream);
+        if (dbias) bias_backward(dbias, scratch, dout, N, OC, stream);
+    }
+    tcfp12_act_scale_kernel<<<1, 1, 0, stream>>>(slot, amax, true);
+    cudaCheckLaunch();
+}
+
+// x (n values) -> the BF16 values of its FP8 codes: decode(fp8(x / s)) * s, exact in BF16 (the
+// emulated GEMMs' operands). n % 2 == 0.
+template <Fp8Kind K>
+__global__ void tcfp12_fake_quantize_kernel(floatX* out, const floatX* in, long long n2, const float* slot) {
+    const float q = slot[0], s = slot[4];
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n2; i += (long long)gridDim.x * blockDim.x) {
+        const float a = (float)in[2 * i], b = (float)in[2 * i + 1];
+        const uint16_t p = fp8_pack2<K>(a * q, b * q);
+        const float da = K == Fp8Kind::E4M3 ? llmc::fp8e4m3_decode((uint8_t)(p & 0xFF)) : llmc::fp8e5m2_decode((uint8_t)(p & 0xFF));
+        const float db = K == Fp8Kind::E4M3 ? llmc::fp8e4m3_decode((uint8_t)(p >> 8)) : llmc::fp8e5m2_decode((uint8_t)(p >> 8));
+        out[2 * i] = (floatX)(da * s);
+        out[2 * i + 1] = (floatX)(db * s);
+    }
+}
+
+template <Fp8Kind K>
+inline void tcfp12_fake_quantize(floatX* out, const floatX* in, long long n, const float* slot, cudaStream_t stream) {
+    tcfp12_fake_quantize_kernel<K><<<fp8_grid_size(n / 2, 256), 256, 0, stream>>>(out, in, n / 2, slot);
+    cudaCheckLaunch();
+}
