@@ -26,8 +26,10 @@ static const float TOL_LOSS = 1e-5f;     // absolute
 static const float TOL_GRAD = 1e-4f;     // relative L2, every tensor
 static const float TOL_LOSSES = 1e-4f;   // absolute, each of the 10 steps (issue #2)
 static const float TOL_NORM = 1e-4f;     // relative
-#elif defined(RECIPE_FP8)
-// FP8-hybrid against the FP32 reference. One E4M3 rounding is off by at most 2^-4 relative (E5M2:
+#elif defined(RECIPE_FP8) || defined(RECIPE_TCFP12)
+// FP8-hybrid against the FP32 reference, and TCFP-12, which quantizes x (E4M3) and dy (E5M2) the
+// same way while its weights (W_hi + W_lo) hold the BF16 weight to about 2^-8 (measured on an H100,
+// 2026-11-23: logits 5.5e-2, gradients up to 0.109, losses within 4.3e-3, norms within 0.76%). One E4M3 rounding is off by at most 2^-4 relative (E5M2:
 // 2^-3), about 2^-4/sqrt(3) = 3.6% (7.2%) RMS; a GEMM's output inherits roughly the combined RMS of
 // its two operands, so the forward (E4M3 x E4M3) lands near 5% and the gradients (E5M2 x E4M3, then
 // several layers deep) near 10%. The bounds below are about twice that: loose enough for FP8, tight
@@ -43,15 +45,6 @@ static const float TOL_NORM = 1e-1f;
 // its range, so the errors are about those of FP8-hybrid's per-tensor scaling. Measured on an H100
 // (2026-11-22): logits 0.099, gradients up to 0.147, losses within 6.5e-3, grad norms within 1.6%.
 static const float TOL_LOGITS = 2e-1f;
-static const float TOL_LOSS = 5e-2f;
-static const float TOL_GRAD = 2.5e-1f;
-static const float TOL_LOSSES = 5e-2f;
-static const float TOL_NORM = 1e-1f;
-#elif defined(RECIPE_TCFP12)
-// TCFP-12 against the FP32 reference. The weights are nearly exact (W_hi + W_lo hold the BF16
-// weight to about 2^-8), but x is E4M3 and dy E5M2 as in FP8-hybrid (one rounding: 3.6% / 7.2% RMS
-// relative), so the forward lands between BF16 and FP8 and the gradients near FP8's.
-static const float TOL_LOGITS = 1e-1f;
 static const float TOL_LOSS = 5e-2f;
 static const float TOL_GRAD = 2.5e-1f;
 static const float TOL_LOSSES = 5e-2f;

@@ -250,36 +250,62 @@ inline void matmul_free() {
 // sums go to scratch and a second kernel adds them in order.
 #define BIAS_ROW_GROUPS 128
 
-__global__ void bias_backward_partial_kernel(float* scratch, const floatX* dout, int N, int OC) {
+// AMAX: also max |dout| into *amax_out (atomicMax on the bits of a non-negative float, one per warp;
+// the caller zeroes it), for recipes that scale dout from its current amax (tcfp12).
+template <bool AMAX>
+__device__ __forceinline__ void bias_amax_commit(uint32_t amax, uint32_t* amax_out) {
+    if constexpr (AMAX) {
+        for (int o = 16; o > 0; o >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        if ((threadIdx.x & 31) == 0 && amax) atomicMax(amax_out, amax);
+    }
+}
+
+template <bool AMAX>
+__global__ void bias_backward_partial_kernel(float* scratch, uint32_t* amax_out, const floatX* dout, int N, int OC) {
     int oc = blockIdx.x * blockDim.x + threadIdx.x;
-    if (oc >= OC) return;
-    int rows_per_group = (N + BIAS_ROW_GROUPS - 1) / BIAS_ROW_GROUPS;
-    int r0 = blockIdx.y * rows_per_group, r1 = min(N, r0 + rows_per_group);
-    float sum = 0.0f;
-    for (int r = r0; r < r1; r++) sum += (float)dout[(long long)r * OC + oc];
-    scratch[(long long)blockIdx.y * OC + oc] = sum;
+    uint32_t amax = 0;
+    if (oc < OC) {
+        int rows_per_group = (N + BIAS_ROW_GROUPS - 1) / BIAS_ROW_GROUPS;
+        int r0 = blockIdx.y * rows_per_group, r1 = min(N, r0 + rows_per_group);
+        float sum = 0.0f;
+        for (int r = r0; r < r1; r++) {
+            const float v = (float)dout[(long long)r * OC + oc];
+            sum += v;
+            if (AMAX) amax = max(amax, __float_as_uint(v) & 0x7FFFFFFFu);
+        }
+        scratch[(long long)blockIdx.y * OC + oc] = sum;
+    }
+    bias_amax_commit<AMAX>(amax, amax_out);
 }
 
 // The same with 16-byte loads: each thread owns 16/sizeof(floatX) consecutive columns (OC must be a
 // multiple of that). Per column the rows are added in the same order, so the sums are identical.
-__global__ void bias_backward_partial_vec_kernel(float* scratch, const floatX* dout, int N, int OC) {
+template <bool AMAX>
+__global__ void bias_backward_partial_vec_kernel(float* scratch, uint32_t* amax_out, const floatX* dout, int N, int OC) {
     constexpr int PER = 16 / sizeof(floatX);
     int oc0 = (blockIdx.x * blockDim.x + threadIdx.x) * PER;
-    if (oc0 >= OC) return;
-    int rows_per_group = (N + BIAS_ROW_GROUPS - 1) / BIAS_ROW_GROUPS;
-    int r0 = blockIdx.y * rows_per_group, r1 = min(N, r0 + rows_per_group);
-    float sum[PER];
+    uint32_t amax = 0;
+    if (oc0 < OC) {
+        int rows_per_group = (N + BIAS_ROW_GROUPS - 1) / BIAS_ROW_GROUPS;
+        int r0 = blockIdx.y * rows_per_group, r1 = min(N, r0 + rows_per_group);
+        float sum[PER];
 #pragma unroll
-    for (int k = 0; k < PER; k++) sum[k] = 0.0f;
+        for (int k = 0; k < PER; k++) sum[k] = 0.0f;
 #pragma unroll 4
-    for (int r = r0; r < r1; r++) {
-        uint4 packed = *reinterpret_cast<const uint4*>(dout + (long long)r * OC + oc0);
-        const floatX* v = reinterpret_cast<const floatX*>(&packed);
+        for (int r = r0; r < r1; r++) {
+            uint4 packed = *reinterpret_cast<const uint4*>(dout + (long long)r * OC + oc0);
+            const floatX* v = reinterpret_cast<const floatX*>(&packed);
 #pragma unroll
-        for (int k = 0; k < PER; k++) sum[k] += (float)v[k];
+            for (int k = 0; k < PER; k++) {
+                const float f = (float)v[k];
+                sum[k] += f;
+                if (AMAX) amax = max(amax, __float_as_uint(f) & 0x7FFFFFFFu);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < PER; k++) scratch[(long long)blockIdx.y * OC + oc0 + k] = sum[k];
     }
-#pragma unroll
-    for (int k = 0; k < PER; k++) scratch[(long long)blockIdx.y * OC + oc0 + k] = sum[k];
+    bias_amax_commit<AMAX>(amax, amax_out);
 }
 
 __global__ void bias_backward_reduce_kernel(float* dbias, const float* scratch, int OC) {
@@ -290,13 +316,18 @@ __global__ void bias_backward_reduce_kernel(float* dbias, const float* scratch, 
     dbias[oc] += sum;
 }
 
-// scratch: at least BIAS_ROW_GROUPS * OC floats
-inline void bias_backward(float* dbias, float* scratch, const floatX* dout, int N, int OC, cudaStream_t stream) {
+// scratch: at least BIAS_ROW_GROUPS * OC floats. amax_out (optional): max |dout| from the same read.
+inline void bias_backward(float* dbias, float* scratch, const floatX* dout, int N, int OC, cudaStream_t stream,
+                          uint32_t* amax_out = nullptr) {
     constexpr int PER = 16 / sizeof(floatX);
     if (OC % PER == 0 && ((uintptr_t)dout % 16) == 0) {
-        bias_backward_partial_vec_kernel<<<dim3(ceil_div(OC / PER, 64), BIAS_ROW_GROUPS), 64, 0, stream>>>(scratch, dout, N, OC);
+        const dim3 grid(ceil_div(OC / PER, 64), BIAS_ROW_GROUPS);
+        if (amax_out) bias_backward_partial_vec_kernel<true><<<grid, 64, 0, stream>>>(scratch, amax_out, dout, N, OC);
+        else bias_backward_partial_vec_kernel<false><<<grid, 64, 0, stream>>>(scratch, nullptr, dout, N, OC);
     } else {
-        bias_backward_partial_kernel<<<dim3(ceil_div(OC, 128), BIAS_ROW_GROUPS), 128, 0, stream>>>(scratch, dout, N, OC);
+        const dim3 grid(ceil_div(OC, 128), BIAS_ROW_GROUPS);
+        if (amax_out) bias_backward_partial_kernel<true><<<grid, 128, 0, stream>>>(scratch, amax_out, dout, N, OC);
+        else bias_backward_partial_kernel<false><<<grid, 128, 0, stream>>>(scratch, nullptr, dout, N, OC);
     }
     cudaCheckLaunch();
     bias_backward_reduce_kernel<<<ceil_div(OC, 256), 256, 0, stream>>>(dbias, scratch, OC);

@@ -107,8 +107,7 @@ inline Fp8Stats tcfp_act_stats(const Recipe& r, int li, TcfpActRole role) {
 // FP8 GEMMs need 16-byte leading dimensions, the blocks whole rows of groups
 inline bool tcfp12_applies(const Recipe& r, LinearId id, int N, int C, int OC) {
     if (!layer_is_quantized(r.options, id.layer, r.L)) return false;
-    if (N % 16 != 0 || C % 16 != 0 || OC % 16 != 0) return false;
-    return r.split.block_size == 0 || C % r.split.block_size == 0;
+    return N % 16 == 0 && C % 16 == 0 && OC % 16 == 0; // (recipe_init refuses a -tb that does not divide C)
 }
 
 inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T) {
@@ -117,6 +116,9 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
     r.split = tcfp12_options_of(r.options);
     const std::string err = llmc::tcfp12_validate(r.split);
     if (!err.empty()) input_error("%s", err.c_str());
+    if (r.split.block_size != 0 && shape.channels % r.split.block_size != 0)
+        input_error("-tb %d: the model's channels (%d) are not a multiple of the block size; use -tb 0 or a block "
+                    "size that divides %d", r.split.block_size, shape.channels, shape.channels);
     r.use_ef = llmc::tcfp12_uses_ef(r.split);
     r.emulated = r.split.block_size != 0;
     r.L = shape.num_layers; r.C = shape.channels; r.B = B; r.T = T;
@@ -471,7 +473,6 @@ inline void recipe_log_telemetry(Recipe& r, FILE* log, int step) {
     auto amax = tcfp12_download(r.act_amax, (size_t)nl * NUM_TCFP_ACT_ROLES);
     auto slots = tcfp12_download(r.act_slots, (size_t)nl * NUM_TCFP_ACT_ROLES * TCFP_SCALE_SLOT);
     auto counts = tcfp12_download(r.act_stats, (size_t)nl * NUM_TCFP_ACT_ROLES * 3);
-    auto ls = tcfp12_download(r.lo_scale, r.total_groups);
     for (int l = 0; l < r.L; l++) {
         if (!layer_is_quantized(r.options, l, r.L)) continue;
         for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
@@ -482,7 +483,7 @@ inline void recipe_log_telemetry(Recipe& r, FILE* log, int step) {
             float hs, lsc;
             if (r.split.block_size == 0) {
                 hs = llmc::tcfp12_scale((uint8_t)s.hi_code);
-                lsc = llmc::tcfp12_scale(ls[r.group_offset[li]]);
+                lsc = s.zero_residual_groups ? 0.0f : llmc::tcfp12_scale((uint8_t)s.lo_code); // the sentinel: 0
             } else {
                 hs = llmc::tcfp12_scale(llmc::tcfp12_scale_code(a));
                 lsc = llmc::tcfp12_scale(llmc::tcfp12_scale_code(la));

@@ -325,54 +325,13 @@ inline void tcfp12_fresh_scale(float* slot, uint32_t* amax, const floatX* x, lon
     cudaCheckLaunch();
 }
 
-// dy (N x OC): its amax and the bias gradient's per-row-group column sums, from one read (16-byte
-// loads; the same row groups and order as bias_backward, so the sums are those of the BF16 recipe).
-// OC % 8 == 0, dy 16-byte aligned. Finish the bias gradient with bias_backward_reduce_kernel.
-__global__ void tcfp12_amax_colsum_kernel(float* scratch, uint32_t* amax_out, const floatX* dout, int N, int OC) {
-    const int oc0 = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
-    uint32_t amax = 0;
-    if (oc0 < OC) {
-        const int rows_per_group = (N + BIAS_ROW_GROUPS - 1) / BIAS_ROW_GROUPS;
-        const int r0 = blockIdx.y * rows_per_group, r1 = min(N, r0 + rows_per_group);
-        float sum[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) sum[k] = 0.0f;
-#pragma unroll 4
-        for (int r = r0; r < r1; r++) {
-            uint4 packed = *reinterpret_cast<const uint4*>(dout + (long long)r * OC + oc0);
-            const floatX* v = reinterpret_cast<const floatX*>(&packed);
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                const float f = (float)v[k];
-                sum[k] += f;
-                amax = max(amax, llmc::amax_bits(f));
-            }
-        }
-        if (scratch) {
-#pragma unroll
-            for (int k = 0; k < 8; k++) scratch[(long long)blockIdx.y * OC + oc0 + k] = sum[k];
-        }
-    }
-    for (int o = 16; o > 0; o >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if ((threadIdx.x & 31) == 0 && amax) atomicMax(amax_out, amax);
-}
-
-// dy's scale slot (fresh, E5M2) and, when dbias is given, dbias += its column sums
+// dy's scale slot (fresh, E5M2) and, when dbias is given, dbias += its column sums: bias_backward
+// takes dy's amax in the same read
 inline void tcfp12_dy_scale_and_bias(float* slot, uint32_t* amax, float* dbias, float* scratch, const floatX* dout, int N,
                                      int OC, cudaStream_t stream) {
     cudaCheck(cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream));
-    if (OC % 8 == 0 && (uintptr_t)dout % 16 == 0) {
-        tcfp12_amax_colsum_kernel<<<dim3(ceil_div(OC / 8, 64), BIAS_ROW_GROUPS), 64, 0, stream>>>(dbias ? scratch : nullptr,
-                                                                                                amax, dout, N, OC);
-        cudaCheckLaunch();
-        if (dbias) {
-            bias_backward_reduce_kernel<<<ceil_div(OC, 256), 256, 0, stream>>>(dbias, scratch, OC);
-            cudaCheckLaunch();
-        }
-    } else {
-        tensor_amax(amax, dout, (long long)N * OC, stream);
-        if (dbias) bias_backward(dbias, scratch, dout, N, OC, stream);
-    }
+    if (dbias) bias_backward(dbias, scratch, dout, N, OC, stream, amax);
+    else tensor_amax(amax, dout, (long long)N * OC, stream);
     tcfp12_act_scale_kernel<<<1, 1, 0, stream>>>(slot, amax, true);
     cudaCheckLaunch();
 }
