@@ -1,14 +1,22 @@
 # Makefile: one binary per precision recipe.
 #   make train_gpt_<recipe>      the trainer of a recipe: bf16 (the baseline), fp8 (FP8-hybrid), nvfp4,
-#                                vcast (any TensorCast datatype: -qw -qa -qg), tcfp12 (W = W_hi + W_lo, two FP8 GEMMs)
+#                                vcast (any TensorCast datatype: -qw -qa -qg), tcfp12 (W = W_hi + W_lo, two FP8 GEMMs),
+#                                q115 (SF16: Q1.15 true-forward boundaries, -DENABLE_Q115 -DSF16_TRUE_FORWARD=1)
+#   make train_gpt2q115cu / train_gpt2q115_constrainedcu / train_gpt3q115cu
+#                                the Q1.15 targets under the seed's names: GPT-2; GPT-2 with the weights
+#                                kept inside the Q1.15 range; GPT-3 (default model gpt3:c768)
+#   make train_gpt_q115_scaled   NOT the seed's SF16: Q1.15 with a power-of-two range per boundary
+#                                (doc/q115.md: the fix for true-forward's failure to train)
 #   make test_gpt_<recipe>       the GPU test binary for it
 #   make train_gpt_fp32 / test_gpt_fp32   the FP32 reference-precision build (same as PRECISION=FP32)
 #   make test                    every test: CPU tests always, GPU tests when a CUDA device is present
 #   make all                     every target
-# Variables: GPU_ARCH (default sm_90a), PRECISION=FP32 (for the bf16 targets), CUDA_HOME, NVCC.
+# Variables: GPU_ARCH (default sm_90a), PRECISION=FP32 (for the bf16 targets), CUDA_HOME, NVCC,
+# SF16_TRUE_FORWARD (default 1; 0 = the Q1.15 targets with the seed's legacy constants), USE_CUDNN
+# (default 0; the trainer has no cuDNN path yet, 1 only defines ENABLE_CUDNN, which Q1.15 refuses).
 
 SHELL := /bin/bash
-RECIPES := bf16 fp8 nvfp4 vcast tcfp12
+RECIPES := bf16 fp8 nvfp4 vcast tcfp12 q115
 
 # ---- toolchain discovery -----------------------------------------------------------------------
 CUDA_HOME ?= $(shell dirname $$(dirname $$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)))
@@ -50,19 +58,37 @@ else ifneq ($(PRECISION),BF16)
   $(error PRECISION must be BF16 or FP32, got '$(PRECISION)')
 endif
 HEADERS := $(wildcard llmc/*.h llmc/*.cuh)
+SF16_TRUE_FORWARD ?= 1
+USE_CUDNN ?= 0
+ifeq ($(USE_CUDNN),1)
+  NVCC_FLAGS += -DENABLE_CUDNN
+endif
 
 # ---- targets -------------------------------------------------------------------------------------
 .PHONY: all test test_cpu clean
 all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 build/test_cpu \
+     train_gpt2q115cu train_gpt2q115_constrainedcu train_gpt3q115cu train_gpt_q115_scaled \
      build/test_attention build/test_fp8 build/test_nvfp4 build/test_vcast build/test_tcfp12
 
-# one binary per recipe: -DRECIPE_<NAME> picks llmc/recipe_<name>.h
-recipe_define = -DRECIPE_$(shell echo $(1) | tr a-z A-Z)
+# one binary per recipe: -DRECIPE_<NAME> picks llmc/recipe_<name>.h (Q1.15: the seed's -DENABLE_Q115)
+Q115_DEFINES := -DENABLE_Q115 -DSF16_TRUE_FORWARD=$(SF16_TRUE_FORWARD)
+recipe_define = $(if $(filter q115,$(1)),$(Q115_DEFINES),-DRECIPE_$(shell echo $(1) | tr a-z A-Z))
 $(addprefix train_gpt_,$(RECIPES)): train_gpt_%: train_gpt.cu $(HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(if $(filter bf16,$*),$(PRECISION_FLAGS)) $(call recipe_define,$*) $< $(NVCC_LDFLAGS) -o $@
 
 $(addprefix test_gpt_,$(RECIPES)): test_gpt_%: test_gpt.cu train_gpt.cu $(HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(if $(filter bf16,$*),$(PRECISION_FLAGS)) $(call recipe_define,$*) $< $(NVCC_LDFLAGS) -o $@
+
+# the Q1.15 recipe under the seed's target names
+train_gpt2q115cu: train_gpt.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(Q115_DEFINES) $< $(NVCC_LDFLAGS) -o $@
+train_gpt2q115_constrainedcu: train_gpt.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(Q115_DEFINES) -DQ115_CONSTRAIN_WEIGHTS=1 $< $(NVCC_LDFLAGS) -o $@
+train_gpt3q115cu: train_gpt.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(Q115_DEFINES) -DLLMC_DEFAULT_MODEL='"gpt3:c768"' $< $(NVCC_LDFLAGS) -o $@
+# NOT the seed's SF16: the range-scaled boundaries doc/q115.md proposes as the fix for true-forward
+train_gpt_q115_scaled: train_gpt.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(Q115_DEFINES) -DQ115_RANGE_SCALES=1 $< $(NVCC_LDFLAGS) -o $@
 
 # the FP32 reference-precision build of the BF16 recipe (no fast math, no TF32)
 train_gpt_fp32: train_gpt.cu $(HEADERS)
@@ -111,4 +137,5 @@ test:
 	bash dev/test/run_tests.sh
 
 clean:
-	rm -rf build $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32
+	rm -rf build $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 \
+	    train_gpt2q115cu train_gpt2q115_constrainedcu train_gpt3q115cu

@@ -6,7 +6,9 @@
 //
 // The precision recipe is chosen at compile time (make train_gpt_<recipe>); its code lives in one
 // header under llmc/ and the model reaches it only through the recipe API of llmc/recipe.h
-// (linear_forward, linear_forward_gelu, linear_backward, and the recipe_* state hooks).
+// (linear_forward, linear_forward_gelu, linear_backward, and the recipe_* state hooks) and through
+// the boundary hooks of llmc/boundaries.h (`Boundaries` below: embedding, residual, LayerNorm,
+// softmax, GELU, logits), which only the Q1.15 recipe fills.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -33,7 +35,9 @@
 #include "llmc/gelu.cuh"
 #include "llmc/fused_classifier.cuh"
 #include "llmc/adamw.cuh"
-#if defined(RECIPE_FP8)
+#if defined(ENABLE_Q115)
+#include "llmc/recipe_q115.h"
+#elif defined(RECIPE_FP8)
 #include "llmc/recipe_fp8.h"
 #elif defined(RECIPE_NVFP4)
 #include "llmc/recipe_nvfp4.h"
@@ -44,7 +48,13 @@
 #elif defined(RECIPE_BF16)
 #include "llmc/recipe_bf16.h"
 #else
-#error "pick a recipe: -DRECIPE_BF16, -DRECIPE_FP8, -DRECIPE_NVFP4, -DRECIPE_VCAST or -DRECIPE_TCFP12 (make train_gpt_<recipe>)"
+#error "pick a recipe: -DRECIPE_BF16, -DRECIPE_FP8, -DRECIPE_NVFP4, -DRECIPE_VCAST, -DRECIPE_TCFP12 or -DENABLE_Q115 (make train_gpt_<recipe>)"
+#endif
+// the recipe's forward-pass boundaries (llmc/boundaries.h): IdentityBoundaries for all but Q1.15
+using Boundaries = RecipeBoundaries;
+// -Q NAME passes when NAME is the recipe's name or its alias (Q1.15: -Q 115, as the seed runs it)
+#ifndef RECIPE_CHECK_ALIAS
+#define RECIPE_CHECK_ALIAS RECIPE_NAME
 #endif
 #include "llmc/profiler.h"
 
@@ -196,7 +206,8 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
 #if defined(ENABLE_FP32)
     model->flash_attention = false;
 #else
-    model->flash_attention = (C / NH == 64 || C / NH == 128);
+    // (a recipe that acts on the softmax output needs it as a tensor: Q1.15)
+    model->flash_attention = (C / NH == 64 || C / NH == 128) && !Boundaries::NEEDS_MATERIALIZED_SOFTMAX;
 #endif
     a.att = nullptr; a.att_lse = nullptr; a.flash_scratch = nullptr;
     a.attn.q = a.attn.k = a.attn.v = a.attn.y = a.attn.scores = nullptr;
@@ -291,8 +302,15 @@ inline LinearWeights gpt_linear_weights(const GPT* model) {
     return w;
 }
 
-// FP32 host values -> master weights (exact) and parameters (rounded to nearest)
-inline void gpt_set_params(GPT* model, const std::vector<float>& host) {
+// FP32 host values -> master weights (exact) and parameters (rounded to nearest); a recipe that
+// constrains the weights (Q1.15 constrained) constrains them from the start
+inline void gpt_set_params(GPT* model, const std::vector<float>& host_values) {
+    std::vector<float> constrained;
+    if constexpr (Boundaries::CONSTRAINS_WEIGHTS) {
+        constrained = host_values;
+        for (float& x : constrained) x = Boundaries::constrain_weight(x);
+    }
+    const std::vector<float>& host = Boundaries::CONSTRAINS_WEIGHTS ? constrained : host_values;
     cudaCheck(cudaMemcpy(model->master_memory, host.data(), model->num_params * sizeof(float), cudaMemcpyHostToDevice));
     float_to_floatX_kernel<<<ceil_div(model->num_params, 512), 512>>>(model->params_memory, model->master_memory, model->num_params);
     cudaCheckLaunch();
@@ -377,8 +395,8 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
     cudaCheck(cudaEventRecord(model->inputs_uploaded, st));
 
     PHASE("fwd: embedding + layernorm");
-    encoder_forward(a.encoded, model->inputs_dev, p.t[P_WTE], p.t[P_WPE], B, T, C, st);
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B], N, C, st);
+    encoder_forward<Boundaries>(a.encoded, model->inputs_dev, p.t[P_WTE], p.t[P_WPE], B, T, C, st);
+    layernorm_forward<Boundaries>(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B], N, C, st);
     for (int l = 0; l < L; l++) {
         const LayerActs la = layer_acts(model, l, B, T);
         // attention block
@@ -390,13 +408,14 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
         if (model->flash_attention) flash_attention_forward(la.atty, la.lse, la.qkv, B, T, NH, HS, st);
         else
 #endif
-        attention_forward(la.atty, la.att, la.qkv, a.attn, B, T, NH, HS, st);
+        attention_forward<Boundaries>(la.atty, la.att, la.qkv, a.attn, B, T, NH, HS, st);
         PHASE("fwd: linear");
         linear_forward(rc, {l, LIN_ATTPROJ}, a.btc_scratch, la.atty, p.t[P_ATTPROJW] + (size_t)l * C * C,
                        p.t[P_ATTPROJB] + l * C, N, C, C, training, st);
         PHASE("fwd: residual + layernorm");
-        fused_residual_layernorm_forward(la.residual2, la.ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, la.residual_in,
-                                         a.btc_scratch, p.t[P_LN2W] + l * C, p.t[P_LN2B] + l * C, N, C, st);
+        fused_residual_layernorm_forward<Boundaries>(la.residual2, la.ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N,
+                                                     la.residual_in, a.btc_scratch, p.t[P_LN2W] + l * C,
+                                                     p.t[P_LN2B] + l * C, N, C, st, Boundaries::ATTENTION_RESIDUAL_SCALE);
         // MLP block
         PHASE("fwd: linear");
         linear_forward_gelu(rc, {l, LIN_FC}, la.fch_gelu, la.fch, la.ln2, p.t[P_FCW] + (size_t)l * 4 * C * C,
@@ -407,12 +426,14 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
         PHASE("fwd: residual + layernorm");
         if (l + 1 < L) {
             floatX* ln1_next = a.ln1 + (model->recompute >= 2 ? 0 : (l + 1) * NC);
-            fused_residual_layernorm_forward(la.residual3, ln1_next, a.ln1_mean + (l + 1) * N, a.ln1_rstd + (l + 1) * N,
-                                             la.residual2, a.btc_scratch, p.t[P_LN1W] + (l + 1) * C,
-                                             p.t[P_LN1B] + (l + 1) * C, N, C, st);
+            fused_residual_layernorm_forward<Boundaries>(la.residual3, ln1_next, a.ln1_mean + (l + 1) * N,
+                                                         a.ln1_rstd + (l + 1) * N, la.residual2, a.btc_scratch,
+                                                         p.t[P_LN1W] + (l + 1) * C, p.t[P_LN1B] + (l + 1) * C, N, C, st,
+                                                         Boundaries::MLP_RESIDUAL_SCALE);
         } else {
-            fused_residual_layernorm_forward(la.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, la.residual2, a.btc_scratch,
-                                             p.t[P_LNFW], p.t[P_LNFB], N, C, st);
+            fused_residual_layernorm_forward<Boundaries>(la.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, la.residual2,
+                                                         a.btc_scratch, p.t[P_LNFW], p.t[P_LNFB], N, C, st,
+                                                         Boundaries::MLP_RESIDUAL_SCALE);
         }
     }
     // LM head, tied to the token embedding: logits = lnf wte^T over all Vp rows, one chunk of rows at a
@@ -426,7 +447,7 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
         matmul(a.logits, p.t[P_WTE], lnf_rows, nullptr, Vp, rows, C, true, false, 1.0f, 0.0f, false, st);
         if (!targets) continue; // sampling: the logits of the (single) chunk stay in acts.logits
         PHASE("classifier");
-        fused_classifier(a.logits, a.losses + r0, model->targets_dev + r0, dloss_scale, rows, V, Vp, training, st);
+        fused_classifier<Boundaries>(a.logits, a.losses + r0, model->targets_dev + r0, dloss_scale, rows, V, Vp, training, st);
         if (training) {
             PHASE("lm head");
             matmul(model->grads.t[P_WTE], lnf_rows, a.logits, nullptr, C, Vp, rows, false, true, 1.0f, 1.0f, true, st);
@@ -472,8 +493,10 @@ inline void gpt_backward(GPT* model, int B, int T) {
 
     PHASE("bwd: layernorm");
     cudaCheck(cudaMemsetAsync(a.dresidual, 0, NC * sizeof(float), st));
+    // (each LayerNorm backward hands the residual gradient, times the branch scale, to the branch
+    // that wrote into the residual stream: lnf and ln1 to an MLP, ln2 to an attention block)
     layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LNFW], g.t[P_LNFB], a.ln_partials, a.dbtc, a.residual3 + (L - 1) * NC,
-                       p.t[P_LNFW], a.lnf_mean, a.lnf_rstd, N, C, st);
+                       p.t[P_LNFW], a.lnf_mean, a.lnf_rstd, N, C, st, Boundaries::MLP_RESIDUAL_SCALE);
     for (int l = L - 1; l >= 0; l--) {
         const LayerActs la = layer_acts(model, l, B, T);
         const floatX* ln1w = p.t[P_LN1W] + l * C;
@@ -481,9 +504,9 @@ inline void gpt_backward(GPT* model, int B, int T) {
         // recompute what was not kept (identical kernels on identical inputs: identical values), where
         // the recipe's backward reads it
         PHASE("bwd: recompute");
-        if (model->recompute >= 1 && recipe_needs_input_in_backward(rc, {l, LIN_FCPROJ}, N)) gelu_forward(la.fch_gelu, la.fch, NC * 4, st);
+        if (model->recompute >= 1 && recipe_needs_input_in_backward(rc, {l, LIN_FCPROJ}, N)) gelu_forward<Boundaries>(la.fch_gelu, la.fch, NC * 4, st);
         if (model->recompute >= 2 && recipe_needs_input_in_backward(rc, {l, LIN_FC}, N)) {
-            layernorm_forward(la.ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, la.residual2, ln2w, p.t[P_LN2B] + l * C, N, C, st);
+            layernorm_forward<Boundaries>(la.ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, la.residual2, ln2w, p.t[P_LN2B] + l * C, N, C, st);
         }
         // MLP block; dresidual holds d(la.residual3)
         PHASE("bwd: linear");
@@ -494,7 +517,7 @@ inline void gpt_backward(GPT* model, int B, int T) {
                         la.ln2, p.t[P_FCW] + (size_t)l * 4 * C * C, nullptr, N, C, 4 * C, st);
         PHASE("bwd: layernorm");
         layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN2W] + l * C, g.t[P_LN2B] + l * C, a.ln_partials, a.dbtc, la.residual2,
-                           ln2w, a.ln2_mean + l * N, a.ln2_rstd + l * N, N, C, st);
+                           ln2w, a.ln2_mean + l * N, a.ln2_rstd + l * N, N, C, st, Boundaries::ATTENTION_RESIDUAL_SCALE);
         // attention block; dresidual now holds d(la.residual2)
         PHASE("bwd: linear");
         linear_backward(rc, {l, LIN_ATTPROJ}, a.dbtc, g.t[P_ATTPROJW] + (size_t)l * C * C, g.t[P_ATTPROJB] + l * C,
@@ -507,14 +530,14 @@ inline void gpt_backward(GPT* model, int B, int T) {
         attention_backward(a.dqkv, a.dbtc, la.qkv, la.att, a.attn, a.dq, a.dk, a.dv, B, T, NH, HS, st);
         PHASE("bwd: recompute");
         if (model->recompute >= 2 && recipe_needs_input_in_backward(rc, {l, LIN_QKV}, N)) {
-            layernorm_forward(la.ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, la.residual_in, ln1w, p.t[P_LN1B] + l * C, N, C, st);
+            layernorm_forward<Boundaries>(la.ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, la.residual_in, ln1w, p.t[P_LN1B] + l * C, N, C, st);
         }
         PHASE("bwd: linear");
         linear_backward(rc, {l, LIN_QKV}, a.dbtc, g.t[P_QKVW] + (size_t)l * 3 * C * C, g.t[P_QKVB] + l * 3 * C, a.dqkv,
                         la.ln1, p.t[P_QKVW] + (size_t)l * 3 * C * C, nullptr, N, C, 3 * C, st);
         PHASE("bwd: layernorm");
         layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN1W] + l * C, g.t[P_LN1B] + l * C, a.ln_partials, a.dbtc, la.residual_in,
-                           ln1w, a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, st);
+                           ln1w, a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, st, Boundaries::MLP_RESIDUAL_SCALE);
     }
     // dresidual = d(encoded)
     PHASE("bwd: embedding");
@@ -552,7 +575,7 @@ inline float gpt_update(GPT* model, const OptimizerSettings& o) {
         size_t n = model->param_sizes[i];
         // stochastic rounding bits: a pure function of (seed, step, tensor), so resuming reproduces them
         uint32_t seed = (uint32_t)mix64(mix64(o.seed, (uint64_t)model->adam_steps), (uint64_t)i);
-        adamw_update(model->params_memory + offset, model->master_memory + offset, model->grads_memory + offset,
+        adamw_update<Boundaries>(model->params_memory + offset, model->master_memory + offset, model->grads_memory + offset,
                      model->m_memory + offset, model->v_memory + offset, (long long)n, o.lr, o.beta1, o.beta2,
                      model->adam_steps, o.eps, PARAM_DECAYED[i] ? o.weight_decay : 0.0f, grad_scale, seed, st);
         offset += n;
@@ -681,10 +704,13 @@ inline std::vector<int> gpt_sample(GPT* model, int num_tokens, int eot, uint64_t
     for (int t = 1; t <= num_tokens; t++) {
         gpt_forward(model, tokens.data(), nullptr, 1, T);
         cudaCheck(cudaMemcpy(row.data(), model->acts.logits + (size_t)(t - 1) * Vp, Vp * sizeof(floatX), cudaMemcpyDeviceToHost));
+        // what the classifier's softmax reads (boundaries.h): the LM head's output through the
+        // recipe's logits boundary, times its logit scale
+        for (int i = 0; i < V; i++) probs[i] = Boundaries::LOGIT_SCALE * Boundaries::logits((float)row[i]);
         float maxv = -INFINITY;
-        for (int i = 0; i < V; i++) maxv = fmaxf(maxv, (float)row[i]);
+        for (int i = 0; i < V; i++) maxv = fmaxf(maxv, probs[i]);
         double sum = 0.0;
-        for (int i = 0; i < V; i++) { probs[i] = expf((float)row[i] - maxv); sum += probs[i]; }
+        for (int i = 0; i < V; i++) { probs[i] = expf(probs[i] - maxv); sum += probs[i]; }
         double coin = rng.next_float01() * sum, cdf = 0.0;
         int next = V - 1;
         for (int i = 0; i < V; i++) { cdf += probs[i]; if (coin < cdf) { next = i; break; } }
@@ -734,7 +760,7 @@ int main(int argc, char** argv) {
         return 1;
     }
     try {
-        if (!cfg.recipe_check.empty() && cfg.recipe_check != RECIPE_NAME) {
+        if (!cfg.recipe_check.empty() && cfg.recipe_check != RECIPE_NAME && cfg.recipe_check != RECIPE_CHECK_ALIAS) {
             input_error("-Q %s: this binary is the '%s' recipe (train_gpt_%s)", cfg.recipe_check.c_str(), RECIPE_NAME, RECIPE_NAME);
         }
         from_checkpoint_file = !parse_model_descriptor(cfg.model, &shape);
@@ -917,6 +943,11 @@ int main(int argc, char** argv) {
         if (logfile) { fprintf(logfile, "s:%d trl:%.6f lr:%.6e norm:%.6f\n", step, train_loss, opt.lr, norm); fflush(logfile); }
     }
     g_profiler.report();
+    if (MATMUL_COMPUTE != CUBLAS_COMPUTE_32F) {
+        printf("cuBLASLt compute type %s: %zu GEMM shapes, %d of them fell back to CUBLAS_COMPUTE_32F\n",
+               MATMUL_COMPUTE == CUBLAS_COMPUTE_32F_FAST_16BF ? "CUBLAS_COMPUTE_32F_FAST_16BF" : "other",
+               g_matmul_plans.size(), g_matmul_compute_fallbacks);
+    }
     if (timed_steps > 0) {
         double avg = total_train_seconds / timed_steps;
         printf("average step %.2f ms, %.0f tok/s over %d steps\n", avg * 1000.0, tokens_per_step / avg, timed_steps);

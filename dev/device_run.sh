@@ -38,8 +38,9 @@ if [[ "$LOSS_STEPS" -gt 0 ]]; then
         timeout 300 "./train_gpt_$r" -x "$LOSS_STEPS" -s 0 -o "/tmp/loss_$name" "${extra[@]}" $flags > "$LOGS/loss_$name.out" 2>&1
         grep -E "average|error" "$LOGS/loss_$name.out"
         cp "/tmp/loss_$name/main.log" "/tmp/loss_logs/loss_$name.log" 2>/dev/null
+        # after every run, so that a call cut off by its time limit still brings the finished ones back
+        tar -C /tmp/loss_logs -czf "$OUT/loss_logs.tgz" .
     done
-    tar -C /tmp/loss_logs -czf "$OUT/loss_logs.tgz" .
 fi
 : > "$OUT/profile.log"
 [[ "${PROFILE:-1}" == 1 ]] && for r in $RECIPES; do

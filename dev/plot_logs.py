@@ -20,6 +20,11 @@ dy; columns: amax, sat, ftz over steps), one line per tensor: color = layer, lin
 With one run that has telemetry the PNG is written as named; with several, one PNG per such run,
 named with the run's 1-based position on the command line: quant.png -> quant_run1.png, quant_run3.png.
 --telemetry with no telemetry in any run is an error (exit status 1).
+
+Boundary telemetry (the q115 recipe): "s:STEP lq:q115.BOUNDARY clamp:F ftz:F amax:A", one line per
+forward boundary (embedding, norm, qkv, scores, softmax, ...). Each such run gets a summary (the
+clamped fraction of every boundary at its first and last telemetry step) and, with --telemetry, a PNG
+of clamp, ftz and amax over steps, one line per boundary (named like the FP8 telemetry PNGs).
 """
 import argparse
 import math
@@ -91,6 +96,64 @@ def parse_telemetry(path):
                 continue
             tel.setdefault((layer, parts[1], parts[2]), {})[step] = values
     return tel
+
+
+def parse_boundary_telemetry(path):
+    """Returns the boundary telemetry of a main.log (q115) as {boundary: {step: {quantity: value}}} from
+    lines "s:STEP lq:q115.norm clamp:F ftz:F amax:A"; the last line of a step wins; {} when none."""
+    tel = {}
+    with open(path) as f:
+        for line in f:
+            fields = dict(item.split(":", 1) for item in line.split() if ":" in item)
+            if "s" not in fields or not fields.get("lq", "").startswith("q115."):
+                continue
+            try:
+                step = int(fields["s"])
+                values = {q: float(fields[q]) for q in ("clamp", "ftz", "amax") if q in fields}
+            except ValueError:
+                continue
+            tel.setdefault(fields["lq"][len("q115."):], {})[step] = values
+    return tel
+
+
+def boundary_telemetry_lines(label, path, tel):
+    """The clamped fraction of every boundary at the first and the last telemetry step, as text lines."""
+    steps = sorted({s for per in tel.values() for s in per})
+    first, last = steps[0], steps[-1]
+    lines = [f"Boundary telemetry {label} ({path}): clamped fraction at step {first} -> step {last}"]
+    for b, per in tel.items():
+        a, z = per.get(first, {}).get("clamp", math.nan), per.get(last, {}).get("clamp", math.nan)
+        lines.append(f"  {b:<10} {a:.3e} -> {z:.3e}   (amax {per.get(last, {}).get('amax', math.nan):.3g})")
+    return lines
+
+
+def plot_boundary_telemetry(png, label, tel):
+    """One row of three panels (clamp, ftz on symlog axes; amax on a log axis) over steps, a line per boundary."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    cols = (("clamp", "clamp (fraction clamped at +-0.999 x range)"), ("ftz", "ftz (fraction flushed to zero)"),
+            ("amax", "amax (abs max before quantization)"))
+    for i, b in enumerate(tel):
+        steps = sorted(tel[b])
+        for ax, (q, _) in zip(axes, cols):
+            ys = [tel[b][s].get(q, math.nan) for s in steps]
+            ax.plot(steps, ys, color=f"C{i % 10}", ls="-" if i < 10 else "--", marker=".", lw=1.2, label=b)
+    for ax, (q, title) in zip(axes, cols):
+        if q == "amax":
+            ax.set_yscale("log")
+        else:
+            ax.set_yscale("symlog", linthresh=1e-6)
+            ax.set_ylim(bottom=0)
+        ax.set_title(title)
+        ax.set_xlabel("step (main.log s:)")
+        ax.grid(alpha=0.3)
+    axes[2].legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5), title="boundary")
+    fig.suptitle(f"{label}: forward-boundary telemetry")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 def tensor_name(key):
@@ -296,6 +359,9 @@ def main(argv=None):
         tel = parse_telemetry(path)
         if tel:
             telemetry.append((i + 1, label, path, tel))
+        btel = parse_boundary_telemetry(path)
+        if btel:
+            telemetry.append((i + 1, label, path, btel))
     if args.telemetry and not telemetry:
         print("error: --telemetry: no run has FP8 quantization telemetry ('s:STEP lq:...' lines in main.log; "
               "train the fp8 recipe with -lq N)", file=sys.stderr)
@@ -303,7 +369,8 @@ def main(argv=None):
     lines = report(runs)
     print("\n".join(lines))
     for _, label, path, tel in telemetry:
-        print("\n".join(telemetry_lines(label, path, tel)))
+        is_boundary = not isinstance(next(iter(tel)), tuple)
+        print("\n".join((boundary_telemetry_lines if is_boundary else telemetry_lines)(label, path, tel)))
     if args.table:
         with open(args.table, "w") as f:
             f.write("\n".join(lines) + "\n")
@@ -328,7 +395,7 @@ def main(argv=None):
     if args.telemetry:
         for index, label, _, tel in telemetry:
             png = telemetry_png_name(args.telemetry, index, len(telemetry) > 1)
-            plot_telemetry(png, label, tel)
+            (plot_boundary_telemetry if not isinstance(next(iter(tel)), tuple) else plot_telemetry)(png, label, tel)
             print(f"wrote {png}")
     return 0
 

@@ -4,9 +4,12 @@
 //   m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2
 //   master -= lr * ( (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd * master )
 //   param = round(master)   (stochastic rounding to BF16, seeded per step: unbiased, reproducible)
-// Master weights, moments and gradients are FP32.
+// Master weights, moments and gradients are FP32. A recipe whose boundaries constrain the weights
+// (boundaries.h: Bd::constrain_weight, the Q1.15 "constrained" build) maps the new master weight
+// through it before the rounding.
 #pragma once
 #include "cuda_common.h"
+#include "boundaries.h"
 
 #define NORM_BLOCKS 512
 
@@ -35,6 +38,7 @@ inline void global_norm_squared(float* out, float* scratch, const float* x, long
     cudaCheckLaunch();
 }
 
+template <class Bd>
 __global__ void adamw_kernel(floatX* params, float* master, const float* grads, float* m, float* v, long long n,
                              float lr, float beta1, float beta2, float bias_corr1, float bias_corr2, float eps,
                              float weight_decay, float grad_scale, uint32_t seed) {
@@ -48,15 +52,17 @@ __global__ void adamw_kernel(floatX* params, float* master, const float* grads, 
     float p = master[i];
     float update = (mi / bias_corr1) / (sqrtf(vi / bias_corr2) + eps);
     p -= lr * (update + weight_decay * p);
+    if constexpr (Bd::CONSTRAINS_WEIGHTS) p = Bd::constrain_weight(p);
     master[i] = p;
     store_rounded(&params[i], p, hash_u32(seed, (uint32_t)i));
 }
 
+template <class Bd = IdentityBoundaries>
 inline void adamw_update(floatX* params, float* master, const float* grads, float* m, float* v, long long n,
                          float lr, float beta1, float beta2, int t, float eps, float weight_decay,
                          float grad_scale, uint32_t seed, cudaStream_t stream) {
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
-    adamw_kernel<<<ceil_div(n, 512), 512, 0, stream>>>(params, master, grads, m, v, n, lr, beta1, beta2, bc1, bc2,
+    adamw_kernel<Bd><<<ceil_div(n, 512), 512, 0, stream>>>(params, master, grads, m, v, n, lr, beta1, beta2, bc1, bc2,
                                                       eps, weight_decay, grad_scale, seed);
     cudaCheckLaunch();
 }

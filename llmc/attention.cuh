@@ -10,12 +10,17 @@
 //   preatt = q k^T / sqrt(HS)        (B, NH, T, T)      scores, row t1 = query, column t2 = key
 //   att    = causal_softmax(preatt)  (B, NH, T, T)      zeros above the diagonal
 //   y      = att v                   (B, NH, T, HS)  -> unpermuted to (B, T, C)
+// Boundaries (boundaries.h), for a recipe whose Bd::ACTIVE: the score GEMM computes the raw q.k
+// (alpha 1, the "expansion scale" of the Q1.15 seed), softmax reads Bd::attention_scores(q.k) times
+// 1/sqrt(HS) and stores Bd::softmax_output(p); att @ v is stored through Bd::attention_output. The
+// backward treats the hooks as the identity; its 1/sqrt(HS) is the same in both forms.
 // Backward, with dy given:
 //   datt = dy v^T,  dv = att^T dy,  dpreatt = att * (datt - rowsum(att * datt)),
 //   dq = dpreatt k / sqrt(HS),  dk = dpreatt^T q / sqrt(HS)
 #pragma once
 #include "cuda_common.h"
 #include "matmul.cuh"
+#include "boundaries.h"
 
 // Element idx of a (B, NH, T, HS) tensor sits at this offset of the (B, T, width * NH * HS) layout,
 // in its first block of NH * HS (width 3 for qkv = [q | k | v], 1 for the attention output).
@@ -53,32 +58,41 @@ __global__ void attention_unpermute_qkv_kernel(floatX* dqkv, const floatX* dq, c
     dqkv[dst + 2 * C] = dv[idx];
 }
 
-// (B,NH,T,HS) <-> (B,T,NH*HS); to_bthd selects the direction
+// (B,NH,T,HS) <-> (B,T,NH*HS); to_btc selects the direction. Bd::attention_output applies to what
+// it writes (the forward's att @ v).
+template <class Bd = IdentityBoundaries>
 __global__ void attention_heads_kernel(floatX* out, const floatX* inp, int B, int T, int NH, int HS, bool to_btc) {
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long total = (long long)B * NH * T * HS;
     if (idx >= total) return;
     const long long btc = head_to_token_offset(idx, T, NH, HS, 1);
-    if (to_btc) out[btc] = inp[idx];
+    if (to_btc) out[btc] = (floatX)Bd::attention_output((float)inp[idx]);
     else out[idx] = inp[btc];
 }
 
-// One warp per row of one (b, h): att[t1, :] = softmax over t2 <= t1 of preatt[t1, t2]; zero for t2 > t1.
-__global__ void causal_softmax_forward_kernel(floatX* att, const floatX* preatt, int num_rows, int T) {
+// One warp per row of one (b, h): att[t1, :] = softmax over t2 <= t1 of s[t1, t2]; zero for t2 > t1,
+// where s = Bd::attention_scores(preatt) * inv_temperature.
+template <class Bd>
+__global__ void causal_softmax_forward_kernel(floatX* att, const floatX* preatt, int num_rows, int T,
+                                              float inv_temperature) {
     int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (row >= num_rows) return;
     int lane = threadIdx.x % WARP_SIZE;
     int t1 = row % T;
     const floatX* x = preatt + (long long)row * T;
     floatX* y = att + (long long)row * T;
+    auto score = [&](int t2) {
+        if constexpr (Bd::ACTIVE) return Bd::attention_scores((float)x[t2]) * inv_temperature;
+        else return (float)x[t2];
+    };
     float maxv = -INFINITY;
-    for (int t2 = lane; t2 <= t1; t2 += WARP_SIZE) maxv = fmaxf(maxv, (float)x[t2]);
+    for (int t2 = lane; t2 <= t1; t2 += WARP_SIZE) maxv = fmaxf(maxv, score(t2));
     maxv = warp_max(maxv);
     float sum = 0.0f;
-    for (int t2 = lane; t2 <= t1; t2 += WARP_SIZE) sum += expf((float)x[t2] - maxv);
+    for (int t2 = lane; t2 <= t1; t2 += WARP_SIZE) sum += expf(score(t2) - maxv);
     float inv = 1.0f / warp_sum(sum);
     for (int t2 = lane; t2 < T; t2 += WARP_SIZE) {
-        y[t2] = (floatX)(t2 <= t1 ? expf((float)x[t2] - maxv) * inv : 0.0f);
+        y[t2] = (floatX)(t2 <= t1 ? Bd::softmax_output(expf(score(t2) - maxv) * inv) : 0.0f);
     }
 }
 
@@ -108,6 +122,7 @@ struct AttentionScratch {
 };
 
 // out: (B,T,C); att: (B,NH,T,T), kept for backward
+template <class Bd = IdentityBoundaries>
 inline void attention_forward(floatX* out, floatX* att, const floatX* qkv, const AttentionScratch& s,
                               int B, int T, int NH, int HS, cudaStream_t stream) {
     const int block = 256;
@@ -115,17 +130,20 @@ inline void attention_forward(floatX* out, floatX* att, const floatX* qkv, const
     attention_permute_kernel<<<ceil_div(n, block), block, 0, stream>>>(s.q, s.k, s.v, qkv, B, T, NH, HS);
     cudaCheckLaunch();
     const float scale = 1.0f / sqrtf((float)HS);
+    // the 1/sqrt(HS) in the GEMM, or (active boundaries) in the softmax, after the score's hook
+    const float gemm_scale = Bd::ACTIVE ? 1.0f : scale, softmax_scale = Bd::ACTIVE ? scale : 1.0f;
     MatmulBatch bt; bt.count = B * NH;
     // preatt: D (T x T) col-major = element (t2, t1) = k[t2] . q[t1]
     bt.stride_a = (long long)T * HS; bt.stride_b = (long long)T * HS; bt.stride_d = (long long)T * T;
-    matmul(s.scores, s.k, s.q, nullptr, T, T, HS, true, false, scale, 0.0f, false, stream, bt);
+    matmul(s.scores, s.k, s.q, nullptr, T, T, HS, true, false, gemm_scale, 0.0f, false, stream, bt);
     int rows = B * NH * T;
-    causal_softmax_forward_kernel<<<ceil_div(rows, block / WARP_SIZE), block, 0, stream>>>(att, s.scores, rows, T);
+    causal_softmax_forward_kernel<Bd><<<ceil_div(rows, block / WARP_SIZE), block, 0, stream>>>(att, s.scores, rows, T,
+                                                                                                softmax_scale);
     cudaCheckLaunch();
     // y: D (HS x T) col-major = element (d, t1) = sum_t2 v[t2, d] att[t1, t2]
     bt.stride_a = (long long)T * HS; bt.stride_b = (long long)T * T; bt.stride_d = (long long)T * HS;
     matmul(s.y, s.v, att, nullptr, HS, T, T, false, false, 1.0f, 0.0f, false, stream, bt);
-    attention_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(out, s.y, B, T, NH, HS, true);
+    attention_heads_kernel<Bd><<<ceil_div(n, block), block, 0, stream>>>(out, s.y, B, T, NH, HS, true);
     cudaCheckLaunch();
 }
 

@@ -18,6 +18,11 @@
 #include "vcast.h"
 #include "tcfp12.h"
 
+// the model a binary trains without -e (train_gpt3q115cu is built with "gpt3:c768")
+#ifndef LLMC_DEFAULT_MODEL
+#define LLMC_DEFAULT_MODEL "d12"
+#endif
+
 namespace llmc {
 
 // The shape of a GPT model. Vocab 50257 padded to a multiple of 128 (50304) for the matmuls.
@@ -36,7 +41,7 @@ struct TrainConfig {
     // data and model
     std::string train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin"; // -i (glob)
     std::string val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";     // -j (glob; "" = no validation)
-    std::string model = "d12";            // -e: descriptor (d12, gpt2:d24, gpt3:c768, ...) or llm.c checkpoint path
+    std::string model = LLMC_DEFAULT_MODEL; // -e: descriptor (d12, gpt2:d24, gpt3:c768, ...) or llm.c checkpoint path
     std::string output_dir = "";          // -o: main.log and checkpoints go here ("" = none)
     std::string tokenizer_path = "dev/data/gpt2_tokenizer.bin"; // -tk: for decoding samples
     std::string recipe_check = "";        // -Q: fail unless this binary is that recipe ("" = no check)
@@ -115,7 +120,7 @@ inline std::vector<Flag> flag_table(TrainConfig& c) {
         {"-e", K::Str, &c.model, "model: a descriptor from the table below, or an llm.c model file to start from"},
         {"-o", K::Str, &c.output_dir, "output directory for main.log and checkpoints (\"\" = write nothing)"},
         {"-tk", K::Str, &c.tokenizer_path, "GPT-2 tokenizer file, used to decode samples"},
-        {"-Q", K::Str, &c.recipe_check, "fail unless this binary's recipe is NAME (\"\" = no check)"},
+        {"-Q", K::Str, &c.recipe_check, "fail unless this binary's recipe is NAME (q115 also answers to 115 and then checks its device boundaries) (\"\" = no check)"},
         {"-b", K::Int, &c.B, "micro-batch size, in sequences"},
         {"-t", K::Int, &c.T, "sequence length, in tokens"},
         {"-d", K::Int64, &c.total_batch_size, "tokens per optimizer step; must be a multiple of B*T*processes (-1 = B*T*processes)"},
@@ -350,6 +355,7 @@ inline void validate_config(TrainConfig& cfg) {
                     cfg.process_rank, cfg.num_processes);
     if (cfg.train_pattern.empty()) input_error("-i: a training data pattern is required");
     if (cfg.model.empty()) input_error("-e: a model descriptor or checkpoint file is required");
+    cfg.recipe.self_check = cfg.recipe_check.empty() ? 0 : 1;
     if (cfg.B < 1) input_error("-b %d: the micro-batch size must be at least 1", cfg.B);
     if (cfg.T < 1) input_error("-t %d: the sequence length must be at least 1", cfg.T);
 

@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cstring>
 #include "cuda_common.h"
+#include "boundaries.h"
 
+template <class Bd>
 __global__ void encoder_forward_kernel(float* out, const int* inp, const floatX* wte, const floatX* wpe,
                                        int B, int T, int C) {
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -18,15 +20,16 @@ __global__ void encoder_forward_kernel(float* out, const int* inp, const floatX*
     int bt = idx / C;
     int t = bt % T;
     int token = inp[bt];
-    out[idx] = (float)wte[(long long)token * C + c] + (float)wpe[(long long)t * C + c];
+    out[idx] = Bd::embedding((float)wte[(long long)token * C + c] + (float)wpe[(long long)t * C + c]);
 }
 
-// out: the FP32 residual stream
+// out: the FP32 residual stream; Bd::embedding applies to each sum (boundaries.h)
+template <class Bd = IdentityBoundaries>
 inline void encoder_forward(float* out, const int* inp, const floatX* wte, const floatX* wpe,
                             int B, int T, int C, cudaStream_t stream) {
     const int block = 256;
     long long n = (long long)B * T * C;
-    encoder_forward_kernel<<<ceil_div(n, block), block, 0, stream>>>(out, inp, wte, wpe, B, T, C);
+    encoder_forward_kernel<Bd><<<ceil_div(n, block), block, 0, stream>>>(out, inp, wte, wpe, B, T, C);
     cudaCheckLaunch();
 }
 

@@ -3,11 +3,23 @@
 //   lse = log sum_i exp(logit_i),  loss = lse - logit_y
 //   dlogit_i = (exp(logit_i - lse) - [i == y]) * dloss    for i < V,   0 for the padded columns
 // dlogits overwrite the logits in place (the buffer is not needed afterwards). One block per row.
+// Boundaries (boundaries.h): the softmax reads z_i = Bd::LOGIT_SCALE * Bd::logits(logit_i) in place of
+// logit_i, and dlogit_i gets the factor LOGIT_SCALE (the hook itself is straight-through). Without
+// dlogits and with active boundaries, Bd::logits(logit_i) is written back, so that the stored logits
+// are the boundary's values (for evaluation, tests and sampling).
 #pragma once
 #include "cuda_common.h"
+#include "boundaries.h"
 
 // Each thread reads 16 bytes (8 BF16 / 4 FP32 logits) at a time; Vp is a multiple of 128, so every
 // row starts 16-byte aligned. Columns >= V are padding: skipped in the softmax, given gradient 0.
+template <class Bd>
+__device__ __forceinline__ float classifier_logit(float x) {
+    if constexpr (Bd::ACTIVE) return Bd::LOGIT_SCALE * Bd::logits(x);
+    else return x;
+}
+
+template <class Bd>
 __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float dloss,
                                         int V, int Vp, bool write_dlogits) {
     constexpr int PER = 16 / sizeof(floatX);
@@ -22,7 +34,7 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
 #pragma unroll
         for (int k = 0; k < PER; k++) {
             if (j * PER + k >= V) break;
-            float val = (float)v[k];
+            float val = classifier_logit<Bd>((float)v[k]);
             if (val > m) { s = s * expf(m - val) + 1.0f; m = val; }
             else s += expf(val - m);
         }
@@ -32,8 +44,20 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
     float block_s = block_sum(s);
     float lse = block_m + logf(block_s);
     int y = targets[row];
-    if (threadIdx.x == 0) losses[row] = lse - (float)x[y];
-    if (!write_dlogits) return;
+    if (threadIdx.x == 0) losses[row] = lse - classifier_logit<Bd>((float)x[y]);
+    if (!write_dlogits) {
+        if constexpr (Bd::ACTIVE) {
+            __syncthreads(); // everyone has read x[y]
+            for (int j = threadIdx.x; j < num_vec; j += blockDim.x) {
+                uint4 packed = reinterpret_cast<const uint4*>(x)[j];
+                floatX* v = reinterpret_cast<floatX*>(&packed);
+#pragma unroll
+                for (int k = 0; k < PER; k++) v[k] = (floatX)Bd::logits((float)v[k]);
+                reinterpret_cast<uint4*>(x)[j] = packed;
+            }
+        }
+        return;
+    }
     __syncthreads(); // everyone has read x[y] before it is overwritten
     // pass 2: gradient, written in place
     for (int j = threadIdx.x; j < num_vec; j += blockDim.x) {
@@ -43,20 +67,21 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
         for (int k = 0; k < PER; k++) {
             int i = j * PER + k;
             float g = 0.0f;
-            if (i < V) g = (expf((float)v[k] - lse) - (i == y ? 1.0f : 0.0f)) * dloss;
+            if (i < V) g = (expf(classifier_logit<Bd>((float)v[k]) - lse) - (i == y ? 1.0f : 0.0f)) * (dloss * Bd::LOGIT_SCALE);
             v[k] = (floatX)g;
         }
         reinterpret_cast<uint4*>(x)[j] = packed;
     }
 }
 
+template <class Bd = IdentityBoundaries>
 inline void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss,
                              int BT, int V, int Vp, bool write_dlogits, cudaStream_t stream) {
     if (Vp % (16 / sizeof(floatX)) != 0) {
         fprintf(stderr, "error: the padded vocabulary %d must be a multiple of %d\n", Vp, (int)(16 / sizeof(floatX)));
         exit(1);
     }
-    fused_classifier_kernel<<<BT, 1024, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_dlogits);
+    fused_classifier_kernel<Bd><<<BT, 1024, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_dlogits);
     cudaCheckLaunch();
 }
 

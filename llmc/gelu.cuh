@@ -3,6 +3,7 @@
 //   gelu'(x) = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
 #pragma once
 #include "cuda_common.h"
+#include "boundaries.h"
 
 #define GELU_SQRT_2_OVER_PI 0.7978845608028654f
 
@@ -16,9 +17,16 @@ __device__ __forceinline__ float gelu_derivative(float x) {
     return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * GELU_SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
+// the forward through the boundary hooks (boundaries.h): read through gelu_input, store through gelu_output
+template <class Bd>
+__device__ __forceinline__ float gelu_forward_value(float x) {
+    return Bd::gelu_output(gelu_value(Bd::gelu_input(x)));
+}
+
+template <class Bd>
 __global__ void gelu_forward_kernel(floatX* out, const floatX* inp, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = (floatX)gelu_value((float)inp[i]);
+    if (i < n) out[i] = (floatX)gelu_forward_value<Bd>((float)inp[i]);
 }
 // dinout: gradient w.r.t. the GELU output in, w.r.t. its input out (in place)
 __global__ void gelu_backward_kernel(floatX* dinout, const floatX* inp, long long n) {
@@ -27,6 +35,7 @@ __global__ void gelu_backward_kernel(floatX* dinout, const floatX* inp, long lon
 }
 
 // 16 bytes per thread (8 BF16 or 4 FP32 values): the form used when n and the pointers allow it
+template <class Bd>
 __global__ void gelu_forward_vec_kernel(floatX* out, const floatX* inp, long long n_vec) {
     constexpr int PER = 16 / sizeof(floatX);
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -34,16 +43,17 @@ __global__ void gelu_forward_vec_kernel(floatX* out, const floatX* inp, long lon
     uint4 packed = reinterpret_cast<const uint4*>(inp)[i];
     floatX* v = reinterpret_cast<floatX*>(&packed);
 #pragma unroll
-    for (int j = 0; j < PER; j++) v[j] = (floatX)gelu_value((float)v[j]);
+    for (int j = 0; j < PER; j++) v[j] = (floatX)gelu_forward_value<Bd>((float)v[j]);
     reinterpret_cast<uint4*>(out)[i] = packed;
 }
 
+template <class Bd = IdentityBoundaries>
 inline void gelu_forward(floatX* out, const floatX* inp, long long n, cudaStream_t stream) {
     constexpr int PER = 16 / sizeof(floatX);
     if (n % PER == 0 && ((uintptr_t)out % 16) == 0 && ((uintptr_t)inp % 16) == 0) {
-        gelu_forward_vec_kernel<<<ceil_div(n / PER, 256), 256, 0, stream>>>(out, inp, n / PER);
+        gelu_forward_vec_kernel<Bd><<<ceil_div(n / PER, 256), 256, 0, stream>>>(out, inp, n / PER);
     } else {
-        gelu_forward_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(out, inp, n);
+        gelu_forward_kernel<Bd><<<ceil_div(n, 256), 256, 0, stream>>>(out, inp, n);
     }
     cudaCheckLaunch();
 }

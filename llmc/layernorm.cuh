@@ -5,6 +5,8 @@
 // The residual stream (the input of every LayerNorm) is FP32 in every build, as under PyTorch's
 // autocast: rounding it to BF16 after each of the 2L residual adds costs ~0.2% per add, which
 // dominated the BF16 build's error against the reference. LayerNorm outputs are floatX (they feed GEMMs).
+// Boundaries (boundaries.h): the residual add is residual + branch_scale * branch, stored through
+// Bd::residual (its LayerNorm reads the stored value); outputs are stored through Bd::norm_output.
 // Backward, with xhat = (x - mean) * rstd and g = dy * w:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
 //   dw += sum_rows dy * xhat,   db += sum_rows dy
@@ -12,10 +14,12 @@
 // its own FP32 scratch row, and a second kernel adds the scratch rows in order.
 #pragma once
 #include "cuda_common.h"
+#include "boundaries.h"
 
 #define LN_EPS 1e-5f
 
 // x is the row to normalize; out, mean, rstd get written. w/b: C. One warp per row.
+template <class Bd>
 __device__ __forceinline__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, const float* x,
                                               const floatX* w, const floatX* b, int C, int lane) {
     float sum = 0.0f;
@@ -26,37 +30,42 @@ __device__ __forceinline__ void layernorm_row(floatX* out, float* mean_out, floa
     float rstd = rsqrtf(warp_sum(sq) / C + LN_EPS);
     for (int c = lane; c < C; c += WARP_SIZE) {
         float n = ((float)x[c] - mean) * rstd;
-        out[c] = (floatX)(n * (float)w[c] + (float)b[c]);
+        out[c] = (floatX)Bd::norm_output(n * (float)w[c] + (float)b[c]);
     }
     if (lane == 0) { *mean_out = mean; *rstd_out = rstd; }
 }
 
+template <class Bd>
 __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const float* inp,
                                          const floatX* w, const floatX* b, int N, int C) {
     int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (row >= N) return;
     long long off = (long long)row * C;
-    layernorm_row(out + off, mean + row, rstd + row, inp + off, w, b, C, threadIdx.x % WARP_SIZE);
+    layernorm_row<Bd>(out + off, mean + row, rstd + row, inp + off, w, b, C, threadIdx.x % WARP_SIZE);
 }
 
-// residual = a + b in FP32 (a: the residual stream, b: a projection's output), then LayerNorm of it
+// residual = a + branch_scale * b in FP32 (a: the residual stream, b: a projection's output), then
+// LayerNorm of it
+template <class Bd>
 __global__ void fused_residual_layernorm_forward_kernel(float* residual, floatX* out, float* mean, float* rstd,
-                                                        const float* a, const floatX* b_in,
-                                                        const floatX* w, const floatX* b, int N, int C) {
+                                                        const float* a, const floatX* b_in, const floatX* w,
+                                                        const floatX* b, int N, int C, float branch_scale) {
     int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (row >= N) return;
     int lane = threadIdx.x % WARP_SIZE;
     long long off = (long long)row * C;
-    for (int c = lane; c < C; c += WARP_SIZE) residual[off + c] = (floatX)((float)a[off + c] + (float)b_in[off + c]);
+    for (int c = lane; c < C; c += WARP_SIZE) {
+        residual[off + c] = Bd::residual(a[off + c] + branch_scale * (float)b_in[off + c]);
+    }
     __syncwarp();
-    layernorm_row(out + off, mean + row, rstd + row, residual + off, w, b, C, lane);
+    layernorm_row<Bd>(out + off, mean + row, rstd + row, residual + off, w, b, C, lane);
 }
 
 // ---- the same with the row in registers, for C % 4 == 0 and C <= 1024 -------------------------
 // Lane l owns the float4 chunks l, l+32, ... (N4 of them), so a row is read from memory once, in
 // 16-byte loads, and normalized from registers. The plain and the fused kernel share the row
 // routine, so a LayerNorm recomputed in backward (-r 2) equals the forward's bit for bit.
-template <int N4>
+template <class Bd, int N4>
 __device__ __forceinline__ void layernorm_row_registers(floatX* out, float* mean_out, float* rstd_out,
                                                         const float4 (&x)[N4], const floatX* w, const floatX* b,
                                                         int C, int lane) {
@@ -82,7 +91,7 @@ __device__ __forceinline__ void layernorm_row_registers(floatX* out, float* mean
             const float xs[4] = {x[i].x, x[i].y, x[i].z, x[i].w};
             floatX o[4];
 #pragma unroll
-            for (int k = 0; k < 4; k++) o[k] = (floatX)((xs[k] - mean) * rstd * (float)w[c + k] + (float)b[c + k]);
+            for (int k = 0; k < 4; k++) o[k] = (floatX)Bd::norm_output((xs[k] - mean) * rstd * (float)w[c + k] + (float)b[c + k]);
             // 4 outputs in one store (8 bytes for BF16, 16 for FP32)
             if constexpr (sizeof(floatX) == 2) *reinterpret_cast<uint2*>(out + c) = *reinterpret_cast<const uint2*>(o);
             else *reinterpret_cast<float4*>(out + c) = *reinterpret_cast<const float4*>(o);
@@ -91,7 +100,7 @@ __device__ __forceinline__ void layernorm_row_registers(floatX* out, float* mean
     if (lane == 0) { *mean_out = mean; *rstd_out = rstd; }
 }
 
-template <int N4>
+template <class Bd, int N4>
 __global__ void layernorm_forward_registers_kernel(floatX* out, float* mean, float* rstd, const float* inp,
                                                    const floatX* w, const floatX* b, int N, int C) {
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
@@ -104,13 +113,13 @@ __global__ void layernorm_forward_registers_kernel(floatX* out, float* mean, flo
         const int c = (lane + i * WARP_SIZE) * 4;
         x[i] = c < C ? *reinterpret_cast<const float4*>(inp + off + c) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    layernorm_row_registers<N4>(out + off, mean + row, rstd + row, x, w, b, C, lane);
+    layernorm_row_registers<Bd, N4>(out + off, mean + row, rstd + row, x, w, b, C, lane);
 }
 
-template <int N4>
+template <class Bd, int N4>
 __global__ void fused_residual_layernorm_registers_kernel(float* residual, floatX* out, float* mean, float* rstd,
                                                           const float* a, const floatX* b_in, const floatX* w,
-                                                          const floatX* b, int N, int C) {
+                                                          const floatX* b, int N, int C, float branch_scale) {
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (row >= N) return;
     const int lane = threadIdx.x % WARP_SIZE;
@@ -124,13 +133,18 @@ __global__ void fused_residual_layernorm_registers_kernel(float* residual, float
             floatX bv[4];
             if constexpr (sizeof(floatX) == 2) *reinterpret_cast<uint2*>(bv) = *reinterpret_cast<const uint2*>(b_in + off + c);
             else *reinterpret_cast<float4*>(bv) = *reinterpret_cast<const float4*>(b_in + off + c);
-            x[i] = make_float4(av.x + (float)bv[0], av.y + (float)bv[1], av.z + (float)bv[2], av.w + (float)bv[3]);
+            if constexpr (Bd::ACTIVE) {
+                x[i] = make_float4(Bd::residual(av.x + branch_scale * (float)bv[0]), Bd::residual(av.y + branch_scale * (float)bv[1]),
+                                   Bd::residual(av.z + branch_scale * (float)bv[2]), Bd::residual(av.w + branch_scale * (float)bv[3]));
+            } else {
+                x[i] = make_float4(av.x + (float)bv[0], av.y + (float)bv[1], av.z + (float)bv[2], av.w + (float)bv[3]);
+            }
             *reinterpret_cast<float4*>(residual + off + c) = x[i];
         } else {
             x[i] = make_float4(0.f, 0.f, 0.f, 0.f);
         }
     }
-    layernorm_row_registers<N4>(out + off, mean + row, rstd + row, x, w, b, C, lane);
+    layernorm_row_registers<Bd, N4>(out + off, mean + row, rstd + row, x, w, b, C, lane);
 }
 
 // which register kernel fits C (0 = none: use the generic kernels)
@@ -141,16 +155,17 @@ inline int layernorm_chunks_per_lane(int C) {
 
 #define LN_DISPATCH_N4(n4, KERNEL, grid, block, stream, ...)                                       \
     switch (n4) {                                                                                  \
-        case 1: KERNEL<1><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                         \
-        case 2: KERNEL<2><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                         \
-        case 3: KERNEL<3><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                         \
-        case 4: KERNEL<4><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                         \
-        case 5: KERNEL<5><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                         \
-        case 6: KERNEL<6><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                         \
-        case 7: KERNEL<7><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                         \
-        default: KERNEL<8><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                        \
+        case 1: KERNEL<Bd, 1><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                     \
+        case 2: KERNEL<Bd, 2><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                     \
+        case 3: KERNEL<Bd, 3><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                     \
+        case 4: KERNEL<Bd, 4><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                     \
+        case 5: KERNEL<Bd, 5><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                     \
+        case 6: KERNEL<Bd, 6><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                     \
+        case 7: KERNEL<Bd, 7><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                     \
+        default: KERNEL<Bd, 8><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                    \
     }
 
+template <class Bd = IdentityBoundaries>
 inline void layernorm_forward(floatX* out, float* mean, float* rstd, const float* inp, const floatX* w,
                               const floatX* b, int N, int C, cudaStream_t stream) {
     const int block = 256, rows_per_block = block / WARP_SIZE;
@@ -159,22 +174,26 @@ inline void layernorm_forward(floatX* out, float* mean, float* rstd, const float
     if (n4 > 0) {
         LN_DISPATCH_N4(n4, layernorm_forward_registers_kernel, grid, block, stream, out, mean, rstd, inp, w, b, N, C);
     } else {
-        layernorm_forward_kernel<<<grid, block, 0, stream>>>(out, mean, rstd, inp, w, b, N, C);
+        layernorm_forward_kernel<Bd><<<grid, block, 0, stream>>>(out, mean, rstd, inp, w, b, N, C);
     }
     cudaCheckLaunch();
 }
 
+// branch_scale: Bd::ATTENTION_RESIDUAL_SCALE or Bd::MLP_RESIDUAL_SCALE (1 in every recipe but legacy Q1.15)
+template <class Bd = IdentityBoundaries>
 inline void fused_residual_layernorm_forward(float* residual, floatX* out, float* mean, float* rstd,
                                              const float* a, const floatX* b_in, const floatX* w,
-                                             const floatX* b, int N, int C, cudaStream_t stream) {
+                                             const floatX* b, int N, int C, cudaStream_t stream,
+                                             float branch_scale = 1.0f) {
     const int block = 256, rows_per_block = block / WARP_SIZE;
     const int grid = ceil_div(N, rows_per_block);
     const int n4 = layernorm_chunks_per_lane(C);
     if (n4 > 0) {
         LN_DISPATCH_N4(n4, fused_residual_layernorm_registers_kernel, grid, block, stream, residual, out, mean, rstd,
-                       a, b_in, w, b, N, C);
+                       a, b_in, w, b, N, C, branch_scale);
     } else {
-        fused_residual_layernorm_forward_kernel<<<grid, block, 0, stream>>>(residual, out, mean, rstd, a, b_in, w, b, N, C);
+        fused_residual_layernorm_forward_kernel<Bd><<<grid, block, 0, stream>>>(residual, out, mean, rstd, a, b_in, w, b, N, C,
+                                                                                branch_scale);
     }
     cudaCheckLaunch();
 }
@@ -184,10 +203,12 @@ inline void fused_residual_layernorm_forward(float* residual, floatX* out, float
 #define LN_BACKWARD_WARPS 1024
 
 // dinp += dx in FP32 (the gradient of the residual stream accumulates over 2L+1 LayerNorms), and
-// dinp_x = dinp rounded to floatX: the copy the next GEMMs read. Warp w handles rows w, w + W,
+// dinp_x = branch_scale * dinp rounded to floatX: the copy the next GEMMs read (the gradient of the
+// residual branch that feeds this residual stream: residual = a + branch_scale * branch). Warp w handles rows w, w + W,
 // w + 2W, ... and accumulates dy*xhat and dy into its scratch row (zeroed here first).
 __global__ void layernorm_backward_kernel(float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp,
-                                          const floatX* w, const float* mean, const float* rstd, int N, int C) {
+                                          const floatX* w, const float* mean, const float* rstd, int N, int C,
+                                          float branch_scale) {
     const int num_warps = gridDim.x * (blockDim.x / WARP_SIZE);
     const int warp_id = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
@@ -214,7 +235,7 @@ __global__ void layernorm_backward_kernel(float* dinp, floatX* dinp_x, float* sc
             float dx = r * (g - mean_g - xhat * mean_gx);
             float acc = dinp[off + c] + dx;
             dinp[off + c] = acc;
-            dinp_x[off + c] = (floatX)acc;
+            dinp_x[off + c] = (floatX)(branch_scale * acc);
             dw_acc[c] += dy * xhat;
             db_acc[c] += dy;
         }
@@ -229,7 +250,7 @@ __global__ void layernorm_backward_kernel(float* dinp, floatX* dinp_x, float* sc
 template <int CPL>
 __global__ void __launch_bounds__(256) layernorm_backward_registers_kernel(
         float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp, const floatX* w,
-        const float* mean, const float* rstd, int N, int C) {
+        const float* mean, const float* rstd, int N, int C, float branch_scale) {
     const int num_warps = gridDim.x * (blockDim.x / WARP_SIZE);
     const int warp_id = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
@@ -268,7 +289,7 @@ __global__ void __launch_bounds__(256) layernorm_backward_registers_kernel(
                 float dx = r * (dy[i] * wv[i] - mean_g - xh[i] * mean_gx);
                 float acc = old[i] + dx;
                 dinp[off + c] = acc;
-                dinp_x[off + c] = (floatX)acc;
+                dinp_x[off + c] = (floatX)(branch_scale * acc);
                 dw_acc[i] += dy[i] * xh[i];
                 db_acc[i] += dy[i];
             }
@@ -305,20 +326,21 @@ __global__ void layernorm_backward_reduce_kernel(float* dw, float* db, const flo
     }
 }
 
-// scratch: at least LN_BACKWARD_WARPS * 2 * C floats
+// scratch: at least LN_BACKWARD_WARPS * 2 * C floats. branch_scale: the residual branch scale of
+// the block whose output gradient dinp_x becomes (boundaries.h; 1 in every recipe but legacy Q1.15).
 inline void layernorm_backward(float* dinp, floatX* dinp_x, float* dw, float* db, float* scratch, const floatX* dout,
                                const float* inp, const floatX* w, const float* mean, const float* rstd,
-                               int N, int C, cudaStream_t stream) {
+                               int N, int C, cudaStream_t stream, float branch_scale = 1.0f) {
     const int block = 256, warps_per_block = block / WARP_SIZE;
     const int grid = LN_BACKWARD_WARPS / warps_per_block;
     if (C <= 12 * WARP_SIZE) {
-        layernorm_backward_registers_kernel<12><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C);
+        layernorm_backward_registers_kernel<12><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
     } else if (C <= 24 * WARP_SIZE) {
-        layernorm_backward_registers_kernel<24><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C);
+        layernorm_backward_registers_kernel<24><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
     } else if (C <= 32 * WARP_SIZE) {
-        layernorm_backward_registers_kernel<32><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C);
+        layernorm_backward_registers_kernel<32><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
     } else {
-        layernorm_backward_kernel<<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C);
+        layernorm_backward_kernel<<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
     }
     cudaCheckLaunch();
     layernorm_backward_reduce_kernel<<<ceil_div(C, 32), dim3(32, 32), 0, stream>>>(dw, db, scratch, LN_BACKWARD_WARPS, C);

@@ -21,8 +21,14 @@ static float* g_device_beta = nullptr; // device 0.0f and 1.0f: beta of the GEMM
 static const size_t CUBLASLT_WORKSPACE_BYTES = 32ull << 20;
 
 // Accumulation is FP32 in every build. In the PRECISION=FP32 reference build the operands are FP32
-// and CUBLAS_COMPUTE_32F keeps the products in true FP32 (no TF32).
+// and CUBLAS_COMPUTE_32F keeps the products in true FP32 (no TF32). The Q1.15 true-forward build asks
+// for CUBLAS_COMPUTE_32F_FAST_16BF, as its seed specifies (with BF16 operands the arithmetic is the
+// same); a shape cuBLASLt has no such algorithm for falls back to CUBLAS_COMPUTE_32F.
+#if defined(ENABLE_Q115) && SF16_TRUE_FORWARD
+static const cublasComputeType_t MATMUL_COMPUTE = CUBLAS_COMPUTE_32F_FAST_16BF;
+#else
 static const cublasComputeType_t MATMUL_COMPUTE = CUBLAS_COMPUTE_32F;
+#endif
 
 inline void matmul_init() {
     cublasCheck(cublasLtCreate(&g_cublaslt));
@@ -64,15 +70,15 @@ struct MatmulPlan {
     size_t next_candidate = 1;
 };
 static std::map<MatmulKey, MatmulPlan> g_matmul_plans;
+// GEMM shapes that fell back from MATMUL_COMPUTE to CUBLAS_COMPUTE_32F (reported at the end of a run)
+static int g_matmul_compute_fallbacks = 0;
 
-// The cached plan of `key`; null when cuBLASLt has no algorithm for it (FP8 callers then fall back).
-inline MatmulPlan* matmul_plan(const MatmulKey& key) {
-    auto it = g_matmul_plans.find(key);
-    if (it != g_matmul_plans.end()) return &it->second;
+// A new plan of `key` with the given compute type; null when cuBLASLt has no algorithm for it.
+inline MatmulPlan* matmul_build_plan(const MatmulKey& key, cublasComputeType_t compute) {
     MatmulPlan p;
     const int m = key.m, n = key.n, k = key.k;
     const bool transA = key.transA, transB = key.transB;
-    cublasCheck(cublasLtMatmulDescCreate(&p.desc, MATMUL_COMPUTE, CUDA_R_32F));
+    cublasCheck(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
     cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
     cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
@@ -124,7 +130,9 @@ inline MatmulPlan* matmul_plan(const MatmulKey& key) {
                                                      &CUBLASLT_WORKSPACE_BYTES, sizeof(CUBLASLT_WORKSPACE_BYTES)));
     cublasLtMatmulHeuristicResult_t heuristics[8];
     int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(g_cublaslt, p.desc, p.la, p.lb, p.ld, p.ld, pref, fp8 ? 8 : 1, heuristics, &found));
+    // (a combination cuBLASLt does not support reads as "no algorithm": the caller may fall back)
+    if (cublasLtMatmulAlgoGetHeuristic(g_cublaslt, p.desc, p.la, p.lb, p.ld, p.ld, pref, fp8 ? 8 : 1, heuristics, &found) !=
+        CUBLAS_STATUS_SUCCESS) found = 0;
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     if (found == 0) {
         cublasLtMatrixLayoutDestroy(p.la); cublasLtMatrixLayoutDestroy(p.lb); cublasLtMatrixLayoutDestroy(p.ld);
@@ -134,6 +142,20 @@ inline MatmulPlan* matmul_plan(const MatmulKey& key) {
     p.algo = heuristics[0].algo;
     for (int i = 0; i < found; i++) p.candidates.push_back(heuristics[i].algo);
     return &g_matmul_plans.emplace(key, p).first->second;
+}
+
+// The cached plan of `key`; null when cuBLASLt has no algorithm for it (FP8 callers then fall back).
+inline MatmulPlan* matmul_plan(const MatmulKey& key) {
+    auto it = g_matmul_plans.find(key);
+    if (it != g_matmul_plans.end()) return &it->second;
+    const bool fp8 = key.a_type == CUDA_R_8F_E4M3 || key.a_type == CUDA_R_8F_E5M2;
+    const cublasComputeType_t compute = fp8 ? CUBLAS_COMPUTE_32F : MATMUL_COMPUTE;
+    MatmulPlan* p = matmul_build_plan(key, compute);
+    if (!p && compute != CUBLAS_COMPUTE_32F) {
+        p = matmul_build_plan(key, CUBLAS_COMPUTE_32F);
+        if (p) g_matmul_compute_fallbacks++;
+    }
+    return p;
 }
 
 inline void matmul_no_algorithm(const MatmulKey& key) {

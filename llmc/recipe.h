@@ -29,6 +29,9 @@
 //   recipe_begin_step(r, step)                  before a training step's first micro-step; returns
 //                                               whether the step's quantization telemetry is due (-lq)
 //   recipe_log_telemetry(r, log, step)          after its backward pass: the -lq lines for main.log
+// and the type RecipeBoundaries: the hooks of llmc/boundaries.h that the model's other kernels apply
+// at the named forward boundaries (embedding, residual, LayerNorm, softmax, GELU, logits);
+// IdentityBoundaries for every recipe but Q1.15.
 // `training` is false for evaluation and sampling: a recipe must then leave its state untouched, so
 // that how often a run validates never changes its training numbers.
 #pragma once
@@ -36,6 +39,7 @@
 #include "cuda_common.h"
 #include "matmul.cuh"
 #include "checkpoint.h"
+#include "boundaries.h"
 #include "recipe_options.h"
 
 // the project-wide names the recipe headers use

@@ -7,6 +7,7 @@
 #include "recipe.h"
 
 #define RECIPE_NAME "bf16"
+using RecipeBoundaries = IdentityBoundaries; // no boundaries outside the linears (boundaries.h)
 
 struct Recipe {
     RecipeOptions options;

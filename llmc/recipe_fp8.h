@@ -32,6 +32,7 @@
 #include "profiler.h"
 
 #define RECIPE_NAME "fp8"
+using RecipeBoundaries = IdentityBoundaries; // no boundaries outside the linears (boundaries.h)
 
 #if defined(ENABLE_FP32)
 #error "the fp8 recipe is a BF16 build (PRECISION=FP32 is the BF16 recipe's reference build)"

@@ -39,6 +39,7 @@
 #include "profiler.h"
 
 #define RECIPE_NAME "nvfp4"
+using RecipeBoundaries = IdentityBoundaries; // no boundaries outside the linears (boundaries.h)
 
 #if defined(ENABLE_FP32)
 #error "the nvfp4 recipe is a BF16 build (PRECISION=FP32 is the BF16 recipe's reference build)"

@@ -14,6 +14,7 @@ struct RecipeOptions {
     int fp4_rht = 1;             // -rht: nvfp4: random Hadamard transform of the wgrad operands
     int fp4_stochastic = 1;      // -sr: nvfp4: stochastic rounding of the gradients
     int fp4_four_over_six = 1;   // -fos: nvfp4: Four Over Six block scales
+    int self_check = 0;          // set by -Q: the recipe checks its device code against the CPU codec at start (q115)
     unsigned long long seed = 0; // -sd: the run's seed (stochastic rounding streams, Hadamard signs)
     // vcast: TensorCast-style datatypes (llmc/vcast.h) per role, and the cast options
     std::string vcast_weights = "mxfp8e4";     // -qw

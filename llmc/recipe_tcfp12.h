@@ -46,6 +46,7 @@
 #include "profiler.h"
 
 #define RECIPE_NAME "tcfp12"
+using RecipeBoundaries = IdentityBoundaries; // no boundaries outside the linears (boundaries.h)
 
 #if defined(ENABLE_FP32)
 #error "the tcfp12 recipe is a BF16 build (PRECISION=FP32 is the BF16 recipe's reference build)"

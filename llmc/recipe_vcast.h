@@ -30,6 +30,7 @@
 #include "profiler.h"
 
 #define RECIPE_NAME "vcast"
+using RecipeBoundaries = IdentityBoundaries; // no boundaries outside the linears (boundaries.h)
 
 #if defined(ENABLE_FP32)
 #error "the vcast recipe is a BF16 build (PRECISION=FP32 is the BF16 recipe's reference build)"

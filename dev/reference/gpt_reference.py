@@ -14,8 +14,13 @@ Three things live here:
      `--check` additionally verifies the parameter count, re-reads the files and sanity-checks
      the numbers.
 
+  4. `--boundaries q115`: the same reference under the Q1.15 true-forward boundaries of the
+     trainer's q115 recipe (llmc/recipe_q115.h, seed 002): every forward boundary through
+     simulate_q115 (GEMM outputs through simulate_q131 first), straight-through in backward.
+
 Usage:
   python3 dev/reference/gpt_reference.py --write-reference --out DIR [--model d12 --B 4 --T 64 --steps 10 --seed 0]
+  python3 dev/reference/gpt_reference.py --write-reference --boundaries q115 --out DIR_Q115
   python3 dev/reference/gpt_reference.py --check --model d6 [--out DIR]
 
 File formats are documented in dev/reference/README.md and at write_reference() below.
@@ -88,14 +93,67 @@ def parse_descriptor(desc):
 
 
 # ----------------------------------------------------------------------------------------------
+# forward boundaries (the trainer's llmc/boundaries.h): where a recipe acts outside the linears
+
+
+class IdentityBoundaries:
+    """Every recipe but Q1.15: nothing happens at the boundaries."""
+    name, code, active = "none", 0, False
+    attention_residual_scale = mlp_residual_scale = logit_scale = 1.0
+
+    def __getattr__(self, hook):  # embedding, residual, norm_output, linear_output, ...: identity
+        return lambda x: x
+
+
+Q115_OVERFLOW_THRESHOLD = float(np.float32(0.999))  # the trainer's float 0.999f
+
+
+def simulate_fixed(x, scale):
+    """simulate_q115 (scale 2^15) / simulate_q131 (2^31) of llmc/number_formats.h: clamp to +-0.999,
+    scale, round to nearest with ties to even (torch.round), scale back."""
+    return torch.round(x.clamp(-Q115_OVERFLOW_THRESHOLD, Q115_OVERFLOW_THRESHOLD) * scale) / scale
+
+
+def straight_through(x, q):
+    """q in the forward pass, gradient 1 (also where q clamped): the trainer's BF16 backward"""
+    return x + (q - x).detach()
+
+
+class Q115Boundaries:
+    """SF16 true-forward (seed 002), as llmc/recipe_q115.h: logit scale 1, residual scales 1."""
+    name, code, active = "q115", 1, True
+    attention_residual_scale = mlp_residual_scale = logit_scale = 1.0
+
+    def quantize(self, x):                     # simulate_q115
+        return straight_through(x, simulate_fixed(x, 2.0**15))
+
+    def linear_output(self, x):                # a forward GEMM: simulate_q131, then simulate_q115
+        return straight_through(x, simulate_fixed(simulate_fixed(x, 2.0**31), 2.0**15))
+
+    embedding = residual = norm_output = softmax_output = gelu_input = gelu_output = quantize
+    attention_output = linear_output
+
+    def attention_scores(self, x):             # the score GEMM's output, read through simulate_q115
+        return self.quantize(self.linear_output(x))
+
+    def logits(self, x):                       # the LM head's output, read through simulate_q115
+        return self.quantize(self.linear_output(x))
+
+
+BOUNDARIES = {"none": IdentityBoundaries, "q115": Q115Boundaries}
+
+
+# ----------------------------------------------------------------------------------------------
 # model
 
 
 class Block(nn.Module):
     """One pre-LayerNorm transformer block."""
 
-    def __init__(self, cfg, use_sdpa):
+    def __init__(self, cfg, use_sdpa, bd=None):
         super().__init__()
+        self.bd = bd or IdentityBoundaries()
+        assert not (use_sdpa and self.bd.active), "boundaries need the explicit softmax"
         C = cfg.channels
         assert C % cfg.num_heads == 0, "channels must be divisible by heads"
         self.num_heads = cfg.num_heads
@@ -111,50 +169,69 @@ class Block(nn.Module):
         B, T, C = x.shape
         NH = self.num_heads
         hs = C // NH
-        q, k, v = self.qkv(x).split(C, dim=-1)           # [q | k | v] along the last dim
+        bd = self.bd
+        q, k, v = bd.linear_output(self.qkv(x)).split(C, dim=-1)  # [q | k | v] along the last dim
         q = q.view(B, T, NH, hs).transpose(1, 2)          # (B, NH, T, hs)
         k = k.view(B, T, NH, hs).transpose(1, 2)
         v = v.view(B, T, NH, hs).transpose(1, 2)
         if self.use_sdpa:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # scale 1/sqrt(hs)
+        elif bd.active:
+            # the raw scores (expansion scale 1) through the boundary, then 1/sqrt(hs)
+            scores = bd.attention_scores(torch.matmul(q, k.transpose(-2, -1))) * (1.0 / math.sqrt(hs))
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(diagonal=1)
+            scores = scores.masked_fill(future, float("-inf"))
+            y = bd.attention_output(torch.matmul(bd.softmax_output(torch.softmax(scores, dim=-1)), v))
         else:
             scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
             future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(diagonal=1)
             scores = scores.masked_fill(future, float("-inf"))
             y = torch.matmul(torch.softmax(scores, dim=-1), v)
         y = y.transpose(1, 2).reshape(B, T, C)
-        return self.attproj(y)
+        return bd.linear_output(self.attproj(y))
 
     def forward(self, x):
-        x = x + self.attention(self.ln1(x))
-        x = x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        bd = self.bd
+        if not bd.active:
+            x = x + self.attention(self.ln1(x))
+            x = x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+            return x
+        x = bd.residual(x + bd.attention_residual_scale * self.attention(bd.norm_output(self.ln1(x))))
+        h = bd.linear_output(self.fc(bd.norm_output(self.ln2(x))))
+        g = bd.gelu_output(F.gelu(bd.gelu_input(h), approximate="tanh"))
+        x = bd.residual(x + bd.mlp_residual_scale * bd.linear_output(self.fcproj(g)))
         return x
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg, use_sdpa=False):
+    def __init__(self, cfg, use_sdpa=False, boundaries=None):
         super().__init__()
         self.cfg = cfg
         self.use_sdpa = use_sdpa
+        self.bd = boundaries or IdentityBoundaries()
         self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.channels)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.channels)
-        self.blocks = nn.ModuleList([Block(cfg, use_sdpa) for _ in range(cfg.num_layers)])
+        self.blocks = nn.ModuleList([Block(cfg, use_sdpa, self.bd) for _ in range(cfg.num_layers)])
         self.lnf = nn.LayerNorm(cfg.channels, eps=1e-5)
 
     def forward(self, idx, targets=None, return_logits=True):
-        """idx, targets: (B, T) int64. Returns (logits (B, T, Vp) or None, mean loss or None)."""
+        """idx, targets: (B, T) int64. Returns (logits (B, T, Vp) or None, mean loss or None).
+        With boundaries the logits are the LM head's output through the logits boundary (what the
+        trainer stores in evaluation), and the loss reads them times the logit scale."""
         B, T = idx.shape
         assert T <= self.cfg.max_seq_len, f"T={T} exceeds max_seq_len={self.cfg.max_seq_len}"
+        bd = self.bd
         pos = torch.arange(T, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
+        x = bd.embedding(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
             x = block(x)
-        x = self.lnf(x)
-        logits = F.linear(x, self.wte.weight)             # tied, all Vp columns
+        x = bd.norm_output(self.lnf(x))
+        logits = bd.logits(F.linear(x, self.wte.weight))  # tied, all Vp columns
         loss = None
         if targets is not None:
             V = self.cfg.vocab_size
-            loss = F.cross_entropy(logits[..., :V].reshape(-1, V), targets.reshape(-1))
+            z = logits[..., :V] if bd.logit_scale == 1.0 else bd.logit_scale * logits[..., :V]
+            loss = F.cross_entropy(z.reshape(-1, V), targets.reshape(-1))
         return (logits if return_logits else None), loss
 
     @torch.no_grad()
@@ -398,14 +475,15 @@ def make_tokens(n, V, gen):
     return torch.where(pick_narrow, narrow, wide)
 
 
-def state_header(B, T, cfg, nsteps, nparams):
+def state_header(B, T, cfg, nsteps, nparams, boundaries_code=0):
     hdr = np.zeros(HEADER_INTS, dtype="<i4")
-    hdr[:8] = [STATE_MAGIC, STATE_VERSION, B, T, cfg.vocab_size, cfg.padded_vocab_size, nsteps,
-               nparams]
+    hdr[:9] = [STATE_MAGIC, STATE_VERSION, B, T, cfg.vocab_size, cfg.padded_vocab_size, nsteps,
+               nparams, boundaries_code]
     return hdr
 
 
-def compute_reference(cfg, B, T, nsteps, seed, opt=OptConfig(), verify_adamw=True, log=print):
+def compute_reference(cfg, B, T, nsteps, seed, opt=OptConfig(), verify_adamw=True, log=print,
+                      boundaries="none"):
     """Returns a dict of everything written to the two files (numpy arrays, float32/int32)."""
     torch.use_deterministic_algorithms(True)
     if T > cfg.max_seq_len:
@@ -417,8 +495,9 @@ def compute_reference(cfg, B, T, nsteps, seed, opt=OptConfig(), verify_adamw=Tru
 
     # float32 init + perturbation; the file holds exactly these values, and the float64 run
     # starts from them (float32 -> float64 is exact).
+    bd = BOUNDARIES[boundaries]()
     with torch.device("meta"):
-        model = GPT(cfg, use_sdpa=False)
+        model = GPT(cfg, use_sdpa=False, boundaries=bd)
     model = model.to_empty(device="cpu")
     model.init_weights(seed)
     flat32 = params_to_flat(model)
@@ -527,7 +606,7 @@ def compute_reference(cfg, B, T, nsteps, seed, opt=OptConfig(), verify_adamw=Tru
     out["grad_max_abs"] = {name: float(grads64[off:off + n].abs().max())
                            for name, (off, n) in llmc_offsets(cfg).items()}
     del grads64
-    out.update(cfg=cfg, B=B, T=T, nsteps=nsteps, nparams=nparams, opt=opt,
+    out.update(cfg=cfg, B=B, T=T, nsteps=nsteps, nparams=nparams, opt=opt, boundaries=bd,
                params=flat32.numpy().astype("<f4"),
                inputs=inputs.numpy().reshape(-1).astype("<i4"),
                targets=targets.numpy().reshape(-1).astype("<i4"),
@@ -549,7 +628,8 @@ def hparams_array(opt):
 def write_reference(ref, out_dir):
     """ref_model.bin: int32[256] header (20240326, 3, maxT, V, L, NH, C, Vp, 0...),
                       float32[num_params] perturbed initial parameters in llm.c order.
-    ref_state.bin:    int32[256] header (20241123, 2, B, T, V, Vp, nsteps, num_params, 0...),
+    ref_state.bin:    int32[256] header (20241123, 2, B, T, V, Vp, nsteps, num_params, boundaries,
+                      0...) (boundaries: 0 none, 1 Q1.15 true-forward),
                       float32[16] (lr, beta1, beta2, eps, weight_decay, grad_clip, 0...),
                       int32[B*T] inputs, int32[B*T] targets, float32[B*T*Vp] logits,
                       float32 loss, float32[num_params] grads, float32[nsteps] losses,
@@ -560,7 +640,7 @@ def write_reference(ref, out_dir):
     cfg = ref["cfg"]
     write_llmc_model(os.path.join(out_dir, "ref_model.bin"), cfg, ref["params"])
     atomic_write(os.path.join(out_dir, "ref_state.bin"), [
-        state_header(ref["B"], ref["T"], cfg, ref["nsteps"], ref["nparams"]),
+        state_header(ref["B"], ref["T"], cfg, ref["nsteps"], ref["nparams"], ref["boundaries"].code),
         hparams_array(ref["opt"]),
         ref["inputs"], ref["targets"],
         np.ascontiguousarray(ref["logits"], dtype="<f4"),
@@ -578,8 +658,8 @@ def read_state(path):
     if hdr[0] != STATE_MAGIC or hdr[1] != STATE_VERSION:
         raise ValueError(f"{path}: bad magic/version {hdr[0]}/{hdr[1]}")
     B, T, V, Vp, nsteps, nparams = (int(x) for x in hdr[2:8])
-    if any(int(x) != 0 for x in hdr[8:]):
-        raise ValueError(f"{path}: nonzero reserved header ints")
+    if int(hdr[8]) not in (c.code for c in BOUNDARIES.values()) or any(int(x) != 0 for x in hdr[9:]):
+        raise ValueError(f"{path}: unknown boundaries code {int(hdr[8])} or nonzero reserved header ints")
     st = {"B": B, "T": T, "V": V, "Vp": Vp, "nsteps": nsteps, "nparams": nparams}
     off = HEADER_INTS * 4
     for name, dt, n in [("hparams", "<f4", NUM_HPARAMS), ("inputs", "<i4", B * T),
@@ -706,6 +786,8 @@ def main(argv=None):
     ap.add_argument("--T", type=int, default=64)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--boundaries", choices=sorted(BOUNDARIES), default="none",
+                    help="forward boundaries of the recipe to mirror (q115: the Q1.15 true-forward recipe)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     ap.add_argument("--no-verify-adamw", action="store_true",
                     help="skip running our AdamW alongside torch's (saves time and memory)")
@@ -725,7 +807,8 @@ def main(argv=None):
     tmpdir = None
     if out_dir is None:
         if args.write_reference:
-            out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
+            out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                   "out" if args.boundaries == "none" else f"out_{args.boundaries}")
         else:
             tmpdir = tempfile.TemporaryDirectory(prefix="gpt_reference_check_")
             out_dir = tmpdir.name
@@ -733,8 +816,10 @@ def main(argv=None):
     t0 = time.time()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; model {args.model}; "
           f"out {out_dir}")
+    if args.check and args.boundaries != "none":
+        ap.error("--check verifies the plain reference; use it without --boundaries")
     ref = compute_reference(cfg, args.B, args.T, args.steps, args.seed,
-                            verify_adamw=not args.no_verify_adamw)
+                            verify_adamw=not args.no_verify_adamw, boundaries=args.boundaries)
     t1 = time.time()
     write_reference(ref, out_dir)
     t2 = time.time()

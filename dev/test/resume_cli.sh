@@ -31,7 +31,7 @@ fi
 # a checkpoint of another recipe: refused, unless -cr 1 asks for the conversion
 other=""
 case "$(basename "$TRAINER")" in
-    *_fp8|*_nvfp4|*_vcast|*_tcfp12) other=$(dirname "$TRAINER")/train_gpt_bf16 ;;
+    *_fp8|*_nvfp4|*_vcast|*_tcfp12|*_q115) other=$(dirname "$TRAINER")/train_gpt_bf16 ;;
     *_bf16) other=$(dirname "$TRAINER")/train_gpt_fp8 ;;
 esac
 if [[ -n "$other" && -x "$other" ]]; then
@@ -88,6 +88,15 @@ if [[ "$(basename "$TRAINER")" == *_vcast ]]; then
         || bad "resume with -qw mxfp6e2 not refused (exit $rc): $(tail -n 2 <<<"$out")"
     out=$("$TRAINER" -qw mxfp9e9 2>&1); rc=$?
     [[ $rc -ne 0 ]] && grep -q "mxfp9e9" <<<"$out" && ok "a bad datatype is a clear error naming it" || bad "bad -qw accepted (exit $rc)"
+fi
+# Q1.15: -Q 115 verifies the binary (its device boundaries against the CPU codec), and -lq logs
+# the clamp fractions of every boundary
+if [[ "$(basename "$TRAINER")" == *_q115 ]]; then
+    "$TRAINER" -e d6 -b 4 -t 64 -x 2 -v 0 -s 0 -Q 115 -lq 1 -o "$work/q" > "$work/q.out" 2>&1 \
+        && grep -q "boundaries verified on the device" "$work/q.out" \
+        && ok "-Q 115 verifies the device's Q1.15 boundaries" || bad "-Q 115 failed: $(tail -n 2 "$work/q.out")"
+    n=$(grep -c "^s:[0-9]* lq:q115\.[a-z_]* clamp:" "$work/q/main.log")
+    [[ "$n" -eq 24 ]] && ok "-lq 1 logs the 12 Q1.15 boundaries at each of 2 steps" || bad "-lq 1 logged $n Q1.15 lines, not 24"
 fi
 if [[ "$(basename "$TRAINER")" == *_tcfp12 ]]; then
     grep -q "^# tcfp12: TCFP-12 per tensor, EF" "$work/a/main.log" && ok "main.log records the TCFP-12 options" \

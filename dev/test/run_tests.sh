@@ -61,6 +61,27 @@ for t in dev/bench/test_bench.py dev/test/test_plot_logs.py; do
     count_suite "$t" $rc "$tmp/py.sum"
 done
 
+# the Q1.15 build as its seed specifies it: the make targets carry its defines, and cuDNN with Q1.15 is a
+# compile-time error (preprocessing is enough to see it)
+if command -v nvcc > /dev/null || [[ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]]; then
+    nvcc_bin=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
+    for t in train_gpt_q115 train_gpt2q115cu train_gpt2q115_constrainedcu train_gpt3q115cu; do
+        if make -s -n -B "$t" 2>/dev/null | grep -q -- "-DENABLE_Q115 -DSF16_TRUE_FORWARD=1"; then
+            echo "[PASS] make -n $t shows -DENABLE_Q115 -DSF16_TRUE_FORWARD=1"; passed=$((passed + 1))
+        else
+            echo "[FAIL] make -n $t lacks -DENABLE_Q115 -DSF16_TRUE_FORWARD=1"; failed=$((failed + 1))
+        fi
+    done
+    if "$nvcc_bin" -E -x cu -DENABLE_Q115 -DSF16_TRUE_FORWARD=1 -DENABLE_CUDNN train_gpt.cu -o /dev/null 2>&1 |
+        grep -q "ENABLE_CUDNN is not supported with ENABLE_Q115"; then
+        echo "[PASS] Q1.15 with cuDNN stops the build with the seed's #error"; passed=$((passed + 1))
+    else
+        echo "[FAIL] Q1.15 with cuDNN builds"; failed=$((failed + 1))
+    fi
+else
+    echo "skipped: no nvcc (the Q1.15 build checks)"; skipped=$((skipped + 1))
+fi
+
 echo "== building the trainer for the bad-input tests"
 if make -s -j"$JOBS" train_gpt_bf16; then
     bash dev/test/bad_input.sh ./train_gpt_bf16 2>&1 | tee "$tmp/bad.log"; rc=$?
@@ -72,10 +93,14 @@ fi
 if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
     echo "== GPU tests on: $(nvidia-smi -L | head -n 1)"
     REF=${REF_DIR:-dev/reference/out}
-    if python3 dev/reference/gpt_reference.py --write-reference --out "$REF"; then
-        for v in fp32 bf16 fp8 nvfp4 vcast tcfp12; do
+    REF_Q115=${REF_DIR_Q115:-dev/reference/out_q115}
+    # the plain reference, and the same under the Q1.15 recipe's boundaries (test_gpt_q115 reads both)
+    if python3 dev/reference/gpt_reference.py --write-reference --out "$REF" &&
+       python3 dev/reference/gpt_reference.py --write-reference --boundaries q115 --out "$REF_Q115"; then
+        for v in fp32 bf16 fp8 nvfp4 vcast tcfp12 q115; do
+            refs=("$REF"); [[ $v == q115 ]] && refs=("$REF_Q115" "$REF")
             if make -s test_gpt_$v; then
-                ./test_gpt_$v "$REF" 2>&1 | tee "$tmp/gpu_$v.log"; rc=$?
+                ./test_gpt_$v "${refs[@]}" 2>&1 | tee "$tmp/gpu_$v.log"; rc=$?
                 count_suite "gpu tests ($v)" $rc "$tmp/gpu_$v.log"
             else
                 echo "== gpu tests ($v): build failed"; failed=$((failed + 1))
@@ -91,7 +116,7 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
                 echo "== $name: build failed"; failed=$((failed + 1))
             fi
         done
-        for v in bf16 fp8 nvfp4 vcast tcfp12; do
+        for v in bf16 fp8 nvfp4 vcast tcfp12 q115; do
             if make -s train_gpt_$v; then
                 bash dev/test/resume_cli.sh ./train_gpt_$v 2>&1 | tee "$tmp/resume_$v.log"; rc=$?
                 count_suite "resume tests ($v)" $rc "$tmp/resume_$v.log"
@@ -111,7 +136,7 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
         echo "== GPU tests: writing the reference failed"; failed=$((failed + 1))
     fi
 else
-    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16/FP8/NVFP4/VCAST/TCFP12, FP8, NVFP4, vcast and TCFP-12 kernels, resume, out-of-memory)"
+    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16/FP8/NVFP4/VCAST/TCFP12/Q115, FP8, NVFP4, vcast and TCFP-12 kernels, resume, out-of-memory)"
     skipped=$((skipped + 1))
 fi
 

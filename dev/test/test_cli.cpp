@@ -97,6 +97,17 @@ TEST_CASE("cli: every flag parses into its field") {
     CHECK(c.resume == 1);
 }
 
+TEST_CASE("cli: -Q asks the recipe for its self-check; without -e the model is the build's default") {
+    TrainConfig c = parse({"-Q", "115"});
+    CHECK(c.recipe_check == "115");
+    validate_config(c);
+    CHECK(c.recipe.self_check == 1);
+    TrainConfig d = parse({});
+    validate_config(d);
+    CHECK(d.recipe.self_check == 0);
+    CHECK(d.model == "d12"); // LLMC_DEFAULT_MODEL (train_gpt3q115cu: gpt3:c768)
+}
+
 TEST_CASE("cli: the recipe flags parse into RecipeOptions and are range-checked") {
     TrainConfig c = parse({"-fh", "16", "-fm", "2", "-sqf", "1", "-sql", "3", "-lq", "50", "-o", "out", "-cr", "1"});
     CHECK(c.recipe.amax_history == 16);

@@ -695,6 +695,48 @@ TEST_CASE("number formats: Q1.31 clamp, fixed points, ties, decode") {
     CHECK(std::isnan(llmc::simulate_q131(NAN)));
 }
 
+// float -> BF16 -> float, round to nearest even (finite inputs)
+float bf16_round(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    float y;
+    std::memcpy(&y, &u, 4);
+    return y;
+}
+
+TEST_CASE("number formats: Q1.15 on BF16 values (the identities llmc/recipe_q115.h relies on)") {
+    // over every finite BF16 value v (a GEMM's BF16 output, or a stored BF16 boundary):
+    //  1. simulate_q115(simulate_q131(v)) == simulate_q115(v): a reader that applies the GEMM's
+    //     post-quantization and then its own simulate_q115 sees what a separate post-GEMM pass gives
+    //  2. BF16(simulate_q115(v)) == simulate_q115(v) unless v clamps: storing the quantized value in
+    //     BF16 loses nothing below the clamp; at the clamp, 32735/32768 is stored as 1.0
+    //  3. reading a stored value through simulate_q115 again changes only +-1.0 (to +-32735/32768)
+    int fails = 0, clamped = 0;
+    for (uint32_t bits = 0; bits < 65536 && fails < 10; bits++) {
+        const float v = llmc::bits_float(bits << 16);
+        if (!std::isfinite(v)) continue;
+        const float q = llmc::simulate_q115(v);
+        EXPECT_IN_LOOP(llmc::simulate_q115(llmc::simulate_q131(v)) == q, "v " << v);
+        if (std::fabs(v) <= 0.999f) {
+            EXPECT_IN_LOOP(bf16_round(q) == q, "v " << v << " q " << q);
+        } else {
+            clamped++;
+            EXPECT_IN_LOOP(std::fabs(bf16_round(q)) == 1.0f, "v " << v);
+        }
+        const float stored = bf16_round(q);
+        const float reread = llmc::simulate_q115(stored);
+        if (std::fabs(stored) == 1.0f) {
+            EXPECT_IN_LOOP(std::fabs(reread) == 32735.0f / 32768.0f, "v " << v);
+        } else {
+            EXPECT_IN_LOOP(reread == stored, "v " << v);
+        }
+    }
+    CHECK(clamped > 30000); // every BF16 value of magnitude >= 1, both signs
+    CHECK(bf16_round(32735.0f / 32768.0f) == 1.0f);
+    CHECK(bf16_round(32640.0f / 32768.0f) == 32640.0f / 32768.0f); // the largest BF16 below 0.999
+}
+
 } // namespace
 
 TEST_CASE("number formats: the E2M1 fast paths equal the generic minifloat codec") {

@@ -170,6 +170,28 @@ class PlotLogsTest(unittest.TestCase):
             self.assertEqual(sorted(os.listdir(d)), ["quant_run2.png", "quant_run3.png"])
             self.assertGreater(os.path.getsize(os.path.join(d, "quant_run3.png")), 1000)
 
+    def test_boundary_telemetry_parse_summary_and_png(self):
+        lines = ["# recipe:q115", "s:0 trl:10.9", "s:0 tel:10.9"]
+        for step, clamp in ((0, 0.25), (100, 0.75)):
+            lines += [f"s:{step} lq:q115.norm clamp:{clamp} ftz:1e-5 amax:5.5",
+                      f"s:{step} lq:q115.logits clamp:0.5 ftz:0 amax:nan"]
+        path = write_log(lines)
+        tel = plot_logs.parse_boundary_telemetry(path)
+        self.assertEqual(sorted(tel), ["logits", "norm"])
+        self.assertEqual(tel["norm"][100], {"clamp": 0.75, "ftz": 1e-5, "amax": 5.5})
+        self.assertTrue(math.isnan(tel["logits"][0]["amax"]))
+        text = "\n".join(plot_logs.boundary_telemetry_lines("q115", path, tel))
+        self.assertRegex(text, r"norm +2\.500e-01 -> 7\.500e-01")
+        with tempfile.TemporaryDirectory() as d:
+            png = os.path.join(d, "b.png")
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                self.assertEqual(plot_logs.main([path, "--telemetry", png]), 0)
+            self.assertEqual(os.listdir(d), ["b.png"])
+            self.assertGreater(os.path.getsize(png), 1000)
+            self.assertIn("Boundary telemetry q115", out.getvalue())
+        self.assertEqual(plot_logs.parse_telemetry(path), {})  # not FP8 telemetry
+
     def test_cli_telemetry_without_telemetry_fails(self):
         with tempfile.TemporaryDirectory() as d:
             path = write_log(["# recipe:bf16", "s:0 trl:5.0", "s:0 tel:5.2"])

@@ -1,0 +1,54 @@
+// boundaries.h: the named forward-pass boundaries where a precision recipe may act outside the
+// linear layers, and the identity policy that every recipe but Q1.15 uses.
+//
+// The model's kernels (encoder, LayerNorm, attention, GELU, classifier, AdamW) are templates over a
+// boundary policy `Bd`, a type with these members; train_gpt.cu instantiates them with the recipe's
+// `RecipeBoundaries`. Each hook maps the float value that is about to be stored (or read) at that
+// boundary to the value the recipe wants there. All hooks are __host__ __device__, so the CPU tests
+// and the host-side sampler apply the same functions.
+//
+//   embedding(x)         the token + position embedding sum, as stored in the residual stream
+//   residual(x)          every residual add (residual + branch_scale * branch), as stored
+//   norm_output(x)       every LayerNorm output (ln1, ln2, lnf)
+//   attention_scores(x)  the raw score q.k (a GEMM output, before 1/sqrt(head size)) as softmax reads it
+//   softmax_output(x)    each attention probability, as stored (and read by att @ v and the backward)
+//   attention_output(x)  the output of att @ v (a GEMM output), as stored before its projection
+//   gelu_input(x)        the pre-GELU activation as the GELU reads it
+//   gelu_output(x)       the GELU output, as stored
+//   logits(x)            an LM-head output (a GEMM output) as the classifier reads it
+//   constrain_weight(x)  a parameter after init, load or the optimizer step (master and model copy)
+// Constants:
+//   ACTIVE                       false: every hook is the identity (kernels skip the extra work)
+//   NEEDS_MATERIALIZED_SOFTMAX   true: the softmax output must exist as a tensor (no flash attention)
+//   ATTENTION_RESIDUAL_SCALE     residual2 = residual + s * attention branch (the gradient scales too)
+//   MLP_RESIDUAL_SCALE           residual3 = residual2 + s * MLP branch
+//   LOGIT_SCALE                  the classifier's softmax reads s * logits(x) (the gradient scales too)
+//   CONSTRAINS_WEIGHTS           constrain_weight is not the identity
+// The backward pass treats every hook as the identity (straight-through), apart from the scales.
+// The recipe's own linear layers handle their GEMM outputs themselves (linear_forward).
+#pragma once
+
+#if defined(__CUDACC__)
+#define LLMC_BD __host__ __device__ __forceinline__
+#else
+#define LLMC_BD inline
+#endif
+
+struct IdentityBoundaries {
+    static constexpr bool ACTIVE = false;
+    static constexpr bool NEEDS_MATERIALIZED_SOFTMAX = false;
+    static constexpr bool CONSTRAINS_WEIGHTS = false;
+    static constexpr float ATTENTION_RESIDUAL_SCALE = 1.0f;
+    static constexpr float MLP_RESIDUAL_SCALE = 1.0f;
+    static constexpr float LOGIT_SCALE = 1.0f;
+    LLMC_BD static float embedding(float x) { return x; }
+    LLMC_BD static float residual(float x) { return x; }
+    LLMC_BD static float norm_output(float x) { return x; }
+    LLMC_BD static float attention_scores(float x) { return x; }
+    LLMC_BD static float softmax_output(float x) { return x; }
+    LLMC_BD static float attention_output(float x) { return x; }
+    LLMC_BD static float gelu_input(float x) { return x; }
+    LLMC_BD static float gelu_output(float x) { return x; }
+    LLMC_BD static float logits(float x) { return x; }
+    LLMC_BD static float constrain_weight(float x) { return x; }
+};

@@ -1,0 +1,362 @@
+// recipe_q115.h: the Q1.15 "true-forward" recipe, SF16 (seed 002; issue #7), exactly as the seed
+// describes it. Built with -DENABLE_Q115 -DSF16_TRUE_FORWARD=1 (make train_gpt_q115, train_gpt2q115cu,
+// train_gpt2q115_constrainedcu, train_gpt3q115cu).
+//
+// SF16 is a simulation: tensors are stored in BF16 and the GEMMs run on BF16 tensor cores (cuBLASLt,
+// compute type CUBLAS_COMPUTE_32F_FAST_16BF), while every forward boundary the seed names passes
+// through simulate_q115 (number_formats.h: clamp to +-0.999, x 2^15, round to nearest even, x 2^-15):
+//   matmul outputs    simulate_q131 then simulate_q115 after each forward GEMM: the four linears (a
+//                     post-GEMM kernel below), the attention scores q.k and att @ v, the LM head
+//   attention         the expansion scale is 1.0 (the score GEMM's alpha); softmax reads its input
+//                     through simulate_q115, times the usual 1/sqrt(head size), and stores
+//                     simulate_q115(ev * norm)
+//   logits            read through simulate_q115, logit scale 1.0 (legacy builds: 24.0)
+//   norm / residual   every LayerNorm output and every residual add, clamped to +-0.999 and quantized;
+//                     residual branch scales 1.0 / 1.0 (legacy builds: 0.65 attention, 0.75 MLP)
+//   GELU              reads through simulate_q115 and stores simulate_q115(gelu)
+//   encoder           wte + wpe quantized before it is stored
+// The backward pass is the BF16 one: every boundary is straight-through (its gradient is 1, also
+// where it clamped), apart from the branch and logit scales, which scale the gradients too.
+//
+// How the boundaries reach the model: the four linears are this recipe's (linear_forward below);
+// everything else goes through the hooks of llmc/boundaries.h (struct Q115Boundaries). Where the seed
+// quantizes a GEMM output that only one kernel reads (the scores, att @ v, the LM head), that reader
+// applies simulate_q131 then simulate_q115 to the GEMM's BF16 output on the way in: the same values
+// as a separate post-GEMM pass, without writing the tensor twice.
+//
+// Storage is BF16, so a stored boundary value is BF16(simulate_q115(x)). That is simulate_q115(x)
+// itself, a multiple of 2^-15, except at the clamp: 32735/32768 (0.99899...) has 15 significant bits
+// and rounds to 1.0 in BF16. Every stored BF16 boundary therefore holds k/32768 with |k| <= 32768,
+// and a reader that goes through simulate_q115 again (softmax, GELU, logits) sees 32735/32768. The
+// residual stream is FP32 in this trainer and holds simulate_q115(x) exactly (|x| <= 0.999).
+//
+// Variants (compile-time, as the seed):
+//   SF16_TRUE_FORWARD=0         the legacy constants: logit scale Q115_LOGITS_SCALE (24), residual
+//                               branch scales 0.65 / 0.75 (the boundaries stay)
+//   Q115_CONSTRAIN_WEIGHTS=1    the optimizer keeps every parameter inside the Q1.15 range: the master
+//                               weight is clamped to +-0.999 after each AdamW step (and at init/load)
+//   Q115_RANGE_SCALES=1         NOT the seed's SF16: the fix doc/q115.md proposes for true-forward's
+//                               failure to train. Each boundary b stores s_b * simulate_q115(x / s_b)
+//                               with a fixed power-of-two range s_b (q115_range below): a 16-bit fixed
+//                               point value with log2(s_b) integer bits (Q4.11 for s_b = 16), so that
+//                               LayerNorm outputs, scores, residuals and logits are not clamped at +-1.
+//                               make train_gpt_q115_scaled.
+// -Q 115 checks that the binary is this recipe and runs q115_self_check: every hook on the GPU
+// against the CPU codec for all 65536 BF16 inputs.
+//
+// Telemetry (-lq N): every N steps one main.log line per boundary, over the step's forward passes:
+//   s:STEP lq:q115.BOUNDARY clamp:F ftz:F amax:A
+// clamp = fraction of values with |x| > 0.999 (clamped), ftz = fraction of non-zero values that
+// quantize to 0 (|x| < 2^-16), amax = the largest |x| before quantization.
+#pragma once
+#if defined(ENABLE_CUDNN)
+#error "ENABLE_CUDNN is not supported with ENABLE_Q115. Disable USE_CUDNN for Q115/SF16 builds."
+#endif
+#if defined(ENABLE_FP32)
+#error "the Q1.15 recipe stores BF16 (PRECISION=FP32 is the BF16 recipe's reference build)"
+#endif
+#ifndef SF16_TRUE_FORWARD
+#define SF16_TRUE_FORWARD 0
+#endif
+#ifndef Q115_CONSTRAIN_WEIGHTS
+#define Q115_CONSTRAIN_WEIGHTS 0
+#endif
+#ifndef Q115_RANGE_SCALES
+#define Q115_RANGE_SCALES 0
+#endif
+#include <vector>
+#include "recipe.h"
+#include "number_formats.h"
+#include "gelu.cuh"
+
+#define RECIPE_NAME "q115"
+#define RECIPE_CHECK_ALIAS "115"
+
+// ---- the seed's constants --------------------------------------------------------------------
+constexpr float Q115_ACTIVATION_CLAMP_MIN = -llmc::Q115_OVERFLOW_THRESHOLD;
+constexpr float Q115_ACTIVATION_CLAMP_MAX = llmc::Q115_OVERFLOW_THRESHOLD;
+constexpr float Q115_ATTENTION_EXPANSION_SCALE = 1.0f; // att_scale: the score GEMM's alpha
+// legacy (non-true-forward) constants; the seed also names Q115_EMBEDDING_SCALE, Q115_ATTENTION_SCALE
+// and Q115_FFN_SCALE without giving their values, so they are not defined here
+constexpr float Q115_LOGITS_SCALE = 24.0f;
+constexpr float Q115_LEGACY_ATTENTION_RESIDUAL_SCALE = 0.65f;
+constexpr float Q115_LEGACY_MLP_RESIDUAL_SCALE = 0.75f;
+#if SF16_TRUE_FORWARD
+constexpr float Q115_LOGIT_SCALE = 1.0f;
+constexpr float Q115_ATTENTION_RESIDUAL_SCALE = 1.0f;
+constexpr float Q115_MLP_RESIDUAL_SCALE = 1.0f;
+#else
+constexpr float Q115_LOGIT_SCALE = Q115_LOGITS_SCALE;
+constexpr float Q115_ATTENTION_RESIDUAL_SCALE = Q115_LEGACY_ATTENTION_RESIDUAL_SCALE;
+constexpr float Q115_MLP_RESIDUAL_SCALE = Q115_LEGACY_MLP_RESIDUAL_SCALE;
+#endif
+
+// ---- telemetry ---------------------------------------------------------------------------------
+enum Q115Boundary {
+    QB_EMBEDDING = 0, QB_NORM, QB_QKV, QB_SCORES, QB_SOFTMAX, QB_ATTN_OUT, QB_ATTPROJ, QB_RESIDUAL,
+    QB_FC, QB_GELU, QB_FCPROJ, QB_LOGITS, NUM_Q115_BOUNDARIES
+};
+static const char* Q115_BOUNDARY_NAMES[NUM_Q115_BOUNDARIES] = {
+    "embedding", "norm", "qkv", "scores", "softmax", "attn_out", "attproj", "residual",
+    "fc", "gelu", "fcproj", "logits"};
+
+// The range of each boundary: 1 (the seed's Q1.15) unless Q115_RANGE_SCALES. Powers of two, so
+// x / s and s * q are exact.
+LLMC_BD float q115_range(int which) {
+#if Q115_RANGE_SCALES
+    switch (which) {
+        case QB_NORM: case QB_QKV: case QB_ATTN_OUT: case QB_ATTPROJ: case QB_FC: case QB_GELU: case QB_FCPROJ: return 16.0f;
+        case QB_RESIDUAL: case QB_LOGITS: return 32.0f;
+        case QB_SCORES: return 64.0f; // the raw q.k: up to +-8 after 1/sqrt(64)
+        default: return 1.0f;         // embedding (|wte + wpe| << 1), softmax (probabilities)
+    }
+#else
+    (void)which;
+    return 1.0f;
+#endif
+}
+
+// Counts per boundary (of x / range: "clamped" is |x| > 0.999 * range). A kernel may pass a value through its hook more than once (the softmax
+// reads each score three times, the classifier each logit twice); every count grows alike, so the
+// fractions are unchanged.
+struct Q115Counters {
+    unsigned long long seen, clamped, flushed;
+    unsigned int amax_bits; // |x| as float bits (non-negative floats order like their bits)
+    unsigned int pad;
+};
+// Where the hooks count: the recipe's counters during a telemetry step, else null (no counting).
+// Constant memory: no store can alias it, so kernels load it once.
+__constant__ Q115Counters* q115_counters;
+
+// Warp-aggregated: one lane of the threads that reach this together adds their counts.
+__device__ __forceinline__ void q115_observe(int which, float x, float q) {
+    Q115Counters* c = q115_counters;
+    if (c == nullptr) return;
+    const unsigned mask = __activemask();
+    const unsigned clamped = __ballot_sync(mask, llmc::abs_bits(x) > llmc::Q115_OVERFLOW_THRESHOLD);
+    const unsigned flushed = __ballot_sync(mask, x != 0.0f && q == 0.0f);
+    const unsigned amax = __reduce_max_sync(mask, __float_as_uint(llmc::abs_bits(x)));
+    if ((int)(threadIdx.x % WARP_SIZE) == __ffs(mask) - 1) { // blocks are 1-D, multiples of 32 threads
+        atomicAdd(&c[which].seen, (unsigned long long)__popc(mask));
+        if (clamped) atomicAdd(&c[which].clamped, (unsigned long long)__popc(clamped));
+        if (flushed) atomicAdd(&c[which].flushed, (unsigned long long)__popc(flushed));
+        atomicMax(&c[which].amax_bits, amax);
+    }
+}
+
+// a boundary: simulate_q115 (counted on the device); range * simulate_q115(x / range) in general
+LLMC_BD float q115_boundary(int which, float x) {
+    const float s = q115_range(which), xs = x * (1.0f / s);
+    const float q = llmc::simulate_q115(xs);
+#if defined(__CUDA_ARCH__)
+    q115_observe(which, xs, q);
+#endif
+    return s * q;
+}
+// a forward GEMM's output: simulate_q131 (the FP32 register) then simulate_q115 (the SF16 store)
+LLMC_BD float q115_matmul_output(int which, float x) {
+    const float s = q115_range(which), xs = x * (1.0f / s);
+    const float q = llmc::simulate_q115(llmc::simulate_q131(xs));
+#if defined(__CUDA_ARCH__)
+    q115_observe(which, xs, q);
+#endif
+    return s * q;
+}
+// a reader "through simulate_q115" of a value stored at boundary `which`
+LLMC_BD float q115_read(int which, float x) {
+    const float s = q115_range(which);
+    return s * llmc::simulate_q115(x * (1.0f / s));
+}
+
+// The hooks of boundaries.h. A reader "through simulate_q115" of a GEMM output applies the GEMM's
+// post-quantization first (see the header comment).
+struct Q115Boundaries {
+    static constexpr bool ACTIVE = true;
+    static constexpr bool NEEDS_MATERIALIZED_SOFTMAX = true;
+    static constexpr bool CONSTRAINS_WEIGHTS = Q115_CONSTRAIN_WEIGHTS != 0;
+    static constexpr float ATTENTION_RESIDUAL_SCALE = Q115_ATTENTION_RESIDUAL_SCALE;
+    static constexpr float MLP_RESIDUAL_SCALE = Q115_MLP_RESIDUAL_SCALE;
+    static constexpr float LOGIT_SCALE = Q115_LOGIT_SCALE;
+    LLMC_BD static float embedding(float x) { return q115_boundary(QB_EMBEDDING, x); }
+    LLMC_BD static float residual(float x) { return q115_boundary(QB_RESIDUAL, x); }
+    LLMC_BD static float norm_output(float x) { return q115_boundary(QB_NORM, x); }
+    LLMC_BD static float attention_scores(float x) { return q115_read(QB_SCORES, q115_matmul_output(QB_SCORES, x)); }
+    LLMC_BD static float softmax_output(float x) { return q115_boundary(QB_SOFTMAX, x); }
+    LLMC_BD static float attention_output(float x) { return q115_matmul_output(QB_ATTN_OUT, x); }
+    // the pre-GELU tensor is the fc GEMM's output, already quantized (and counted) by linear_forward_gelu
+    LLMC_BD static float gelu_input(float x) { return q115_read(QB_FC, x); }
+    LLMC_BD static float gelu_output(float x) { return q115_boundary(QB_GELU, x); }
+    LLMC_BD static float logits(float x) { return q115_read(QB_LOGITS, q115_matmul_output(QB_LOGITS, x)); }
+    LLMC_BD static float constrain_weight(float x) { return llmc::q_clamp(x); }
+};
+using RecipeBoundaries = Q115Boundaries;
+
+// ---- kernels -----------------------------------------------------------------------------------
+// A linear's output in place: x = BF16(simulate_q115(simulate_q131(x))). 8 BF16 per thread.
+__global__ void q115_matmul_output_kernel(floatX* x, long long n_vec, int which) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_vec) return;
+    uint4 packed = reinterpret_cast<const uint4*>(x)[i];
+    floatX* v = reinterpret_cast<floatX*>(&packed);
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] = (floatX)q115_matmul_output(which, (float)v[k]);
+    reinterpret_cast<uint4*>(x)[i] = packed;
+}
+
+// The fc output and its GELU: pre_gelu = BF16(matmul_output(pre_gelu)) in place, and
+// gelu_out = BF16(gelu_output(gelu(gelu_input(the stored pre_gelu)))): the GELU reads the stored BF16
+// value, so a recomputed GELU (gelu_forward<Q115Boundaries>, -r >= 1) equals this one bit for bit.
+__global__ void q115_fc_gelu_kernel(floatX* gelu_out, floatX* pre_gelu, long long n_vec) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_vec) return;
+    uint4 packed = reinterpret_cast<const uint4*>(pre_gelu)[i];
+    uint4 out;
+    floatX* v = reinterpret_cast<floatX*>(&packed);
+    floatX* g = reinterpret_cast<floatX*>(&out);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        v[k] = (floatX)q115_matmul_output(QB_FC, (float)v[k]);
+        g[k] = (floatX)gelu_forward_value<Q115Boundaries>((float)v[k]);
+    }
+    reinterpret_cast<uint4*>(pre_gelu)[i] = packed;
+    reinterpret_cast<uint4*>(gelu_out)[i] = out;
+}
+
+// Every hook on every BF16 bit pattern (for -Q 115): out[h * 65536 + bits].
+constexpr int Q115_NUM_HOOKS = 10;
+LLMC_BD float q115_hook(int h, float x) {
+    using Bd = Q115Boundaries;
+    switch (h) {
+        case 0: return Bd::embedding(x);
+        case 1: return Bd::residual(x);
+        case 2: return Bd::norm_output(x);
+        case 3: return Bd::attention_scores(x);
+        case 4: return Bd::softmax_output(x);
+        case 5: return Bd::attention_output(x);
+        case 6: return Bd::gelu_input(x);
+        case 7: return Bd::gelu_output(x);
+        case 8: return Bd::logits(x);
+        default: return q115_matmul_output(QB_QKV, x);
+    }
+}
+__global__ void q115_self_check_kernel(float* out) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= Q115_NUM_HOOKS * 65536) return;
+    const float x = llmc::bits_float((uint32_t)(i % 65536) << 16);
+    out[i] = q115_hook(i / 65536, x);
+}
+
+// ---- the recipe ------------------------------------------------------------------------------
+#define Q115_STRINGIFY_(x) #x
+#define Q115_STRINGIFY(x) Q115_STRINGIFY_(x)
+
+struct Recipe {
+    RecipeOptions options;
+    LinearScratch scratch;
+    Q115Counters* counters = nullptr; // NUM_Q115_BOUNDARIES
+    bool counting = false;            // q115_counters points at them
+};
+
+inline void q115_set_counting(Recipe& r, bool on, cudaStream_t stream) {
+    if (on == r.counting) return;
+    Q115Counters* p = on ? r.counters : nullptr;
+    cudaCheck(cudaMemcpyToSymbolAsync(q115_counters, &p, sizeof(p), 0, cudaMemcpyHostToDevice, stream));
+    r.counting = on;
+}
+
+// The device's hooks against the CPU's for all 65536 BF16 inputs (NaN: both NaN). Exits on a mismatch.
+inline void q115_self_check() {
+    const int n = Q115_NUM_HOOKS * 65536;
+    float* d = (float*)cuda_malloc_or_die(n * sizeof(float), "q115 self-check");
+    q115_self_check_kernel<<<ceil_div(n, 256), 256>>>(d);
+    cudaCheckLaunch();
+    std::vector<float> got(n);
+    cudaCheck(cudaMemcpy(got.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(d));
+    for (int i = 0; i < n; i++) {
+        const float x = llmc::bits_float((uint32_t)(i % 65536) << 16);
+        const float want = q115_hook(i / 65536, x);
+        const bool same = llmc::float_bits(want) == llmc::float_bits(got[i]) || (want != want && got[i] != got[i]);
+        if (!same) {
+            fprintf(stderr, "error: -Q 115: the device's Q1.15 hook %d maps %a to %a, the CPU codec to %a\n", i / 65536, x,
+                    got[i], want);
+            exit(1);
+        }
+    }
+    printf("-Q 115: Q1.15 boundaries verified on the device: %d hooks x 65536 BF16 inputs bit-exact against the CPU "
+           "codec (SF16_TRUE_FORWARD=%d%s)\n", Q115_NUM_HOOKS, SF16_TRUE_FORWARD,
+           Q115_RANGE_SCALES ? ", Q115_RANGE_SCALES=1: not the seed's SF16" : "");
+}
+
+inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T) {
+    (void)B; (void)T;
+    r.options = o;
+    resolve_skip_defaults(r.options, 0, 0);
+    // the post-GEMM kernels read 8 BF16 (16 bytes) at a time
+    if (shape.channels % 8 != 0) input_error("q115: the model's channels (%d) must be a multiple of 8", shape.channels);
+    linear_scratch_init(r.scratch, shape.channels);
+    r.counters = (Q115Counters*)cuda_malloc_or_die(NUM_Q115_BOUNDARIES * sizeof(Q115Counters), "q115 telemetry");
+    Q115Counters* none = nullptr;
+    cudaCheck(cudaMemcpyToSymbol(q115_counters, &none, sizeof(none)));
+    if (o.self_check) q115_self_check();
+}
+
+inline std::string recipe_describe(const Recipe&) {
+    return strfmt("q115: SF16 (Q1.15) boundaries, %s (logit scale %g, residual scales %g/%g)%s%s; BF16 storage, "
+                  "GEMMs and backward",
+                  SF16_TRUE_FORWARD ? "true-forward" : "legacy", Q115_LOGIT_SCALE, Q115_ATTENTION_RESIDUAL_SCALE,
+                  Q115_MLP_RESIDUAL_SCALE, Q115_CONSTRAIN_WEIGHTS ? ", weights constrained to +-0.999" : "",
+                  Q115_RANGE_SCALES ? ", RANGE-SCALED boundaries (not the seed's SF16: doc/q115.md)" : "");
+}
+inline void recipe_weights_changed(Recipe&, const LinearWeights&, cudaStream_t) {}
+inline void recipe_step_end(Recipe&, cudaStream_t) {}
+
+inline int q115_linear_boundary(LinearKind k) {
+    return k == LIN_QKV ? QB_QKV : k == LIN_ATTPROJ ? QB_ATTPROJ : k == LIN_FC ? QB_FC : QB_FCPROJ;
+}
+
+// out = simulate_q115(simulate_q131(inp W^T + bias)), the GEMM's BF16 output quantized in place
+inline void linear_forward(Recipe&, LinearId id, floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
+                           int N, int C, int OC, bool, cudaStream_t stream) {
+    plain_linear_forward(out, inp, weight, bias, N, C, OC, stream);
+    const long long n_vec = (long long)N * OC / 8; // OC is a multiple of 8 for every model (C % 8 == 0)
+    q115_matmul_output_kernel<<<ceil_div(n_vec, 256), 256, 0, stream>>>(out, n_vec, q115_linear_boundary(id.kind));
+    cudaCheckLaunch();
+}
+inline void linear_forward_gelu(Recipe&, LinearId, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
+                                const floatX* weight, const floatX* bias, int N, int C, int OC, bool, cudaStream_t stream) {
+    plain_linear_forward(pre_gelu, inp, weight, bias, N, C, OC, stream);
+    const long long n_vec = (long long)N * OC / 8;
+    q115_fc_gelu_kernel<<<ceil_div(n_vec, 256), 256, 0, stream>>>(gelu_out, pre_gelu, n_vec);
+    cudaCheckLaunch();
+}
+// the backward pass is BF16's (straight-through boundaries)
+inline void linear_backward(Recipe& r, LinearId, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
+                            const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
+                            cudaStream_t stream) {
+    plain_linear_backward(dweight, dbias, dinp, dout, inp, weight, pre_gelu, r.scratch, N, C, OC, stream);
+}
+inline bool recipe_needs_input_in_backward(const Recipe&, LinearId, int) { return true; }
+
+// no state beyond the weights: the boundaries are pure functions
+inline void recipe_save(const Recipe&, StateWriter&) {}
+inline void recipe_load(Recipe&, StateReader&) {}
+
+inline bool recipe_begin_step(Recipe& r, int step) {
+    const bool due = r.options.telemetry_every > 0 && step % r.options.telemetry_every == 0;
+    if (due) cudaCheck(cudaMemset(r.counters, 0, NUM_Q115_BOUNDARIES * sizeof(Q115Counters)));
+    q115_set_counting(r, due, 0);
+    return due;
+}
+inline void recipe_log_telemetry(Recipe& r, FILE* log, int step) {
+    Q115Counters c[NUM_Q115_BOUNDARIES];
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaMemcpy(c, r.counters, sizeof(c), cudaMemcpyDeviceToHost));
+    q115_set_counting(r, false, 0);
+    for (int b = 0; b < NUM_Q115_BOUNDARIES; b++) {
+        const double seen = c[b].seen > 0 ? (double)c[b].seen : 1.0;
+        fprintf(log, "s:%d lq:q115.%s clamp:%.6e ftz:%.6e amax:%.6e\n", step, Q115_BOUNDARY_NAMES[b],
+                c[b].clamped / seen, c[b].flushed / seen, (double)llmc::bits_float(c[b].amax_bits) * q115_range(b));
+    }
+    fflush(log);
+}
