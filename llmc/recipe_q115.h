@@ -247,9 +247,6 @@ __global__ void q115_self_check_kernel(float* out) {
 }
 
 // ---- the recipe ------------------------------------------------------------------------------
-#define Q115_STRINGIFY_(x) #x
-#define Q115_STRINGIFY(x) Q115_STRINGIFY_(x)
-
 struct Recipe {
     RecipeOptions options;
     LinearScratch scratch;
