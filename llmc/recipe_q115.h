@@ -168,8 +168,10 @@ LLMC_BD float q115_read(int which, float x) {
     return s * llmc::simulate_q115(x * (1.0f / s));
 }
 
-// The hooks of boundaries.h. A reader "through simulate_q115" of a GEMM output applies the GEMM's
-// post-quantization first (see the header comment).
+// The hooks of boundaries.h. A reader "through simulate_q115" of a GEMM output that it reads alone
+// (scores, logits) applies the GEMM's post-quantization only: simulate_q115 returns the values it is
+// idempotent on (k/32768, |k| <= 32735; with a range s, s * that), so reading through it again changes
+// nothing. The GELU reads a stored BF16 tensor, where the clamp value became 1.0, so it re-reads.
 struct Q115Boundaries {
     static constexpr bool ACTIVE = true;
     static constexpr bool NEEDS_MATERIALIZED_SOFTMAX = true;
@@ -180,13 +182,13 @@ struct Q115Boundaries {
     LLMC_BD static float embedding(float x) { return q115_boundary(QB_EMBEDDING, x); }
     LLMC_BD static float residual(float x) { return q115_boundary(QB_RESIDUAL, x); }
     LLMC_BD static float norm_output(float x) { return q115_boundary(QB_NORM, x); }
-    LLMC_BD static float attention_scores(float x) { return q115_read(QB_SCORES, q115_matmul_output(QB_SCORES, x)); }
+    LLMC_BD static float attention_scores(float x) { return q115_matmul_output(QB_SCORES, x); }
     LLMC_BD static float softmax_output(float x) { return q115_boundary(QB_SOFTMAX, x); }
     LLMC_BD static float attention_output(float x) { return q115_matmul_output(QB_ATTN_OUT, x); }
     // the pre-GELU tensor is the fc GEMM's output, already quantized (and counted) by linear_forward_gelu
     LLMC_BD static float gelu_input(float x) { return q115_read(QB_FC, x); }
     LLMC_BD static float gelu_output(float x) { return q115_boundary(QB_GELU, x); }
-    LLMC_BD static float logits(float x) { return q115_read(QB_LOGITS, q115_matmul_output(QB_LOGITS, x)); }
+    LLMC_BD static float logits(float x) { return q115_matmul_output(QB_LOGITS, x); }
     LLMC_BD static float constrain_weight(float x) { return llmc::q_clamp(x); }
 };
 using RecipeBoundaries = Q115Boundaries;

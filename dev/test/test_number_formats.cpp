@@ -712,6 +712,7 @@ TEST_CASE("number formats: Q1.15 on BF16 values (the identities llmc/recipe_q115
     //  2. BF16(simulate_q115(v)) == simulate_q115(v) unless v clamps: storing the quantized value in
     //     BF16 loses nothing below the clamp; at the clamp, 32735/32768 is stored as 1.0
     //  3. reading a stored value through simulate_q115 again changes only +-1.0 (to +-32735/32768)
+    //  4. simulate_q115 is idempotent (a reader of an unstored GEMM output need not apply it twice)
     int fails = 0, clamped = 0;
     for (uint32_t bits = 0; bits < 65536 && fails < 10; bits++) {
         const float v = llmc::bits_float(bits << 16);
@@ -724,6 +725,7 @@ TEST_CASE("number formats: Q1.15 on BF16 values (the identities llmc/recipe_q115
             clamped++;
             EXPECT_IN_LOOP(std::fabs(bf16_round(q)) == 1.0f, "v " << v);
         }
+        EXPECT_IN_LOOP(llmc::simulate_q115(q) == q, "v " << v);
         const float stored = bf16_round(q);
         const float reread = llmc::simulate_q115(stored);
         if (std::fabs(stored) == 1.0f) {
