@@ -37,7 +37,7 @@ DOCTEST_INC := $(if $(wildcard /usr/include/doctest/doctest.h),,$(if $(wildcard 
 ifneq ($(filter-out clean,$(MAKECMDGOALS)),)
   $(info [make] nvcc:      $(if $(filter 1,$(HAVE_NVCC)),$(NVCC) ($(shell $(NVCC) --version | grep -o 'release [0-9.]*')),not found))
   $(info [make] cuBLASLt:  $(or $(CUBLASLT_FOUND),not found))
-  $(info [make] NCCL:      $(or $(NCCL_FOUND),not found (multi-GPU builds need it)))
+  $(info [make] NCCL:      $(or $(NCCL_FOUND),not found: the trainers link it; install libnccl-dev or set CUDA_HOME))
   $(info [make] cuDNN:     $(or $(CUDNN_FOUND),not found) (optional, off by default))
 endif
 
@@ -49,6 +49,12 @@ GENCODE := -gencode arch=compute_$(subst sm_,,$(GPU_ARCH)),code=$(GPU_ARCH)
 FLASH_WGMMA ?= 1
 NVCC_FLAGS := -O3 -std=c++17 $(GENCODE) -Xcompiler -Wall -lineinfo -DFLASH_ATTENTION_WGMMA=$(FLASH_WGMMA)
 NVCC_LDFLAGS := $(addprefix -L,$(CUDA_LIB_DIRS)) -lcublasLt -lcublas
+# NCCL: multi-GPU data parallelism (llmc/multi_gpu.cuh); every trainer links it
+ifneq ($(NCCL_FOUND),)
+  NVCC_LDFLAGS += -L$(dir $(NCCL_FOUND)) -lnccl
+else
+  NVCC_LDFLAGS += -lnccl
+endif
 FAST_MATH := --use_fast_math
 PRECISION ?= BF16
 ifeq ($(PRECISION),FP32)

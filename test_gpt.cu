@@ -164,6 +164,17 @@ static std::vector<uint8_t> device_bytes(const T* d, size_t n) {
     return h;
 }
 
+template <class T>
+static std::vector<T> device_vector(const T* d, size_t n) {
+    std::vector<T> h(n);
+    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+template <class T>
+static bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && (a.empty() || memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
 // the k-th batch of the resume test: the reference batch with its tokens rotated by k
 static std::vector<uint8_t> read_file_bytes(const std::string& path) {
     std::vector<uint8_t> bytes;
@@ -369,6 +380,9 @@ int main(int argc, char** argv) {
     auto run_steps = [&](GPT* m, int from, int to, std::vector<float>* losses) {
         for (int s = from; s < to; s++) {
             std::vector<int> x = rotated(ref.inputs, s), y = rotated(ref.targets, s);
+            // (as the trainer: a recipe seeds its random streams from the step and the data slice)
+            recipe_begin_step(m->recipe, s);
+            recipe_begin_micro_step(m->recipe, 0);
             gpt_zero_grad(m);
             losses->push_back(gpt_forward_loss(m, x.data(), y.data(), B, T, true, 1.0f / BT));
             gpt_backward(m, B, T);
@@ -433,6 +447,101 @@ int main(int argc, char** argv) {
     refused = false;
     try { check_checkpoint(ckdir, save_at, info.shape, B, T + 1, opt.seed, 0, 1); } catch (const InputError& e) { refused = strstr(e.what(), "-t") != nullptr; }
     check(refused, "resuming with another -t is refused with a message naming -t");
+    refused = false;
+    try { check_checkpoint(ckdir, save_at, info.shape, B, T, opt.seed, 0, 1, false, 2); } catch (const InputError& e) { refused = strstr(e.what(), "-z 0") != nullptr; }
+    check(refused, "resuming a whole optimizer state as a ZeRO-1 shard is refused with a message naming -z");
+
+    // 6. ZeRO-1 on one GPU: two models that each own half of every parameter block (zero.h), given
+    // the summed gradients a reduce-scatter would leave them, take the optimizer step of their pieces
+    // bit-identically to the model that owns everything (moments, master weights, parameters with
+    // stochastic rounding), and the norms of their pieces add up to the whole norm
+    {
+        gpt_set_params(&model, init_params);
+        cudaCheck(cudaMemset(model.m_memory, 0, model.num_params * sizeof(float)));
+        cudaCheck(cudaMemset(model.v_memory, 0, model.num_params * sizeof(float)));
+        model.adam_steps = 0;
+        const int P = 2;
+        GPT shards[P];
+        for (int r = 0; r < P; r++) {
+            gpt_build(&shards[r], info.shape, r, P);
+            gpt_allocate(&shards[r], B, T, 1);
+            gpt_set_params(&shards[r], init_params);
+        }
+        check(shards[0].shard.shard_elements * P == model.num_params, "ZeRO-1: each of 2 processes owns half of the optimizer state");
+        OptimizerSettings zopt = opt;
+        zopt.grad_clip = 0.0f; // (the clip scale reads the norm over every process: not available without NCCL)
+        const size_t N = model.num_params;
+        bool same_pieces = true, same_state = true;
+        double worst_norm = 0.0;
+        for (int s = 0; s < 3; s++) {
+            const int* x = ref.step_inputs.data() + (size_t)s * BT;
+            const int* y = ref.step_targets.data() + (size_t)s * BT;
+            gpt_zero_grad(&model);
+            gpt_forward_loss(&model, x, y, B, T, true, 1.0f / BT);
+            gpt_backward(&model, B, T);
+            for (int r = 0; r < P; r++)
+                cudaCheck(cudaMemcpy(shards[r].grads_memory, model.grads_memory, N * sizeof(float), cudaMemcpyDeviceToDevice));
+            const double norm = gpt_update(&model, zopt);
+            double sum_sq = 0.0;
+            for (int r = 0; r < P; r++) { double n = gpt_update(&shards[r], zopt); sum_sq += n * n; }
+            worst_norm = std::max(worst_norm, std::fabs(std::sqrt(sum_sq) - norm) / norm);
+            cudaCheck(cudaDeviceSynchronize());
+            const std::vector<floatX> full = device_vector(model.params_memory, N);
+            const std::vector<float> full_master = device_vector(model.master_memory, N);
+            const std::vector<float> full_m = device_vector(model.m_memory, N), full_v = device_vector(model.v_memory, N);
+            std::vector<floatX> gathered(N);
+            for (int r = 0; r < P; r++) {
+                const ShardLayout& lay = shards[r].shard;
+                const std::vector<floatX> mine = device_vector(shards[r].params_memory, N);
+                const std::vector<float> master_r = device_vector(shards[r].master_memory, lay.shard_elements);
+                for (size_t ti = 0; ti < lay.tensors.size(); ti++) {
+                    const ShardedTensor& t = lay.tensors[ti];
+                    for (size_t j = 0; j < t.shard_size(); j++) {
+                        const size_t f = t.full_index(j);
+                        if (memcmp(&mine[f], &full[f], sizeof(floatX)) != 0 && same_pieces) {
+                            printf("  first difference: step %d, process %d, tensor %s, shard index %zu (full %zu): %.9g vs %.9g, "
+                                   "master %.9g vs %.9g\n", s, r, PARAM_NAMES[ti], j, f, (float)mine[f], (float)full[f],
+                                   master_r[t.shard_offset + j], full_master[f]);
+                            same_pieces = false;
+                        }
+                        gathered[f] = mine[f];
+                    }
+                }
+                const size_t NS = lay.shard_elements;
+                same_state = same_state && same_bits(device_vector(shards[r].master_memory, NS), lay.extract(full_master.data())) &&
+                             same_bits(device_vector(shards[r].m_memory, NS), lay.extract(full_m.data())) &&
+                             same_bits(device_vector(shards[r].v_memory, NS), lay.extract(full_v.data()));
+            }
+            // the all-gather: every process's pieces to everyone
+            for (int r = 0; r < P; r++)
+                cudaCheck(cudaMemcpy(shards[r].params_memory, gathered.data(), N * sizeof(floatX), cudaMemcpyHostToDevice));
+        }
+        check(same_pieces, "ZeRO-1: the parameters each process updates are bit-identical to the unsharded step's (3 steps)");
+        check(same_state, "ZeRO-1: each process's master weights and AdamW moments are its pieces of the unsharded ones, bit for bit");
+        check(worst_norm <= 1e-5, strfmt("ZeRO-1: the norms of the pieces add up to the whole gradient norm (rel diff %.2e)", worst_norm));
+        // a shard's checkpoint: written and read back bit-identically, and refused as a whole state
+        const std::string zdir = ckdir + "/zero";
+        bool round_trip = false, refused_whole = false;
+        try {
+            ensure_output_dir(zdir);
+            save_checkpoint(&shards[1], zdir, 3, data_state, opt.seed, 1, 2);
+            save_checkpoint(&shards[0], zdir, 3, data_state, opt.seed, 0, 2); // (rank 0 last: it marks the checkpoint done)
+            GPT back;
+            gpt_build(&back, info.shape, 1, 2);
+            gpt_allocate(&back, B, T, 1);
+            check_checkpoint(zdir, 3, info.shape, B, T, opt.seed, 1, 2, false, 2);
+            DataLoaderState st;
+            load_checkpoint(&back, zdir, 3, &st, 1);
+            const size_t NS = back.shard.shard_elements;
+            round_trip = device_bytes(back.master_memory, NS) == device_bytes(shards[1].master_memory, NS) &&
+                         device_bytes(back.v_memory, NS) == device_bytes(shards[1].v_memory, NS);
+            try { check_checkpoint(zdir, 3, info.shape, B, T, opt.seed, 1, 2, false, 1); }
+            catch (const InputError& e) { refused_whole = strstr(e.what(), "-z 1") != nullptr; }
+        } catch (const InputError& e) { check(false, strfmt("ZeRO-1 checkpoint: %s", e.what())); }
+        check(round_trip, "ZeRO-1: a process's shard of the optimizer state survives save and load bit for bit");
+        check(refused_whole, "ZeRO-1: resuming a sharded checkpoint with -z 0 is refused with a message naming -z");
+    }
+
     std::string cleanup = "rm -rf '" + ckdir + "'";
     if (system(cleanup.c_str()) != 0) fprintf(stderr, "warning: could not remove %s\n", ckdir.c_str());
 

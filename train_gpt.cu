@@ -35,6 +35,8 @@
 #include "llmc/gelu.cuh"
 #include "llmc/fused_classifier.cuh"
 #include "llmc/adamw.cuh"
+#include "llmc/zero.h"
+#include "llmc/multi_gpu.cuh"
 #if defined(ENABLE_Q115)
 #include "llmc/recipe_q115.h"
 #elif defined(RECIPE_FP8)
@@ -73,6 +75,10 @@ enum ParamIndex {
 // weight decay applies to the matrices only (embeddings and linear weights), not to biases and norms
 static const bool PARAM_DECAYED[NUM_PARAMETER_TENSORS] = {
     true, true, false, false, true, false, true, false, false, false, true, false, true, false, false, false};
+// the tensors made of one block per layer (the others: wte, wpe, lnfw, lnfb); multi-GPU runs reduce
+// the gradients block by block, layer by layer (zero.h)
+static const bool PARAM_PER_LAYER[NUM_PARAMETER_TENSORS] = {
+    false, false, true, true, true, true, true, true, true, true, true, true, true, true, false, false};
 
 inline void parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], const ModelShape& s) {
     size_t Vp = s.padded_vocab_size, C = s.channels, L = s.num_layers, maxT = s.max_seq_len;
@@ -138,9 +144,12 @@ struct GPT {
     size_t num_params = 0;
     floatX* params_memory = nullptr;  // parameters used by the forward/backward pass
     float* grads_memory = nullptr;    // FP32 gradients, accumulated over micro-steps
+    // the optimizer state this process owns (all of it, or its ZeRO-1 shard: zero.h), packed
+    ShardLayout shard;
     float* master_memory = nullptr;   // FP32 master weights
     float* m_memory = nullptr;        // AdamW moments
     float* v_memory = nullptr;
+    MultiGpu* mg = nullptr;           // the other processes of a data-parallel run (null: none)
     ParamPointers<floatX> params;
     ParamPointers<float> grads;
     Activations acts;
@@ -165,11 +174,15 @@ struct GPT {
     int adam_steps = 0;               // optimizer steps taken so far (AdamW's t - 1)
 };
 
-inline void gpt_build(GPT* model, const ModelShape& shape) {
+// owners = 1: this process keeps all of the optimizer state; else its ZeRO-1 shard of `owners`
+inline void gpt_build(GPT* model, const ModelShape& shape, int rank = 0, int owners = 1) {
     model->shape = shape;
     parameter_sizes(model->param_sizes, shape);
     model->num_params = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) model->num_params += model->param_sizes[i];
+    size_t blocks[NUM_PARAMETER_TENSORS];
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) blocks[i] = PARAM_PER_LAYER[i] ? (size_t)shape.num_layers : 1;
+    model->shard.build(model->param_sizes, blocks, NUM_PARAMETER_TENSORS, rank, owners);
 }
 
 template <typename T>
@@ -179,16 +192,16 @@ T* alloc_n(size_t n, const char* what) { return (T*)cuda_malloc_or_die(n * sizeo
 inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOptions& recipe_options = RecipeOptions()) {
     const ModelShape& s = model->shape;
     const size_t L = s.num_layers, C = s.channels, NH = s.num_heads, Vp = s.padded_vocab_size;
-    const size_t BT = (size_t)B * T, N = model->num_params;
+    const size_t BT = (size_t)B * T, N = model->num_params, NS = model->shard.shard_elements;
     model->B = B; model->T = T; model->recompute = recompute;
     model->params_memory = alloc_n<floatX>(N, "parameters");
     model->grads_memory = alloc_n<float>(N, "gradients");
-    model->master_memory = alloc_n<float>(N, "master weights");
-    model->m_memory = alloc_n<float>(N, "AdamW first moments");
-    model->v_memory = alloc_n<float>(N, "AdamW second moments");
+    model->master_memory = alloc_n<float>(NS, "master weights");
+    model->m_memory = alloc_n<float>(NS, "AdamW first moments");
+    model->v_memory = alloc_n<float>(NS, "AdamW second moments");
     cudaCheck(cudaMemset(model->grads_memory, 0, N * sizeof(float)));
-    cudaCheck(cudaMemset(model->m_memory, 0, N * sizeof(float)));
-    cudaCheck(cudaMemset(model->v_memory, 0, N * sizeof(float)));
+    cudaCheck(cudaMemset(model->m_memory, 0, NS * sizeof(float)));
+    cudaCheck(cudaMemset(model->v_memory, 0, NS * sizeof(float)));
     model->params.point_into(model->params_memory, model->param_sizes);
     model->grads.point_into(model->grads_memory, model->param_sizes);
 
@@ -302,8 +315,9 @@ inline LinearWeights gpt_linear_weights(const GPT* model) {
     return w;
 }
 
-// FP32 host values -> master weights (exact) and parameters (rounded to nearest); a recipe that
-// constrains the weights (Q1.15 constrained) constrains them from the start
+// FP32 host values -> master weights (exact; this process's shard) and parameters (rounded to
+// nearest; all of them); a recipe that constrains the weights (Q1.15 constrained) constrains them
+// from the start
 inline void gpt_set_params(GPT* model, const std::vector<float>& host_values) {
     std::vector<float> constrained;
     if constexpr (Boundaries::CONSTRAINS_WEIGHTS) {
@@ -311,9 +325,13 @@ inline void gpt_set_params(GPT* model, const std::vector<float>& host_values) {
         for (float& x : constrained) x = Boundaries::constrain_weight(x);
     }
     const std::vector<float>& host = Boundaries::CONSTRAINS_WEIGHTS ? constrained : host_values;
-    cudaCheck(cudaMemcpy(model->master_memory, host.data(), model->num_params * sizeof(float), cudaMemcpyHostToDevice));
-    float_to_floatX_kernel<<<ceil_div(model->num_params, 512), 512>>>(model->params_memory, model->master_memory, model->num_params);
+    const std::vector<float> shard = model->shard.extract(host.data());
+    cudaCheck(cudaMemcpy(model->master_memory, shard.data(), shard.size() * sizeof(float), cudaMemcpyHostToDevice));
+    // (the FP32 values pass through the gradient buffer, which is zeroed again right after)
+    cudaCheck(cudaMemcpy(model->grads_memory, host.data(), model->num_params * sizeof(float), cudaMemcpyHostToDevice));
+    float_to_floatX_kernel<<<ceil_div(model->num_params, 512), 512>>>(model->params_memory, model->grads_memory, model->num_params);
     cudaCheckLaunch();
+    cudaCheck(cudaMemset(model->grads_memory, 0, model->num_params * sizeof(float)));
     recipe_weights_changed(model->recipe, gpt_linear_weights(model), 0);
     cudaCheck(cudaDeviceSynchronize());
 }
@@ -478,9 +496,60 @@ inline float gpt_forward_loss(GPT* model, const int* inputs, const int* targets,
 }
 
 // ----------------------------------------------------------------------------------------------
+// Data parallelism: the gradient blocks of layer l (l >= 0: one block of every per-layer tensor) or
+// of the tensors outside the layers (l = -1), summed over the processes on the NCCL stream while
+// the compute stream goes on: all-reduced (-z 0) or reduce-scattered into each process's pieces
+// (-z 1; zero.h). Nothing without other processes.
+inline void gpt_reduce_gradients(GPT* model, int l) {
+    MultiGpu* mg = model->mg;
+    if (!mg || !mg->active) return;
+    PHASE("bwd: enqueue gradient reduction");
+    multi_gpu_after_compute(mg, model->stream);
+    multi_gpu_begin(mg);
+    ncclCheck(ncclGroupStart());
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (PARAM_PER_LAYER[i] != (l >= 0)) continue;
+        const size_t block = model->param_sizes[i] / (PARAM_PER_LAYER[i] ? model->shape.num_layers : 1);
+        float* g = model->grads.t[i] + (l >= 0 ? (size_t)l * block : 0);
+        if (mg->zero_stage == 1) {
+            const size_t piece = block / mg->world;
+            ncclCheck(ncclReduceScatter(g, g + mg->rank * piece, piece, ncclFloat, ncclSum, mg->comm, mg->stream));
+        } else {
+            ncclCheck(ncclAllReduce(g, g, block, ncclFloat, ncclSum, mg->comm, mg->stream));
+        }
+    }
+    ncclCheck(ncclGroupEnd());
+    multi_gpu_end(mg, l >= 0 ? strfmt("the gradient reduction of layer %d", l) : std::string("the gradient reduction of the embeddings"));
+}
+
+// ZeRO-1, after the optimizer step: every process's updated pieces of the parameters to all
+inline void gpt_gather_parameters(GPT* model) {
+    MultiGpu* mg = model->mg;
+    if (!mg || !mg->active || mg->zero_stage != 1) return;
+    PHASE("optimizer: parameter all-gather");
+    multi_gpu_after_compute(mg, model->stream);
+    multi_gpu_begin(mg);
+    for (int l = -1; l < model->shape.num_layers; l++) {
+        ncclCheck(ncclGroupStart());
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            if (PARAM_PER_LAYER[i] != (l >= 0)) continue;
+            const size_t block = model->param_sizes[i] / (PARAM_PER_LAYER[i] ? model->shape.num_layers : 1);
+            const size_t piece = block / mg->world;
+            floatX* p = model->params.t[i] + (l >= 0 ? (size_t)l * block : 0);
+            ncclCheck(ncclAllGather(p + mg->rank * piece, p, piece, NCCL_FLOATX, mg->comm, mg->stream));
+        }
+        ncclCheck(ncclGroupEnd());
+    }
+    multi_gpu_end(mg, "the parameter all-gather");
+    multi_gpu_before_compute(mg, model->stream);
+}
+
+// ----------------------------------------------------------------------------------------------
 // Backward pass: after gpt_forward(..., training=true), which already did the LM head's backward
-// (dwte from the head, and dlnf in acts.dbtc). Accumulates into the FP32 gradients.
-inline void gpt_backward(GPT* model, int B, int T) {
+// (dwte from the head, and dlnf in acts.dbtc). Accumulates into the FP32 gradients. With
+// reduce (the last micro-step of a data-parallel step), each layer's gradients start their way to
+// the other processes as soon as the layer is done.
+inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
     const ModelShape& s = model->shape;
     const int L = s.num_layers, C = s.channels, NH = s.num_heads, HS = C / NH;
     const int N = B * T;
@@ -538,11 +607,13 @@ inline void gpt_backward(GPT* model, int B, int T) {
         PHASE("bwd: layernorm");
         layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN1W] + l * C, g.t[P_LN1B] + l * C, a.ln_partials, a.dbtc, la.residual_in,
                            ln1w, a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, st, Boundaries::MLP_RESIDUAL_SCALE);
+        if (reduce) gpt_reduce_gradients(model, l);
     }
     // dresidual = d(encoded)
     PHASE("bwd: embedding");
     encoder_backward(g.t[P_WTE], g.t[P_WPE], a.dresidual, model->buckets, model->buckets_dev, model->buckets_pinned,
                      model->buckets_uploaded, B, T, C, st);
+    if (reduce) gpt_reduce_gradients(model, -1);
 }
 
 inline void gpt_zero_grad(GPT* model) {
@@ -559,8 +630,26 @@ struct OptimizerSettings {
 
 inline float gpt_update(GPT* model, const OptimizerSettings& o) {
     cudaStream_t st = model->stream;
+    MultiGpu* mg = model->mg && model->mg->active ? model->mg : nullptr;
+    const ShardLayout& sh = model->shard;
     PHASE("optimizer: grad norm");
-    global_norm_squared(model->norm_dev, model->norm_partials, model->grads_memory, (long long)model->num_params, st);
+    if (mg) multi_gpu_before_compute(mg, st); // the reduced gradients
+    if (sh.owners == 1) {
+        global_norm_squared(model->norm_dev, model->norm_partials, model->grads_memory, (long long)model->num_params, st);
+    } else {
+        // ZeRO-1: the norm of this process's pieces (the sums of the reduce-scatter), then the sum over the processes
+        cudaCheck(cudaMemsetAsync(model->norm_partials, 0, NORM_BLOCKS * sizeof(float), st));
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            const ShardedTensor& t = sh.tensors[i];
+            sum_squares_pieces_kernel<<<NORM_BLOCKS, 512, 0, st>>>(model->norm_partials, model->grads.t[i],
+                                                                   (long long)t.shard_size(), (long long)t.piece,
+                                                                   (long long)t.row, (long long)t.piece_offset);
+            cudaCheckLaunch();
+        }
+        sum_partials_kernel<<<1, 512, 0, st>>>(model->norm_dev, model->norm_partials, NORM_BLOCKS);
+        cudaCheckLaunch();
+        if (mg) multi_gpu_all_reduce_sum(mg, model->norm_dev, 1, st, "the gradient norm");
+    }
     float norm_sq = 0.0f;
     cudaCheck(cudaMemcpyAsync(&norm_sq, model->norm_dev, sizeof(float), cudaMemcpyDeviceToHost, st));
     cudaCheck(cudaStreamSynchronize(st));
@@ -570,36 +659,44 @@ inline float gpt_update(GPT* model, const OptimizerSettings& o) {
     if (o.grad_clip > 0.0f) grad_scale = fminf(1.0f, o.grad_clip / (norm + 1e-6f));
     model->adam_steps += 1;
     PHASE("optimizer: adamw");
-    size_t offset = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        size_t n = model->param_sizes[i];
-        // stochastic rounding bits: a pure function of (seed, step, tensor), so resuming reproduces them
+        const ShardedTensor& t = sh.tensors[i];
+        // stochastic rounding bits: a pure function of (seed, step, tensor, index), so resuming
+        // reproduces them, and so does any sharding of the optimizer state
         uint32_t seed = (uint32_t)mix64(mix64(o.seed, (uint64_t)model->adam_steps), (uint64_t)i);
-        adamw_update<Boundaries>(model->params_memory + offset, model->master_memory + offset, model->grads_memory + offset,
-                     model->m_memory + offset, model->v_memory + offset, (long long)n, o.lr, o.beta1, o.beta2,
-                     model->adam_steps, o.eps, PARAM_DECAYED[i] ? o.weight_decay : 0.0f, grad_scale, seed, st);
-        offset += n;
+        adamw_update_pieces<Boundaries>(model->params.t[i], model->master_memory + t.shard_offset, model->grads.t[i],
+                                        model->m_memory + t.shard_offset, model->v_memory + t.shard_offset,
+                                        (long long)t.shard_size(), (long long)t.piece, (long long)t.row,
+                                        (long long)t.piece_offset, o.lr, o.beta1, o.beta2, model->adam_steps, o.eps,
+                                        PARAM_DECAYED[i] ? o.weight_decay : 0.0f, grad_scale, seed, st);
     }
+    gpt_gather_parameters(model);
     // the recipe's per-step bookkeeping (FP8: amax histories -> next scales), then whatever it
-    // derives from the new weights (FP8: their E4M3 copies), once per optimizer step
+    // derives from the new weights (FP8: their E4M3 copies), once per optimizer step; state that
+    // every process must agree on is combined first (FP8: the step's amax, the maximum over all)
     PHASE("optimizer: recipe");
+    if (mg) {
+        RecipeMaxState ms = recipe_cross_process_max(model->recipe);
+        multi_gpu_all_reduce_max_u32(mg, ms.bits, ms.count, st, "the recipe's amax reduction");
+    }
     recipe_step_end(model->recipe, st);
     recipe_weights_changed(model->recipe, gpt_linear_weights(model), st);
     return norm;
 }
 
 // ----------------------------------------------------------------------------------------------
-// Checkpoints: the model file (llm.c format, in the build's precision) plus one state file per
-// process with the optimizer state, the FP32 master weights and the data position.
+// Checkpoints: the model file (llm.c format, in the build's precision; written by process 0) plus
+// one state file per process with its optimizer state and FP32 master weights (all of them, or its
+// ZeRO-1 shard), its data position and the recipe's state.
 // Every random stream of a run (data shuffling, stochastic rounding, sampling) is a pure function of
 // the seed and the step or epoch, so the seed is the whole RNG state a resume needs.
 inline void save_checkpoint(const GPT* model, const std::string& dir, int step, const DataLoaderState& data,
-                            uint64_t seed, int rank, int num_processes) {
+                            uint64_t seed, int rank, int num_processes, int grad_accum_steps = 1) {
     if (rank == 0) {
         std::vector<floatX> host = gpt_get_params(model);
         write_model_file(model_path(dir, step), model->shape, CHECKPOINT_VERSION, host.data(), host.size() * sizeof(floatX));
     }
-    const size_t N = model->num_params;
+    const size_t N = model->shard.shard_elements;
     std::vector<float> m(N), v(N), master(N);
     cudaCheck(cudaMemcpy(m.data(), model->m_memory, N * sizeof(float), cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemcpy(v.data(), model->v_memory, N * sizeof(float), cudaMemcpyDeviceToHost));
@@ -609,14 +706,22 @@ inline void save_checkpoint(const GPT* model, const std::string& dir, int step, 
     w.add("adam_m", m.data(), N * sizeof(float));
     w.add("adam_v", v.data(), N * sizeof(float));
     w.add("master_weights", master.data(), N * sizeof(float));
+    // how the optimizer state is split: (owners of a shard, this one's index); (1, 0) = all of it
+    int32_t sharding[2] = {model->shard.owners, model->shard.rank};
+    w.add("optimizer_sharding", sharding, sizeof(sharding));
     w.add("dataloader", &data, sizeof(data));
     w.add("adam_steps", &adam_steps, sizeof(adam_steps));
     // the data position only means something for the same micro-batch shape
     int32_t batch_shape[2] = {model->B, model->T};
     w.add("batch_shape", batch_shape, sizeof(batch_shape));
     w.add("seed", &seed, sizeof(seed));
+    int32_t accumulation = grad_accum_steps;
+    w.add("grad_accum_steps", &accumulation, sizeof(accumulation));
     recipe_save(model->recipe, w);
     w.write_atomic(state_path(dir, step, rank));
+    // the checkpoint is complete once every process has written its state file
+    if (model->mg) multi_gpu_barrier(model->mg, model->stream, "the barrier after writing the checkpoint",
+                                     std::max(600.0, model->mg->timeout_s));
     if (rank == 0) write_done_marker(dir, step);
 }
 
@@ -624,7 +729,8 @@ inline void save_checkpoint(const GPT* model, const std::string& dir, int step, 
 // (another recipe's checkpoint is refused unless convert_recipe: then its model and optimizer state
 // are taken and this recipe's state starts afresh). No GPU needed.
 inline void check_checkpoint(const std::string& dir, int step, const ModelShape& shape, int B, int T, uint64_t seed,
-                             int rank, int num_processes, bool convert_recipe = false) {
+                             int rank, int num_processes, bool convert_recipe = false, int zero_owners = 1,
+                             int grad_accum_steps = 1) {
     ModelFileInfo info = read_model_header(model_path(dir, step));
     const ModelShape& c = info.shape;
     if (c.num_layers != shape.num_layers || c.channels != shape.channels || c.num_heads != shape.num_heads ||
@@ -656,24 +762,41 @@ inline void check_checkpoint(const std::string& dir, int step, const ModelShape&
                     (unsigned long long)saved_seed, (unsigned long long)seed, (unsigned long long)saved_seed);
     }
     if (r.num_processes() != num_processes) {
-        input_error("checkpoint %s was written by %d processes, this run has %d", state_path(dir, step, rank).c_str(),
-                    r.num_processes(), num_processes);
+        input_error("checkpoint %s was written by %d processes, this run has %d; resume it with -pn %d (each process "
+                    "holds its own data position and optimizer state)", state_path(dir, step, rank).c_str(),
+                    r.num_processes(), num_processes, r.num_processes());
+    }
+    int32_t sharding[2] = {1, 0};
+    if (r.has("optimizer_sharding")) r.read("optimizer_sharding", sharding, sizeof(sharding));
+    if (sharding[0] != zero_owners) {
+        input_error("checkpoint %s holds the optimizer state %s, this run wants it %s; resume with -z %d",
+                    state_path(dir, step, rank).c_str(),
+                    sharding[0] == 1 ? "whole (-z 0)" : strfmt("sharded over %d processes (-z 1)", sharding[0]).c_str(),
+                    zero_owners == 1 ? "whole (-z 0)" : strfmt("sharded over %d processes (-z 1)", zero_owners).c_str(),
+                    sharding[0] == 1 ? 0 : 1);
+    }
+    int32_t accumulation = 1;
+    if (r.has("grad_accum_steps")) r.read("grad_accum_steps", &accumulation, sizeof(accumulation));
+    if (accumulation != grad_accum_steps) {
+        input_error("checkpoint %s was written with %d accumulation micro-steps per step, this run has %d; the data "
+                    "position would not carry over, so resume with the same -d", state_path(dir, step, rank).c_str(),
+                    accumulation, grad_accum_steps);
     }
 }
 
 inline void load_checkpoint(GPT* model, const std::string& dir, int step, DataLoaderState* data, int rank) {
     const std::string mpath = model_path(dir, step);
     ModelFileInfo info = read_model_header(mpath);
-    const size_t N = model->num_params;
+    const size_t N = model->num_params, NS = model->shard.shard_elements;
     StateReader r;
     r.open(state_path(dir, step, rank));
-    std::vector<float> buf(N);
-    r.read("master_weights", buf.data(), N * sizeof(float));
-    cudaCheck(cudaMemcpy(model->master_memory, buf.data(), N * sizeof(float), cudaMemcpyHostToDevice));
-    r.read("adam_m", buf.data(), N * sizeof(float));
-    cudaCheck(cudaMemcpy(model->m_memory, buf.data(), N * sizeof(float), cudaMemcpyHostToDevice));
-    r.read("adam_v", buf.data(), N * sizeof(float));
-    cudaCheck(cudaMemcpy(model->v_memory, buf.data(), N * sizeof(float), cudaMemcpyHostToDevice));
+    std::vector<float> buf(NS);
+    r.read("master_weights", buf.data(), NS * sizeof(float));
+    cudaCheck(cudaMemcpy(model->master_memory, buf.data(), NS * sizeof(float), cudaMemcpyHostToDevice));
+    r.read("adam_m", buf.data(), NS * sizeof(float));
+    cudaCheck(cudaMemcpy(model->m_memory, buf.data(), NS * sizeof(float), cudaMemcpyHostToDevice));
+    r.read("adam_v", buf.data(), NS * sizeof(float));
+    cudaCheck(cudaMemcpy(model->v_memory, buf.data(), NS * sizeof(float), cudaMemcpyHostToDevice));
     r.read("dataloader", data, sizeof(*data));
     int64_t adam_steps = 0;
     r.read("adam_steps", &adam_steps, sizeof(adam_steps));
@@ -751,8 +874,10 @@ int main(int argc, char** argv) {
     std::unique_ptr<DataLoader> train_loader, val_loader;
     Tokenizer tokenizer;
     int resume_step = -1;
+    int local_rank = -1;
     try {
         cfg = parse_args(argc, argv);
+        local_rank = resolve_processes(cfg, std::getenv); // -pn / -pr, else the launcher's environment
         validate_config(cfg);
     } catch (const InputError& e) {
         // a bad flag: the usage, then the reason last so that it is what the user sees
@@ -770,29 +895,39 @@ int main(int argc, char** argv) {
         }
         check_seq_len(cfg, shape);
         train_loader.reset(new DataLoader(cfg.train_pattern, "-i", cfg.B, cfg.T, cfg.process_rank, cfg.num_processes,
-                                          true, cfg.seed, shape.vocab_size));
+                                          true, cfg.seed, shape.vocab_size, cfg.grad_accum_steps));
         if (!cfg.val_pattern.empty() && cfg.val_every > 0) {
             val_loader.reset(new DataLoader(cfg.val_pattern, "-j", cfg.B, cfg.T, cfg.process_rank, cfg.num_processes,
                                             false, cfg.seed, shape.vocab_size));
         }
         if (!cfg.output_dir.empty()) ensure_output_dir(cfg.output_dir);
+        if (!cfg.init_server.empty()) { std::string host; int port; split_host_port(cfg.init_server, &host, &port); }
+        // ZeRO-1 cuts every parameter block into one piece per process (zero.h)
+        const bool sharded = cfg.num_processes > 1 && cfg.zero_stage == 1;
+        if (sharded && shape.channels % cfg.num_processes != 0)
+            input_error("-z 1: ZeRO-1 splits every parameter block into %d equal pieces, which needs -pn %d to divide "
+                        "the channels C = %d; use -z 0 or another number of processes", cfg.num_processes,
+                        cfg.num_processes, shape.channels);
         if (cfg.resume) {
             resume_step = find_latest_checkpoint(cfg.output_dir);
             if (resume_step >= 0) check_checkpoint(cfg.output_dir, resume_step, shape, cfg.B, cfg.T, cfg.seed, cfg.process_rank,
-                                                 cfg.num_processes, cfg.convert_recipe != 0);
+                                                 cfg.num_processes, cfg.convert_recipe != 0, sharded ? cfg.num_processes : 1,
+                                                 cfg.grad_accum_steps);
         }
     } catch (const InputError& e) {
         fprintf(stderr, "error: %s\n", e.what());
         return 1;
     }
-    if (cfg.sample_every > 0) {
+    const bool master_process = cfg.process_rank == 0; // prints, writes main.log and the model files, samples
+    if (cfg.sample_every > 0 && master_process) {
         try { tokenizer.load(cfg.tokenizer_path); }
         catch (const InputError& e) { fprintf(stderr, "warning: %s; samples will print token ids\n", e.what()); }
     }
     const int B = cfg.B, T = cfg.T;
     const long long tokens_per_step = (long long)B * T * cfg.num_processes * cfg.grad_accum_steps;
     int max_steps = cfg.max_steps;
-    if (max_steps < 0) max_steps = (int)std::max<int64_t>(1, train_loader->batches_per_epoch() / cfg.grad_accum_steps);
+    // (a chunk of the training loader is one optimizer step: dataloader.h)
+    if (max_steps < 0) max_steps = (int)std::max<int64_t>(1, train_loader->batches_per_epoch());
 
     // 2. The GPU.
     int device_count = 0;
@@ -800,14 +935,23 @@ int main(int argc, char** argv) {
         fprintf(stderr, "error: no CUDA device found; the trainer needs an NVIDIA GPU (the tests run on the CPU with make test)\n");
         return 1;
     }
-    cudaCheck(cudaSetDevice(0));
+    int gpu = 0;
+    try { gpu = choose_gpu(cfg, local_rank, device_count); }
+    catch (const InputError& e) { fprintf(stderr, "error: %s\n", e.what()); return 1; }
+    cudaCheck(cudaSetDevice(gpu));
     cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    cudaCheck(cudaGetDeviceProperties(&prop, gpu));
+    // the other processes (nothing to join for a one-process run without -pf / -ps)
+    MultiGpu mg;
+    try { multi_gpu_init(&mg, cfg, gpu); }
+    catch (const InputError& e) { fprintf(stderr, "error: process %d: %s\n", cfg.process_rank, e.what()); return 1; }
     matmul_init();
     g_profiler.init(0);
 
     GPT model;
-    gpt_build(&model, shape);
+    const int owners = mg.zero_stage == 1 ? mg.world : 1;
+    gpt_build(&model, shape, mg.rank, owners);
+    model.mg = &mg;
     gpt_allocate(&model, B, T, cfg.recompute, cfg.recipe);
     DataLoaderState resume_data;
     if (resume_step >= 0) {
@@ -824,6 +968,11 @@ int main(int argc, char** argv) {
     // banner
     const double flops_per_token = 6.0 * model.num_params + 6.0 * shape.num_layers * shape.channels * T;
     const double peak = peak_bf16_flops(prop);
+    size_t free_b, total_b;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    // (the optimizer state: FP32 master weights and the two AdamW moments, 12 bytes per parameter owned)
+    const double optimizer_gib = 12.0 * model.shard.shard_elements / 1073741824.0;
+    if (master_process) {
     printf("+-----------------------+----------------------------------------------------+\n");
     printf("| train_gpt             | recipe %-10s precision %-24s |\n", RECIPE_NAME, PRECISION_NAME);
     printf("| device                | %-50s |\n", prop.name);
@@ -838,21 +987,25 @@ int main(int argc, char** argv) {
     printf("| weight decay, clip    | %-50s |\n", strfmt("%g, %g", cfg.weight_decay, cfg.grad_clip).c_str());
     printf("| recompute, seed       | %-50s |\n", strfmt("%d, %llu", cfg.recompute, (unsigned long long)cfg.seed).c_str());
     printf("| recipe                | %-50s |\n", recipe_describe(model.recipe).substr(0, 50).c_str());
-    size_t free_b, total_b;
-    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    printf("| processes, gradients  | %-50s |\n", !mg.active ? "1 (no NCCL)" : strfmt("%d, %s", mg.world,
+           mg.zero_stage == 1 ? "ZeRO-1 (reduce-scatter, sharded AdamW)" : "all-reduce (-z 0)").c_str());
+    printf("| optimizer state / GPU | %-50s |\n", strfmt("%.3f GiB (%zu of %zu parameters)", optimizer_gib,
+           model.shard.shard_elements, model.num_params).c_str());
     printf("| GPU memory in use     | %-50s |\n", strfmt("%.2f GiB of %.2f GiB", (total_b - free_b) / 1073741824.0, total_b / 1073741824.0).c_str());
     printf("+-----------------------+----------------------------------------------------+\n");
     fflush(stdout);
+    }
 
     // main.log: appended to when resuming, otherwise started fresh
     FILE* logfile = nullptr;
-    if (!cfg.output_dir.empty()) {
+    if (!cfg.output_dir.empty() && master_process) {
         std::string path = cfg.output_dir + "/main.log";
         logfile = fopen(path.c_str(), resume_step >= 0 ? "a" : "w");
         if (!logfile) { fprintf(stderr, "error: cannot open %s for writing\n", path.c_str()); return 1; }
         fprintf(logfile, "# recipe:%s precision:%s model:%s params:%zu B:%d T:%d tokens_per_step:%lld\n", RECIPE_NAME,
                 PRECISION_NAME, cfg.model.c_str(), model.num_params, B, T, tokens_per_step);
         fprintf(logfile, "# %s\n", recipe_describe(model.recipe).c_str());
+        if (mg.active) fprintf(logfile, "# processes:%d zero:%d optimizer_state_gib_per_gpu:%.4f\n", mg.world, mg.zero_stage, optimizer_gib);
         fflush(logfile);
     }
 
@@ -868,6 +1021,7 @@ int main(int argc, char** argv) {
     int timed_steps = 0;
     for (int step = start_step; step <= max_steps; step++) {
         const bool last_step = step == max_steps;
+        mg.step = step;
         // validation
         if (val_loader && (step % cfg.val_every == 0 || last_step)) {
             val_loader->reset();
@@ -878,12 +1032,14 @@ int main(int argc, char** argv) {
                 val_loader->next_batch(inputs.data(), targets.data());
                 sum += gpt_forward_loss(&model, inputs.data(), targets.data(), B, T);
             }
-            float val_loss = (float)(sum / batches);
-            printf("val loss %.6f (step %d, %lld batches)\n", val_loss, step, (long long)batches);
+            // (each process evaluated its own slices of the same chunks: the mean of the means)
+            float val_loss = (float)multi_gpu_mean(&mg, sum / batches, model.stream, "the validation loss");
+            if (master_process) printf("val loss %.6f (step %d, %lld batches)\n", val_loss, step, (long long)batches * mg.world);
             if (logfile) { fprintf(logfile, "s:%d tel:%.6f\n", step, val_loss); fflush(logfile); }
         }
         // sample
-        if (cfg.sample_every > 0 && cfg.gen_tokens > 0 && step > start_step && (step % cfg.sample_every == 0 || last_step)) {
+        if (master_process && cfg.sample_every > 0 && cfg.gen_tokens > 0 && step > start_step &&
+            (step % cfg.sample_every == 0 || last_step)) {
             int eot = tokenizer.loaded() ? (int)tokenizer.eot_token() : 50256;
             std::vector<int> gen = gpt_sample(&model, cfg.gen_tokens, eot, mix64(cfg.seed, (uint64_t)step));
             printf("generating:\n---\n");
@@ -898,13 +1054,13 @@ int main(int argc, char** argv) {
             ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || last_step)) {
             try {
                 save_checkpoint(&model, cfg.output_dir, step, train_loader->state(), cfg.seed, cfg.process_rank,
-                                cfg.num_processes);
-                prune_checkpoints(cfg.output_dir, cfg.checkpoint_keep);
+                                cfg.num_processes, cfg.grad_accum_steps);
+                if (master_process) prune_checkpoints(cfg.output_dir, cfg.checkpoint_keep);
             } catch (const std::exception& e) {
-                fprintf(stderr, "error: %s\n", e.what());
+                fprintf(stderr, "error: process %d: %s\n", cfg.process_rank, e.what());
                 return 1;
             }
-            printf("checkpoint written: %s\n", model_path(cfg.output_dir, step).c_str());
+            if (master_process) printf("checkpoint written: %s\n", model_path(cfg.output_dir, step).c_str());
         }
         if (last_step) break;
 
@@ -913,13 +1069,17 @@ int main(int argc, char** argv) {
         g_profiler.step_begin();
         const bool log_quantization = recipe_begin_step(model.recipe, step) && logfile;
         gpt_zero_grad(&model);
-        const float dloss = 1.0f / (B * T * cfg.grad_accum_steps);
+        // the mean over the step's tokens, all processes' together (their gradients are summed)
+        const float dloss = 1.0f / (float)tokens_per_step;
         for (int micro = 0; micro < cfg.grad_accum_steps; micro++) {
+            recipe_begin_micro_step(model.recipe, train_loader->next_slice());
             train_loader->next_batch(inputs.data(), targets.data());
             gpt_forward(&model, inputs.data(), targets.data(), B, T, true, dloss);
-            gpt_backward(&model, B, T);
+            // (the last micro-step hands each layer's gradients to the other processes as it finishes)
+            gpt_backward(&model, B, T, micro == cfg.grad_accum_steps - 1);
         }
-        const float train_loss = gpt_read_loss(&model, (long long)B * T * cfg.grad_accum_steps);
+        multi_gpu_all_reduce_sum(&mg, model.loss_sum_dev, 1, model.stream, "the training loss");
+        const float train_loss = gpt_read_loss(&model, (long long)B * T * cfg.grad_accum_steps * mg.world);
         // quantization telemetry of this step (before the optimizer step moves the scales on)
         if (log_quantization) recipe_log_telemetry(model.recipe, logfile, step);
         OptimizerSettings opt{schedule.lr_at(step), cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.grad_clip, cfg.seed};
@@ -936,25 +1096,29 @@ int main(int argc, char** argv) {
             fprintf(stderr, "error: the loss is %f at step %d; lower -l or check the data\n", train_loss, step + 1);
             return 1;
         }
+        if (master_process)
         printf("step %5d/%d | loss %.6f | norm %7.4f | lr %.2e | %8.2f ms | %9.0f tok/s | MFU %s | ETA %s\n", step + 1,
                max_steps, train_loss, norm, opt.lr, seconds * 1000.0, tok_s,
                mfu >= 0 ? strfmt("%5.1f%%", mfu).c_str() : "n/a", human_seconds(avg * (max_steps - step - 1)).c_str());
         fflush(stdout);
         if (logfile) { fprintf(logfile, "s:%d trl:%.6f lr:%.6e norm:%.6f\n", step, train_loss, opt.lr, norm); fflush(logfile); }
     }
-    g_profiler.report();
-    if (MATMUL_COMPUTE != CUBLAS_COMPUTE_32F) {
-        printf("cuBLASLt compute type %s: %zu GEMM shapes, %d of them fell back to CUBLAS_COMPUTE_32F\n",
-               MATMUL_COMPUTE == CUBLAS_COMPUTE_32F_FAST_16BF ? "CUBLAS_COMPUTE_32F_FAST_16BF" : "other",
-               g_matmul_plans.size(), g_matmul_compute_fallbacks);
+    multi_gpu_finish(&mg);
+    if (master_process) {
+        g_profiler.report();
+        if (MATMUL_COMPUTE != CUBLAS_COMPUTE_32F) {
+            printf("cuBLASLt compute type %s: %zu GEMM shapes, %d of them fell back to CUBLAS_COMPUTE_32F\n",
+                   MATMUL_COMPUTE == CUBLAS_COMPUTE_32F_FAST_16BF ? "CUBLAS_COMPUTE_32F_FAST_16BF" : "other",
+                   g_matmul_plans.size(), g_matmul_compute_fallbacks);
+        }
+        if (timed_steps > 0) {
+            double avg = total_train_seconds / timed_steps;
+            printf("average step %.2f ms, %.0f tok/s over %d steps\n", avg * 1000.0, tokens_per_step / avg, timed_steps);
+        }
+        size_t free_end;
+        cudaCheck(cudaMemGetInfo(&free_end, &total_b));
+        printf("GPU memory in use at the end: %.2f GiB\n", (total_b - free_end) / 1073741824.0);
     }
-    if (timed_steps > 0) {
-        double avg = total_train_seconds / timed_steps;
-        printf("average step %.2f ms, %.0f tok/s over %d steps\n", avg * 1000.0, tokens_per_step / avg, timed_steps);
-    }
-    size_t free_end;
-    cudaCheck(cudaMemGetInfo(&free_end, &total_b));
-    printf("GPU memory in use at the end: %.2f GiB\n", (total_b - free_end) / 1073741824.0);
     if (logfile) fclose(logfile);
     matmul_free();
     return 0;

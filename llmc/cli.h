@@ -73,9 +73,17 @@ struct TrainConfig {
     int convert_recipe = 0;               // -cr: 1 = resume another recipe's checkpoint under this one
     // precision recipe (see llmc/recipe.h; a recipe ignores what it does not use)
     RecipeOptions recipe;                 // -fh -fm -sqf -sql -lq
+    // several processes, one GPU each (llmc/process_group.h): -pn and -pr, or what a launcher puts in
+    // the environment (scripts/launch.sh, mpirun, srun); the NCCL id goes through -pf or -ps
+    int num_processes = 0;                // -pn: processes in the run (0 = from the environment, else 1)
+    int process_rank = -1;                // -pr: this process's rank (-1 = from the environment, else 0)
+    int gpus_per_node = 0;                // -pg: GPUs per node: GPU = rank % pg (0 = the launcher's local rank)
+    std::string init_method = "";         // -pi: how the NCCL id travels: fs | tcp ("" = from -pf / -ps)
+    std::string init_dir = "";            // -pf: fs: a directory every process sees, fresh for each run
+    std::string init_server = "";         // -ps: tcp: HOST:PORT where rank 0 listens
+    int zero_stage = 1;                   // -z: 0 = all-reduce the gradients, 1 = ZeRO-1 (sharded optimizer state)
+    int comm_timeout = 30;                // -pt: seconds a collective may wait for another process
     // derived (filled by validate_config; not flags)
-    int num_processes = 1;
-    int process_rank = 0;
     int grad_accum_steps = 1;
 };
 
@@ -141,6 +149,14 @@ inline std::vector<Flag> flag_table(TrainConfig& c) {
         {"-nk", K::Int, &c.checkpoint_keep, "keep only the newest K checkpoints (0 = keep all)"},
         {"-y", K::Int, &c.resume, "1 = resume from the newest complete checkpoint in -o"},
         {"-cr", K::Int, &c.convert_recipe, "1 = resume a checkpoint of another recipe under this one (its recipe state starts afresh)"},
+        {"-pn", K::Int, &c.num_processes, "processes (one GPU each) in a data-parallel run (0 = from the launcher's environment, else 1)"},
+        {"-pr", K::Int, &c.process_rank, "this process's rank in [0, -pn) (-1 = from the launcher's environment)"},
+        {"-pg", K::Int, &c.gpus_per_node, "GPUs per node: this process uses GPU rank % pg (0 = the launcher's local rank)"},
+        {"-pi", K::Str, &c.init_method, "how the processes exchange the NCCL id: fs (-pf) or tcp (-ps) (\"\" = whichever is given)"},
+        {"-pf", K::Str, &c.init_dir, "fs: a directory all processes see, fresh for each run"},
+        {"-ps", K::Str, &c.init_server, "tcp: HOST:PORT where rank 0 listens for the others"},
+        {"-z", K::Int, &c.zero_stage, "with several processes: 0 = all-reduce the gradients, 1 = ZeRO-1 (optimizer state sharded)"},
+        {"-pt", K::Int, &c.comm_timeout, "seconds a collective may wait for another process before the run stops with an error"},
         {"-fh", K::Int, &c.recipe.amax_history, "fp8: amax history length of delayed scaling, in steps"},
         {"-fm", K::Int, &c.recipe.scale_margin, "fp8: scale margin: scale = FP8_MAX / amax / 2^margin"},
         {"-sqf", K::Int, &c.recipe.skip_first, "quantized recipes: keep the first N transformer layers in BF16 (-1 = the recipe's default)"},
@@ -350,9 +366,25 @@ inline TrainConfig parse_args(int argc, char** argv) {
 }
 
 inline void validate_config(TrainConfig& cfg) {
+    // (-pn 0 and -pr -1 mean "from the environment": resolve_processes() fills them before this)
+    if (cfg.num_processes == 0) cfg.num_processes = 1;
+    if (cfg.process_rank == -1) cfg.process_rank = 0;
     if (cfg.num_processes < 1 || cfg.process_rank < 0 || cfg.process_rank >= cfg.num_processes)
-        input_error("process rank %d of %d processes is invalid; check the launcher's settings",
-                    cfg.process_rank, cfg.num_processes);
+        input_error("-pr %d: the process rank must be in [0, %d) for -pn %d; check the launcher's settings",
+                    cfg.process_rank, cfg.num_processes, cfg.num_processes);
+    if (cfg.gpus_per_node < 0) input_error("-pg %d: must be >= 0 (0 = the launcher's local rank)", cfg.gpus_per_node);
+    if (cfg.zero_stage != 0 && cfg.zero_stage != 1)
+        input_error("-z %d: the ZeRO stage must be 0 (all-reduce) or 1 (sharded optimizer state)", cfg.zero_stage);
+    if (cfg.comm_timeout < 1) input_error("-pt %d: the collective timeout must be at least 1 second", cfg.comm_timeout);
+    if (!cfg.init_method.empty() && cfg.init_method != "fs" && cfg.init_method != "tcp")
+        input_error("-pi %s: unknown init method; use fs (with -pf DIR) or tcp (with -ps HOST:PORT)", cfg.init_method.c_str());
+    if (cfg.init_method == "fs" && cfg.init_dir.empty())
+        input_error("-pi fs: the NCCL id goes through a shared directory; pass it with -pf DIR");
+    if (cfg.init_method == "tcp" && cfg.init_server.empty())
+        input_error("-pi tcp: rank 0 listens at HOST:PORT; pass it with -ps");
+    if (cfg.num_processes > 1 && cfg.init_method.empty() && cfg.init_dir.empty() && cfg.init_server.empty())
+        input_error("-pn %d: several processes exchange the NCCL id through a shared directory (-pf DIR) or rank 0's "
+                    "address (-ps HOST:PORT); scripts/launch.sh passes one for you", cfg.num_processes);
     if (cfg.train_pattern.empty()) input_error("-i: a training data pattern is required");
     if (cfg.model.empty()) input_error("-e: a model descriptor or checkpoint file is required");
     cfg.recipe.self_check = cfg.recipe_check.empty() ? 0 : 1;

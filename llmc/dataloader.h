@@ -6,22 +6,25 @@
 //   bytes [1024, 1024 + 2N): N uint16 GPT-2 token ids
 // The file must be exactly 1024 + 2N bytes; anything else means it is truncated or not a shard.
 //
-// Batching. With micro-batch B x T and P data-parallel processes, one step of all processes
-// together consumes B*T*P tokens, plus one more for the last target. A shard of N tokens is cut
-// into chunks = (N - 1) / (B*T*P) whole "global chunks"; chunk c covers tokens
-//   [c*B*T*P, c*B*T*P + B*T*P + 1)
-// and process r reads its slice [c*B*T*P + r*B*T, c*B*T*P + r*B*T + B*T + 1):
-//   inputs  = slice[0 .. B*T)      targets = slice[1 .. B*T + 1)   (next-token prediction)
-// Neighbouring chunks share one boundary token (the last target of one is the first input of the
-// next), and the tail of a shard that does not fill a chunk is never used.
+// Batching. With micro-batch B x T, P data-parallel processes and A accumulation micro-steps per
+// optimizer step, one optimizer step of all processes together consumes D = B*T*P*A tokens (the
+// total batch, -d), plus one more for the last target. A shard of N tokens is cut into
+// chunks = (N - 1) / D whole chunks; chunk c covers tokens [c*D, c*D + D + 1) and is read as P*A
+// slices of B*T: micro-step m of process r reads slice s = m*P + r,
+//   [c*D + s*B*T, c*D + s*B*T + B*T + 1):  inputs = slice[0 .. B*T), targets = slice[1 .. B*T + 1)
+// So the data of an optimizer step depends on D alone, not on how it is split between processes
+// and micro-steps: P = 2, A = 1 reads exactly what P = 1, A = 2 reads (slice s is micro-step s of
+// the one process), which is what makes a multi-GPU run comparable step for step with a one-GPU run
+// of the same -d. Neighbouring chunks share one boundary token (the last target of one is the first
+// input of the next), and the tail of a shard that does not fill a chunk is never used.
 //
 // Order. Without shuffling, epoch after epoch: shard 0 chunk 0, 1, ..., shard 1 chunk 0, ...
 // With shuffling, every epoch has its own permutation of the shards and, within each shard, its
 // own permutation of the chunks. The permutations depend only on (seed, epoch, shard index), so
 // every process agrees on them, and a resumed run sees the same batches as an uninterrupted one.
-// The position of the next batch is (epoch, shard_pos, chunk_pos): positions in the epoch's
-// shard order and in that shard's chunk order. That triple is the whole dataloader state that a
-// checkpoint needs.
+// The position of the next optimizer step is (epoch, shard_pos, chunk_pos): positions in the
+// epoch's shard order and in that shard's chunk order. At a step boundary (where checkpoints are
+// taken) that triple is the whole dataloader state.
 #pragma once
 #include <glob.h>
 #include <sys/stat.h>
@@ -121,27 +124,33 @@ struct DataLoaderState {
 class DataLoader {
 public:
     // pattern: glob of shard files (flag_name, e.g. "-i", names it in errors); B, T: micro-batch;
-    // process_rank / num_processes: this process's slice of each global chunk; shuffle: per-epoch
-    // shard and chunk permutations from (seed, epoch, shard); vocab_size: every token must be below it.
+    // process_rank / num_processes: which slices of each chunk this process reads; shuffle: per-epoch
+    // shard and chunk permutations from (seed, epoch, shard); vocab_size: every token must be below it;
+    // micro_steps: accumulation micro-steps per optimizer step (a chunk is one optimizer step).
     // Checks every shard's header now and loads (and checks the tokens of) the first shard.
     DataLoader(const std::string& pattern, const char* flag_name, int B, int T, int process_rank,
-               int num_processes, bool shuffle, uint64_t seed, int vocab_size)
-        : pattern_(pattern), flag_name_(flag_name ? flag_name : "?"), rank_(process_rank), shuffle_(shuffle),
-          seed_(seed), vocab_size_(vocab_size) {
+               int num_processes, bool shuffle, uint64_t seed, int vocab_size, int micro_steps = 1)
+        : pattern_(pattern), flag_name_(flag_name ? flag_name : "?"), rank_(process_rank),
+          processes_(num_processes), micro_steps_(micro_steps), shuffle_(shuffle), seed_(seed), vocab_size_(vocab_size) {
         if (B <= 0 || T <= 0) input_error("%s: batch size -b %d and sequence length -t %d must be > 0", flag_name_.c_str(), B, T);
         if (num_processes <= 0 || process_rank < 0 || process_rank >= num_processes)
             input_error("%s: process rank %d is not in [0, %d)", flag_name_.c_str(), process_rank, num_processes);
         if (vocab_size <= 0) input_error("%s: vocab size %d must be > 0", flag_name_.c_str(), vocab_size);
+        if (micro_steps <= 0) input_error("%s: %d micro-steps per step must be > 0", flag_name_.c_str(), micro_steps);
         local_tokens_ = (int64_t)B * T;
-        global_tokens_ = local_tokens_ * num_processes;
+        global_tokens_ = local_tokens_ * num_processes * micro_steps;
         std::vector<std::string> paths = expand_glob(pattern, flag_name_.c_str());
         for (size_t i = 0; i < paths.size(); i++) {
             ShardInfo info = read_shard_header(paths[i]);
-            // (N - 1) / (B*T*P): every chunk needs B*T*P inputs plus one extra token for the last target
+            // (N - 1) / D: every chunk needs D = B*T*P*A inputs plus one extra token for the last target
             int64_t chunks = info.num_tokens > 0 ? (info.num_tokens - 1) / global_tokens_ : 0;
-            if (chunks == 0)
-                input_error("shard %s has %lld tokens, fewer than one batch needs (B*T*P+1 = %lld); lower -b/-t",
+            if (chunks == 0) {
+                if (micro_steps == 1)
+                    input_error("shard %s has %lld tokens, fewer than one batch needs (B*T*P+1 = %lld); lower -b/-t",
+                                info.path.c_str(), (long long)info.num_tokens, (long long)(global_tokens_ + 1));
+                input_error("shard %s has %lld tokens, fewer than one optimizer step needs (-d + 1 = %lld); lower -d",
                             info.path.c_str(), (long long)info.num_tokens, (long long)(global_tokens_ + 1));
+            }
             shards_.push_back(info);
             shard_chunks_.push_back(chunks);
             total_tokens_ += info.num_tokens;
@@ -157,14 +166,18 @@ public:
     void next_batch(int32_t* inputs, int32_t* targets) {
         prepare();
         const int64_t chunk = chunk_order_[(size_t)pos_.chunk_pos];
-        const int64_t start = chunk * global_tokens_ + (int64_t)rank_ * local_tokens_;
+        const int64_t slice = (int64_t)micro_ * processes_ + rank_;
+        const int64_t start = chunk * global_tokens_ + slice * local_tokens_;
         const uint16_t* src = tokens_.data() + start;
         for (int64_t i = 0; i < local_tokens_; i++) {
             inputs[i] = (int32_t)src[i];
             targets[i] = (int32_t)src[i + 1];
         }
-        // Advance: next chunk, else next shard, else next epoch. The next shard is loaded lazily
-        // by the next call, so the final batch of a run does not read a shard nobody will use.
+        // Advance: next micro-step of the chunk, else next chunk, else next shard, else next epoch.
+        // The next shard is loaded lazily by the next call, so the final batch of a run does not read
+        // a shard nobody will use.
+        if (++micro_ < micro_steps_) return;
+        micro_ = 0;
         pos_.chunk_pos++;
         if (pos_.chunk_pos >= (uint64_t)shard_chunks_[loaded_shard_]) {
             pos_.chunk_pos = 0;
@@ -176,8 +189,15 @@ public:
         }
     }
 
-    // Position of the next batch.
-    DataLoaderState state() const { return pos_; }
+    // Position of the next optimizer step (call it between steps: mid-step it would lose the micro-step).
+    DataLoaderState state() const {
+        if (micro_ != 0) input_error("%s: the data position was asked for in the middle of an optimizer step", flag_name_.c_str());
+        return pos_;
+    }
+
+    // The data slice the next batch comes from (micro-step * processes + rank): what the recipes mix
+    // into their random streams, so that a slice draws the same bits however the step is split.
+    int next_slice() const { return micro_ * processes_ + rank_; }
 
     // Continue from a saved position (the same shards, B, T and processes are assumed; the
     // checkpoint code checks those). Loads the shard that position points into.
@@ -192,16 +212,18 @@ public:
         size_t shard = order[(size_t)s.shard_pos];
         if (s.chunk_pos >= (uint64_t)shard_chunks_[shard])
             input_error("data position (epoch %llu, shard %llu, chunk %llu) is out of range: shard %s has %lld chunk(s) "
-                        "of B*T*P = %lld tokens; resume with the same data, -b, -t and process count",
+                        "of %lld tokens; resume with the same data, -b, -t, -d and process count",
                         (unsigned long long)s.epoch, (unsigned long long)s.shard_pos, (unsigned long long)s.chunk_pos,
                         shards_[shard].path.c_str(), (long long)shard_chunks_[shard], (long long)global_tokens_);
         pos_ = s;
+        micro_ = 0;
         shard_order_ = order;
         shard_order_epoch_ = s.epoch;
         have_shard_order_ = true;
         prepare();
     }
 
+    // chunks per epoch: optimizer steps (batches, for an evaluation loader with micro_steps 1)
     int64_t batches_per_epoch() const { return batches_per_epoch_; }
     int64_t total_tokens() const { return total_tokens_; }
     size_t num_shards() const { return shards_.size(); }
@@ -279,11 +301,13 @@ private:
     std::string pattern_;
     std::string flag_name_;
     int rank_;
+    int processes_;
+    int micro_steps_;
     bool shuffle_;
     uint64_t seed_;
     int vocab_size_;
     int64_t local_tokens_ = 0;    // B*T: one process's inputs per batch
-    int64_t global_tokens_ = 0;   // B*T*P: all processes' inputs per batch = one chunk
+    int64_t global_tokens_ = 0;   // D = B*T*P*A: all processes' inputs per optimizer step = one chunk
     // shards
     std::vector<ShardInfo> shards_;
     std::vector<int64_t> shard_chunks_;
@@ -291,6 +315,7 @@ private:
     int64_t batches_per_epoch_ = 0;
     // position and its derived caches
     DataLoaderState pos_;
+    int micro_ = 0;               // micro-step within the current chunk
     std::vector<size_t> shard_order_;
     uint64_t shard_order_epoch_ = 0;
     bool have_shard_order_ = false;

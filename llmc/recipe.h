@@ -28,6 +28,14 @@
 //   recipe_save(r, writer) / recipe_load(r, reader)   the recipe's state in the checkpoint's state file
 //   recipe_begin_step(r, step)                  before a training step's first micro-step; returns
 //                                               whether the step's quantization telemetry is due (-lq)
+//   recipe_begin_micro_step(r, slice)           before each training micro-step: the data slice it
+//                                               trains on (micro-step * processes + rank, dataloader.h);
+//                                               a recipe that draws random bits seeds them from
+//                                               (step, slice, ...), so that the bits of a slice do not
+//                                               depend on how the step is split over processes
+//   recipe_cross_process_max(r)                 device state that every process of a data-parallel
+//                                               run must agree on, as the maximum over the processes
+//                                               (FP8: the step's amax); taken before recipe_step_end
 //   recipe_log_telemetry(r, log, step)          after its backward pass: the -lq lines for main.log
 // and the type RecipeBoundaries: the hooks of llmc/boundaries.h that the model's other kernels apply
 // at the named forward boundaries (embedding, residual, LayerNorm, softmax, GELU, logits);
@@ -56,6 +64,12 @@ static const char* LINEAR_NAMES[NUM_LINEAR_KINDS] = {"qkv", "attproj", "fc", "fc
 struct LinearId {
     int layer;
     LinearKind kind;
+};
+
+// recipe_cross_process_max: `count` non-negative floats, as bits (uint32 order = float order)
+struct RecipeMaxState {
+    uint32_t* bits = nullptr;
+    size_t count = 0;
 };
 
 // input (C) and output (OC) widths of each linear, for channels C

@@ -23,6 +23,9 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
 inline std::string recipe_describe(const Recipe&) { return "bf16: BF16 GEMMs, FP32 accumulation"; }
 inline void recipe_weights_changed(Recipe&, const LinearWeights&, cudaStream_t) {}
 inline void recipe_step_end(Recipe&, cudaStream_t) {}
+// nothing random, nothing that the processes of a data-parallel run must combine
+inline void recipe_begin_micro_step(Recipe&, int) {}
+inline RecipeMaxState recipe_cross_process_max(Recipe&) { return RecipeMaxState(); }
 
 inline void linear_forward(Recipe&, LinearId, floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
                            int N, int C, int OC, bool, cudaStream_t stream) {

@@ -209,6 +209,18 @@ inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream
     }
 }
 
+// Data parallel: the step's amax of a tensor is the maximum over every process's micro-steps, what
+// one process taking all of them would have recorded, so that every process pushes the same history
+// and derives the same scales (the weights' FP8 copies agree too). The only difference from one
+// process: a tensor's first calibration (no history yet) reads the calibrating process's own slice.
+inline RecipeMaxState recipe_cross_process_max(Recipe& r) {
+    RecipeMaxState s;
+    s.bits = r.amax_now;
+    s.count = (size_t)r.num_tensors;
+    return s;
+}
+inline void recipe_begin_micro_step(Recipe&, int) {}
+
 inline void recipe_step_end(Recipe& r, cudaStream_t st) {
     fp8_step_end_kernel<<<ceil_div(r.num_tensors, 128), 128, 0, st>>>(r.history, r.options.amax_history, r.steps_pushed,
                                                                        r.amax_now, r.scale, r.inv_scale, r.num_tensors,

@@ -26,7 +26,8 @@
 // twice; the weights are quantized once per optimizer step.
 //
 // Randomness: stochastic rounding uses counter-based bits (nvfp4_sr_bits) seeded per backward call
-// from -sd and a call counter that the checkpoint keeps, so a resumed run draws the same bits.
+// from -sd, the optimizer step, the micro-step's data slice and the call's place in the micro-step:
+// a resumed run draws the same bits, and so does a data-parallel run for the same slice.
 //
 // Telemetry (-lq N): every N steps one main.log line per quantized tensor: its amax, the relative
 // quantization error sqrt(sum (x' - x)^2 / sum x^2) and the fraction of values flushed to zero
@@ -68,7 +69,8 @@ struct Recipe {
     floatX *xq = nullptr, *dyq = nullptr, *dyq_wgrad = nullptr;
     uint16_t rht_signs = 0;
     uint64_t sr_seed = 0;                 // base seed of the stochastic rounding
-    long long sr_calls = 0;               // backward calls so far (the random streams' counter)
+    int sr_step = 0, sr_slice = 0;        // the random streams' position: step, data slice,
+    long long sr_calls = 0;               // and backward calls so far in this micro-step
     bool count_stats = false;             // this step's activations and gradients are measured (-lq)
 };
 
@@ -148,6 +150,9 @@ inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream
 }
 
 inline void recipe_step_end(Recipe&, cudaStream_t) {}
+inline void recipe_begin_micro_step(Recipe& r, int slice) { r.sr_slice = slice; r.sr_calls = 0; }
+// the scales are current (each tensor's own amax): nothing the processes must combine
+inline RecipeMaxState recipe_cross_process_max(Recipe&) { return RecipeMaxState(); }
 
 // The BF16 input is read again in backward (the wgrad operand is quantized there)
 inline bool recipe_needs_input_in_backward(const Recipe&, LinearId, int) { return true; }
@@ -203,7 +208,8 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
     // dy: 1x16 blocks along OC for dgrad and rotated 16-blocks along N for wgrad, from one read
     PHASE("nvfp4: quantize dy");
     nvfp4_amax(dout, N, OC, nv_amax(r, id, NV_DY), nv_amax(r, id, NV_DY_WGRAD), o.fp4_rht, r.rht_signs, st);
-    const uint64_t call = (uint64_t)r.sr_calls++;
+    const uint64_t call = llmc::nvfp4_mix64(llmc::nvfp4_mix64(((uint64_t)(uint32_t)r.sr_step << 32) | (uint32_t)r.sr_slice) ^
+                                            (uint64_t)r.sr_calls++);
     Nvfp4Direction rows, cols;
     rows.out = r.dyq;
     rows.amax = nv_amax(r, id, NV_DY);
@@ -244,14 +250,12 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
 }
 
 // ---- checkpoint state -----------------------------------------------------------------------------
-// The options that change the numbers, and the random streams' counter. The quantized weights are
-// derived from the weights (recipe_weights_changed after loading).
+// The options that change the numbers. The quantized weights are derived from the weights
+// (recipe_weights_changed after loading); the random streams from the step.
 inline void recipe_save(const Recipe& r, StateWriter& w) {
     const RecipeOptions& o = r.options;
     int32_t opts[5] = {o.skip_first, o.skip_last, o.fp4_rht, o.fp4_stochastic, o.fp4_four_over_six};
-    int64_t calls = r.sr_calls;
     w.add_copy("nvfp4_options", opts, sizeof(opts));
-    w.add_copy("nvfp4_sr_calls", &calls, sizeof(calls));
 }
 
 inline void recipe_load(Recipe& r, StateReader& rd) {
@@ -264,13 +268,13 @@ inline void recipe_load(Recipe& r, StateReader& rd) {
                     "-rht %d -sr %d -fos %d; resume with the checkpoint's settings", opts[0], opts[1], opts[2], opts[3],
                     opts[4], mine[0], mine[1], mine[2], mine[3], mine[4]);
     }
-    int64_t calls = 0;
-    rd.read("nvfp4_sr_calls", &calls, sizeof(calls));
-    r.sr_calls = calls;
 }
 
 // ---- telemetry ----------------------------------------------------------------------------------
 inline bool recipe_begin_step(Recipe& r, int step) {
+    r.sr_step = step;
+    r.sr_slice = 0;
+    r.sr_calls = 0;
     r.count_stats = r.options.telemetry_every > 0 && step % r.options.telemetry_every == 0;
     if (r.count_stats) {
         // the activations' and gradients' sums start afresh (the weights' are reset with the weights)

@@ -309,6 +309,9 @@ inline std::string recipe_describe(const Recipe&) {
 }
 inline void recipe_weights_changed(Recipe&, const LinearWeights&, cudaStream_t) {}
 inline void recipe_step_end(Recipe&, cudaStream_t) {}
+// nothing random, nothing that the processes of a data-parallel run must combine
+inline void recipe_begin_micro_step(Recipe&, int) {}
+inline RecipeMaxState recipe_cross_process_max(Recipe&) { return RecipeMaxState(); }
 
 inline int q115_linear_boundary(LinearKind k) {
     return k == LIN_QKV ? QB_QKV : k == LIN_ATTPROJ ? QB_ATTPROJ : k == LIN_FC ? QB_FC : QB_FCPROJ;

@@ -245,6 +245,11 @@ inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream
 
 // TCFP-12 keeps no per-step scale state: the weights' scales come with each split, the others fresh
 inline void recipe_step_end(Recipe&, cudaStream_t) {}
+// The split of the weights (and its SRR bits, seeded by the split counter) is the same in every
+// process of a data-parallel run, as the weights are; x and dy are scaled from their own amax
+// (current scaling): nothing to combine, nothing seeded by the data
+inline void recipe_begin_micro_step(Recipe&, int) {}
+inline RecipeMaxState recipe_cross_process_max(Recipe&) { return RecipeMaxState(); }
 
 // The BF16 input is read in backward: by the BF16 weight gradient, or to make x^T for the FP8 one
 inline bool recipe_needs_input_in_backward(const Recipe&, LinearId, int) { return true; }

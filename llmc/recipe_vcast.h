@@ -17,8 +17,10 @@
 // norms stay BF16, and so do the layers -sqf / -sql keep (default none).
 //
 // Stochastic rounding draws counter-based bits (vcast_random_bits) from a seed per cast: -sd mixed
-// with a counter that the checkpoint keeps (casts of activations and gradients; the optimizer step
-// for the weights). Evaluation uses a fixed seed and leaves the counters alone.
+// with (optimizer step, the micro-step's data slice, cast number in the micro-step) for activations
+// and gradients, so that a resumed or data-parallel run draws the same bits for the same data, and
+// with the optimizer step count (kept by the checkpoint) for the weights. Evaluation uses a fixed
+// seed and leaves the counters alone.
 //
 // Telemetry (-lq N): every N steps one main.log line per cast tensor: amax, the relative error
 // sqrt(sum (x' - x)^2 / sum x^2) and the fraction of non-zero values cast to zero, over the step.
@@ -26,6 +28,7 @@
 #include <cmath>
 #include <vector>
 #include "recipe.h"
+#include "rand.h"
 #include "vcast_kernels.cuh"
 #include "profiler.h"
 
@@ -58,7 +61,8 @@ struct Recipe {
     VcastTensorStats* tensor_stats = nullptr;
     double* stats = nullptr;            // per linear and tensor: VCAST_STATS sums
     uint64_t seed = 0;
-    long long casts = 0;                // activation and gradient casts so far (their random streams' counter)
+    int step = 0, slice = 0;            // the activation and gradient casts' random streams: the step,
+    long long casts = 0;                // the micro-step's data slice and the casts so far in it
     long long weight_version = 0;       // optimizer steps so far (the weights' random streams' counter)
     bool count_stats = false;
 };
@@ -74,9 +78,12 @@ inline floatX* vc_weight_cols(const Recipe& r, LinearId id) { return r.weights_c
 inline uint64_t vc_mix_seed(uint64_t seed, uint64_t counter) {
     return ((uint64_t)vc::vcast_random_bits(seed, 2 * counter) << 32) | vc::vcast_random_bits(seed, 2 * counter + 1);
 }
-// the seed of the next cast: a fresh one per training cast, a fixed one for evaluation
+// the seed of the next cast: a fresh one per training cast, from (step, data slice, cast number in
+// the micro-step), below 2^61 so that it never meets the fixed one of evaluation
 inline uint64_t vc_next_seed(Recipe& r, bool training) {
-    return training ? vc_mix_seed(r.seed, (uint64_t)r.casts++) : vc_mix_seed(r.seed, ~0ULL >> 2);
+    if (!training) return vc_mix_seed(r.seed, ~0ULL >> 2);
+    const uint64_t counter = llmc::mix64(llmc::mix64((uint64_t)(uint32_t)r.step, (uint64_t)(uint32_t)r.slice), (uint64_t)r.casts++);
+    return vc_mix_seed(r.seed, counter >> 3);
 }
 
 // every cast of this linear fits its shape (tiles divide the lines); otherwise the plain linear
@@ -167,6 +174,9 @@ inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream
 }
 
 inline void recipe_step_end(Recipe& r, cudaStream_t) { r.weight_version++; }
+inline void recipe_begin_micro_step(Recipe& r, int slice) { r.slice = slice; r.casts = 0; }
+// the scales are the casts' own (no delayed state): nothing the processes must combine
+inline RecipeMaxState recipe_cross_process_max(Recipe&) { return RecipeMaxState(); }
 inline bool recipe_needs_input_in_backward(const Recipe&, LinearId, int) { return true; }
 
 inline void vc_cast_input(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st) {
@@ -235,7 +245,8 @@ inline std::string vc_settings(const RecipeOptions& o) {
 
 inline void recipe_save(const Recipe& r, StateWriter& w) {
     const std::string s = vc_settings(r.options);
-    int64_t counters[2] = {r.casts, r.weight_version}, len = (int64_t)s.size();
+    // (counters[0] is unused: the activation casts are seeded from the step since 2026-11-23)
+    int64_t counters[2] = {0, r.weight_version}, len = (int64_t)s.size();
     w.add_copy("vcast_settings_len", &len, sizeof(len));
     w.add_copy("vcast_settings", s.data(), s.size());
     w.add_copy("vcast_counters", counters, sizeof(counters));
@@ -253,12 +264,14 @@ inline void recipe_load(Recipe& r, StateReader& rd) {
                     s.c_str(), mine.c_str());
     int64_t counters[2];
     rd.read("vcast_counters", counters, sizeof(counters));
-    r.casts = counters[0];
     r.weight_version = counters[1];
 }
 
 // ---- telemetry ----------------------------------------------------------------------------------
 inline bool recipe_begin_step(Recipe& r, int step) {
+    r.step = step;
+    r.slice = 0;
+    r.casts = 0;
     r.count_stats = r.options.telemetry_every > 0 && step % r.options.telemetry_every == 0;
     if (r.count_stats) {
         // the activations' and gradients' sums start afresh (the weights' are reset with the weights)

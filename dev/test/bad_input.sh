@@ -70,6 +70,14 @@ expect_error "-fh out of range" "-fh" "${base[@]}" -fh 0
 expect_error "-lq without -o" "-o" "${base[@]}" -lq 10
 expect_error "-cr not 0/1" "-cr" "${base[@]}" -cr 2
 expect_error "tcfp12: SRR with PDDS" "mutually exclusive" -tsrr 1 -tpdds 1
+# several processes
+expect_error "-pn 2 without a way to exchange the NCCL id" "-pf DIR" "${base[@]}" -pn 2 -pr 0
+expect_error "-pr outside [0, -pn)" "-pr 2" "${base[@]}" -pn 2 -pr 2 -pf "$work"
+expect_error "-z out of range" "-z 2" "${base[@]}" -z 2
+expect_error "unknown -pi" "-pi mpi" "${base[@]}" -pi mpi
+expect_error "-ps without a port" "HOST:PORT" "${base[@]}" -pn 2 -pr 1 -ps localhost -pt 1
+LLMC_WORLD_SIZE=x LLMC_RANK=0 expect_error "a launcher's environment that is not a number" "LLMC_WORLD_SIZE='x'" "${base[@]}"
+expect_error "ZeRO-1 over a process count that does not divide C" "divide" "${base[@]}" -pn 5 -pr 0 -pf "$work"
 expect_error "tcfp12: bad block size" "-tb 48" -tb 48
 # data
 expect_error "missing shard" "no file matches" -i "$work/nothing_*.bin" -j "$good" -b 2 -t 64

@@ -126,6 +126,11 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
                 echo "== resume tests ($v): build failed"; failed=$((failed + 1))
             fi
         done
+        # data parallelism through NCCL: one process on any GPU machine; two processes (losses against
+        # one process, ZeRO-1 memory, resume, killed process) where there are two GPUs
+        bash dev/test/multi_gpu.sh "${MULTI_GPU_RECIPES:-bf16 fp8}" 2>&1 | tee "$tmp/multi_gpu.log"; rc=$?
+        count_suite "multi-gpu tests" $rc "$tmp/multi_gpu.log"
+        grep -q "^skipped: the 2-process tests" "$tmp/multi_gpu.log" && skipped=$((skipped + 1))
         # out-of-memory is a clear message and a non-zero exit
         # (1.5B parameters fit; the activations of B=1024, T=256 do not)
         out=$(./train_gpt_bf16 -e d48 -b 1024 -t 256 -x 1 -v 0 -s 0 2>&1); rc=$?
@@ -138,7 +143,7 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
         echo "== GPU tests: writing the reference failed"; failed=$((failed + 1))
     fi
 else
-    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16/FP8/NVFP4/VCAST/TCFP12/Q115, FP8, NVFP4, vcast and TCFP-12 kernels, resume, out-of-memory)"
+    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16/FP8/NVFP4/VCAST/TCFP12/Q115, FP8, NVFP4, vcast and TCFP-12 kernels, resume, multi-GPU, out-of-memory)"
     skipped=$((skipped + 1))
 fi
 

@@ -34,13 +34,15 @@ TrainConfig parse(const std::vector<std::string>& args) {
 TrainConfig validated(const std::vector<std::string>& args, int nprocs = 1) {
     TrainConfig c = parse(args);
     c.num_processes = nprocs;
+    if (nprocs > 1) c.init_dir = "/tmp"; // (several processes need a way to exchange the NCCL id)
     llmc::validate_config(c);
     return c;
 }
 
 const std::vector<std::string> kAllFlags = {"-i", "-j", "-e", "-o", "-tk", "-Q", "-b", "-t", "-d",
                                             "-l", "-u", "-k", "-q", "-c", "-gc", "-x", "-sd", "-v",
-                                            "-m", "-s", "-g", "-r", "-n", "-nk", "-y"};
+                                            "-m", "-s", "-g", "-r", "-n", "-nk", "-y", "-pn", "-pr", "-pg",
+                                            "-pi", "-pf", "-ps", "-z", "-pt"};
 
 bool same_shape(const ModelShape& a, const ModelShape& b) {
     return a.max_seq_len == b.max_seq_len && a.vocab_size == b.vocab_size &&

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -862,4 +863,50 @@ TEST_CASE("real data: tiny-shakespeare shards and the GPT-2 tokenizer file, if p
     std::string text;
     for (size_t i = 0; i < b.x.size(); i++) text += tok.decode((uint32_t)b.x[i]);
     CHECK(contains(text, "First Citizen"));
+}
+
+TEST_CASE("dataloader: a step's data depends on -d alone, not on how processes and micro-steps split it") {
+    TempDir td;
+    const int B = 2, T = 3;          // slices of 6 tokens
+    std::vector<uint16_t> s = iota_tokens(6 * 4 * 9 + 1, 0);   // 9 chunks of D = 24 tokens
+    std::string p = td.path("split.bin");
+    write_shard(p, s);
+    for (int shuffle = 0; shuffle <= 1; shuffle++) {
+        CAPTURE(shuffle);
+        // one process taking 4 micro-steps per step: slices 0, 1, 2, 3 of each chunk
+        DataLoader one(p, "-i", B, T, 0, 1, shuffle != 0, 5, 50257, 4);
+        // two processes taking 2 micro-steps each (slice = micro * 2 + rank), and four taking one
+        std::vector<std::unique_ptr<DataLoader>> two, four;
+        for (int r = 0; r < 2; r++) two.emplace_back(new DataLoader(p, "-i", B, T, r, 2, shuffle != 0, 5, 50257, 2));
+        for (int r = 0; r < 4; r++) four.emplace_back(new DataLoader(p, "-i", B, T, r, 4, shuffle != 0, 5, 50257, 1));
+        CHECK(one.batches_per_epoch() == 9);
+        CHECK(two[0]->batches_per_epoch() == 9);
+        CHECK(four[3]->batches_per_epoch() == 9);
+        for (int step = 0; step < 20; step++) {   // past two epochs
+            std::vector<Batch> want;
+            for (int m = 0; m < 4; m++) {
+                CHECK(one.next_slice() == m);
+                want.push_back(next(one, B, T));
+            }
+            for (int m = 0; m < 2; m++)
+                for (int r = 0; r < 2; r++) {
+                    CHECK(two[(size_t)r]->next_slice() == m * 2 + r);
+                    CHECK(next(*two[(size_t)r], B, T) == want[(size_t)(m * 2 + r)]);
+                }
+            for (int r = 0; r < 4; r++) CHECK(next(*four[(size_t)r], B, T) == want[(size_t)r]);
+            // the four slices of a step are one contiguous chunk
+            CHECK(want[0].x[0] % 24 == 0);
+            for (int m = 1; m < 4; m++) CHECK(want[(size_t)m].x[0] == want[0].x[0] + 6 * m);
+            CHECK(one.state().chunk_pos == two[1]->state().chunk_pos);
+        }
+    }
+    // the position is a step boundary's: asked for mid-step, it is an error, not a silent loss
+    DataLoader mid(p, "-i", B, T, 0, 1, false, 5, 50257, 4);
+    next(mid, B, T);
+    CHECK(contains(input_error_of([&] { mid.state(); }), "in the middle of an optimizer step"));
+    // a shard shorter than one optimizer step names -d
+    std::string small = td.path("small.bin");
+    write_shard(small, iota_tokens(30, 0));
+    CHECK(contains(input_error_of([&] { DataLoader d(small, "-i", B, T, 0, 1, false, 5, 50257, 8); }),
+                              "fewer than one optimizer step needs (-d + 1 = 49); lower -d"));
 }

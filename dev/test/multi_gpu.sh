@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# multi_gpu.sh: data parallelism end to end, with the real trainer binaries and NCCL.
+#   bash dev/test/multi_gpu.sh [RECIPES]      (default "bf16"; e.g. "bf16 fp8 nvfp4 vcast tcfp12 q115")
+# On any GPU machine (one GPU is enough):
+#   - a one-process run through NCCL (-pn 1 -pf DIR, -z 1 and -z 0) trains exactly like the plain run;
+#   - the fs and tcp id exchanges reach NCCL; a rank that never comes is a clear error within -pt.
+# With two or more GPUs, for each recipe:
+#   - 2 processes (scripts/launch.sh) with -d D give the losses of 1 process with the same -d
+#     (the largest difference over the steps is printed; the bound allows for FP32 sums in another order);
+#   - ZeRO-1 halves the optimizer state per GPU (the banner's figure);
+#   - a 2-process checkpoint resumes bit-identically, and resuming it with 1 process is a clear error;
+#   - killing one process (SIGKILL) ends the other with a clear error within 60 s, with and without
+#     the launcher.
+# Prints "[PASS] ..." / "[FAIL] ..." lines and "multi-gpu tests: N passed, N failed".
+set -u -o pipefail
+cd "$(dirname "$0")/../.."
+RECIPES=${1:-bf16}
+STEPS=${STEPS:-50}
+passed=0; failed=0
+pass() { echo "[PASS] $*"; passed=$((passed + 1)); }
+fail() { echo "[FAIL] $*"; failed=$((failed + 1)); }
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+export NCCL_NVLS_ENABLE=0
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [[ "$gpus" -lt 1 ]]; then echo "skipped: no CUDA device (multi-GPU tests)"; echo "multi-gpu tests: 0 passed, 0 failed"; exit 0; fi
+[[ -f dev/data/tinyshakespeare/tiny_shakespeare_train.bin ]] || python3 dev/data/tinyshakespeare.py > /dev/null
+
+# the per-step training losses of a main.log, one per line
+losses() { grep -oE '^s:[0-9]+ trl:[0-9.eE+-]+' "$1/main.log" | sed -E 's/.*trl://'; }
+# the largest |a - b| over two loss lists
+max_diff() { paste "$1" "$2" | awk 'BEGIN { m = 0 } { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d } END { printf "%.3e", m }'; }
+COMMON=(-e d12 -b 8 -t 256 -v 0 -s 0 -u 10 -sd 7)
+
+# ---- one GPU: the NCCL path with one process ----------------------------------------------------
+r=bf16
+make -s train_gpt_$r || { fail "build train_gpt_$r"; echo "multi-gpu tests: $passed passed, $failed failed"; exit 1; }
+./train_gpt_$r "${COMMON[@]}" -x 20 -d 4096 -o "$work/plain" > "$work/plain.out" 2>&1 || fail "plain run: $(tail -n 2 "$work/plain.out")"
+losses "$work/plain" > "$work/plain.loss"
+for z in 1 0; do
+    mkdir -p "$work/id_$z"
+    ./train_gpt_$r "${COMMON[@]}" -x 20 -d 4096 -o "$work/nccl_$z" -pn 1 -pf "$work/id_$z" -z "$z" > "$work/nccl_$z.out" 2>&1
+    rc=$?
+    losses "$work/nccl_$z" > "$work/nccl_$z.loss"
+    if [[ $rc -eq 0 ]] && grep -q "processes, gradients  | 1, " "$work/nccl_$z.out" && cmp -s "$work/plain.loss" "$work/nccl_$z.loss" &&
+       [[ -s "$work/plain.loss" ]]; then
+        pass "one process through NCCL (-z $z, 2 accumulation micro-steps): 20 losses bit-identical to the plain run"
+    else
+        fail "one process through NCCL (-z $z): exit $rc, max |diff| $(max_diff "$work/plain.loss" "$work/nccl_$z.loss"), $(tail -n 2 "$work/nccl_$z.out")"
+    fi
+done
+port=$((20000 + RANDOM % 20000))
+out=$(./train_gpt_$r "${COMMON[@]}" -x 2 -pn 1 -ps "127.0.0.1:$port" 2>&1); rc=$?
+[[ $rc -eq 0 ]] && grep -q "step     2/2" <<<"$out" && pass "one process, NCCL id over tcp" || fail "tcp id exchange: exit $rc: $(tail -n 2 <<<"$out")"
+# rank 1 of 2 with no rank 0 anywhere: a clear error, not a hang
+mkdir -p "$work/lonely"
+start=$SECONDS
+out=$(timeout 120 ./train_gpt_$r "${COMMON[@]}" -x 2 -pn 2 -pr 1 -pg 1 -pf "$work/lonely" -pt 5 2>&1); rc=$?
+if [[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "rank 0 did not publish" <<<"$out"; then
+    pass "a missing rank 0 is a clear error after $((SECONDS - start)) s (exit $rc)"
+else
+    fail "a missing rank 0: exit $rc after $((SECONDS - start)) s: $(tail -n 2 <<<"$out")"
+fi
+
+# ---- two GPUs -----------------------------------------------------------------------------------
+if [[ "$gpus" -lt 2 ]]; then
+    echo "skipped: the 2-process tests need 2 GPUs (this machine has $gpus)"
+    echo "multi-gpu tests: $passed passed, $failed failed"
+    [[ $failed -eq 0 ]]; exit
+fi
+for r in $RECIPES; do
+    make -s train_gpt_$r || { fail "build train_gpt_$r"; continue; }
+    extra=(); [[ $r == q115 ]] && extra=(-Q 115)
+    # 1 process, 2 micro-steps per step  vs  2 processes, 1 micro-step each: the same data per step
+    ./train_gpt_$r "${COMMON[@]}" "${extra[@]}" -x "$STEPS" -d 4096 -o "$work/$r.1" > "$work/$r.1.out" 2>&1
+    for z in 1 0; do
+        bash scripts/launch.sh 2 ./train_gpt_$r "${COMMON[@]}" "${extra[@]}" -x "$STEPS" -d 4096 -z "$z" -o "$work/$r.2z$z" > "$work/$r.2z$z.out" 2>&1
+        rc=$?
+        losses "$work/$r.1" > "$work/a"; losses "$work/$r.2z$z" > "$work/b"
+        d=$(max_diff "$work/a" "$work/b")
+        n=$(wc -l < "$work/b")
+        bound=0.05
+        if [[ $rc -eq 0 && "$n" -eq "$STEPS" ]] && awk -v d="$d" -v b="$bound" 'BEGIN { exit !(d <= b) }'; then
+            pass "$r: 2 processes (-z $z) vs 1 process at -d 4096: $STEPS losses, max |diff| $d (bound $bound)"
+        else
+            fail "$r: 2 processes (-z $z): exit $rc, $n losses, max |diff| $d: $(tail -n 3 "$work/$r.2z$z.out")"
+        fi
+    done
+    g0=$(grep -oE 'optimizer state / GPU \| [0-9.]+' "$work/$r.2z0.out" | grep -oE '[0-9.]+$')
+    g1=$(grep -oE 'optimizer state / GPU \| [0-9.]+' "$work/$r.2z1.out" | grep -oE '[0-9.]+$')
+    if [[ -n "$g0" && -n "$g1" ]] && awk -v a="$g0" -v b="$g1" 'BEGIN { exit !(b * 1.9 <= a && b * 2.1 >= a) }'; then
+        pass "$r: ZeRO-1 optimizer state per GPU $g1 GiB vs $g0 GiB with -z 0"
+    else
+        fail "$r: ZeRO-1 optimizer state per GPU '$g1' vs '$g0'"
+    fi
+done
+
+# resume: a 2-process checkpoint continues bit-identically; with 1 process it is refused
+r=bf16
+bash scripts/launch.sh 2 ./train_gpt_$r "${COMMON[@]}" -x 20 -d 4096 -n 10 -o "$work/full" > /dev/null 2>&1
+bash scripts/launch.sh 2 ./train_gpt_$r "${COMMON[@]}" -x 10 -d 4096 -o "$work/cut" > /dev/null 2>&1
+bash scripts/launch.sh 2 ./train_gpt_$r "${COMMON[@]}" -x 20 -d 4096 -o "$work/cut" -y 1 > "$work/resume.out" 2>&1
+losses "$work/full" | tail -n 10 > "$work/a"; losses "$work/cut" | tail -n 10 > "$work/b"
+if [[ -s "$work/a" ]] && cmp -s "$work/a" "$work/b"; then pass "2 processes: a resumed run's losses are bit-identical"
+else fail "2 processes: resumed losses differ: $(paste "$work/a" "$work/b" | head -n 3 | tr '\n' ' ')"; fi
+out=$(./train_gpt_$r "${COMMON[@]}" -x 30 -d 4096 -o "$work/cut" -y 1 2>&1); rc=$?
+[[ $rc -ne 0 ]] && grep -q "written by 2 processes, this run has 1" <<<"$out" && pass "resuming a 2-process checkpoint with 1 process is refused" ||
+    fail "1-process resume of a 2-process checkpoint: exit $rc: $(tail -n 2 <<<"$out")"
+
+# faults: kill process 1 in the middle of a run
+kill_test() { # $1 = with launcher (1) or not (0)
+    local log="$work/kill_$1.out" pid0 pid1 start rc
+    mkdir -p "$work/kill_id_$1"
+    start=$SECONDS
+    if [[ $1 == 1 ]]; then
+        bash scripts/launch.sh 2 ./train_gpt_bf16 "${COMMON[@]}" -x 100000 -d 4096 > "$log" 2>&1 &
+        pid0=$!
+    else
+        ./train_gpt_bf16 "${COMMON[@]}" -x 100000 -d 4096 -pn 2 -pr 0 -pf "$work/kill_id_$1" > "$log" 2>&1 &
+        pid0=$!
+        ./train_gpt_bf16 "${COMMON[@]}" -x 100000 -d 4096 -pn 2 -pr 1 -pf "$work/kill_id_$1" > /dev/null 2>&1 &
+    fi
+    # wait for training to run, then kill process 1
+    for ((i = 0; i < 120; i++)); do grep -q "step    20/" "$log" && break; sleep 1; done
+    pid1=$(pgrep -f "train_gpt_bf16 .*-x 100000" | while read -r p; do
+        if [[ $1 == 1 ]]; then tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -q '^LLMC_RANK=1$' && echo "$p"
+        else tr '\0' ' ' < /proc/$p/cmdline | grep -q -- '-pr 1' && echo "$p"; fi; done | head -n 1)
+    if [[ -z "$pid1" ]]; then fail "kill test ($1): process 1 not found"; kill "$pid0" 2>/dev/null; return; fi
+    start=$SECONDS
+    kill -9 "$pid1"
+    timeout 90 tail --pid="$pid0" -f /dev/null
+    wait "$pid0"; rc=$?
+    local took=$((SECONDS - start))
+    local what="launcher"; [[ $1 == 0 ]] && what="watchdog (no launcher)"
+    if [[ $rc -ne 0 && $took -le 60 ]] && grep -qE "did not finish within|NCCL reported|exited with status" "$log"; then
+        pass "killing process 1: the run ends in $took s with exit $rc ($what): $(grep -E 'error|launch.sh' "$log" | head -n 1)"
+    else
+        fail "killing process 1 ($what): exit $rc after $took s: $(tail -n 3 "$log")"
+        pkill -9 -f "train_gpt_bf16 .*-x 100000"
+    fi
+}
+kill_test 1
+kill_test 0
+echo "multi-gpu tests: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]
