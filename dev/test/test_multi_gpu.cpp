@@ -62,6 +62,23 @@ int run_ranks(int world, const std::function<int(int)>& body, int* rank0_status)
     return failed;
 }
 
+// `world` processes exchange the id with the given -pf / -ps flags, rank 0 starting 0.3 s late;
+// each checks that it got `id`. Returns how many of ranks 1.. failed; *rank0_status: rank 0's result.
+int exchange_in_processes(int world, const std::vector<std::string>& method, const ProcessId& id, int* rank0_status) {
+    return run_ranks(world, [&](int rank) {
+        try {
+            std::vector<std::string> args = {"-pn", std::to_string(world), "-pr", std::to_string(rank)};
+            args.insert(args.end(), method.begin(), method.end());
+            TrainConfig c = parse_mg(args);
+            if (rank == 0) usleep(300000);
+            ProcessId got = llmc::exchange_process_id(c, rank == 0 ? id : make_id(0), 20);
+            return got == id ? 0 : 1;
+        } catch (...) {
+            return 2;
+        }
+    }, rank0_status);
+}
+
 // a TCP port nobody listens on right now
 int free_port() {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -169,19 +186,9 @@ TEST_CASE("multi-gpu ranks: the GPU of a process") {
 TEST_CASE("multi-gpu id exchange through a directory: every process gets rank 0's id") {
     const std::string dir = temp_dir();
     const int world = 4;
-    const ProcessId id = make_id(42);
     int rank0 = -1;
-    int failed = run_ranks(world, [&](int rank) {
-        try {
-            TrainConfig c = parse_mg({"-pn", std::to_string(world), "-pr", std::to_string(rank), "-pf", dir});
-            // the others may start first and wait; rank 0 publishes a little later
-            if (rank == 0) usleep(200000);
-            ProcessId got = llmc::exchange_process_id(c, rank == 0 ? id : make_id(0), 20);
-            return got == id ? 0 : 1;
-        } catch (...) {
-            return 2;
-        }
-    }, &rank0);
+    // the others may start first and wait; rank 0 publishes a little later
+    int failed = exchange_in_processes(world, {"-pf", dir}, make_id(42), &rank0);
     CHECK(rank0 == 0);
     CHECK(failed == 0);
     // no temporary file is left, and rank 0 removes the published one once NCCL is up
@@ -205,19 +212,9 @@ TEST_CASE("multi-gpu id exchange through a directory: a missing rank 0 is a time
 TEST_CASE("multi-gpu id exchange over TCP: every process gets rank 0's id") {
     const int port = free_port();
     const int world = 3;
-    const ProcessId id = make_id(9);
     int rank0 = -1;
-    const std::string server = "127.0.0.1:" + std::to_string(port);
-    int failed = run_ranks(world, [&](int rank) {
-        try {
-            TrainConfig c = parse_mg({"-pn", std::to_string(world), "-pr", std::to_string(rank), "-ps", server});
-            if (rank == 0) usleep(300000); // the others retry until rank 0 listens
-            ProcessId got = llmc::exchange_process_id(c, rank == 0 ? id : make_id(0), 20);
-            return got == id ? 0 : 1;
-        } catch (...) {
-            return 2;
-        }
-    }, &rank0);
+    // the others retry until rank 0 listens
+    int failed = exchange_in_processes(world, {"-ps", "127.0.0.1:" + std::to_string(port)}, make_id(9), &rank0);
     CHECK(rank0 == 0);
     CHECK(failed == 0);
 }
