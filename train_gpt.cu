@@ -174,6 +174,15 @@ struct GPT {
     int adam_steps = 0;               // optimizer steps taken so far (AdamW's t - 1)
 };
 
+// blocks of tensor i: one per layer, or one (zero.h); the unit of the layer-by-layer gradient reduction
+inline size_t param_blocks(int i, const ModelShape& s) { return PARAM_PER_LAYER[i] ? (size_t)s.num_layers : 1; }
+// tensor i's block of layer l (l = -1: a tensor outside the layers, one block), and its length
+template <class T>
+inline T* param_block(T* tensor, const GPT* model, int i, int l, size_t* block) {
+    *block = model->param_sizes[i] / param_blocks(i, model->shape);
+    return tensor + (l >= 0 ? (size_t)l * *block : 0);
+}
+
 // owners = 1: this process keeps all of the optimizer state; else its ZeRO-1 shard of `owners`
 inline void gpt_build(GPT* model, const ModelShape& shape, int rank = 0, int owners = 1) {
     model->shape = shape;
@@ -181,7 +190,7 @@ inline void gpt_build(GPT* model, const ModelShape& shape, int rank = 0, int own
     model->num_params = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) model->num_params += model->param_sizes[i];
     size_t blocks[NUM_PARAMETER_TENSORS];
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) blocks[i] = PARAM_PER_LAYER[i] ? (size_t)shape.num_layers : 1;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) blocks[i] = param_blocks(i, shape);
     model->shard.build(model->param_sizes, blocks, NUM_PARAMETER_TENSORS, rank, owners);
 }
 
@@ -509,8 +518,8 @@ inline void gpt_reduce_gradients(GPT* model, int l) {
     ncclCheck(ncclGroupStart());
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         if (PARAM_PER_LAYER[i] != (l >= 0)) continue;
-        const size_t block = model->param_sizes[i] / (PARAM_PER_LAYER[i] ? model->shape.num_layers : 1);
-        float* g = model->grads.t[i] + (l >= 0 ? (size_t)l * block : 0);
+        size_t block;
+        float* g = param_block(model->grads.t[i], model, i, l, &block);
         if (mg->zero_stage == 1) {
             const size_t piece = block / mg->world;
             ncclCheck(ncclReduceScatter(g, g + mg->rank * piece, piece, ncclFloat, ncclSum, mg->comm, mg->stream));
@@ -533,9 +542,9 @@ inline void gpt_gather_parameters(GPT* model) {
         ncclCheck(ncclGroupStart());
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
             if (PARAM_PER_LAYER[i] != (l >= 0)) continue;
-            const size_t block = model->param_sizes[i] / (PARAM_PER_LAYER[i] ? model->shape.num_layers : 1);
+            size_t block;
+            floatX* p = param_block(model->params.t[i], model, i, l, &block);
             const size_t piece = block / mg->world;
-            floatX* p = model->params.t[i] + (l >= 0 ? (size_t)l * block : 0);
             ncclCheck(ncclAllGather(p + mg->rank * piece, p, piece, NCCL_FLOATX, mg->comm, mg->stream));
         }
         ncclCheck(ncclGroupEnd());
