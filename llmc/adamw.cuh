@@ -79,19 +79,9 @@ __global__ void adamw_kernel(floatX* params, float* master, const float* grads, 
     store_rounded(&params[i], p, hash_u32(seed, (uint32_t)i));
 }
 
-// The whole tensor (n elements; params, grads, master, m, v all indexed alike)
-template <class Bd = IdentityBoundaries>
-inline void adamw_update(floatX* params, float* master, const float* grads, float* m, float* v, long long n,
-                         float lr, float beta1, float beta2, int t, float eps, float weight_decay,
-                         float grad_scale, uint32_t seed, cudaStream_t stream) {
-    float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
-    adamw_kernel<Bd><<<ceil_div(n, 512), 512, 0, stream>>>(params, master, grads, m, v, n, n, n, 0, lr, beta1, beta2,
-                                                           bc1, bc2, eps, weight_decay, grad_scale, seed);
-    cudaCheckLaunch();
-}
-
 // The owned pieces of one tensor (zero.h): params and grads point at the tensor's first element,
-// master, m and v at its first shard element; n = rows * piece shard elements
+// master, m and v at its first shard element; n = rows * piece shard elements (a process that owns
+// the whole tensor: piece = row = n)
 template <class Bd = IdentityBoundaries>
 inline void adamw_update_pieces(floatX* params, float* master, const float* grads, float* m, float* v, long long n,
                                 long long piece, long long row, long long piece_offset, float lr, float beta1,
