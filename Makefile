@@ -74,7 +74,8 @@ endif
 .PHONY: all test test_cpu clean
 all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 build/test_cpu \
      train_gpt2q115cu train_gpt2q115_constrainedcu train_gpt3q115cu train_gpt_q115_scaled \
-     build/test_attention build/test_fp8 build/test_nvfp4 build/test_vcast build/test_tcfp12
+     build/test_attention build/test_fp8 build/test_nvfp4 build/test_vcast build/test_tcfp12 \
+     build/test_linear build/gemm_bench
 
 # one binary per recipe: -DRECIPE_<NAME> picks llmc/recipe_<name>.h (Q1.15: the seed's -DENABLE_Q115)
 Q115_DEFINES := -DENABLE_Q115 -DSF16_TRUE_FORWARD=$(SF16_TRUE_FORWARD)
@@ -125,6 +126,16 @@ build/test_vcast: dev/test/test_vcast.cu dev/test/gpu_check.h $(HEADERS)
 
 # the TCFP-12 kernels: the split bit-exact against tcfp12.h, the dual GEMMs against float64
 build/test_tcfp12: dev/test/test_tcfp12.cu dev/test/gpu_check.h $(HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
+
+# the plain linear layer (recipe.h) against float64: forward, GELU/DGELU epilogues, dW, the fused bias gradient
+build/test_linear: dev/test/test_linear.cu dev/test/gpu_check.h $(HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
+
+# every GEMM of a BF16 micro-step, each cuBLASLt candidate algorithm timed (dev/bench/gemm_bench.cu)
+build/gemm_bench: dev/bench/gemm_bench.cu dev/test/gpu_check.h $(HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 

@@ -726,6 +726,9 @@ inline void save_checkpoint(const GPT* model, const std::string& dir, int step, 
     w.add("seed", &seed, sizeof(seed));
     int32_t accumulation = grad_accum_steps;
     w.add("grad_accum_steps", &accumulation, sizeof(accumulation));
+    // the GEMM algorithms autotuning chose, so that a resumed run computes the same bits (matmul.cuh)
+    const std::vector<MatmulChoice> gemm_choices = matmul_choices();
+    if (!gemm_choices.empty()) w.add("gemm_algorithms", gemm_choices.data(), gemm_choices.size() * sizeof(MatmulChoice));
     recipe_save(model->recipe, w);
     w.write_atomic(state_path(dir, step, rank));
     // the checkpoint is complete once every process has written its state file
@@ -820,6 +823,11 @@ inline void load_checkpoint(GPT* model, const std::string& dir, int step, DataLo
     cudaCheck(cudaMemcpy(model->params_memory, host.data(), N * sizeof(floatX), cudaMemcpyHostToDevice));
     // the recipe's state (a checkpoint of another recipe, allowed by -cr 1, has none for this one)
     if (r.recipe() == RECIPE_NAME) recipe_load(model->recipe, r);
+    if (r.has("gemm_algorithms") && r.size_of("gemm_algorithms") % sizeof(MatmulChoice) == 0) {
+        std::vector<MatmulChoice> gemm_choices(r.size_of("gemm_algorithms") / sizeof(MatmulChoice));
+        r.read("gemm_algorithms", gemm_choices.data(), gemm_choices.size() * sizeof(MatmulChoice));
+        matmul_set_choices(gemm_choices.data(), gemm_choices.size());
+    }
     recipe_weights_changed(model->recipe, gpt_linear_weights(model), model->stream);
     cudaCheck(cudaDeviceSynchronize());
 }
@@ -955,6 +963,7 @@ int main(int argc, char** argv) {
     try { multi_gpu_init(&mg, cfg, gpu); }
     catch (const InputError& e) { fprintf(stderr, "error: process %d: %s\n", cfg.process_rank, e.what()); return 1; }
     matmul_init();
+    g_matmul_autotune = cfg.gemm_autotune == 1;
     g_profiler.init(0);
 
     GPT model;
@@ -995,6 +1004,7 @@ int main(int argc, char** argv) {
     printf("| lr, schedule, warmup  | %-50s |\n", strfmt("%g, %s to %g x, %d", cfg.learning_rate, cfg.lr_schedule.c_str(), cfg.final_lr_fraction, cfg.warmup_iterations).c_str());
     printf("| weight decay, clip    | %-50s |\n", strfmt("%g, %g", cfg.weight_decay, cfg.grad_clip).c_str());
     printf("| recompute, seed       | %-50s |\n", strfmt("%d, %llu", cfg.recompute, (unsigned long long)cfg.seed).c_str());
+    printf("| GEMM algorithms       | %-50s |\n", cfg.gemm_autotune ? "fastest of cuBLASLt's candidates (-ga 1)" : "cuBLASLt heuristic's first (-ga 0)");
     printf("| recipe                | %-50s |\n", recipe_describe(model.recipe).substr(0, 50).c_str());
     printf("| processes, gradients  | %-50s |\n", !mg.active ? "1 (no NCCL)" : strfmt("%d, %s", mg.world,
            mg.zero_stage == 1 ? "ZeRO-1 (reduce-scatter, sharded AdamW)" : "all-reduce (-z 0)").c_str());

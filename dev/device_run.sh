@@ -43,9 +43,12 @@ if [[ "$LOSS_STEPS" -gt 0 ]]; then
     done
 fi
 : > "$OUT/profile.log"
+# (a synthetic shard: a 524,288-token step needs one shard of at least that many tokens, more than
+# tiny-shakespeare's training split has)
+[[ "${PROFILE:-1}" == 1 ]] && python3 -c "import sys; sys.path.insert(0, 'dev/bench'); import bench; bench.write_shard('$LOGS/synthetic.bin', 4200000)"
 [[ "${PROFILE:-1}" == 1 ]] && for r in $RECIPES; do
     echo "== per-phase profile: $r, d12 B=64 T=1024" | tee -a "$OUT/profile.log"
-    LLMC_PROFILE=1 timeout 120 "./train_gpt_$r" -b 64 -t 1024 -d 524288 -x 8 -v 0 -s 0 > "$LOGS/profile_$r.log" 2>&1
+    LLMC_PROFILE=1 timeout 120 "./train_gpt_$r" -i "$LOGS/synthetic.bin" -j "" -b 64 -t 1024 -d 524288 -x 8 -v 0 -s 0 > "$LOGS/profile_$r.log" 2>&1
     sed -n '/per-phase/,$p' "$LOGS/profile_$r.log" | tee -a "$OUT/profile.log" | grep -E "total|average"
 done
 for size in $BENCH_SIZES; do

@@ -10,6 +10,7 @@
 //     dW += dout^T inp      -> m=C,  n=OC, k=BT, A=inp,         B=dout (transB), beta=1, FP32 output
 #pragma once
 #include <map>
+#include <set>
 #include <vector>
 #include <cstring>
 #include "cuda_common.h"
@@ -49,7 +50,11 @@ struct MatmulBatch { int count = 1; long long stride_a = 0, stride_b = 0, stride
 // Epilogues fused into the GEMM (cuBLASLt's GELU is the tanh approximation, as GPT-2's):
 //   EPI_GELU_BIAS: D = gelu(AB + bias), and aux = AB + bias (the pre-activation, for backward)
 //   EPI_DGELU:     D = (AB) * gelu'(aux)   (aux: the pre-activation saved in forward)
-enum MatmulEpilogue { EPI_NONE = 0, EPI_GELU_BIAS = 1, EPI_DGELU = 2 };
+//   EPI_BGRADB:    D = AB (+ beta D) and aux[j] = sum over k of op(B)[k][j], a vector of length n in
+//                  D's type: the bias gradient of a weight-gradient GEMM (B = dout, k = the rows), from
+//                  the same read of dout; the vector is overwritten, never accumulated
+enum MatmulEpilogue { EPI_NONE = 0, EPI_GELU_BIAS = 1, EPI_DGELU = 2, EPI_BGRADB = 3 };
+inline bool epilogue_has_aux_matrix(int e) { return e == EPI_GELU_BIAS || e == EPI_DGELU; }
 
 struct MatmulKey {
     int m, n, k, transA, transB, has_bias, batch, epilogue;
@@ -66,9 +71,12 @@ struct MatmulPlan {
     cublasLtMatmulAlgo_t algo;
     // the heuristic's further candidates: an FP8 algorithm the heuristic offers can still be refused
     // at run time (CUBLAS_STATUS_NOT_SUPPORTED); matmul_fp8 then moves on to the next one
+    // (dev/bench/gemm_bench.cu times them all)
     std::vector<cublasLtMatmulAlgo_t> candidates;
     size_t next_candidate = 1;
+    bool chosen = false; // the algorithm is settled (tuned, taken from a checkpoint, or tuning is off)
 };
+static const int MATMUL_CANDIDATES = 8;
 static std::map<MatmulKey, MatmulPlan> g_matmul_plans;
 // GEMM shapes that fell back from MATMUL_COMPUTE to CUBLAS_COMPUTE_32F (reported at the end of a run)
 static int g_matmul_compute_fallbacks = 0;
@@ -85,6 +93,7 @@ inline MatmulPlan* matmul_build_plan(const MatmulKey& key, cublasComputeType_t c
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
     if (key.epilogue == EPI_GELU_BIAS) epi = key.has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     else if (key.epilogue == EPI_DGELU) epi = CUBLASLT_EPILOGUE_DGELU;
+    else if (key.epilogue == EPI_BGRADB) epi = CUBLASLT_EPILOGUE_BGRADB; // its vector: D's type (the default)
     else if (key.has_bias) epi = CUBLASLT_EPILOGUE_BIAS;
     cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     if (key.device_alpha) {
@@ -105,7 +114,7 @@ inline MatmulPlan* matmul_build_plan(const MatmulKey& key, cublasComputeType_t c
         cudaDataType_t bias_type = CUDA_R_FLOATX;
         cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
     }
-    if (key.epilogue != EPI_NONE) {
+    if (epilogue_has_aux_matrix(key.epilogue)) {
         // aux has D's shape and leading dimension, in floatX
         int64_t aux_ld = m;
         cudaDataType_t aux_type = CUDA_R_FLOATX;
@@ -128,10 +137,10 @@ inline MatmulPlan* matmul_build_plan(const MatmulKey& key, cublasComputeType_t c
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                      &CUBLASLT_WORKSPACE_BYTES, sizeof(CUBLASLT_WORKSPACE_BYTES)));
-    cublasLtMatmulHeuristicResult_t heuristics[8];
+    cublasLtMatmulHeuristicResult_t heuristics[MATMUL_CANDIDATES];
     int found = 0;
     // (a combination cuBLASLt does not support reads as "no algorithm": the caller may fall back)
-    if (cublasLtMatmulAlgoGetHeuristic(g_cublaslt, p.desc, p.la, p.lb, p.ld, p.ld, pref, fp8 ? 8 : 1, heuristics, &found) !=
+    if (cublasLtMatmulAlgoGetHeuristic(g_cublaslt, p.desc, p.la, p.lb, p.ld, p.ld, pref, MATMUL_CANDIDATES, heuristics, &found) !=
         CUBLAS_STATUS_SUCCESS) found = 0;
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     if (found == 0) {
@@ -144,10 +153,13 @@ inline MatmulPlan* matmul_build_plan(const MatmulKey& key, cublasComputeType_t c
     return &g_matmul_plans.emplace(key, p).first->second;
 }
 
-// The cached plan of `key`; null when cuBLASLt has no algorithm for it (FP8 callers then fall back).
+// The cached plan of `key`; null when cuBLASLt has no algorithm for it (the caller then falls back;
+// the answer is cached too, so asking again costs a lookup).
+static std::set<MatmulKey> g_matmul_no_plan;
 inline MatmulPlan* matmul_plan(const MatmulKey& key) {
     auto it = g_matmul_plans.find(key);
     if (it != g_matmul_plans.end()) return &it->second;
+    if (g_matmul_no_plan.count(key)) return nullptr;
     const bool fp8 = key.a_type == CUDA_R_8F_E4M3 || key.a_type == CUDA_R_8F_E5M2;
     const cublasComputeType_t compute = fp8 ? CUBLAS_COMPUTE_32F : MATMUL_COMPUTE;
     MatmulPlan* p = matmul_build_plan(key, compute);
@@ -155,6 +167,7 @@ inline MatmulPlan* matmul_plan(const MatmulKey& key) {
         p = matmul_build_plan(key, CUBLAS_COMPUTE_32F);
         if (p) g_matmul_compute_fallbacks++;
     }
+    if (!p) g_matmul_no_plan.insert(key);
     return p;
 }
 
@@ -165,26 +178,134 @@ inline void matmul_no_algorithm(const MatmulKey& key) {
     exit(1);
 }
 
+// ---- Autotuning ---------------------------------------------------------------------------------
+// cuBLASLt's heuristic ranks algorithms by a model, not a measurement: on the trainer's shapes its first
+// choice was up to 18% slower than the fastest of its own top eight (H100, dev/bench/gemm_bench.cu,
+// doc/perf.md). With g_matmul_autotune on (the trainer's -ga 1, the default), the first call of each
+// shape times every candidate on the call's own operands (one warm-up run, then three) and keeps the
+// fastest; when the GEMM accumulates into D, D is saved first and put back after the timing runs.
+// The choices (a candidate index per shape) go into checkpoints and come back on resume, so that a
+// resumed run computes with the same algorithms, hence the same bits, as the run it continues. Two fresh
+// runs can choose differently (timing noise) and then differ in the last bits; -ga 0 keeps the
+// heuristic's first choice everywhere, for runs that must be bit-reproducible from scratch.
+static bool g_matmul_autotune = false;
+static std::map<MatmulKey, int> g_matmul_choice; // candidate index per tuned shape (or from a checkpoint)
+
+struct MatmulChoice { MatmulKey key; int32_t index; int32_t unused; }; // a checkpoint record
+inline std::vector<MatmulChoice> matmul_choices() {
+    std::vector<MatmulChoice> out;
+    for (const auto& kv : g_matmul_choice) {
+        MatmulChoice c;
+        memset(&c, 0, sizeof(c));
+        c.key = kv.first; c.index = kv.second;
+        out.push_back(c);
+    }
+    return out;
+}
+// takes the choices of a checkpoint (plans built already switch at once)
+inline void matmul_set_choices(const MatmulChoice* choices, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        g_matmul_choice[choices[i].key] = choices[i].index;
+        auto it = g_matmul_plans.find(choices[i].key);
+        if (it != g_matmul_plans.end() && choices[i].index >= 0 && (size_t)choices[i].index < it->second.candidates.size()) {
+            it->second.algo = it->second.candidates[choices[i].index];
+            it->second.chosen = true;
+        }
+    }
+}
+
+// Settles p's algorithm before its first launch. launch(algo) runs the GEMM with that algorithm and
+// returns cuBLASLt's status (an algorithm refused at run time is skipped). accumulate_bytes: D's size
+// when the GEMM adds into D (it is saved and restored), else 0.
+template <typename Launch>
+inline void matmul_choose(const MatmulKey& key, MatmulPlan& p, void* d, size_t accumulate_bytes, cudaStream_t stream,
+                          Launch launch) {
+    p.chosen = true;
+    auto preset = g_matmul_choice.find(key);
+    if (preset != g_matmul_choice.end()) {
+        if (preset->second >= 0 && (size_t)preset->second < p.candidates.size()) p.algo = p.candidates[preset->second];
+        return;
+    }
+    if (!g_matmul_autotune || p.candidates.size() < 2) return;
+    void* saved = nullptr;
+    if (accumulate_bytes > 0) {
+        if (cudaMalloc(&saved, accumulate_bytes) != cudaSuccess) {
+            (void)cudaGetLastError(); // no room for the copy: keep the heuristic's choice
+            return;
+        }
+        cudaCheck(cudaMemcpyAsync(saved, d, accumulate_bytes, cudaMemcpyDeviceToDevice, stream));
+    }
+    cudaEvent_t t0, t1;
+    cudaCheck(cudaEventCreate(&t0));
+    cudaCheck(cudaEventCreate(&t1));
+    float best_ms = 0.0f;
+    int best = -1;
+    for (size_t i = 0; i < p.candidates.size(); i++) {
+        cublasStatus_t status = launch(p.candidates[i]);
+        if (status == CUBLAS_STATUS_NOT_SUPPORTED) continue;
+        cublasCheck(status);
+        cudaCheck(cudaEventRecord(t0, stream));
+        for (int r = 0; r < 3; r++) cublasCheck(launch(p.candidates[i]));
+        cudaCheck(cudaEventRecord(t1, stream));
+        cudaCheck(cudaEventSynchronize(t1));
+        float ms = 0.0f;
+        cudaCheck(cudaEventElapsedTime(&ms, t0, t1));
+        if (best < 0 || ms < best_ms) { best_ms = ms; best = (int)i; }
+    }
+    cudaCheck(cudaEventDestroy(t0));
+    cudaCheck(cudaEventDestroy(t1));
+    if (saved) {
+        cudaCheck(cudaMemcpyAsync(d, saved, accumulate_bytes, cudaMemcpyDeviceToDevice, stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+        cudaCheck(cudaFree(saved));
+    }
+    if (best >= 0) {
+        p.algo = p.candidates[best];
+        g_matmul_choice[key] = best;
+    }
+}
+
 // The general entry point. d_fp32 selects an FP32 output (parameter gradients); otherwise D is floatX.
-// bias (floatX, length m) may be null. aux: the epilogue's extra (m x n) floatX matrix, see above.
-// The bias and the epilogue apply to alpha * op(A) op(B) + beta * D.
-inline void matmul_launch(void* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
-                          bool transA, bool transB, const float* alpha, const float* beta, bool device_alpha,
-                          bool d_fp32, cudaStream_t stream, MatmulBatch batch, MatmulEpilogue epilogue, void* aux) {
+// bias (floatX, length m) may be null. aux: the epilogue's extra (m x n) floatX matrix, or EPI_BGRADB's
+// vector, see above. The bias and the epilogue apply to alpha * op(A) op(B) + beta * D.
+inline MatmulKey matmul_key(int m, int n, int k, bool transA, bool transB, bool has_bias, bool device_alpha,
+                            bool d_fp32, MatmulBatch batch, MatmulEpilogue epilogue) {
     MatmulKey key;
     memset(&key, 0, sizeof(key)); // the key is compared bytewise
     key.m = m; key.n = n; key.k = k; key.transA = transA; key.transB = transB;
-    key.has_bias = bias != nullptr; key.batch = batch.count; key.epilogue = epilogue;
+    key.has_bias = has_bias; key.batch = batch.count; key.epilogue = epilogue;
     key.a_type = key.b_type = CUDA_R_FLOATX; key.d_type = d_fp32 ? CUDA_R_32F : CUDA_R_FLOATX;
     key.device_alpha = device_alpha;
     if (batch.count > 1) { key.stride_a = batch.stride_a; key.stride_b = batch.stride_b; key.stride_d = batch.stride_d; }
+    return key;
+}
+// Launches the GEMM; when cuBLASLt has no algorithm for it, exits with an error if `required`, else
+// returns false with nothing launched (the caller then takes another way).
+inline bool matmul_launch(void* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+                          bool transA, bool transB, const float* alpha, const float* beta, bool device_alpha,
+                          bool d_fp32, cudaStream_t stream, MatmulBatch batch, MatmulEpilogue epilogue, void* aux,
+                          bool required = true) {
+    const MatmulKey key = matmul_key(m, n, k, transA, transB, bias != nullptr, device_alpha, d_fp32, batch, epilogue);
     MatmulPlan* plan = matmul_plan(key);
-    if (!plan) matmul_no_algorithm(key);
+    if (!plan) {
+        if (required) matmul_no_algorithm(key);
+        return false;
+    }
     MatmulPlan& p = *plan;
     if (bias) cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    if (epilogue != EPI_NONE) cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-    cublasCheck(cublasLtMatmul(g_cublaslt, p.desc, alpha, a, p.la, b, p.lb, beta, d, p.ld, d, p.ld, &p.algo,
-                               g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, stream));
+    if (epilogue == EPI_BGRADB) cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &aux, sizeof(aux)));
+    if (epilogue_has_aux_matrix(epilogue)) cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+    auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+        return cublasLtMatmul(g_cublaslt, p.desc, alpha, a, p.la, b, p.lb, beta, d, p.ld, d, p.ld, &algo,
+                              g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, stream);
+    };
+    if (!p.chosen) {
+        const bool accumulates = device_alpha ? beta != g_device_beta : *beta != 0.0f;
+        const size_t d_elems = batch.count > 1 ? (size_t)batch.stride_d * (batch.count - 1) + (size_t)m * n : (size_t)m * n;
+        matmul_choose(key, p, d, accumulates ? d_elems * (d_fp32 ? 4 : sizeof(floatX)) : 0, stream, run);
+    }
+    cublasCheck(run(p.algo));
+    return true;
 }
 
 inline void matmul(void* d, const floatX* a, const floatX* b, const floatX* bias,
@@ -218,11 +339,8 @@ struct Fp8Operand {
 inline bool matmul_fp8(void* d, bool d_fp32, Fp8Operand a, Fp8Operand b, const floatX* bias, int m, int n, int k,
                        float beta, bool fast_accum, cudaStream_t stream, MatmulEpilogue epilogue = EPI_NONE,
                        void* aux = nullptr) {
-    MatmulKey key;
-    memset(&key, 0, sizeof(key));
-    key.m = m; key.n = n; key.k = k; key.transA = 1; key.transB = 0;
-    key.has_bias = bias != nullptr; key.batch = 1; key.epilogue = epilogue;
-    key.a_type = a.type; key.b_type = b.type; key.d_type = d_fp32 ? CUDA_R_32F : CUDA_R_FLOATX;
+    MatmulKey key = matmul_key(m, n, k, true, false, bias != nullptr, false, d_fp32, MatmulBatch(), epilogue);
+    key.a_type = a.type; key.b_type = b.type;
     key.fast_accum = fast_accum;
     if ((uintptr_t)a.scale % 16 != 0 || (uintptr_t)b.scale % 16 != 0) {
         // cuBLASLt (13.1, H100) refuses 4-byte aligned scale pointers at run time
@@ -232,14 +350,17 @@ inline bool matmul_fp8(void* d, bool d_fp32, Fp8Operand a, Fp8Operand b, const f
     MatmulPlan* plan = matmul_plan(key);
     if (!plan || plan->candidates.empty()) return false;
     if (bias) cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    if (epilogue != EPI_NONE) cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+    if (epilogue_has_aux_matrix(epilogue)) cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a.scale, sizeof(a.scale)));
     cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b.scale, sizeof(b.scale)));
     const float alpha = 1.0f;
+    auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+        return cublasLtMatmul(g_cublaslt, plan->desc, &alpha, a.data, plan->la, b.data, plan->lb, &beta, d, plan->ld, d,
+                              plan->ld, &algo, g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, stream);
+    };
+    if (!plan->chosen) matmul_choose(key, *plan, d, beta != 0.0f ? (size_t)m * n * (d_fp32 ? 4 : sizeof(floatX)) : 0, stream, run);
     for (;;) {
-        cublasStatus_t status = cublasLtMatmul(g_cublaslt, plan->desc, &alpha, a.data, plan->la, b.data, plan->lb, &beta,
-                                               d, plan->ld, d, plan->ld, &plan->algo, g_cublaslt_workspace,
-                                               CUBLASLT_WORKSPACE_BYTES, stream);
+        cublasStatus_t status = run(plan->algo);
         if (status == CUBLAS_STATUS_SUCCESS) return true;
         if (status != CUBLAS_STATUS_NOT_SUPPORTED) cublasCheck(status);
         if (plan->next_candidate >= plan->candidates.size()) {
@@ -259,6 +380,8 @@ inline void matmul_free() {
         cublasLtMatmulDescDestroy(kv.second.desc);
     }
     g_matmul_plans.clear();
+    g_matmul_no_plan.clear();
+    g_matmul_choice.clear();
     if (g_cublaslt) cublasLtDestroy(g_cublaslt);
     if (g_cublaslt_workspace) cudaFree(g_cublaslt_workspace);
     if (g_unit_scale) cudaFree(g_unit_scale);
@@ -336,6 +459,16 @@ __global__ void bias_backward_reduce_kernel(float* dbias, const float* scratch, 
     float sum = 0.0f;
     for (int g = 0; g < BIAS_ROW_GROUPS; g++) sum += scratch[(long long)g * OC + oc];
     dbias[oc] += sum;
+}
+
+// dbias[oc] += part[oc]: the bias gradient a GEMM epilogue wrote (EPI_BGRADB) into the running sum
+__global__ void bias_grad_accumulate_kernel(float* dbias, const float* part, int OC) {
+    int oc = blockIdx.x * blockDim.x + threadIdx.x;
+    if (oc < OC) dbias[oc] += part[oc];
+}
+inline void bias_grad_accumulate(float* dbias, const float* part, int OC, cudaStream_t stream) {
+    bias_grad_accumulate_kernel<<<ceil_div(OC, 256), 256, 0, stream>>>(dbias, part, OC);
+    cudaCheckLaunch();
 }
 
 // scratch: at least BIAS_ROW_GROUPS * OC floats. amax_out (optional): max |dout| from the same read.

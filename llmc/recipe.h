@@ -84,12 +84,15 @@ struct LinearWeights {
     const floatX* weight[NUM_LINEAR_KINDS];
 };
 
-// Scratch every recipe's linear backward needs: the bias gradient's partial sums.
+// Scratch every recipe's linear backward needs: the bias gradient's partial sums (bias_backward), and
+// one micro-step's bias gradient as the weight-gradient GEMM's epilogue writes it.
 struct LinearScratch {
     float* bias_partials = nullptr; // BIAS_ROW_GROUPS * max OC floats
+    float* bias_grad = nullptr;     // max OC floats
 };
 inline void linear_scratch_init(LinearScratch& s, int C) {
     s.bias_partials = (float*)cuda_malloc_or_die((size_t)BIAS_ROW_GROUPS * 4 * C * sizeof(float), "bias scratch");
+    s.bias_grad = (float*)cuda_malloc_or_die((size_t)4 * C * sizeof(float), "bias gradient scratch");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -126,10 +129,26 @@ inline void plain_linear_backward_dw(float* dweight, const floatX* dout, const f
     matmul(dweight, inp, dout, nullptr, C, OC, N, false, true, 1.0f, 1.0f, true, stream);
 }
 
+// dweight += dout^T inp and dbias += column sums of dout. The bias gradient comes out of the weight
+// gradient's GEMM (the BGRADB epilogue sums B = dout over k = the N rows, from the tiles the GEMM
+// reads anyway) into scratch, then is added into dbias: the epilogue overwrites its vector. This saves
+// bias_backward's own read of dout (N x OC BF16, ~2x its bandwidth floor in time). Where cuBLASLt has
+// no such algorithm (the FP32 reference build, say), bias_backward makes the same sums (another order).
+inline void plain_linear_backward_dw_bias(float* dweight, float* dbias, const floatX* dout, const floatX* inp,
+                                          const LinearScratch& scratch, int N, int C, int OC, cudaStream_t stream) {
+    const float one = 1.0f;
+    if (dbias && matmul_launch(dweight, inp, dout, nullptr, C, OC, N, false, true, &one, &one, false, true, stream,
+                               MatmulBatch(), EPI_BGRADB, scratch.bias_grad, false)) {
+        bias_grad_accumulate(dbias, scratch.bias_grad, OC, stream);
+        return;
+    }
+    plain_linear_backward_dw(dweight, dout, inp, N, C, OC, stream);
+    if (dbias) bias_backward(dbias, scratch.bias_partials, dout, N, OC, stream);
+}
+
 inline void plain_linear_backward(float* dweight, float* dbias, floatX* dinp, const floatX* dout, const floatX* inp,
                                   const floatX* weight, const floatX* pre_gelu, const LinearScratch& scratch,
                                   int N, int C, int OC, cudaStream_t stream) {
-    plain_linear_backward_dw(dweight, dout, inp, N, C, OC, stream);
-    if (dbias) bias_backward(dbias, scratch.bias_partials, dout, N, OC, stream);
+    plain_linear_backward_dw_bias(dweight, dbias, dout, inp, scratch, N, C, OC, stream);
     plain_linear_backward_dx(dinp, dout, weight, pre_gelu, N, C, OC, stream);
 }

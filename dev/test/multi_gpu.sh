@@ -29,7 +29,8 @@ if [[ "$gpus" -lt 1 ]]; then echo "skipped: no CUDA device (multi-GPU tests)"; e
 losses() { grep -oE '^s:[0-9]+ trl:[0-9.eE+-]+' "$1/main.log" | sed -E 's/.*trl://'; }
 # the largest |a - b| over two loss lists
 max_diff() { paste "$1" "$2" | awk 'BEGIN { m = 0 } { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d } END { printf "%.3e", m }'; }
-COMMON=(-e d12 -b 8 -t 256 -v 0 -s 0 -u 10 -sd 7)
+# (-ga 0: fresh runs are compared bit for bit, so every run takes the heuristic's GEMM algorithms)
+COMMON=(-e d12 -b 8 -t 256 -v 0 -s 0 -u 10 -sd 7 -ga 0)
 
 # ---- one GPU: the NCCL path with one process ----------------------------------------------------
 r=bf16

@@ -64,6 +64,7 @@ TEST_CASE("cli: no flags gives the defaults") {
     CHECK(c.lr_schedule == "cosine");
     CHECK(c.max_steps == 1000);
     CHECK(c.resume == 0);
+    CHECK(c.gemm_autotune == 1);
 }
 
 TEST_CASE("cli: every flag parses into its field") {
@@ -71,7 +72,7 @@ TEST_CASE("cli: every flag parses into its field") {
                            "-tk", "tok.bin", "-Q", "bf16", "-b", "4", "-t", "512", "-d", "524288",
                            "-l", "0.0018", "-u", "700", "-k", "wsd", "-q", "0.05", "-c", "0.01",
                            "-gc", "0.5", "-x", "18000", "-sd", "18446744073709551615", "-v", "250",
-                           "-m", "20", "-s", "0", "-g", "128", "-r", "2", "-n", "5000", "-nk", "3", "-y", "1"});
+                           "-m", "20", "-s", "0", "-g", "128", "-r", "2", "-n", "5000", "-nk", "3", "-y", "1", "-ga", "0"});
     CHECK(c.train_pattern == "train_*.bin");
     CHECK(c.val_pattern == "val_*.bin");
     CHECK(c.model == "gpt3:c768");
@@ -94,6 +95,7 @@ TEST_CASE("cli: every flag parses into its field") {
     CHECK(c.sample_every == 0);
     CHECK(c.gen_tokens == 128);
     CHECK(c.recompute == 2);
+    CHECK(c.gemm_autotune == 0);
     CHECK(c.checkpoint_every == 5000);
     CHECK(c.checkpoint_keep == 3);
     CHECK(c.resume == 1);
@@ -345,6 +347,7 @@ TEST_CASE("cli: validate_config range checks name the flag") {
         {{"-n", "-1"}, "-n -1"},
         {{"-nk", "-1"}, "-nk -1"},
         {{"-y", "2"}, "-y 2"},
+        {{"-ga", "2"}, "-ga 2"},
         {{"-y", "1"}, "-o"},  // resuming needs the checkpoint directory
         {{"-i", ""}, "-i"},
         {{"-e", ""}, "-e"},

@@ -1,0 +1,165 @@
+// gemm_bench.cu: every GEMM of one micro-step of the BF16 trainer, timed alone, for each algorithm
+// cuBLASLt's heuristic offers (llmc/matmul.cuh keeps up to MATMUL_CANDIDATES per shape; the trainer
+// runs the first). It answers two questions the per-phase profile cannot: how far the heuristic's
+// first choice is from the fastest of its list, and what the bias gradient costs inside the
+// weight-gradient GEMM (EPI_BGRADB) against a separate bias_backward pass.
+//
+//   make build/gemm_bench && ./build/gemm_bench [-c 768] [-n 65536] [-v 50304] [-r 8192] [-i 20]
+// -c channels, -n rows per micro-step (B*T), -v padded vocabulary, -r classifier chunk rows, -i timed
+// repetitions per algorithm (after 3 warm-up runs). Operands are random BF16 in [-1, 1).
+// Prints one line per GEMM: shape, the first choice's ms and TFLOP/s, the fastest candidate's ms and
+// index, and the ratio; then the four linears' bias gradient both ways and the sums per micro-step.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+#include "dev/test/gpu_check.h"
+#include "llmc/matmul.cuh"
+
+static floatX* random_bf16(size_t n, unsigned seed) {
+    std::vector<floatX> h(n);
+    unsigned s = seed;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        h[i] = (floatX)((float)(s >> 8) / 8388608.0f - 1.0f);
+    }
+    floatX* d = (floatX*)cuda_malloc_or_die(n * sizeof(floatX), "bench operand");
+    cudaCheck(cudaMemcpy(d, h.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
+    return d;
+}
+
+// mean ms of `reps` runs of fn after 3 warm-up runs
+template <typename F>
+static float time_ms(F fn, int reps) {
+    for (int i = 0; i < 3; i++) fn();
+    cudaEvent_t t0, t1;
+    cudaCheck(cudaEventCreate(&t0)); cudaCheck(cudaEventCreate(&t1));
+    cudaCheck(cudaEventRecord(t0));
+    for (int i = 0; i < reps; i++) fn();
+    cudaCheck(cudaEventRecord(t1));
+    cudaCheck(cudaEventSynchronize(t1));
+    float ms = 0.0f;
+    cudaCheck(cudaEventElapsedTime(&ms, t0, t1));
+    cudaEventDestroy(t0); cudaEventDestroy(t1);
+    return ms / reps;
+}
+
+struct Gemm {
+    std::string name;
+    void* d; const floatX* a; const floatX* b; const floatX* bias;
+    int m, n, k; bool transA, transB; float beta; bool d_fp32;
+    MatmulEpilogue epilogue; void* aux;
+};
+
+struct Timing { float first_ms, best_ms; int best, candidates; };
+
+// times every candidate algorithm of g's plan; leaves the plan on its first choice
+static Timing time_candidates(const Gemm& g, int reps) {
+    const float one = 1.0f;
+    auto run = [&]() {
+        matmul_launch(g.d, g.a, g.b, g.bias, g.m, g.n, g.k, g.transA, g.transB, &one, &g.beta, false, g.d_fp32, 0,
+                      MatmulBatch(), g.epilogue, g.aux);
+    };
+    run(); // builds the plan
+    MatmulPlan* plan = matmul_plan(matmul_key(g.m, g.n, g.k, g.transA, g.transB, g.bias != nullptr, false, g.d_fp32,
+                                              MatmulBatch(), g.epilogue));
+    Timing t{0.0f, 1e30f, 0, (int)plan->candidates.size()};
+    for (int i = 0; i < t.candidates; i++) {
+        plan->algo = plan->candidates[i];
+        const float ms = time_ms(run, reps);
+        if (i == 0) t.first_ms = ms;
+        if (ms < t.best_ms) { t.best_ms = ms; t.best = i; }
+    }
+    plan->algo = plan->candidates[0];
+    return t;
+}
+
+int main(int argc, char** argv) {
+    int C = 768, N = 65536, V = 50304, rows = 8192, reps = 20;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const std::string f = argv[i];
+        const int v = atoi(argv[i + 1]);
+        if (f == "-c") C = v; else if (f == "-n") N = v; else if (f == "-v") V = v; else if (f == "-r") rows = v;
+        else if (f == "-i") reps = v;
+        else { fprintf(stderr, "usage: gemm_bench [-c C] [-n rows] [-v vocab] [-r chunk rows] [-i reps]\n"); return 1; }
+    }
+    if (!gpu_present()) return 77;
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("gemm_bench: %s, C=%d N=%d V=%d chunk rows=%d, %d reps per algorithm\n", prop.name, C, N, V, rows, reps);
+    matmul_init();
+
+    const size_t big = (size_t)N * 4 * C;
+    floatX* x = random_bf16(big, 1);        // a layer input (N x C or N x 4C)
+    floatX* dy = random_bf16(big, 2);       // an output gradient (N x OC)
+    floatX* pre = random_bf16(big, 3);      // the GELU pre-activation
+    floatX* w = random_bf16((size_t)4 * C * C, 4);
+    floatX* bias = random_bf16((size_t)4 * C, 5);
+    floatX* wte = random_bf16((size_t)V * C, 6);
+    floatX* out = (floatX*)cuda_malloc_or_die(std::max(big, (size_t)rows * V) * sizeof(floatX), "bench output");
+    floatX* logits = random_bf16((size_t)rows * V, 7);
+    float* dw = (float*)cuda_malloc_or_die((size_t)V * C * sizeof(float), "bench dW");
+    cudaCheck(cudaMemset(dw, 0, (size_t)V * C * sizeof(float)));
+    float* dbias = (float*)cuda_malloc_or_die((size_t)4 * C * sizeof(float), "bench dbias");
+    float* bias_part = (float*)cuda_malloc_or_die((size_t)4 * C * sizeof(float), "bench bias part");
+    float* partials = (float*)cuda_malloc_or_die((size_t)BIAS_ROW_GROUPS * 4 * C * sizeof(float), "bench partials");
+
+    const char* kinds[4] = {"qkv", "attproj", "fc", "fcproj"};
+    const int in_f[4] = {C, C, C, 4 * C}, out_f[4] = {3 * C, C, 4 * C, C};
+    std::vector<Gemm> gemms;
+    for (int l = 0; l < 4; l++) {
+        const std::string k = kinds[l];
+        const bool fc = l == 2, fcproj = l == 3;
+        gemms.push_back({k + " forward" + (fc ? " (GELU)" : ""), out, w, x, bias, out_f[l], N, in_f[l], true, false, 0.0f,
+                         false, fc ? EPI_GELU_BIAS : EPI_NONE, fc ? (void*)pre : nullptr});
+        gemms.push_back({k + " dgrad" + (fcproj ? " (DGELU)" : ""), out, w, dy, nullptr, in_f[l], N, out_f[l], false, false,
+                         0.0f, false, fcproj ? EPI_DGELU : EPI_NONE, fcproj ? (void*)pre : nullptr});
+        gemms.push_back({k + " wgrad", dw, x, dy, nullptr, in_f[l], out_f[l], N, false, true, 1.0f, true, EPI_NONE, nullptr});
+        gemms.push_back({k + " wgrad + bias (BGRADB)", dw, x, dy, nullptr, in_f[l], out_f[l], N, false, true, 1.0f, true,
+                         EPI_BGRADB, bias_part});
+    }
+    gemms.push_back({"lm head logits (chunk)", out, wte, x, nullptr, V, rows, C, true, false, 0.0f, false, EPI_NONE, nullptr});
+    gemms.push_back({"lm head wgrad (chunk)", dw, x, logits, nullptr, C, V, rows, false, true, 1.0f, true, EPI_NONE, nullptr});
+    gemms.push_back({"lm head dgrad (chunk)", out, wte, logits, nullptr, C, rows, V, false, false, 0.0f, false, EPI_NONE, nullptr});
+
+    printf("%-28s %6s %6s %6s | %9s %8s | %9s %4s %6s\n", "gemm", "m", "n", "k", "first ms", "TFLOP/s", "best ms",
+           "idx", "gain");
+    float first_sum = 0.0f, best_sum = 0.0f;
+    std::vector<Timing> timings;
+    for (const Gemm& g : gemms) {
+        if (!matmul_plan(matmul_key(g.m, g.n, g.k, g.transA, g.transB, g.bias != nullptr, false, g.d_fp32, MatmulBatch(),
+                                    g.epilogue))) {
+            printf("%-28s %6d %6d %6d | no algorithm\n", g.name.c_str(), g.m, g.n, g.k);
+            timings.push_back({0.0f, 0.0f, -1, 0});
+            continue;
+        }
+        const Timing t = time_candidates(g, reps);
+        timings.push_back(t);
+        const double tflops = 2.0 * g.m * g.n * (double)g.k / (t.first_ms * 1e-3) / 1e12;
+        printf("%-28s %6d %6d %6d | %9.3f %8.1f | %9.3f %2d/%d %5.1f%%\n", g.name.c_str(), g.m, g.n, g.k, t.first_ms, tflops,
+               t.best_ms, t.best, t.candidates, 100.0 * (t.first_ms - t.best_ms) / t.first_ms);
+        if (g.epilogue != EPI_BGRADB) { first_sum += t.first_ms; best_sum += t.best_ms; }
+    }
+    printf("\nbias gradient of each linear, per micro-step call:\n");
+    float separate_sum = 0.0f, fused_sum = 0.0f;
+    for (int l = 0; l < 4; l++) {
+        const float bias_ms = time_ms([&]() { bias_backward(dbias, partials, dy, N, out_f[l], 0); }, reps);
+        const Timing& plain = timings[4 * l + 2];
+        const Timing& fused = timings[4 * l + 3];
+        separate_sum += plain.first_ms + bias_ms;
+        fused_sum += fused.best >= 0 ? fused.first_ms : plain.first_ms + bias_ms;
+        if (fused.best < 0) {
+            printf("  %-8s wgrad %.3f + bias_backward %.3f ms; BGRADB: no algorithm\n", kinds[l], plain.first_ms, bias_ms);
+        } else {
+            printf("  %-8s wgrad %.3f + bias_backward %.3f = %.3f ms; wgrad with BGRADB %.3f ms (%+.3f)\n", kinds[l],
+                   plain.first_ms, bias_ms, plain.first_ms + bias_ms, fused.first_ms,
+                   fused.first_ms - plain.first_ms - bias_ms);
+        }
+    }
+    printf("\nper micro-step, one layer's linears + one classifier chunk: heuristic's first %.3f ms, fastest candidates %.3f ms\n",
+           first_sum, best_sum);
+    printf("per layer, wgrad + bias: separate %.3f ms, BGRADB %.3f ms\n", separate_sum, fused_sum);
+    matmul_free();
+    return 0;
+}
