@@ -15,6 +15,7 @@
 #include <cuda_fp8.h>
 #include "cuda_common.h"
 #include "fp8_scaling.h"
+#include "gelu.cuh"
 
 enum class Fp8Kind { E4M3, E5M2 };
 
@@ -103,12 +104,16 @@ __global__ void fp8_quantize_kernel(uint8_t* out, const floatX* in, long long n8
 // col_partials (may be null): the column sums of the unquantized input, per 64-row tile:
 // col_partials[tile_row * cols + c] = sum of in[r][c] over the tile's rows, in a fixed order (so
 // the bias gradient built from them is deterministic; fp8_column_sums_reduce finishes it).
+// gelu_pre (may be null, same layout as in): the input is a gradient w.r.t. a GELU's output and the
+// tensor to quantize is the gradient w.r.t. its input, in * gelu'(gelu_pre), rounded to floatX exactly
+// as gelu_backward would have stored it, so the codes, amax and sums equal those of gelu_backward
+// followed by this kernel, without writing and re-reading that tensor.
 #define FP8_TILE 64
 template <Fp8Kind K>
 __global__ void __launch_bounds__(256) fp8_quantize_transpose_kernel(uint8_t* out, uint8_t* out_t, const floatX* in,
                                                                      int rows, int cols, const float* scale,
                                                                      uint32_t* amax_out, Fp8Stats stats,
-                                                                     float* col_partials) {
+                                                                     float* col_partials, const floatX* gelu_pre) {
     __shared__ uint8_t tile[FP8_TILE][FP8_TILE + 4]; // +4: column reads of 16 rows spread over banks
     __shared__ float warp_sums[8][FP8_TILE];
     const float s = *scale;
@@ -131,7 +136,13 @@ __global__ void __launch_bounds__(256) fp8_quantize_transpose_kernel(uint8_t* ou
             uint8_t codes[8];
             if (full) {
                 uint4 packed = *reinterpret_cast<const uint4*>(in + (size_t)r * cols + c0 + tc);
-                const floatX* v = reinterpret_cast<const floatX*>(&packed);
+                floatX* v = reinterpret_cast<floatX*>(&packed);
+                if (gelu_pre) {
+                    uint4 pre = *reinterpret_cast<const uint4*>(gelu_pre + (size_t)r * cols + c0 + tc);
+                    const floatX* pv = reinterpret_cast<const floatX*>(&pre);
+#pragma unroll
+                    for (int j = 0; j < 8; j++) v[j] = (floatX)((float)v[j] * gelu_derivative((float)pv[j]));
+                }
 #pragma unroll
                 for (int j = 0; j < 8; j += 2) {
                     float a = (float)v[j], b = (float)v[j + 1];
@@ -154,6 +165,7 @@ __global__ void __launch_bounds__(256) fp8_quantize_transpose_kernel(uint8_t* ou
                     codes[j] = 0;
                     if (r < rows && c < cols) {
                         float a = (float)in[(size_t)r * cols + c];
+                        if (gelu_pre) a = (float)(floatX)(a * gelu_derivative((float)gelu_pre[(size_t)r * cols + c]));
                         colsum[j] += a;
                         codes[j] = (uint8_t)(fp8_pack2<K>(a * s, 0.0f) & 0xFF);
                         fp8_account<K>(a, s, codes[j], amax, sat, ftz);
@@ -242,22 +254,24 @@ inline void fp8_quantize(uint8_t* out, const floatX* in, long long n, const floa
     } else {
         // unaligned: the tile kernel treats the tensor as one row
         fp8_quantize_transpose_kernel<K><<<fp8_grid_size(ceil_div(n, FP8_TILE), 1), 256, 0, stream>>>(
-            out, nullptr, in, 1, (int)n, scale, amax_out, stats, nullptr);
+            out, nullptr, in, 1, (int)n, scale, amax_out, stats, nullptr, nullptr);
     }
     cudaCheckLaunch();
 }
 
 // out (rows x cols, may be null) and out_t (cols x rows, may be null) from in (rows x cols); with
 // col_sums (and col_partials: ceil(rows / 64) * cols floats of scratch), col_sums[c] += sum of
-// column c of the input (the bias gradient, from the same read)
+// column c of the input (the bias gradient, from the same read). With gelu_pre, the input is first
+// multiplied by gelu'(gelu_pre) (see the kernel).
 template <Fp8Kind K>
 inline void fp8_quantize_transpose(uint8_t* out, uint8_t* out_t, const floatX* in, int rows, int cols,
                                    const float* scale, uint32_t* amax_out, Fp8Stats stats, cudaStream_t stream,
-                                   float* col_sums = nullptr, float* col_partials = nullptr) {
+                                   float* col_sums = nullptr, float* col_partials = nullptr,
+                                   const floatX* gelu_pre = nullptr) {
     const long long tiles = (long long)ceil_div(cols, FP8_TILE) * ceil_div(rows, FP8_TILE);
     const int grid = (int)std::min<long long>(tiles, 132LL * 8);
     fp8_quantize_transpose_kernel<K><<<grid, 256, 0, stream>>>(out, out_t, in, rows, cols, scale, amax_out, stats,
-                                                               col_sums ? col_partials : nullptr);
+                                                               col_sums ? col_partials : nullptr, gelu_pre);
     cudaCheckLaunch();
     if (col_sums) {
         fp8_column_sums_reduce_kernel<<<ceil_div(cols, 256), 256, 0, stream>>>(col_sums, col_partials,

@@ -1,7 +1,7 @@
 // test_fp8.cu: the FP8-hybrid recipe's GPU pieces against CPU references.
 //   1. The quantize kernels (row-major and transposing) against the CPU codec of number_formats.h,
 //      bit for bit, over every BF16 value and several scales, E4M3 and E5M2; amax and the telemetry
-//      counts against the CPU's; partial tiles.
+//      counts against the CPU's; partial tiles; the GELU' applied in the pass = gelu_backward first.
 //   2. cuBLASLt's FP8 GEMMs in the three forms the recipe uses (forward E4M3 x E4M3 with fast
 //      accumulation, dgrad E5M2 x E4M3, wgrad accumulating into FP32) against a float64 product of
 //      the dequantized operands (tight) and against the unquantized product (the FP8 error bound).
@@ -138,6 +138,27 @@ static void test_quantize_shapes(const char* name) {
         memcpy(&got_amax, &bits, 4);
         check(bad == 0 && got_amax == amax, "%s %d x %d: both layouts = CPU codec (%lld mismatches), amax %g = %g",
               name, rows, cols, bad, got_amax, amax);
+        // with gelu_pre: the same bits as gelu_backward followed by the plain pass (codes in both
+        // layouts, amax, column sums); partial tiles and odd widths take the guarded path
+        {
+            std::vector<floatX> pre((size_t)rows * cols);
+            for (auto& v : pre) v = f2bf(nd(rng));
+            floatX *d_pre = to_device(pre), *d_g = to_device(in);
+            gelu_backward(d_g, d_pre, (long long)rows * cols, 0);
+            float* d_part;
+            cudaCheck(cudaMalloc(&d_part, (size_t)ceil_div(rows, FP8_TILE) * cols * sizeof(float)));
+            float *d_s1 = to_device(sums0), *d_s2 = to_device(sums0);
+            uint32_t *d_a1 = to_device(std::vector<uint32_t>{0}), *d_a2 = to_device(std::vector<uint32_t>{0});
+            fp8_quantize_transpose<K>(d_out, d_t, d_in, rows, cols, d_scale, d_a1, Fp8Stats(), 0, d_s1, d_part, d_pre);
+            std::vector<uint8_t> f_out = to_host(d_out, in.size()), f_t = to_host(d_t, in.size());
+            fp8_quantize_transpose<K>(d_out, d_t, d_g, rows, cols, d_scale, d_a2, Fp8Stats(), 0, d_s2, d_part);
+            const bool same = f_out == to_host(d_out, in.size()) && f_t == to_host(d_t, in.size()) &&
+                              to_host(d_a1, 1) == to_host(d_a2, 1) &&
+                              memcmp(to_host(d_s1, cols).data(), to_host(d_s2, cols).data(), cols * sizeof(float)) == 0;
+            check(same, "%s %d x %d: the dy pass with GELU' (gelu_pre) = gelu_backward + the plain pass, bit for bit", name,
+                  rows, cols);
+            cudaFree(d_pre); cudaFree(d_g); cudaFree(d_part); cudaFree(d_s1); cudaFree(d_s2); cudaFree(d_a1); cudaFree(d_a2);
+        }
         cudaFree(d_in); cudaFree(d_out); cudaFree(d_t); cudaFree(d_scale); cudaFree(d_amax);
     }
 }
@@ -372,6 +393,51 @@ static void test_recipe() {
         e = rel_l2(got, want);
         check(e < 1e-5, "recipe: bias gradient (from the BF16 gradient) rel L2 %.2e (tol 1e-5)", e);
         cudaFree(ddout); cudaFree(ddinp); cudaFree(ddW); cudaFree(ddb); cudaFree(dy); cudaFree(dpb);
+    }
+
+    // The fc projection's GELU' left to the fc layer's dy pass (Recipe::pending_gelu) once that dy is
+    // calibrated: dy codes (both layouts), dx, dW and the bias gradient bit for bit those of
+    // gelu_backward followed by the plain dy pass.
+    {
+        const LinearId fcp{0, LIN_FCPROJ}, fc{0, LIN_FC};
+        const int K = 4 * C;
+        std::vector<floatX> dout = randn((size_t)N * C, 1e-4f);
+        floatX* ddout = to_device(dout);
+        floatX *g1, *g2, *dxf, *dxr, *dyp;
+        cudaCheck(cudaMalloc(&g1, (size_t)N * K * 2)); cudaCheck(cudaMalloc(&g2, (size_t)N * K * 2));
+        cudaCheck(cudaMalloc(&dxf, (size_t)N * C * 2)); cudaCheck(cudaMalloc(&dxr, (size_t)N * C * 2));
+        cudaCheck(cudaMalloc(&dyp, (size_t)N * C * 2));
+        std::vector<float> zeros_w((size_t)K * C, 0.0f), zeros_b(K, 0.0f);
+        float *dWp = to_device(zeros_w), *dWf = to_device(zeros_w), *dWr = to_device(zeros_w);
+        float *dbp = to_device(std::vector<float>(C, 0.0f)), *dbf = to_device(zeros_b), *dbr = to_device(zeros_b);
+        linear_forward(r, fcp, dyp, dgelu, dw[LIN_FCPROJ], nullptr, N, K, C, true, 0);
+        // the first backward calibrates the fc layer's dy (nothing is left pending before that)
+        linear_backward(r, fcp, g1, dWp, dbp, ddout, dgelu, dw[LIN_FCPROJ], dpre, N, K, C, 0);
+        const bool first_not_pending = r.pending_gelu.grad == nullptr;
+        linear_backward(r, fc, dxr, dWr, dbr, g1, dx, dw[LIN_FC], nullptr, N, C, K, 0);
+        // calibrated now: the derivative is left pending and applied by the fc layer's dy pass
+        linear_backward(r, fcp, g1, dWp, dbp, ddout, dgelu, dw[LIN_FCPROJ], dpre, N, K, C, 0);
+        const bool pending = r.pending_gelu.grad == g1;
+        cudaCheck(cudaMemcpy(g2, g1, (size_t)N * K * 2, cudaMemcpyDeviceToDevice));
+        linear_backward(r, fc, dxf, dWf, dbf, g1, dx, dw[LIN_FC], nullptr, N, C, K, 0);
+        std::vector<uint8_t> q_fused = to_host(r.dy8, (size_t)N * K), qt_fused = to_host(r.dyt8, (size_t)N * K);
+        // the reference: the separate pass, then the fc layer's backward with nothing pending
+        gelu_backward(g2, dpre, (long long)N * K, 0);
+        cudaCheck(cudaMemset(dWr, 0, (size_t)K * C * 4)); cudaCheck(cudaMemset(dbr, 0, (size_t)K * 4));
+        linear_backward(r, fc, dxr, dWr, dbr, g2, dx, dw[LIN_FC], nullptr, N, C, K, 0);
+        std::vector<uint8_t> q_ref = to_host(r.dy8, (size_t)N * K), qt_ref = to_host(r.dyt8, (size_t)N * K);
+        auto same_bits = [](const auto& a, const auto& b) {
+            return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+        };
+        const bool same = same_bits(q_fused, q_ref) && same_bits(qt_fused, qt_ref) &&
+                          same_bits(to_host(dxf, (size_t)N * C), to_host(dxr, (size_t)N * C)) &&
+                          same_bits(to_host(dWf, (size_t)K * C), to_host(dWr, (size_t)K * C)) &&
+                          same_bits(to_host(dbf, K), to_host(dbr, K));
+        check(first_not_pending && pending && same,
+              "recipe: GELU' applied by the fc layer's dy pass once calibrated (pending %d/%d) = gelu_backward + the dy pass, bit for bit (dy codes, dx, dW, db): %s",
+              !first_not_pending, pending, same ? "same" : "DIFFERENT");
+        cudaFree(ddout); cudaFree(g1); cudaFree(g2); cudaFree(dxf); cudaFree(dxr); cudaFree(dyp);
+        cudaFree(dWp); cudaFree(dWf); cudaFree(dWr); cudaFree(dbp); cudaFree(dbf); cudaFree(dbr);
     }
 
     // a skipped layer (-sql 1: layer 1) is the plain BF16 linear, bit for bit
