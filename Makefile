@@ -104,33 +104,14 @@ train_gpt_fp32: train_gpt.cu $(HEADERS)
 test_gpt_fp32: test_gpt.cu train_gpt.cu $(HEADERS)
 	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -DRECIPE_BF16 $< $(NVCC_LDFLAGS) -o $@
 
-# flash attention against a float64 CPU reference, and its speed against the materialized path
-build/test_attention: dev/test/test_attention.cu dev/test/gpu_check.h $(HEADERS)
-	@mkdir -p build
-	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
-
-# the FP8 kernels: quantization against the CPU codec, FP8 GEMMs against float64, delayed scaling
-build/test_fp8: dev/test/test_fp8.cu dev/test/gpu_check.h $(HEADERS)
-	@mkdir -p build
-	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
-
-# the NVFP4 kernels: bit-exact against the CPU reference (nvfp4.h), the emulated GEMM against float64
-build/test_nvfp4: dev/test/test_nvfp4.cu dev/test/gpu_check.h $(HEADERS)
-	@mkdir -p build
-	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
-
-# the virtual-cast kernels: bit-exact against the CPU reference (vcast.h), and against the FP8 kernels
-build/test_vcast: dev/test/test_vcast.cu dev/test/gpu_check.h $(HEADERS)
-	@mkdir -p build
-	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
-
-# the TCFP-12 kernels: the split bit-exact against tcfp12.h, the dual GEMMs against float64
-build/test_tcfp12: dev/test/test_tcfp12.cu dev/test/gpu_check.h $(HEADERS)
-	@mkdir -p build
-	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
-
-# the plain linear layer (recipe.h) against float64: forward, GELU/DGELU epilogues, dW, the fused bias gradient
-build/test_linear: dev/test/test_linear.cu dev/test/gpu_check.h $(HEADERS)
+# the standalone GPU tests, dev/test/test_<name>.cu -> build/test_<name>:
+#   attention  flash attention against a float64 CPU reference, and its speed against the materialized path
+#   fp8        quantization against the CPU codec, FP8 GEMMs against float64, delayed scaling
+#   nvfp4      bit-exact against the CPU reference (nvfp4.h), the emulated GEMM against float64
+#   vcast      bit-exact against the CPU reference (vcast.h), and against the FP8 kernels
+#   tcfp12     the split bit-exact against tcfp12.h, the dual GEMMs against float64
+#   linear     the plain linear layer (recipe.h) against float64: forward, GELU/DGELU epilogues, dW, the fused bias gradient
+build/test_%: dev/test/test_%.cu dev/test/gpu_check.h $(HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 

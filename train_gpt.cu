@@ -823,10 +823,16 @@ inline void load_checkpoint(GPT* model, const std::string& dir, int step, DataLo
     cudaCheck(cudaMemcpy(model->params_memory, host.data(), N * sizeof(floatX), cudaMemcpyHostToDevice));
     // the recipe's state (a checkpoint of another recipe, allowed by -cr 1, has none for this one)
     if (r.recipe() == RECIPE_NAME) recipe_load(model->recipe, r);
-    if (r.has("gemm_algorithms") && r.size_of("gemm_algorithms") % sizeof(MatmulChoice) == 0) {
-        std::vector<MatmulChoice> gemm_choices(r.size_of("gemm_algorithms") / sizeof(MatmulChoice));
-        r.read("gemm_algorithms", gemm_choices.data(), gemm_choices.size() * sizeof(MatmulChoice));
-        matmul_set_choices(gemm_choices.data(), gemm_choices.size());
+    if (r.has("gemm_algorithms")) {
+        if (r.size_of("gemm_algorithms") % sizeof(MatmulChoice) == 0) {
+            std::vector<MatmulChoice> gemm_choices(r.size_of("gemm_algorithms") / sizeof(MatmulChoice));
+            r.read("gemm_algorithms", gemm_choices.data(), gemm_choices.size() * sizeof(MatmulChoice));
+            matmul_set_choices(gemm_choices.data(), gemm_choices.size());
+        } else {
+            // (another build's record layout: the run goes on, but with freshly chosen algorithms)
+            fprintf(stderr, "warning: %s: the GEMM algorithm choices were written by another build and are ignored; "
+                    "the resumed run may differ from the original in the last bits\n", state_path(dir, step, rank).c_str());
+        }
     }
     recipe_weights_changed(model->recipe, gpt_linear_weights(model), model->stream);
     cudaCheck(cudaDeviceSynchronize());

@@ -202,15 +202,18 @@ inline std::vector<MatmulChoice> matmul_choices() {
     }
     return out;
 }
+// p runs candidate `index` from now on (an index its list lacks, from a checkpoint of another GPU or
+// library version, leaves the algorithm as it is)
+inline void matmul_take_choice(MatmulPlan& p, int index) {
+    if (index >= 0 && (size_t)index < p.candidates.size()) p.algo = p.candidates[index];
+    p.chosen = true;
+}
 // takes the choices of a checkpoint (plans built already switch at once)
 inline void matmul_set_choices(const MatmulChoice* choices, size_t count) {
     for (size_t i = 0; i < count; i++) {
         g_matmul_choice[choices[i].key] = choices[i].index;
         auto it = g_matmul_plans.find(choices[i].key);
-        if (it != g_matmul_plans.end() && choices[i].index >= 0 && (size_t)choices[i].index < it->second.candidates.size()) {
-            it->second.algo = it->second.candidates[choices[i].index];
-            it->second.chosen = true;
-        }
+        if (it != g_matmul_plans.end()) matmul_take_choice(it->second, choices[i].index);
     }
 }
 
@@ -223,7 +226,7 @@ inline void matmul_choose(const MatmulKey& key, MatmulPlan& p, void* d, size_t a
     p.chosen = true;
     auto preset = g_matmul_choice.find(key);
     if (preset != g_matmul_choice.end()) {
-        if (preset->second >= 0 && (size_t)preset->second < p.candidates.size()) p.algo = p.candidates[preset->second];
+        matmul_take_choice(p, preset->second);
         return;
     }
     if (!g_matmul_autotune || p.candidates.size() < 2) return;
@@ -260,7 +263,7 @@ inline void matmul_choose(const MatmulKey& key, MatmulPlan& p, void* d, size_t a
         cudaCheck(cudaFree(saved));
     }
     if (best >= 0) {
-        p.algo = p.candidates[best];
+        matmul_take_choice(p, best);
         g_matmul_choice[key] = best;
     }
 }
