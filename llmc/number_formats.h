@@ -472,9 +472,32 @@ LLMC_HD inline int16_t q115_encode(float x) {
     return (int16_t)round_to_int_even(q_clamp(x) * 32768.0f);
 }
 LLMC_HD inline float q115_decode(int16_t k) { return (float)k * (1.0f / 32768.0f); }
+// The simulate functions compute decode(encode(x)) without leaving FP32: a float -> int -> float
+// round trip runs on the GPU's conversion units (a quarter of the FP32 rate), and the attention
+// applies these functions several times per score. For 0 <= y < 2^23, (y + 2^23) - 2^23 is y
+// rounded to an integer, ties to even, by the FP32 adder itself (the sum lies in [2^23, 2^24), where
+// the spacing of floats is 1). Rounding the magnitude and restoring the sign gives the codec's
+// result; the final + 0 turns the -0 of a negative that rounds to 0 into the codec's +0. Device code
+// uses the _rn intrinsics so that nothing is contracted or reordered (also under --use_fast_math).
+// Both are checked against decode(encode(x)) on the CPU (dev/test/test_number_formats.cpp).
+LLMC_HD inline float round_magnitude_below_2_23(float y) {   // rint(|y|) for |y| < 2^23
+#ifdef __CUDA_ARCH__
+    return __fsub_rn(__fadd_rn(fabsf(y), 8388608.0f), 8388608.0f);
+#else
+    return (std::fabs(y) + 8388608.0f) - 8388608.0f;
+#endif
+}
+LLMC_HD inline float with_sign_of(float magnitude, float x) {   // +-magnitude, +0 for a zero
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(x < 0.0f ? -magnitude : magnitude, 0.0f);
+#else
+    return (x < 0.0f ? -magnitude : magnitude) + 0.0f;
+#endif
+}
 LLMC_HD inline float simulate_q115(float x) {
     if (is_nan_bits(x)) return x;
-    return q115_decode(q115_encode(x));
+    const float c = q_clamp(x);   // |c * 2^15| <= 32735.2
+    return with_sign_of(round_magnitude_below_2_23(c * 32768.0f), c) * (1.0f / 32768.0f);
 }
 
 LLMC_HD inline int32_t q131_encode(float x) {
@@ -482,9 +505,12 @@ LLMC_HD inline int32_t q131_encode(float x) {
     return round_to_int_even(q_clamp(x) * 2147483648.0f);
 }
 LLMC_HD inline float q131_decode(int32_t k) { return (float)k * (1.0f / 2147483648.0f); }
+// (|c| >= 2^-8: a float there is a multiple of 2^-31 already; below, |c * 2^31| < 2^23)
 LLMC_HD inline float simulate_q131(float x) {
     if (is_nan_bits(x)) return x;
-    return q131_decode(q131_encode(x));
+    const float c = q_clamp(x);
+    if (abs_bits(c) >= 0.00390625f) return c;
+    return with_sign_of(round_magnitude_below_2_23(c * 2147483648.0f), c) * (1.0f / 2147483648.0f);
 }
 
 } // namespace llmc

@@ -695,6 +695,36 @@ TEST_CASE("number formats: Q1.31 clamp, fixed points, ties, decode") {
     CHECK(std::isnan(llmc::simulate_q131(NAN)));
 }
 
+// simulate_q115 / simulate_q131 compute decode(encode(x)) in FP32 arithmetic (number_formats.h):
+// the same bits as the integer codec for every BF16 input, a stride through all float bit patterns
+// (both signs, zeros, subnormals, infinities, NaNs) and the neighbourhood of every Q1.15 tie
+TEST_CASE("number formats: simulate_q115 and simulate_q131 equal decode(encode(x)) bit for bit") {
+    auto same = [](float a, float b) { return llmc::float_bits(a) == llmc::float_bits(b) || (a != a && b != b); };
+    auto check_x = [&](float x, int& fails) {
+        const float q15 = std::isnan(x) ? x : llmc::q115_decode(llmc::q115_encode(x));
+        const float q31 = std::isnan(x) ? x : llmc::q131_decode(llmc::q131_encode(x));
+        EXPECT_IN_LOOP(same(llmc::simulate_q115(x), q15), "q115 x " << x << " bits " << llmc::float_bits(x));
+        EXPECT_IN_LOOP(same(llmc::simulate_q131(x), q31), "q131 x " << x << " bits " << llmc::float_bits(x));
+    };
+    int fails = 0;
+    for (uint32_t b = 0; b < 65536 && fails < 10; b++) check_x(llmc::bits_float(b << 16), fails);
+    for (uint64_t b = 0; b < (1ull << 32) && fails < 10; b += 251) check_x(llmc::bits_float((uint32_t)b), fails);
+    for (int k = -32768; k <= 32767 && fails < 10; k++) {
+        const float tie = ((float)k + 0.5f) / 32768.0f;
+        float lo = tie, hi = tie;
+        for (int i = 0; i < 4; i++) { lo = std::nextafter(lo, -2.0f); hi = std::nextafter(hi, 2.0f); }
+        for (float x = lo; x <= hi && fails < 10; x = std::nextafter(x, 2.0f)) check_x(x, fails);
+    }
+    for (int e = -40; e <= -8 && fails < 10; e++) {   // Q1.31 ties near the bottom, where it rounds
+        for (int k = 0; k < 64; k++) {
+            const float tie = (float)(((double)k + 0.5) / 2147483648.0);
+            for (float x : {tie, std::nextafter(tie, 1.0f), std::nextafter(tie, -1.0f), -tie, std::ldexp(1.0f + k / 64.0f, e)})
+                check_x(x, fails);
+        }
+    }
+    CHECK(fails == 0);
+}
+
 // float -> BF16 -> float, round to nearest even (finite inputs)
 float bf16_round(float x) {
     uint32_t u;
