@@ -291,7 +291,32 @@ int main(int argc, char** argv) {
         check_q115_boundary("encoded", a.encoded, BT * C);
         check_q115_boundary("ln1", a.ln1, L * BT * C);
         check_q115_boundary("qkv", a.qkv, L * BT * 3 * C);
-        check_q115_boundary("att", a.att, L * (size_t)B * NH * T * T);
+        if (model.flash_attention) {
+            // the fused attention keeps no probabilities: each layer's attention forward is run again on
+            // its stored qkv, writing every stored probability (the kernels are deterministic: the
+            // re-run's output must equal the layer's stored output bit for bit)
+            const size_t n_att = (size_t)B * NH * T * T;
+            floatX* att = (floatX*)cuda_malloc_or_die(L * n_att * sizeof(floatX), "test: probabilities");
+            floatX* out = (floatX*)cuda_malloc_or_die(BT * C * sizeof(floatX), "test: attention output");
+            float* lse = (float*)cuda_malloc_or_die((size_t)B * NH * T * sizeof(float), "test: lse");
+            cudaCheck(cudaMemset(att, 0, L * n_att * sizeof(floatX)));
+            cudaCheck(cudaDeviceSynchronize());   // the forward pass (on the model's stream) is done
+            size_t differ = 0;
+            std::vector<floatX> h_out(BT * C), h_atty(BT * C);
+            for (size_t l = 0; l < L; l++) {
+                flash_attention_forward<Boundaries>(out, lse, a.qkv + l * BT * 3 * C, B, T, (int)NH, (int)(C / NH), 0,
+                                                    att + l * n_att);
+                cudaCheck(cudaMemcpy(h_out.data(), out, BT * C * sizeof(floatX), cudaMemcpyDeviceToHost));
+                cudaCheck(cudaMemcpy(h_atty.data(), a.atty + l * BT * C, BT * C * sizeof(floatX), cudaMemcpyDeviceToHost));
+                differ += memcmp(h_out.data(), h_atty.data(), BT * C * sizeof(floatX)) != 0;
+            }
+            check(differ == 0, strfmt("flash attention re-run with its probabilities written: the output equals the "
+                                      "stored atty in %zu of %zu layers", L - differ, L));
+            check_q115_boundary("att", att, L * n_att);
+            cudaCheck(cudaFree(att)); cudaCheck(cudaFree(out)); cudaCheck(cudaFree(lse));
+        } else {
+            check_q115_boundary("att", a.att, L * (size_t)B * NH * T * T);
+        }
         check_q115_boundary("atty", a.atty, L * BT * C);
         check_q115_boundary("residual2", a.residual2, L * BT * C);
         check_q115_boundary("ln2", a.ln2, L * BT * C);

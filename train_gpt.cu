@@ -228,8 +228,8 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
 #if defined(ENABLE_FP32)
     model->flash_attention = false;
 #else
-    // (a recipe that acts on the softmax output needs it as a tensor: Q1.15)
-    model->flash_attention = (C / NH == 64 || C / NH == 128) && !Boundaries::NEEDS_MATERIALIZED_SOFTMAX;
+    // (a recipe's attention boundaries, Q1.15's, run in the fused kernels too: flash_attention.cuh)
+    model->flash_attention = C / NH == 64 || C / NH == 128;
 #endif
     a.att = nullptr; a.att_lse = nullptr; a.flash_scratch = nullptr;
     a.attn.q = a.attn.k = a.attn.v = a.attn.y = a.attn.scores = nullptr;
@@ -432,7 +432,7 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
                        N, C, 3 * C, training, st);
         PHASE("fwd: attention");
 #if !defined(ENABLE_FP32)
-        if (model->flash_attention) flash_attention_forward(la.atty, la.lse, la.qkv, B, T, NH, HS, st);
+        if (model->flash_attention) flash_attention_forward<Boundaries>(la.atty, la.lse, la.qkv, B, T, NH, HS, st);
         else
 #endif
         attention_forward<Boundaries>(la.atty, la.att, la.qkv, a.attn, B, T, NH, HS, st);
@@ -602,7 +602,7 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
                         a.dresidual_x, la.atty, p.t[P_ATTPROJW] + (size_t)l * C * C, nullptr, N, C, C, st);
         PHASE("bwd: attention");
 #if !defined(ENABLE_FP32)
-        if (model->flash_attention) flash_attention_backward(a.dqkv, a.dbtc, la.qkv, la.atty, la.lse, a.flash_scratch, B, T, NH, HS, st);
+        if (model->flash_attention) flash_attention_backward<Boundaries>(a.dqkv, a.dbtc, la.qkv, la.atty, la.lse, a.flash_scratch, B, T, NH, HS, st);
         else
 #endif
         attention_backward(a.dqkv, a.dbtc, la.qkv, la.att, a.attn, a.dq, a.dk, a.dv, B, T, NH, HS, st);

@@ -19,7 +19,6 @@
 //   constrain_weight(x)  a parameter after init, load or the optimizer step (master and model copy)
 // Constants:
 //   ACTIVE                       false: every hook is the identity (kernels skip the extra work)
-//   NEEDS_MATERIALIZED_SOFTMAX   true: the softmax output must exist as a tensor (no flash attention)
 //   ATTENTION_RESIDUAL_SCALE     residual2 = residual + s * attention branch (the gradient scales too)
 //   MLP_RESIDUAL_SCALE           residual3 = residual2 + s * MLP branch
 //   LOGIT_SCALE                  the classifier's softmax reads s * logits(x) (the gradient scales too)
@@ -36,7 +35,6 @@
 
 struct IdentityBoundaries {
     static constexpr bool ACTIVE = false;
-    static constexpr bool NEEDS_MATERIALIZED_SOFTMAX = false;
     static constexpr bool CONSTRAINS_WEIGHTS = false;
     static constexpr float ATTENTION_RESIDUAL_SCALE = 1.0f;
     static constexpr float MLP_RESIDUAL_SCALE = 1.0f;

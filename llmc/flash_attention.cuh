@@ -34,9 +34,23 @@
 // A second kernel owns a key block and loops over the query blocks that see it (dK, dV in
 // registers). Every output element is written by one thread, once.
 //
+// Recipes with forward boundaries (boundaries.h, Bd::ACTIVE: Q1.15) run the same kernels with the
+// softmax the boundaries prescribe: the score is read through attention_scores(BF16(q.k)), each
+// probability is stored through softmax_output after the normalization, and the output through
+// attention_output (as the materialized path, attention.cuh). A probability quantized after the
+// normalization cannot be accumulated online (O is rescaled by the final sum at the end), so the
+// forward makes two passes over the keys: FWD_STATS computes the log-sum-exp of each row (online max
+// and sum, no V), FWD_OUTPUT recomputes the scores and accumulates O = sum_k P V with the final,
+// quantized P = softmax_output(exp2(x * scale * log2(e) - lse * log2(e))). The backward recomputes
+// P with that same expression, so forward and backward see the same probabilities bit for bit.
+// The hooks see exactly the visible positions (key <= query < T), as in the materialized path; the
+// scores pass attention_scores in all four kernels, so a counting hook (Q1.15 telemetry) counts each
+// score four times and each probability three times (the fractions it reports do not change).
+//
 // Only the BF16 build uses it; the FP32 reference build keeps the materialized path.
 #pragma once
 #include "cuda_common.h"
+#include "boundaries.h"
 
 #if !defined(ENABLE_FP32)
 
@@ -157,6 +171,44 @@ __device__ __forceinline__ void zero_acc(float (&acc)[N][4]) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The softmax under a boundary policy Bd (see the top of the file)
+
+enum FwdPass { FWD_ONE_PASS = 0, FWD_STATS = 1, FWD_OUTPUT = 2 };
+
+__device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// a score q.k (the fp32 accumulator) as the softmax reads it: BF16 (the score GEMM's storage), then
+// the hook; -inf where the position is not visible (the hook does not see it)
+template <class Bd>
+__device__ __forceinline__ float read_score(float s, bool visible) {
+    if constexpr (Bd::ACTIVE) return visible ? Bd::attention_scores(bf16_round(s)) : -INFINITY;
+    else return visible ? s : -INFINITY;
+}
+
+// P[query, key] recomputed from the score s = q.k and nl = -lse[query] * log2(e). Plain:
+// exp(scale * s - lse), in fp32. Active boundaries: the stored probability BF16(softmax_output(p)),
+// p from the score as read_score reads it. 0 where not visible.
+template <class Bd>
+__device__ __forceinline__ float recompute_prob(float s, float scale_log2, float nl, bool visible) {
+    if constexpr (Bd::ACTIVE) {
+        if (!visible) return 0.0f;
+        const float p = fast_exp2(fmaf(Bd::attention_scores(bf16_round(s)), scale_log2, nl));
+        return bf16_round(Bd::softmax_output(p));
+    } else {
+        const float p = fast_exp2(fmaf(s, scale_log2, nl));
+        return visible ? p : 0.0f;
+    }
+}
+
+// an output element (att @ v, fp32) as stored: plain, as is; active, BF16 (the GEMM's storage) then
+// attention_output (rows past T are never stored: not seen by the hook)
+template <class Bd>
+__device__ __forceinline__ float output_value(float o, bool row_valid) {
+    if constexpr (Bd::ACTIVE) return row_valid ? Bd::attention_output(bf16_round(o)) : 0.0f;
+    else return o;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Shared-memory tiles: ROWS x HS bf16, row stride HS + 8 elements (16 bytes of padding makes the
 // 8 row addresses of each ldmatrix phase fall in 8 different 16-byte bank groups).
 
@@ -200,13 +252,17 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* g, int row0, i
 
 // Write a warp's 16 x HS fp32 accumulator (C fragments, n-tiles of 8 columns) into its 16 rows of
 // a tile as bf16, row g scaled by mul0 and row g+8 by mul1.
-template <int HS>
-__device__ __forceinline__ void acc_to_tile(bf16* rows16, const float (&acc)[HS / 8][4], float mul0, float mul1, int lane) {
+// Bd: the forward's output through output_value (valid0 / valid1: rows g / g+8 are before T).
+template <int HS, class Bd = IdentityBoundaries>
+__device__ __forceinline__ void acc_to_tile(bf16* rows16, const float (&acc)[HS / 8][4], float mul0, float mul1, int lane,
+                                            bool valid0 = true, bool valid1 = true) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int n = 0; n < HS / 8; n++) {
-        *reinterpret_cast<uint32_t*>(rows16 + g * Tile<HS>::LDS + n * 8 + 2 * t) = pack_bf16(acc[n][0] * mul0, acc[n][1] * mul0);
-        *reinterpret_cast<uint32_t*>(rows16 + (g + 8) * Tile<HS>::LDS + n * 8 + 2 * t) = pack_bf16(acc[n][2] * mul1, acc[n][3] * mul1);
+        *reinterpret_cast<uint32_t*>(rows16 + g * Tile<HS>::LDS + n * 8 + 2 * t) =
+            pack_bf16(output_value<Bd>(acc[n][0] * mul0, valid0), output_value<Bd>(acc[n][1] * mul0, valid0));
+        *reinterpret_cast<uint32_t*>(rows16 + (g + 8) * Tile<HS>::LDS + n * 8 + 2 * t) =
+            pack_bf16(output_value<Bd>(acc[n][2] * mul1, valid1), output_value<Bd>(acc[n][3] * mul1, valid1));
     }
 }
 
@@ -230,11 +286,14 @@ __device__ __forceinline__ void tile_rows_to_global(bf16* g, long long stride, c
 // query rows, Q fragments in registers; per key tile of KB rows S = Q K^T (16*MT x KB), online
 // softmax, O += P V. The K/V tiles of a step are shared by the NW warps; each warp skips the
 // tiles above its own rows (the CTA's last tile only concerns its last warps).
+// PASS (see the top of the file): FWD_ONE_PASS for plain boundaries; FWD_STATS (writes lse only,
+// reads no V) then FWD_OUTPUT (reads lse, writes out and, when probs is not null, every visible
+// probability into probs (B, NH, T, T), for tests) for active ones.
 
-template <int HS, int MT, int NW, int STAGES, int MINB>
+template <class Bd, int PASS, int HS, int MT, int NW, int STAGES, int MINB>
 __global__ void __launch_bounds__(NW * WARP_SIZE, MINB)
 flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
-                 int T, int NH, float scale_log2) {
+                 int T, int NH, float scale_log2, bf16* __restrict__ probs) {
     constexpr int NTH = NW * WARP_SIZE;
     constexpr int QR = 16 * MT * NW;
     constexpr int KB = FwdCfg<MT, NW, STAGES, MINB>::KB;
@@ -262,7 +321,7 @@ flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __
     auto load_kv = [&](int j) {
         const int st = j % STAGES;
         load_tile<KB, HS, NTH>(sK + st * KTILE, kg, j * KB, T, stride, tid);
-        load_tile<KB, HS, NTH>(sV + st * KTILE, vg, j * KB, T, stride, tid);
+        if (PASS != FWD_STATS) load_tile<KB, HS, NTH>(sV + st * KTILE, vg, j * KB, T, stride, tid);
     };
     // cp.async groups: Q with the first key tile, then one group per key tile (empty ones too,
     // so that "all but the newest STAGES-2 groups are done" always means "tile j has landed")
@@ -276,11 +335,19 @@ flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __
     uint32_t qf[MT][HS / 16][4];        // this warp's query rows as A fragments
     float o[MT][HS / 8][4];             // output accumulators, 16 x HS per m-tile
     float m[MT][2], l[MT][2];           // running max (log2 domain) of rows g and g+8; this thread's part of the sums
+    float nl[MT][2];                    // FWD_OUTPUT: -lse * log2(e) of rows g and g+8
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
         zero_acc(o[mt]);
         m[mt][0] = m[mt][1] = -INFINITY;
         l[mt][0] = l[mt][1] = 0.0f;
+        if constexpr (PASS == FWD_OUTPUT) {
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int row = wq_lo + mt * 16 + g + 8 * hf;
+                nl[mt][hf] = row < T ? -lse[(long long)bh * T + row] * LOG2E : -INFINITY;
+            }
+        }
     }
 
     for (int j = 0; j < nkb; j++) {
@@ -315,94 +382,132 @@ flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __
                 }
             }
         }
-        // causal mask (key > query -> -inf) where the tile reaches past this warp's first row;
-        // keys at or past T are past every valid row, so they are masked too
-        if (j * KB + KB - 1 > wq_lo) {
+        if constexpr (PASS == FWD_ONE_PASS) {
+            // causal mask (key > query -> -inf) where the tile reaches past this warp's first row;
+            // keys at or past T are past every valid row, so they are masked too
+            if (j * KB + KB - 1 > wq_lo) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    const int r0 = wq_lo + mt * 16 + g, r1 = r0 + 8;
+#pragma unroll
+                    for (int n = 0; n < KB / 8; n++) {
+                        const int c = j * KB + n * 8 + 2 * t4;
+                        if (c > r0) s[mt][n][0] = -INFINITY;
+                        if (c + 1 > r0) s[mt][n][1] = -INFINITY;
+                        if (c > r1) s[mt][n][2] = -INFINITY;
+                        if (c + 1 > r1) s[mt][n][3] = -INFINITY;
+                    }
+                }
+            }
+        } else {
+            // active boundaries: every visible score (key <= query < T) through the hooks; FWD_STATS
+            // keeps the score as read, FWD_OUTPUT turns it into the stored probability
+            const bool need_mask = j * KB + KB - 1 > wq_lo || wq_hi >= T;
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                const int r0 = wq_lo + mt * 16 + g, r1 = r0 + 8;
 #pragma unroll
-                for (int n = 0; n < KB / 8; n++) {
-                    const int c = j * KB + n * 8 + 2 * t4;
-                    if (c > r0) s[mt][n][0] = -INFINITY;
-                    if (c + 1 > r0) s[mt][n][1] = -INFINITY;
-                    if (c > r1) s[mt][n][2] = -INFINITY;
-                    if (c + 1 > r1) s[mt][n][3] = -INFINITY;
+                for (int e = 0; e < 4; e++) {
+                    const int row = wq_lo + mt * 16 + g + 8 * (e >> 1);
+#pragma unroll
+                    for (int n = 0; n < KB / 8; n++) {
+                        const int c = j * KB + n * 8 + 2 * t4 + (e & 1);
+                        const bool vis = !need_mask || (c <= row && row < T);
+                        if constexpr (PASS == FWD_STATS) {
+                            s[mt][n][e] = read_score<Bd>(s[mt][n][e], vis);
+                        } else {
+                            s[mt][n][e] = recompute_prob<Bd>(s[mt][n][e], scale_log2, nl[mt][e >> 1], vis);
+                            if (probs != nullptr && vis)
+                                probs[((long long)bh * T + row) * T + c] = __float2bfloat16_rn(s[mt][n][e]);
+                        }
+                    }
                 }
             }
         }
         // online softmax: every row sees key 0 in tile 0, so after tile 0 the maxima are finite
-        // (a row whose keys in a later tile are all masked keeps its max: alpha = 1, P = 0)
+        // (a row whose keys in a later tile are all masked keeps its max: alpha = 1, P = 0). Under
+        // active boundaries the rows past T see nothing; their sums become NaN and are never stored.
+        if constexpr (PASS != FWD_OUTPUT) {
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            float mx0 = -INFINITY, mx1 = -INFINITY;
+            for (int mt = 0; mt < MT; mt++) {
+                float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-            for (int n = 0; n < KB / 8; n++) {
-                mx0 = fmaxf(mx0, fmaxf(s[mt][n][0], s[mt][n][1]));
-                mx1 = fmaxf(mx1, fmaxf(s[mt][n][2], s[mt][n][3]));
-            }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
-            const float mn0 = fmaxf(m[mt][0], mx0 * scale_log2), mn1 = fmaxf(m[mt][1], mx1 * scale_log2);
-            const float alpha0 = fast_exp2(m[mt][0] - mn0), alpha1 = fast_exp2(m[mt][1] - mn1);
-            m[mt][0] = mn0; m[mt][1] = mn1;
-            float sum0 = 0.0f, sum1 = 0.0f;
+                for (int n = 0; n < KB / 8; n++) {
+                    mx0 = fmaxf(mx0, fmaxf(s[mt][n][0], s[mt][n][1]));
+                    mx1 = fmaxf(mx1, fmaxf(s[mt][n][2], s[mt][n][3]));
+                }
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 1));
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
+                const float mn0 = fmaxf(m[mt][0], mx0 * scale_log2), mn1 = fmaxf(m[mt][1], mx1 * scale_log2);
+                const float alpha0 = fast_exp2(m[mt][0] - mn0), alpha1 = fast_exp2(m[mt][1] - mn1);
+                m[mt][0] = mn0; m[mt][1] = mn1;
+                float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-            for (int n = 0; n < KB / 8; n++) {
-                s[mt][n][0] = fast_exp2(fmaf(s[mt][n][0], scale_log2, -mn0));
-                s[mt][n][1] = fast_exp2(fmaf(s[mt][n][1], scale_log2, -mn0));
-                s[mt][n][2] = fast_exp2(fmaf(s[mt][n][2], scale_log2, -mn1));
-                s[mt][n][3] = fast_exp2(fmaf(s[mt][n][3], scale_log2, -mn1));
-                sum0 += s[mt][n][0] + s[mt][n][1];
-                sum1 += s[mt][n][2] + s[mt][n][3];
-            }
-            l[mt][0] = l[mt][0] * alpha0 + sum0;
-            l[mt][1] = l[mt][1] * alpha1 + sum1;
+                for (int n = 0; n < KB / 8; n++) {
+                    s[mt][n][0] = fast_exp2(fmaf(s[mt][n][0], scale_log2, -mn0));
+                    s[mt][n][1] = fast_exp2(fmaf(s[mt][n][1], scale_log2, -mn0));
+                    s[mt][n][2] = fast_exp2(fmaf(s[mt][n][2], scale_log2, -mn1));
+                    s[mt][n][3] = fast_exp2(fmaf(s[mt][n][3], scale_log2, -mn1));
+                    sum0 += s[mt][n][0] + s[mt][n][1];
+                    sum1 += s[mt][n][2] + s[mt][n][3];
+                }
+                l[mt][0] = l[mt][0] * alpha0 + sum0;
+                l[mt][1] = l[mt][1] * alpha1 + sum1;
+                if constexpr (PASS == FWD_ONE_PASS) {
 #pragma unroll
-            for (int n = 0; n < HS / 8; n++) {
-                o[mt][n][0] *= alpha0; o[mt][n][1] *= alpha0;
-                o[mt][n][2] *= alpha1; o[mt][n][3] *= alpha1;
+                    for (int n = 0; n < HS / 8; n++) {
+                        o[mt][n][0] *= alpha0; o[mt][n][1] *= alpha0;
+                        o[mt][n][2] *= alpha1; o[mt][n][3] *= alpha1;
+                    }
+                }
             }
         }
-        // O += P V: the C fragments of S are re-packed as A fragments (k = key); each V fragment
-        // (ldmatrix.trans of the key-major V tile) serves the MT m-tiles
+        // O += P V (not in FWD_STATS: no V): the C fragments of S are re-packed as A fragments
+        // (k = key); each V fragment (ldmatrix.trans of the key-major V tile) serves the MT m-tiles
+        if constexpr (PASS != FWD_STATS) {
 #pragma unroll
-        for (int kk = 0; kk < KB / 16; kk++) {
-            uint32_t pa[MT][4];
+            for (int kk = 0; kk < KB / 16; kk++) {
+                uint32_t pa[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++) c_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+                for (int mt = 0; mt < MT; mt++) c_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
 #pragma unroll
-            for (int dp = 0; dp < HS / 16; dp++) {
-                uint32_t vf[4];
-                ldsm_x4_trans(vf, v_s + off_a<HS>(kk * 16, dp * 16, lane));
+                for (int dp = 0; dp < HS / 16; dp++) {
+                    uint32_t vf[4];
+                    ldsm_x4_trans(vf, v_s + off_a<HS>(kk * 16, dp * 16, lane));
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_16816(o[mt][2 * dp], pa[mt], vf[0], vf[1]);
-                    mma_16816(o[mt][2 * dp + 1], pa[mt], vf[2], vf[3]);
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma_16816(o[mt][2 * dp], pa[mt], vf[0], vf[1]);
+                        mma_16816(o[mt][2 * dp + 1], pa[mt], vf[2], vf[3]);
+                    }
                 }
             }
         }
     }
 
     // finish: full row sums, O / l, lse = ln(sum exp(scale * q.k)); the output goes through this
-    // warp's own rows of the Q tile (its Q is in registers), then out with 16-byte stores
+    // warp's own rows of the Q tile (its Q is in registers), then out with 16-byte stores.
+    // FWD_STATS: lse only; FWD_OUTPUT: O as accumulated (P was final), through the output hook.
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
+        const int row0 = wq_lo + mt * 16 + g;
+        if constexpr (PASS == FWD_OUTPUT) {
+            acc_to_tile<HS, Bd>(sQ + (wr0 + mt * 16) * LDS, o[mt], 1.0f, 1.0f, lane, row0 < T, row0 + 8 < T);
+            continue;
+        }
         float l0 = l[mt][0], l1 = l[mt][1];
         l0 += __shfl_xor_sync(0xffffffff, l0, 1);
         l0 += __shfl_xor_sync(0xffffffff, l0, 2);
         l1 += __shfl_xor_sync(0xffffffff, l1, 1);
         l1 += __shfl_xor_sync(0xffffffff, l1, 2);
-        acc_to_tile<HS>(sQ + (wr0 + mt * 16) * LDS, o[mt], 1.0f / l0, 1.0f / l1, lane);
-        const int row0 = wq_lo + mt * 16 + g;
+        if constexpr (PASS == FWD_ONE_PASS) acc_to_tile<HS>(sQ + (wr0 + mt * 16) * LDS, o[mt], 1.0f / l0, 1.0f / l1, lane);
         if (t4 == 0) {
             float* lse_bh = lse + (long long)bh * T;
             if (row0 < T) lse_bh[row0] = (m[mt][0] + log2f(l0)) * LN2;
             if (row0 + 8 < T) lse_bh[row0 + 8] = (m[mt][1] + log2f(l1)) * LN2;
         }
     }
+    if constexpr (PASS == FWD_STATS) return;
     __syncwarp();
     tile_rows_to_global<16 * MT, HS>(out + ((long long)b * T + wq_lo) * C + (long long)h * HS, C, sQ + wr0 * LDS,
                                      T - wq_lo, lane);
@@ -441,7 +546,7 @@ __device__ __forceinline__ float quad_row_dot(const bf16* a, const bf16* b, bool
     return sum;
 }
 
-template <int HS, int KB, int MT, int NW, int STAGES, int MINB, bool A_IN_REGS>
+template <class Bd, int HS, int KB, int MT, int NW, int STAGES, int MINB, bool A_IN_REGS>
 __global__ void __launch_bounds__(NW * WARP_SIZE, MINB)
 flash_bwd_dq_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, const bf16* __restrict__ dout,
                     const bf16* __restrict__ qkv, const bf16* __restrict__ o_in, const float* __restrict__ lse,
@@ -560,24 +665,20 @@ flash_bwd_dq_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, const bf1
             }
         }
         // P and dS (in place of dP); the causal mask where the tile reaches past the warp's first
-        // row (keys past T are past every valid row; rows past T have P = 0 through nl = -inf)
-        const bool need_mask = j * KB + KB - 1 > wq_lo;
+        // row (keys past T are past every valid row; rows past T have P = 0 through nl = -inf, and
+        // under active boundaries are masked too, so that the hooks never see them)
+        const bool need_mask = j * KB + KB - 1 > wq_lo || (Bd::ACTIVE && wq_hi >= T);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             const int r0 = wq_lo + mt * 16 + g, r1 = r0 + 8;
+            const bool v0 = !Bd::ACTIVE || r0 < T, v1 = !Bd::ACTIVE || r1 < T;
 #pragma unroll
             for (int n = 0; n < KB / 8; n++) {
                 const int c = j * KB + n * 8 + 2 * t4;
-                float p00 = fast_exp2(fmaf(s[mt][n][0], scale_log2, nl[mt][0]));
-                float p01 = fast_exp2(fmaf(s[mt][n][1], scale_log2, nl[mt][0]));
-                float p10 = fast_exp2(fmaf(s[mt][n][2], scale_log2, nl[mt][1]));
-                float p11 = fast_exp2(fmaf(s[mt][n][3], scale_log2, nl[mt][1]));
-                if (need_mask) {
-                    if (c > r0) p00 = 0.0f;
-                    if (c + 1 > r0) p01 = 0.0f;
-                    if (c > r1) p10 = 0.0f;
-                    if (c + 1 > r1) p11 = 0.0f;
-                }
+                const float p00 = recompute_prob<Bd>(s[mt][n][0], scale_log2, nl[mt][0], !need_mask || (c <= r0 && v0));
+                const float p01 = recompute_prob<Bd>(s[mt][n][1], scale_log2, nl[mt][0], !need_mask || (c + 1 <= r0 && v0));
+                const float p10 = recompute_prob<Bd>(s[mt][n][2], scale_log2, nl[mt][1], !need_mask || (c <= r1 && v1));
+                const float p11 = recompute_prob<Bd>(s[mt][n][3], scale_log2, nl[mt][1], !need_mask || (c + 1 <= r1 && v1));
                 dp[mt][n][0] = p00 * (dp[mt][n][0] - Dr[mt][0]);
                 dp[mt][n][1] = p01 * (dp[mt][n][1] - Dr[mt][0]);
                 dp[mt][n][2] = p10 * (dp[mt][n][2] - Dr[mt][1]);
@@ -620,7 +721,7 @@ flash_bwd_dq_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, const bf1
 // fragments for dV += P^T dO and dK += dS^T Q. Every Q / dO fragment read from shared memory
 // serves the MT m-tiles. lse and D of the query tile ride along in the same cp.async group.
 
-template <int HS, int QB, int MT, int NW, int STAGES, int MINB>
+template <class Bd, int HS, int QB, int MT, int NW, int STAGES, int MINB>
 __global__ void __launch_bounds__(NW * WARP_SIZE, MINB)
 flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
                      const float* __restrict__ lse, const float* __restrict__ Dvec,
@@ -743,16 +844,10 @@ flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, con
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 const int key0 = wk_lo + mt * 16 + g, key1 = key0 + 8;   // this thread's two key rows
-                float p00 = fast_exp2(fmaf(sT[mt][n][0], scale_log2, nl0));   // key0, query c
-                float p01 = fast_exp2(fmaf(sT[mt][n][1], scale_log2, nl1));   // key0, query c+1
-                float p10 = fast_exp2(fmaf(sT[mt][n][2], scale_log2, nl0));   // key1, query c
-                float p11 = fast_exp2(fmaf(sT[mt][n][3], scale_log2, nl1));   // key1, query c+1
-                if (need_mask) {
-                    if (key0 > qa || qa >= T) p00 = 0.0f;
-                    if (key0 > qb1 || qb1 >= T) p01 = 0.0f;
-                    if (key1 > qa || qa >= T) p10 = 0.0f;
-                    if (key1 > qb1 || qb1 >= T) p11 = 0.0f;
-                }
+                const float p00 = recompute_prob<Bd>(sT[mt][n][0], scale_log2, nl0, !need_mask || (key0 <= qa && qa < T));   // key0, query c
+                const float p01 = recompute_prob<Bd>(sT[mt][n][1], scale_log2, nl1, !need_mask || (key0 <= qb1 && qb1 < T)); // key0, query c+1
+                const float p10 = recompute_prob<Bd>(sT[mt][n][2], scale_log2, nl0, !need_mask || (key1 <= qa && qa < T));   // key1, query c
+                const float p11 = recompute_prob<Bd>(sT[mt][n][3], scale_log2, nl1, !need_mask || (key1 <= qb1 && qb1 < T)); // key1, query c+1
                 sT[mt][n][0] = p00; sT[mt][n][1] = p01; sT[mt][n][2] = p10; sT[mt][n][3] = p11;
                 dpt[mt][n][0] = p00 * (dpt[mt][n][0] - dq.x);
                 dpt[mt][n][1] = p01 * (dpt[mt][n][1] - dq.y);
@@ -934,14 +1029,19 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&d)[32],
     a[2] = pack_bf16(d[8 * kk + 4], d[8 * kk + 5]);
     a[3] = pack_bf16(d[8 * kk + 6], d[8 * kk + 7]);
 }
-// a warp's 16 rows of a 64 x 64 accumulator into a padded tile as bf16 (rows g and g+8 scaled)
-__device__ __forceinline__ void wg_acc_to_tile(bf16* rows16, const float (&d)[32], float mul0, float mul1, int lane) {
+// a warp's 16 rows of a 64 x 64 accumulator into a padded tile as bf16 (rows g and g+8 scaled;
+// Bd: the forward's output through output_value, valid0 / valid1 as in acc_to_tile)
+template <class Bd = IdentityBoundaries>
+__device__ __forceinline__ void wg_acc_to_tile(bf16* rows16, const float (&d)[32], float mul0, float mul1, int lane,
+                                               bool valid0 = true, bool valid1 = true) {
     const int g = lane >> 2, t = lane & 3;
     constexpr int LDS = Tile<64>::LDS;
 #pragma unroll
     for (int n = 0; n < 8; n++) {
-        *reinterpret_cast<uint32_t*>(rows16 + g * LDS + n * 8 + 2 * t) = pack_bf16(d[4 * n] * mul0, d[4 * n + 1] * mul0);
-        *reinterpret_cast<uint32_t*>(rows16 + (g + 8) * LDS + n * 8 + 2 * t) = pack_bf16(d[4 * n + 2] * mul1, d[4 * n + 3] * mul1);
+        *reinterpret_cast<uint32_t*>(rows16 + g * LDS + n * 8 + 2 * t) =
+            pack_bf16(output_value<Bd>(d[4 * n] * mul0, valid0), output_value<Bd>(d[4 * n + 1] * mul0, valid0));
+        *reinterpret_cast<uint32_t*>(rows16 + (g + 8) * LDS + n * 8 + 2 * t) =
+            pack_bf16(output_value<Bd>(d[4 * n + 2] * mul1, valid1), output_value<Bd>(d[4 * n + 3] * mul1, valid1));
     }
 }
 
@@ -955,15 +1055,17 @@ __device__ __forceinline__ bf16* smem_base_1k() {
 // Forward, HS = 64. Grid (B*NH, ceil(T/128)), heaviest query blocks first; 2 warpgroups, each
 // owning 64 query rows (Q as register A operand), share the K/V tiles of 64 keys (STAGES ring).
 // Per tile: S = Q K^T (4 wgmma, K-major K), mask, online softmax, O += P V (4 wgmma, MN-major V).
+// PASS and probs as in flash_fwd_kernel.
 constexpr int FWG_QR = 128, FWG_KB = 64, FWG_STAGES = 3, FWG_NTH = 2 * WG_THREADS;
 constexpr int FWG_TILE = FWG_KB * 64;   // elements of a swizzled K or V tile
 constexpr int fwd_wg_smem_bytes() {
     return 1024 + 2 * FWG_STAGES * FWG_TILE * (int)sizeof(bf16) + FWG_QR * Tile<64>::LDS * (int)sizeof(bf16);
 }
 
+template <class Bd, int PASS>
 __global__ void __launch_bounds__(FWG_NTH, 2)
 flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
-                       int T, int NH, float scale_log2) {
+                       int T, int NH, float scale_log2, bf16* __restrict__ probs) {
 #if FLASH_WGMMA_DEVICE
     constexpr int HS = 64, LDS = Tile<HS>::LDS;
     bf16* sK = smem_base_1k();                       // [STAGES][64 x 64] swizzled
@@ -989,7 +1091,7 @@ flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf
     auto load_kv = [&](int j) {
         const int st = j % FWG_STAGES;
         load_tile_sw<FWG_KB, FWG_NTH>(sK + st * FWG_TILE, kg, j * FWG_KB, T, stride, tid);
-        load_tile_sw<FWG_KB, FWG_NTH>(sV + st * FWG_TILE, vg, j * FWG_KB, T, stride, tid);
+        if (PASS != FWD_STATS) load_tile_sw<FWG_KB, FWG_NTH>(sV + st * FWG_TILE, vg, j * FWG_KB, T, stride, tid);
     };
     load_tile<FWG_QR, HS, FWG_NTH>(sQ, qg, q0, T, stride, tid);
 #pragma unroll
@@ -1003,6 +1105,11 @@ flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf
 #pragma unroll
     for (int i = 0; i < 32; i++) { s[i] = 0.0f; o[i] = 0.0f; }
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    float nl0 = 0.0f, nl1 = 0.0f;                    // FWD_OUTPUT: -lse * log2(e) of rows r0, r1
+    if constexpr (PASS == FWD_OUTPUT) {
+        nl0 = r0 < T ? -lse[(long long)bh * T + r0] * LOG2E : -INFINITY;
+        nl1 = r1 < T ? -lse[(long long)bh * T + r1] * LOG2E : -INFINITY;
+    }
 
     for (int j = 0; j < nkb; j++) {
         cp_async_wait<FWG_STAGES - 2>();
@@ -1028,70 +1135,99 @@ flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf
         wgmma_wait<0>();
         reg_fence(s);
 
-        if (j * FWG_KB + FWG_KB - 1 > w_lo) {   // the tile reaches past this warp's first row
+        if constexpr (PASS == FWD_ONE_PASS) {
+            if (j * FWG_KB + FWG_KB - 1 > w_lo) {   // the tile reaches past this warp's first row
 #pragma unroll
-            for (int n = 0; n < 8; n++) {
-                const int c = j * FWG_KB + n * 8 + 2 * t4;
-                if (c > r0) s[4 * n] = -INFINITY;
-                if (c + 1 > r0) s[4 * n + 1] = -INFINITY;
-                if (c > r1) s[4 * n + 2] = -INFINITY;
-                if (c + 1 > r1) s[4 * n + 3] = -INFINITY;
+                for (int n = 0; n < 8; n++) {
+                    const int c = j * FWG_KB + n * 8 + 2 * t4;
+                    if (c > r0) s[4 * n] = -INFINITY;
+                    if (c + 1 > r0) s[4 * n + 1] = -INFINITY;
+                    if (c > r1) s[4 * n + 2] = -INFINITY;
+                    if (c + 1 > r1) s[4 * n + 3] = -INFINITY;
+                }
+            }
+        } else {   // active boundaries: as in flash_fwd_kernel
+            const bool need_mask = j * FWG_KB + FWG_KB - 1 > w_lo || w_lo + 15 >= T;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = e < 2 ? r0 : r1;
+#pragma unroll
+                for (int n = 0; n < 8; n++) {
+                    const int c = j * FWG_KB + n * 8 + 2 * t4 + (e & 1);
+                    const bool vis = !need_mask || (c <= row && row < T);
+                    if constexpr (PASS == FWD_STATS) {
+                        s[4 * n + e] = read_score<Bd>(s[4 * n + e], vis);
+                    } else {
+                        s[4 * n + e] = recompute_prob<Bd>(s[4 * n + e], scale_log2, e < 2 ? nl0 : nl1, vis);
+                        if (probs != nullptr && vis) probs[((long long)bh * T + row) * T + c] = __float2bfloat16_rn(s[4 * n + e]);
+                    }
+                }
             }
         }
-        float mx0 = -INFINITY, mx1 = -INFINITY;
+        if constexpr (PASS != FWD_OUTPUT) {   // online softmax (rows past T: as in flash_fwd_kernel)
+            float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-        for (int n = 0; n < 8; n++) {
-            mx0 = fmaxf(mx0, fmaxf(s[4 * n], s[4 * n + 1]));
-            mx1 = fmaxf(mx1, fmaxf(s[4 * n + 2], s[4 * n + 3]));
+            for (int n = 0; n < 8; n++) {
+                mx0 = fmaxf(mx0, fmaxf(s[4 * n], s[4 * n + 1]));
+                mx1 = fmaxf(mx1, fmaxf(s[4 * n + 2], s[4 * n + 3]));
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
+            const float mn0 = fmaxf(m0, mx0 * scale_log2), mn1 = fmaxf(m1, mx1 * scale_log2);
+            const float alpha0 = fast_exp2(m0 - mn0), alpha1 = fast_exp2(m1 - mn1);
+            m0 = mn0; m1 = mn1;
+            float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+            for (int n = 0; n < 8; n++) {
+                s[4 * n] = fast_exp2(fmaf(s[4 * n], scale_log2, -mn0));
+                s[4 * n + 1] = fast_exp2(fmaf(s[4 * n + 1], scale_log2, -mn0));
+                s[4 * n + 2] = fast_exp2(fmaf(s[4 * n + 2], scale_log2, -mn1));
+                s[4 * n + 3] = fast_exp2(fmaf(s[4 * n + 3], scale_log2, -mn1));
+                sum0 += s[4 * n] + s[4 * n + 1];
+                sum1 += s[4 * n + 2] + s[4 * n + 3];
+            }
+            l0 = l0 * alpha0 + sum0;
+            l1 = l1 * alpha1 + sum1;
+            if constexpr (PASS == FWD_ONE_PASS) {
+#pragma unroll
+                for (int n = 0; n < 8; n++) {
+                    o[4 * n] *= alpha0; o[4 * n + 1] *= alpha0;
+                    o[4 * n + 2] *= alpha1; o[4 * n + 3] *= alpha1;
+                }
+            }
         }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0 * scale_log2), mn1 = fmaxf(m1, mx1 * scale_log2);
-        const float alpha0 = fast_exp2(m0 - mn0), alpha1 = fast_exp2(m1 - mn1);
-        m0 = mn0; m1 = mn1;
-        float sum0 = 0.0f, sum1 = 0.0f;
+        if constexpr (PASS != FWD_STATS) {   // O += P V (FWD_STATS reads no V)
+            uint32_t pa[4][4];
 #pragma unroll
-        for (int n = 0; n < 8; n++) {
-            s[4 * n] = fast_exp2(fmaf(s[4 * n], scale_log2, -mn0));
-            s[4 * n + 1] = fast_exp2(fmaf(s[4 * n + 1], scale_log2, -mn0));
-            s[4 * n + 2] = fast_exp2(fmaf(s[4 * n + 2], scale_log2, -mn1));
-            s[4 * n + 3] = fast_exp2(fmaf(s[4 * n + 3], scale_log2, -mn1));
-            sum0 += s[4 * n] + s[4 * n + 1];
-            sum1 += s[4 * n + 2] + s[4 * n + 3];
+            for (int kk = 0; kk < 4; kk++) acc_to_a(pa[kk], s, kk);
+            reg_fence(pa);
+            reg_fence(o);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wgmma_rs<1>(o, pa[kk], desc_mn(v_s, kk), 1);
+            wgmma_commit();
+            wgmma_wait<0>();
+            reg_fence(o);
         }
-        l0 = l0 * alpha0 + sum0;
-        l1 = l1 * alpha1 + sum1;
-#pragma unroll
-        for (int n = 0; n < 8; n++) {
-            o[4 * n] *= alpha0; o[4 * n + 1] *= alpha0;
-            o[4 * n + 2] *= alpha1; o[4 * n + 3] *= alpha1;
-        }
-        // O += P V
-        uint32_t pa[4][4];
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) acc_to_a(pa[kk], s, kk);
-        reg_fence(pa);
-        reg_fence(o);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) wgmma_rs<1>(o, pa[kk], desc_mn(v_s, kk), 1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence(o);
     }
 
-    l0 += __shfl_xor_sync(0xffffffff, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffff, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffff, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffff, l1, 2);
     bf16* rows16 = sQ + (64 * wg + 16 * wq) * LDS;   // this warp's own Q rows (read only by this warp)
-    wg_acc_to_tile(rows16, o, 1.0f / l0, 1.0f / l1, lane);
-    if (t4 == 0) {
-        float* lse_bh = lse + (long long)bh * T;
-        if (r0 < T) lse_bh[r0] = (m0 + log2f(l0)) * LN2;
-        if (r1 < T) lse_bh[r1] = (m1 + log2f(l1)) * LN2;
+    if constexpr (PASS == FWD_OUTPUT) {
+        wg_acc_to_tile<Bd>(rows16, o, 1.0f, 1.0f, lane, r0 < T, r1 < T);
+    } else {
+        l0 += __shfl_xor_sync(0xffffffff, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffff, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffff, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffff, l1, 2);
+        if constexpr (PASS == FWD_ONE_PASS) wg_acc_to_tile(rows16, o, 1.0f / l0, 1.0f / l1, lane);
+        if (t4 == 0) {
+            float* lse_bh = lse + (long long)bh * T;
+            if (r0 < T) lse_bh[r0] = (m0 + log2f(l0)) * LN2;
+            if (r1 < T) lse_bh[r1] = (m1 + log2f(l1)) * LN2;
+        }
+        if constexpr (PASS == FWD_STATS) return;
     }
     __syncwarp();
     tile_rows_to_global<16, HS>(out + ((long long)b * T + w_lo) * C + (long long)h * HS, C, rows16, T - w_lo, lane);
@@ -1109,6 +1245,7 @@ constexpr int dq_wg_smem_bytes() {
     return 1024 + 2 * DQWG_STAGES * DQWG_TILE * (int)sizeof(bf16) + 2 * 64 * Tile<64>::LDS * (int)sizeof(bf16);
 }
 
+template <class Bd>
 __global__ void __launch_bounds__(WG_THREADS, 3)
 flash_bwd_dq_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, const bf16* __restrict__ dout,
                           const bf16* __restrict__ qkv, const bf16* __restrict__ o_in, const float* __restrict__ lse,
@@ -1192,21 +1329,17 @@ flash_bwd_dq_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, con
         reg_fence(s);
         reg_fence(dp);
 
-        // dS = P * (dP - D) in place of dP; the causal mask where the tile reaches past the warp's first row
-        const bool need_mask = j * DQWG_KB + DQWG_KB - 1 > w_lo;
+        // dS = P * (dP - D) in place of dP; the causal mask where the tile reaches past the warp's
+        // first row (and, under active boundaries, where the warp has rows past T: flash_bwd_dq_kernel)
+        const bool need_mask = j * DQWG_KB + DQWG_KB - 1 > w_lo || (Bd::ACTIVE && w_lo + 15 >= T);
+        const bool v0 = !Bd::ACTIVE || r0 < T, v1 = !Bd::ACTIVE || r1 < T;
 #pragma unroll
         for (int n = 0; n < 8; n++) {
             const int c = j * DQWG_KB + n * 8 + 2 * t4;
-            float p00 = fast_exp2(fmaf(s[4 * n], scale_log2, nl0));
-            float p01 = fast_exp2(fmaf(s[4 * n + 1], scale_log2, nl0));
-            float p10 = fast_exp2(fmaf(s[4 * n + 2], scale_log2, nl1));
-            float p11 = fast_exp2(fmaf(s[4 * n + 3], scale_log2, nl1));
-            if (need_mask) {
-                if (c > r0) p00 = 0.0f;
-                if (c + 1 > r0) p01 = 0.0f;
-                if (c > r1) p10 = 0.0f;
-                if (c + 1 > r1) p11 = 0.0f;
-            }
+            const float p00 = recompute_prob<Bd>(s[4 * n], scale_log2, nl0, !need_mask || (c <= r0 && v0));
+            const float p01 = recompute_prob<Bd>(s[4 * n + 1], scale_log2, nl0, !need_mask || (c + 1 <= r0 && v0));
+            const float p10 = recompute_prob<Bd>(s[4 * n + 2], scale_log2, nl1, !need_mask || (c <= r1 && v1));
+            const float p11 = recompute_prob<Bd>(s[4 * n + 3], scale_log2, nl1, !need_mask || (c + 1 <= r1 && v1));
             dp[4 * n] = p00 * (dp[4 * n] - D0);
             dp[4 * n + 1] = p01 * (dp[4 * n + 1] - D0);
             dp[4 * n + 2] = p10 * (dp[4 * n + 2] - D1);
@@ -1247,6 +1380,7 @@ constexpr int dkv_wg_smem_bytes() {
            2 * DKVWG_STAGES * DKVWG_QB * (int)sizeof(float);
 }
 
+template <class Bd>
 __global__ void __launch_bounds__(WG_THREADS, 3)
 flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
                            const float* __restrict__ lse, const float* __restrict__ Dvec,
@@ -1337,16 +1471,10 @@ flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dou
             const float2 dq = *reinterpret_cast<const float2*>(d_s + c);
             const float nl0 = -lq.x * LOG2E, nl1 = -lq.y * LOG2E;
             const int qa = qs + c, qb1 = qa + 1;
-            float p00 = fast_exp2(fmaf(st_[4 * n], scale_log2, nl0));       // key0, query c
-            float p01 = fast_exp2(fmaf(st_[4 * n + 1], scale_log2, nl1));   // key0, query c+1
-            float p10 = fast_exp2(fmaf(st_[4 * n + 2], scale_log2, nl0));   // key1, query c
-            float p11 = fast_exp2(fmaf(st_[4 * n + 3], scale_log2, nl1));   // key1, query c+1
-            if (need_mask) {
-                if (key0 > qa || qa >= T) p00 = 0.0f;
-                if (key0 > qb1 || qb1 >= T) p01 = 0.0f;
-                if (key1 > qa || qa >= T) p10 = 0.0f;
-                if (key1 > qb1 || qb1 >= T) p11 = 0.0f;
-            }
+            const float p00 = recompute_prob<Bd>(st_[4 * n], scale_log2, nl0, !need_mask || (key0 <= qa && qa < T));       // key0, query c
+            const float p01 = recompute_prob<Bd>(st_[4 * n + 1], scale_log2, nl1, !need_mask || (key0 <= qb1 && qb1 < T));   // key0, query c+1
+            const float p10 = recompute_prob<Bd>(st_[4 * n + 2], scale_log2, nl0, !need_mask || (key1 <= qa && qa < T));     // key1, query c
+            const float p11 = recompute_prob<Bd>(st_[4 * n + 3], scale_log2, nl1, !need_mask || (key1 <= qb1 && qb1 < T));   // key1, query c+1
             st_[4 * n] = p00; st_[4 * n + 1] = p01; st_[4 * n + 2] = p10; st_[4 * n + 3] = p11;
             dpt[4 * n] = p00 * (dpt[4 * n] - dq.x);
             dpt[4 * n + 1] = p01 * (dpt[4 * n + 1] - dq.y);
@@ -1431,101 +1559,115 @@ inline bool wgmma_built() {
     return built == 1;
 }
 
-template <int HS>
-void forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, cudaStream_t stream) {
+// one forward pass (PASS) of the kernels
+template <class Bd, int PASS, int HS>
+void forward_pass_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, bf16* probs,
+                         cudaStream_t stream) {
+    const float scale_log2 = LOG2E / sqrtf((float)HS);
     if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
         constexpr int smem = fwd_wg_smem_bytes();
+        auto kernel = flash_fwd_wgmma_kernel<Bd, PASS>;
         static bool configured = false;
         if (!configured) {
-            cudaCheck(cudaFuncSetAttribute(flash_fwd_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
             configured = true;
         }
         dim3 grid(B * NH, ceil_div(T, FWG_QR));
-        flash_fwd_wgmma_kernel<<<grid, FWG_NTH, smem, stream>>>(out, lse, qkv, T, NH, LOG2E / sqrtf((float)HS));
+        kernel<<<grid, FWG_NTH, smem, stream>>>(out, lse, qkv, T, NH, scale_log2, probs);
         cudaCheckLaunch();
         return;
     }
     typedef typename Config<HS>::Fwd F;
     constexpr int smem = fwd_smem_bytes<HS>();
-    auto kernel = flash_fwd_kernel<HS, F::MT, F::NW, F::STAGES, F::MINB>;
+    auto kernel = flash_fwd_kernel<Bd, PASS, HS, F::MT, F::NW, F::STAGES, F::MINB>;
     static bool configured = false;
     if (!configured) {
         cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         configured = true;
     }
-    const float scale_log2 = LOG2E / sqrtf((float)HS);
     dim3 grid(B * NH, ceil_div(T, fwd_rows<HS>()));
-    kernel<<<grid, F::NW * WARP_SIZE, smem, stream>>>(out, lse, qkv, T, NH, scale_log2);
+    kernel<<<grid, F::NW * WARP_SIZE, smem, stream>>>(out, lse, qkv, T, NH, scale_log2, probs);
     cudaCheckLaunch();
 }
 
+// plain: one pass; active boundaries: the statistics pass, then the output pass (top of the file)
+template <class Bd, int HS>
+void forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, bf16* probs, cudaStream_t stream) {
+    if constexpr (Bd::ACTIVE) {
+        forward_pass_launch<Bd, FWD_STATS, HS>(out, lse, qkv, B, T, NH, nullptr, stream);
+        forward_pass_launch<Bd, FWD_OUTPUT, HS>(out, lse, qkv, B, T, NH, probs, stream);
+    } else {
+        forward_pass_launch<Bd, FWD_ONE_PASS, HS>(out, lse, qkv, B, T, NH, nullptr, stream);
+    }
+}
+
 // backward step 1: dQ, and D = rowsum(dout * out) into Dvec (B, NH, T)
-template <int HS>
+template <class Bd, int HS>
 void backward_dq_launch(floatX* dqkv, float* Dvec, const floatX* dout, const floatX* qkv, const floatX* out,
                         const float* lse, int B, int T, int NH, cudaStream_t stream) {
+    const float scale = 1.0f / sqrtf((float)HS);
     if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
         constexpr int smem = dq_wg_smem_bytes();
+        auto kernel = flash_bwd_dq_wgmma_kernel<Bd>;
         static bool configured = false;
         if (!configured) {
-            cudaCheck(cudaFuncSetAttribute(flash_bwd_dq_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
             configured = true;
         }
-        const float scale = 1.0f / sqrtf((float)HS);
         dim3 grid(B * NH, ceil_div(T, 64));
-        flash_bwd_dq_wgmma_kernel<<<grid, WG_THREADS, smem, stream>>>(dqkv, Dvec, dout, qkv, out, lse, T, NH, LOG2E * scale, scale);
+        kernel<<<grid, WG_THREADS, smem, stream>>>(dqkv, Dvec, dout, qkv, out, lse, T, NH, LOG2E * scale, scale);
         cudaCheckLaunch();
         return;
     }
     typedef typename Config<HS>::Dq F;
     constexpr int smem = dq_smem_bytes<HS>();
-    auto kernel = flash_bwd_dq_kernel<HS, F::KB, F::MT, F::NW, F::STAGES, F::MINB, F::A_IN_REGS>;
+    auto kernel = flash_bwd_dq_kernel<Bd, HS, F::KB, F::MT, F::NW, F::STAGES, F::MINB, F::A_IN_REGS>;
     static bool configured = false;
     if (!configured) {
         cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         configured = true;
     }
-    const float scale = 1.0f / sqrtf((float)HS);
     dim3 grid(B * NH, ceil_div(T, dq_rows<HS>()));
     kernel<<<grid, F::NW * WARP_SIZE, smem, stream>>>(dqkv, Dvec, dout, qkv, out, lse, T, NH, LOG2E * scale, scale);
     cudaCheckLaunch();
 }
 
 // backward step 2: dK and dV; reads the Dvec written by step 1
-template <int HS>
+template <class Bd, int HS>
 void backward_dkv_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* Dvec,
                          int B, int T, int NH, cudaStream_t stream) {
+    const float scale = 1.0f / sqrtf((float)HS);
     if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
         constexpr int smem = dkv_wg_smem_bytes();
+        auto kernel = flash_bwd_dkv_wgmma_kernel<Bd>;
         static bool configured = false;
         if (!configured) {
-            cudaCheck(cudaFuncSetAttribute(flash_bwd_dkv_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
             configured = true;
         }
-        const float scale = 1.0f / sqrtf((float)HS);
         dim3 grid(B * NH, ceil_div(T, 64));
-        flash_bwd_dkv_wgmma_kernel<<<grid, WG_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, Dvec, T, NH, LOG2E * scale, scale);
+        kernel<<<grid, WG_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, Dvec, T, NH, LOG2E * scale, scale);
         cudaCheckLaunch();
         return;
     }
     typedef typename Config<HS>::Dkv F;
     constexpr int smem = dkv_smem_bytes<HS>();
-    auto kernel = flash_bwd_dkv_kernel<HS, F::QB, F::MT, F::NW, F::STAGES, F::MINB>;
+    auto kernel = flash_bwd_dkv_kernel<Bd, HS, F::QB, F::MT, F::NW, F::STAGES, F::MINB>;
     static bool configured = false;
     if (!configured) {
         cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         configured = true;
     }
-    const float scale = 1.0f / sqrtf((float)HS);
     dim3 grid(B * NH, ceil_div(T, dkv_rows<HS>()));
     kernel<<<grid, F::NW * WARP_SIZE, smem, stream>>>(dqkv, dout, qkv, lse, Dvec, T, NH, LOG2E * scale, scale);
     cudaCheckLaunch();
 }
 
-template <int HS>
+template <class Bd, int HS>
 void backward_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
                      float* Dvec, int B, int T, int NH, cudaStream_t stream) {
-    backward_dq_launch<HS>(dqkv, Dvec, dout, qkv, out, lse, B, T, NH, stream);
-    backward_dkv_launch<HS>(dqkv, dout, qkv, lse, Dvec, B, T, NH, stream);
+    backward_dq_launch<Bd, HS>(dqkv, Dvec, dout, qkv, out, lse, B, T, NH, stream);
+    backward_dkv_launch<Bd, HS>(dqkv, dout, qkv, lse, Dvec, B, T, NH, stream);
 }
 
 } // namespace flash_detail
@@ -1533,12 +1675,20 @@ void backward_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const 
 // ---------------------------------------------------------------------------------------------
 // API
 
-// out: (B,T,C); lse: (B,NH,T) FP32 log-sum-exp of each query row's scaled scores (kept for backward)
+// out: (B,T,C); lse: (B,NH,T) FP32 log-sum-exp of each query row's scaled scores (kept for backward).
+// Bd: the recipe's boundary policy (boundaries.h); with active boundaries, probs (tests only, may be
+// null) receives every visible stored probability at [b, h, query, key] of a (B,NH,T,T) tensor
+// (positions above the diagonal are not written).
+template <class Bd = IdentityBoundaries>
 inline void flash_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int HS,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, floatX* probs = nullptr) {
     flash_detail::check_args(out, qkv, qkv, T, HS, "flash_attention_forward");
-    if (HS == 64) flash_detail::forward_launch<64>(out, lse, qkv, B, T, NH, stream);
-    else flash_detail::forward_launch<128>(out, lse, qkv, B, T, NH, stream);
+    if (probs != nullptr && !Bd::ACTIVE) {
+        fprintf(stderr, "error: flash_attention_forward: probs is only written under active boundaries\n");
+        exit(1);
+    }
+    if (HS == 64) flash_detail::forward_launch<Bd, 64>(out, lse, qkv, B, T, NH, probs, stream);
+    else flash_detail::forward_launch<Bd, 128>(out, lse, qkv, B, T, NH, probs, stream);
 }
 
 // bytes of device scratch flash_attention_backward needs: D = rowsum(dout * out), (B,NH,T) FP32
@@ -1548,15 +1698,16 @@ inline size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int H
 }
 
 // dqkv: (B,T,3C) written in full (dq | dk | dv in the layout of qkv); dout: (B,T,C); out, lse from
-// the forward pass; scratch: flash_attention_backward_scratch_bytes(B,T,NH,HS) bytes of device memory.
+// the forward pass (of the same Bd); scratch: flash_attention_backward_scratch_bytes(B,T,NH,HS) bytes.
+template <class Bd = IdentityBoundaries>
 inline void flash_attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out,
                                      const float* lse, void* scratch, int B, int T, int NH, int HS,
                                      cudaStream_t stream) {
     flash_detail::check_args(dqkv, dout, qkv, T, HS, "flash_attention_backward");
     flash_detail::check_args(out, out, out, T, HS, "flash_attention_backward");
     float* Dvec = static_cast<float*>(scratch);
-    if (HS == 64) flash_detail::backward_launch<64>(dqkv, dout, qkv, out, lse, Dvec, B, T, NH, stream);
-    else flash_detail::backward_launch<128>(dqkv, dout, qkv, out, lse, Dvec, B, T, NH, stream);
+    if (HS == 64) flash_detail::backward_launch<Bd, 64>(dqkv, dout, qkv, out, lse, Dvec, B, T, NH, stream);
+    else flash_detail::backward_launch<Bd, 128>(dqkv, dout, qkv, out, lse, Dvec, B, T, NH, stream);
 }
 
 #endif // !defined(ENABLE_FP32)

@@ -9,7 +9,10 @@
 //                     post-GEMM kernel below), the attention scores q.k and att @ v, the LM head
 //   attention         the expansion scale is 1.0 (the score GEMM's alpha); softmax reads its input
 //                     through simulate_q115, times the usual 1/sqrt(head size), and stores
-//                     simulate_q115(ev * norm)
+//                     simulate_q115(ev * norm). Head sizes 64 and 128 run it in the fused flash
+//                     attention kernels (two passes over the keys: flash_attention.cuh), others
+//                     in the materialized path (attention.cuh); the same values either way, up to
+//                     the order of the fp32 sums
 //   logits            read through simulate_q115, logit scale 1.0 (legacy builds: 24.0)
 //   norm / residual   every LayerNorm output and every residual add, clamped to +-0.999 and quantized;
 //                     residual branch scales 1.0 / 1.0 (legacy builds: 0.65 attention, 0.75 MLP)
@@ -116,9 +119,10 @@ LLMC_BD float q115_range(int which) {
 #endif
 }
 
-// Counts per boundary (of x / range: "clamped" is |x| > 0.999 * range). A kernel may pass a value through its hook more than once (the softmax
-// reads each score three times, the classifier each logit twice); every count grows alike, so the
-// fractions are unchanged.
+// Counts per boundary (of x / range: "clamped" is |x| > 0.999 * range). A kernel may pass a value
+// through its hook more than once (the materialized softmax reads each score three times, the flash
+// attention's four kernels each once, the classifier each logit twice); every count grows alike, so
+// the fractions are unchanged.
 struct Q115Counters {
     unsigned long long seen, clamped, flushed;
     unsigned int amax_bits; // |x| as float bits (non-negative floats order like their bits)
@@ -174,7 +178,6 @@ LLMC_BD float q115_read(int which, float x) {
 // nothing. The GELU reads a stored BF16 tensor, where the clamp value became 1.0, so it re-reads.
 struct Q115Boundaries {
     static constexpr bool ACTIVE = true;
-    static constexpr bool NEEDS_MATERIALIZED_SOFTMAX = true;
     static constexpr bool CONSTRAINS_WEIGHTS = Q115_CONSTRAIN_WEIGHTS != 0;
     static constexpr float ATTENTION_RESIDUAL_SCALE = Q115_ATTENTION_RESIDUAL_SCALE;
     static constexpr float MLP_RESIDUAL_SCALE = Q115_MLP_RESIDUAL_SCALE;

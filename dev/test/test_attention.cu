@@ -298,12 +298,12 @@ static void time_case(int B, int NH, int T, int HS) {
     // the backward's two kernels alone (step 1 writes the D that step 2 reads; both see the same inputs)
     float* Dvec = static_cast<float*>(scratch);
     double f_dq = median_ms([&] {
-        if (HS == 64) flash_detail::backward_dq_launch<64>(dqkv, Dvec, dout, qkv, out, lse, B, T, NH, 0);
-        else flash_detail::backward_dq_launch<128>(dqkv, Dvec, dout, qkv, out, lse, B, T, NH, 0);
+        if (HS == 64) flash_detail::backward_dq_launch<IdentityBoundaries, 64>(dqkv, Dvec, dout, qkv, out, lse, B, T, NH, 0);
+        else flash_detail::backward_dq_launch<IdentityBoundaries, 128>(dqkv, Dvec, dout, qkv, out, lse, B, T, NH, 0);
     });
     double f_dkv = median_ms([&] {
-        if (HS == 64) flash_detail::backward_dkv_launch<64>(dqkv, dout, qkv, lse, Dvec, B, T, NH, 0);
-        else flash_detail::backward_dkv_launch<128>(dqkv, dout, qkv, lse, Dvec, B, T, NH, 0);
+        if (HS == 64) flash_detail::backward_dkv_launch<IdentityBoundaries, 64>(dqkv, dout, qkv, lse, Dvec, B, T, NH, 0);
+        else flash_detail::backward_dkv_launch<IdentityBoundaries, 128>(dqkv, dout, qkv, lse, Dvec, B, T, NH, 0);
     });
     cudaCheck(cudaDeviceSynchronize());
 
