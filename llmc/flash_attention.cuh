@@ -177,12 +177,13 @@ enum FwdPass { FWD_ONE_PASS = 0, FWD_STATS = 1, FWD_OUTPUT = 2 };
 
 __device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-// a score q.k (the fp32 accumulator) as the softmax reads it: BF16 (the score GEMM's storage), then
-// the hook; -inf where the position is not visible (the hook does not see it)
+// a score q.k (the fp32 accumulator) as the softmax reads it under active boundaries (FWD_STATS):
+// BF16 (the score GEMM's storage), then the hook; -inf where the position is not visible (the hook
+// does not see it)
 template <class Bd>
 __device__ __forceinline__ float read_score(float s, bool visible) {
-    if constexpr (Bd::ACTIVE) return visible ? Bd::attention_scores(bf16_round(s)) : -INFINITY;
-    else return visible ? s : -INFINITY;
+    static_assert(Bd::ACTIVE, "plain boundaries read the scores as they are (FWD_ONE_PASS)");
+    return visible ? Bd::attention_scores(bf16_round(s)) : -INFINITY;
 }
 
 // P[query, key] recomputed from the score s = q.k and nl = -lse[query] * log2(e). Plain:
@@ -1559,6 +1560,16 @@ inline bool wgmma_built() {
     return built == 1;
 }
 
+// Let KERNEL use `smem` bytes of dynamic shared memory (above the default 48 KB), once per kernel
+template <auto KERNEL>
+void allow_dynamic_smem(int smem) {
+    static bool done = false;
+    if (!done) {
+        cudaCheck(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        done = true;
+    }
+}
+
 // one forward pass (PASS) of the kernels
 template <class Bd, int PASS, int HS>
 void forward_pass_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, bf16* probs,
@@ -1566,12 +1577,8 @@ void forward_pass_launch(floatX* out, float* lse, const floatX* qkv, int B, int 
     const float scale_log2 = LOG2E / sqrtf((float)HS);
     if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
         constexpr int smem = fwd_wg_smem_bytes();
-        auto kernel = flash_fwd_wgmma_kernel<Bd, PASS>;
-        static bool configured = false;
-        if (!configured) {
-            cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-            configured = true;
-        }
+        constexpr auto kernel = flash_fwd_wgmma_kernel<Bd, PASS>;
+        allow_dynamic_smem<kernel>(smem);
         dim3 grid(B * NH, ceil_div(T, FWG_QR));
         kernel<<<grid, FWG_NTH, smem, stream>>>(out, lse, qkv, T, NH, scale_log2, probs);
         cudaCheckLaunch();
@@ -1579,12 +1586,8 @@ void forward_pass_launch(floatX* out, float* lse, const floatX* qkv, int B, int 
     }
     typedef typename Config<HS>::Fwd F;
     constexpr int smem = fwd_smem_bytes<HS>();
-    auto kernel = flash_fwd_kernel<Bd, PASS, HS, F::MT, F::NW, F::STAGES, F::MINB>;
-    static bool configured = false;
-    if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        configured = true;
-    }
+    constexpr auto kernel = flash_fwd_kernel<Bd, PASS, HS, F::MT, F::NW, F::STAGES, F::MINB>;
+    allow_dynamic_smem<kernel>(smem);
     dim3 grid(B * NH, ceil_div(T, fwd_rows<HS>()));
     kernel<<<grid, F::NW * WARP_SIZE, smem, stream>>>(out, lse, qkv, T, NH, scale_log2, probs);
     cudaCheckLaunch();
@@ -1608,12 +1611,8 @@ void backward_dq_launch(floatX* dqkv, float* Dvec, const floatX* dout, const flo
     const float scale = 1.0f / sqrtf((float)HS);
     if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
         constexpr int smem = dq_wg_smem_bytes();
-        auto kernel = flash_bwd_dq_wgmma_kernel<Bd>;
-        static bool configured = false;
-        if (!configured) {
-            cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-            configured = true;
-        }
+        constexpr auto kernel = flash_bwd_dq_wgmma_kernel<Bd>;
+        allow_dynamic_smem<kernel>(smem);
         dim3 grid(B * NH, ceil_div(T, 64));
         kernel<<<grid, WG_THREADS, smem, stream>>>(dqkv, Dvec, dout, qkv, out, lse, T, NH, LOG2E * scale, scale);
         cudaCheckLaunch();
@@ -1621,12 +1620,8 @@ void backward_dq_launch(floatX* dqkv, float* Dvec, const floatX* dout, const flo
     }
     typedef typename Config<HS>::Dq F;
     constexpr int smem = dq_smem_bytes<HS>();
-    auto kernel = flash_bwd_dq_kernel<Bd, HS, F::KB, F::MT, F::NW, F::STAGES, F::MINB, F::A_IN_REGS>;
-    static bool configured = false;
-    if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        configured = true;
-    }
+    constexpr auto kernel = flash_bwd_dq_kernel<Bd, HS, F::KB, F::MT, F::NW, F::STAGES, F::MINB, F::A_IN_REGS>;
+    allow_dynamic_smem<kernel>(smem);
     dim3 grid(B * NH, ceil_div(T, dq_rows<HS>()));
     kernel<<<grid, F::NW * WARP_SIZE, smem, stream>>>(dqkv, Dvec, dout, qkv, out, lse, T, NH, LOG2E * scale, scale);
     cudaCheckLaunch();
@@ -1639,12 +1634,8 @@ void backward_dkv_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, co
     const float scale = 1.0f / sqrtf((float)HS);
     if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
         constexpr int smem = dkv_wg_smem_bytes();
-        auto kernel = flash_bwd_dkv_wgmma_kernel<Bd>;
-        static bool configured = false;
-        if (!configured) {
-            cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-            configured = true;
-        }
+        constexpr auto kernel = flash_bwd_dkv_wgmma_kernel<Bd>;
+        allow_dynamic_smem<kernel>(smem);
         dim3 grid(B * NH, ceil_div(T, 64));
         kernel<<<grid, WG_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, Dvec, T, NH, LOG2E * scale, scale);
         cudaCheckLaunch();
@@ -1652,12 +1643,8 @@ void backward_dkv_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, co
     }
     typedef typename Config<HS>::Dkv F;
     constexpr int smem = dkv_smem_bytes<HS>();
-    auto kernel = flash_bwd_dkv_kernel<Bd, HS, F::QB, F::MT, F::NW, F::STAGES, F::MINB>;
-    static bool configured = false;
-    if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        configured = true;
-    }
+    constexpr auto kernel = flash_bwd_dkv_kernel<Bd, HS, F::QB, F::MT, F::NW, F::STAGES, F::MINB>;
+    allow_dynamic_smem<kernel>(smem);
     dim3 grid(B * NH, ceil_div(T, dkv_rows<HS>()));
     kernel<<<grid, F::NW * WARP_SIZE, smem, stream>>>(dqkv, dout, qkv, lse, Dvec, T, NH, LOG2E * scale, scale);
     cudaCheckLaunch();

@@ -51,6 +51,27 @@ static std::vector<T> to_host(const T* d, size_t n) {
     return h;
 }
 
+// median GPU time in ms of `iters` runs of f (after `warmup` runs), timed with CUDA events on stream 0
+template <typename F>
+static double median_ms(F&& f, int warmup = 3, int iters = 20) {
+    for (int i = 0; i < warmup; i++) f();
+    cudaEvent_t e0, e1;
+    cudaCheck(cudaEventCreate(&e0));
+    cudaCheck(cudaEventCreate(&e1));
+    std::vector<float> ms(iters);
+    for (int i = 0; i < iters; i++) {
+        cudaCheck(cudaEventRecord(e0, 0));
+        f();
+        cudaCheck(cudaEventRecord(e1, 0));
+        cudaCheck(cudaEventSynchronize(e1));
+        cudaCheck(cudaEventElapsedTime(&ms[i], e0, e1));
+    }
+    cudaCheck(cudaEventDestroy(e0));
+    cudaCheck(cudaEventDestroy(e1));
+    std::sort(ms.begin(), ms.end());
+    return iters % 2 ? ms[iters / 2] : 0.5 * (ms[iters / 2 - 1] + ms[iters / 2]);
+}
+
 #if !defined(ENABLE_FP32)
 static inline float bf2f(floatX b) { return __bfloat162float(b); }
 static inline floatX f2bf(float f) { return __float2bfloat16(f); }

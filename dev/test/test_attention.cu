@@ -258,26 +258,6 @@ static void test_case(int B, int NH, int T, int HS, uint32_t seed, bool compare_
 }
 
 // ---- timing ----------------------------------------------------------------------------------------
-template <typename F>
-static double median_ms(F&& f, int warmup = 3, int iters = 20) {
-    for (int i = 0; i < warmup; i++) f();
-    cudaEvent_t e0, e1;
-    cudaCheck(cudaEventCreate(&e0));
-    cudaCheck(cudaEventCreate(&e1));
-    std::vector<float> ms(iters);
-    for (int i = 0; i < iters; i++) {
-        cudaCheck(cudaEventRecord(e0, 0));
-        f();
-        cudaCheck(cudaEventRecord(e1, 0));
-        cudaCheck(cudaEventSynchronize(e1));
-        cudaCheck(cudaEventElapsedTime(&ms[i], e0, e1));
-    }
-    cudaCheck(cudaEventDestroy(e0));
-    cudaCheck(cudaEventDestroy(e1));
-    std::sort(ms.begin(), ms.end());
-    return 0.5 * (ms[iters / 2 - 1] + ms[iters / 2]);
-}
-
 static void time_case(int B, int NH, int T, int HS) {
     const int C = NH * HS;
     const size_t n_qkv = (size_t)B * T * 3 * C, n_btc = (size_t)B * T * C, n_lse = (size_t)B * NH * T;

@@ -163,6 +163,19 @@ static bool is_q115_value(float v) {
            bf16_round_host(llmc::simulate_q115(v)) == v;
 }
 
+// the materialized path's buffers (llmc/attention.cuh) for one shape: n_btc = B*T*C, n_att = B*NH*T*T
+struct MaterializedBuffers {
+    AttentionScratch s;
+    floatX *att, *dq, *dk, *dv;
+    MaterializedBuffers(size_t n_btc, size_t n_att) {
+        for (floatX** p : {&s.q, &s.k, &s.v, &s.y, &dq, &dk, &dv}) cudaCheck(cudaMalloc(p, n_btc * sizeof(floatX)));
+        for (floatX** p : {&s.scores, &att}) cudaCheck(cudaMalloc(p, n_att * sizeof(floatX)));
+    }
+    ~MaterializedBuffers() {
+        for (floatX* p : {s.q, s.k, s.v, s.y, s.scores, att, dq, dk, dv}) cudaCheck(cudaFree(p));
+    }
+};
+
 static void set_counters(Q115Counters* c) {
     cudaCheck(cudaMemcpyToSymbol(q115_counters, &c, sizeof(c)));
 }
@@ -276,14 +289,9 @@ static void test_case(int B, int NH, int T, int HS, float q_amp, uint32_t seed) 
           100 * frac_ref);
 
     // the materialized path on the same inputs
-    AttentionScratch s;
-    cudaCheck(cudaMalloc(&s.q, n_btc * sizeof(floatX))); cudaCheck(cudaMalloc(&s.k, n_btc * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&s.v, n_btc * sizeof(floatX))); cudaCheck(cudaMalloc(&s.y, n_btc * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&s.scores, n_att * sizeof(floatX)));
-    floatX *att, *dq, *dk, *dv;
-    cudaCheck(cudaMalloc(&att, n_att * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&dq, n_btc * sizeof(floatX))); cudaCheck(cudaMalloc(&dk, n_btc * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&dv, n_btc * sizeof(floatX)));
+    MaterializedBuffers mb(n_btc, n_att);
+    const AttentionScratch& s = mb.s;
+    floatX *att = mb.att, *dq = mb.dq, *dk = mb.dk, *dv = mb.dv;
     attention_forward<Bd>(d_out, att, d_qkv, s, B, T, NH, HS, 0);
     attention_backward(d_dqkv, d_dout, d_qkv, att, s, dq, dk, dv, B, T, NH, HS, 0);
     const std::vector<floatX> m_out = to_host(d_out, n_btc), m_dqkv = to_host(d_dqkv, n_qkv), m_att = to_host(att, n_att);
@@ -302,33 +310,12 @@ static void test_case(int B, int NH, int T, int HS, float q_amp, uint32_t seed) 
            rel_l2(m_out, C, 0, ref.out, (size_t)B * T, C), rel_l2(m_dqkv, 3 * C, 0, ref.dq, (size_t)B * T, C),
            rel_l2(m_dqkv, 3 * C, C, ref.dk, (size_t)B * T, C), rel_l2(m_dqkv, 3 * C, 2 * C, ref.dv, (size_t)B * T, C));
 
-    for (void* p : {(void*)s.q, (void*)s.k, (void*)s.v, (void*)s.y, (void*)s.scores, (void*)att, (void*)dq, (void*)dk,
-                    (void*)dv, (void*)d_qkv, (void*)d_dout, (void*)d_out, (void*)d_dqkv, (void*)d_probs, (void*)d_lse,
+    for (void* p : {(void*)d_qkv, (void*)d_dout, (void*)d_out, (void*)d_dqkv, (void*)d_probs, (void*)d_lse,
                     d_scratch, (void*)d_counters})
         cudaCheck(cudaFree(p));
 }
 
 // ---- timing: Q1.15 flash against plain flash and the Q1.15 materialized path ----------------------
-template <typename F>
-static double median_ms(F&& f, int iters = 10) {
-    f();
-    cudaEvent_t e0, e1;
-    cudaCheck(cudaEventCreate(&e0));
-    cudaCheck(cudaEventCreate(&e1));
-    std::vector<float> ms(iters);
-    for (int i = 0; i < iters; i++) {
-        cudaCheck(cudaEventRecord(e0, 0));
-        f();
-        cudaCheck(cudaEventRecord(e1, 0));
-        cudaCheck(cudaEventSynchronize(e1));
-        cudaCheck(cudaEventElapsedTime(&ms[i], e0, e1));
-    }
-    cudaCheck(cudaEventDestroy(e0));
-    cudaCheck(cudaEventDestroy(e1));
-    std::sort(ms.begin(), ms.end());
-    return ms[iters / 2];
-}
-
 static void time_case(int B, int NH, int T, int HS) {
     const int C = NH * HS;
     const size_t n_qkv = (size_t)B * T * 3 * C, n_btc = (size_t)B * T * C, n_att = (size_t)B * NH * T * T;
@@ -349,24 +336,18 @@ static void time_case(int B, int NH, int T, int HS) {
     const double q_bwd = median_ms([&] { flash_attention_backward<Bd>(dqkv, dout, qkv, out, lse, scratch, B, T, NH, HS, 0); });
     const double p_fwd = median_ms([&] { flash_attention_forward(out, lse, qkv, B, T, NH, HS, 0); });
     const double p_bwd = median_ms([&] { flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, HS, 0); });
-    AttentionScratch s;
-    cudaCheck(cudaMalloc(&s.q, n_btc * sizeof(floatX))); cudaCheck(cudaMalloc(&s.k, n_btc * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&s.v, n_btc * sizeof(floatX))); cudaCheck(cudaMalloc(&s.y, n_btc * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&s.scores, n_att * sizeof(floatX)));
-    floatX *att, *dq, *dk, *dv;
-    cudaCheck(cudaMalloc(&att, n_att * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&dq, n_btc * sizeof(floatX))); cudaCheck(cudaMalloc(&dk, n_btc * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&dv, n_btc * sizeof(floatX)));
+    MaterializedBuffers mb(n_btc, n_att);
+    const AttentionScratch& s = mb.s;
+    floatX *att = mb.att, *dq = mb.dq, *dk = mb.dk, *dv = mb.dv;
     const double m_fwd = median_ms([&] { attention_forward<Bd>(out, att, qkv, s, B, T, NH, HS, 0); });
     const double m_bwd = median_ms([&] { attention_backward(dqkv, dout, qkv, att, s, dq, dk, dv, B, T, NH, HS, 0); });
-    printf("timing B=%d NH=%d T=%d HS=%d (median of 10): forward / backward / total ms\n", B, NH, T, HS);
+    printf("timing B=%d NH=%d T=%d HS=%d (median of 20): forward / backward / total ms\n", B, NH, T, HS);
     printf("  Q1.15 flash         %8.3f %8.3f %8.3f\n", q_fwd, q_bwd, q_fwd + q_bwd);
     printf("  plain flash (BF16)  %8.3f %8.3f %8.3f\n", p_fwd, p_bwd, p_fwd + p_bwd);
     printf("  Q1.15 materialized  %8.3f %8.3f %8.3f\n", m_fwd, m_bwd, m_fwd + m_bwd);
     check(q_fwd + q_bwd < m_fwd + m_bwd, "B=%d NH=%d T=%d HS=%d: Q1.15 flash faster than Q1.15 materialized (%.2fx)", B,
           NH, T, HS, (m_fwd + m_bwd) / (q_fwd + q_bwd));
-    for (void* p : {(void*)s.q, (void*)s.k, (void*)s.v, (void*)s.y, (void*)s.scores, (void*)att, (void*)dq, (void*)dk,
-                    (void*)dv, (void*)qkv, (void*)dout, (void*)out, (void*)dqkv, (void*)lse, scratch})
+    for (void* p : {(void*)qkv, (void*)dout, (void*)out, (void*)dqkv, (void*)lse, scratch})
         cudaCheck(cudaFree(p));
 }
 
