@@ -183,15 +183,16 @@ inline T* param_block(T* tensor, const GPT* model, int i, int l, size_t* block) 
     return tensor + (l >= 0 ? (size_t)l * *block : 0);
 }
 
-// owners = 1: this process keeps all of the optimizer state; else its ZeRO-1 shard of `owners`
-inline void gpt_build(GPT* model, const ModelShape& shape, int rank = 0, int owners = 1) {
+// owners = 1: this process keeps all of the optimizer state (owner = 0); else it keeps the ZeRO-1
+// shard `owner` of `owners`
+inline void gpt_build(GPT* model, const ModelShape& shape, int owner = 0, int owners = 1) {
     model->shape = shape;
     parameter_sizes(model->param_sizes, shape);
     model->num_params = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) model->num_params += model->param_sizes[i];
     size_t blocks[NUM_PARAMETER_TENSORS];
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) blocks[i] = param_blocks(i, shape);
-    model->shard.build(model->param_sizes, blocks, NUM_PARAMETER_TENSORS, rank, owners);
+    model->shard.build(model->param_sizes, blocks, NUM_PARAMETER_TENSORS, owner, owners);
 }
 
 template <typename T>
@@ -973,8 +974,9 @@ int main(int argc, char** argv) {
     g_profiler.init(0);
 
     GPT model;
+    // ZeRO-1: one owner per process; -z 0 (or one process): this process owns all, as owner 0 of 1
     const int owners = mg.zero_stage == 1 ? mg.world : 1;
-    gpt_build(&model, shape, mg.rank, owners);
+    gpt_build(&model, shape, owners > 1 ? mg.rank : 0, owners);
     model.mg = &mg;
     gpt_allocate(&model, B, T, cfg.recompute, cfg.recipe);
     DataLoaderState resume_data;

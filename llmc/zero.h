@@ -37,8 +37,12 @@ struct ShardLayout {
     size_t shard_elements = 0;   // elements this process owns (sum over the tensors)
     size_t full_elements = 0;    // elements of the whole buffer
 
-    // sizes[t]: elements of tensor t; blocks[t]: its blocks (L or 1). owners = P under ZeRO-1, else 1.
+    // sizes[t]: elements of tensor t; blocks[t]: its blocks (L or 1). owners = P under ZeRO-1, else 1;
+    // rank_ is this process's place among the owners (so 0 whenever it owns everything, -z 0 included:
+    // with rank 1 of 1 owner the pieces would start past the end of every tensor).
     void build(const size_t* sizes, const size_t* blocks, int num_tensors, int rank_, int owners_) {
+        if (owners_ < 1 || rank_ < 0 || rank_ >= owners_)
+            input_error("internal: optimizer-state owner %d of %d (an owner is in [0, owners))", rank_, owners_);
         rank = rank_;
         owners = owners_;
         tensors.assign((size_t)num_tensors, ShardedTensor());

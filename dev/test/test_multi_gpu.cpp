@@ -295,4 +295,9 @@ TEST_CASE("zero-1: the processes' pieces partition every tensor exactly once, bl
     // a process count that does not divide the blocks
     ShardLayout bad;
     CHECK(contains(error_of([&] { bad.build(sizes, blocks, 16, 0, 5); }), "must divide the channels C"));
+    // an owner outside [0, owners): rank 1 of a -z 0 run owns everything as owner 0 of 1, and the
+    // layout of "owner 1 of 1" would point past the end of every tensor
+    CHECK(contains(error_of([&] { bad.build(sizes, blocks, 16, 1, 1); }), "owner 1 of 1"));
+    CHECK(contains(error_of([&] { bad.build(sizes, blocks, 16, 2, 2); }), "owner 2 of 2"));
+    CHECK(contains(error_of([&] { bad.build(sizes, blocks, 16, -1, 2); }), "owner -1 of 2"));
 }
