@@ -969,6 +969,12 @@ int main(int argc, char** argv) {
     MultiGpu mg;
     try { multi_gpu_init(&mg, cfg, gpu); }
     catch (const InputError& e) { fprintf(stderr, "error: process %d: %s\n", cfg.process_rank, e.what()); return 1; }
+    if (mg.active) { // what a recipe may ask of the other processes inside a step (recipe.h)
+        g_cross_process.ctx = &mg;
+        g_cross_process.broadcast_u32 = [](void* ctx, uint32_t* x, size_t n, cudaStream_t st) {
+            multi_gpu_broadcast_u32((MultiGpu*)ctx, x, n, st, "a recipe's broadcast from process 0");
+        };
+    }
     matmul_init();
     g_matmul_autotune = cfg.gemm_autotune == 1;
     g_profiler.init(0);

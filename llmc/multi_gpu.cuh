@@ -258,6 +258,16 @@ inline void multi_gpu_all_reduce_max_u32(MultiGpu* mg, uint32_t* x, size_t n, cu
     multi_gpu_before_compute(mg, compute);
 }
 
+// process 0's n uint32 at x to every process (in order on the compute stream)
+inline void multi_gpu_broadcast_u32(MultiGpu* mg, uint32_t* x, size_t n, cudaStream_t compute, const char* what) {
+    if (!mg->active || n == 0) return;
+    multi_gpu_after_compute(mg, compute);
+    multi_gpu_begin(mg);
+    ncclCheck(ncclBroadcast(x, x, n, ncclUint32, 0, mg->comm, mg->stream));
+    multi_gpu_end(mg, what);
+    multi_gpu_before_compute(mg, compute);
+}
+
 // the mean of a host value over the processes (synchronizes)
 inline double multi_gpu_mean(MultiGpu* mg, double x, cudaStream_t compute, const char* what) {
     if (!mg->active) return x;

@@ -37,6 +37,8 @@
 //                                               run must agree on, as the maximum over the processes
 //                                               (FP8: the step's amax); taken before recipe_step_end
 //   recipe_log_telemetry(r, log, step)          after its backward pass: the -lq lines for main.log
+// and, from inside a step, g_cross_process (below): what a recipe may ask of the other processes
+// before the step ends (FP8: a tensor's first scale, process 0's).
 // and the type RecipeBoundaries: the hooks of llmc/boundaries.h that the model's other kernels apply
 // at the named forward boundaries (embedding, residual, LayerNorm, softmax, GELU, logits);
 // IdentityBoundaries for every recipe but Q1.15.
@@ -65,6 +67,19 @@ struct LinearId {
     int layer;
     LinearKind kind;
 };
+
+// Data parallel, inside a step: a recipe whose state must agree across the processes before the
+// step's end asks through this. train_gpt.cu fills it in once NCCL is up; with one process (and in
+// the tests) it stays empty and the recipe asks nothing. Every process must make the same calls in
+// the same order (the model's training forward and backward, which every process runs alike), and
+// only while training: evaluation and sampling (process 0 alone) must never call it.
+struct CrossProcess {
+    void* ctx = nullptr;
+    // the n uint32 at x (device memory) of process 0 replace every other process's, in order on stream st
+    void (*broadcast_u32)(void* ctx, uint32_t* x, size_t n, cudaStream_t st) = nullptr;
+    bool active() const { return broadcast_u32 != nullptr; }
+};
+inline CrossProcess g_cross_process;
 
 // recipe_cross_process_max: `count` non-negative floats, as bits (uint32 order = float order)
 struct RecipeMaxState {

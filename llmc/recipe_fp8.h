@@ -173,13 +173,17 @@ struct Fp8ScalePtrs { const float* scale; const float* inv; };
 inline float* fp8_inv(const Recipe& r, int t) { return r.inv_scale + (size_t)t * FP8_INV_STRIDE; }
 
 // The scale to quantize tensor t (the values x, n of them) with. A tensor seen for the first time
-// is calibrated from its own amax: into its state when training, else into a scratch slot.
+// is calibrated from its own amax: into its state when training, else into a scratch slot. In a
+// data-parallel run the training calibration takes process 0's amax (its first slice), the one a
+// single process with every micro-step would have used, so that all processes quantize the step's
+// slices with the same scales, those of one process.
 inline Fp8ScalePtrs fp8_scale_for(Recipe& r, int t, const floatX* x, long long n, bool training, cudaStream_t st) {
     if (r.calibrated[t]) return {r.scale + t, fp8_inv(r, t)};
     float* s = training ? r.scale + t : r.eval_scale;
     float* inv = training ? fp8_inv(r, t) : r.eval_scale + FP8_INV_STRIDE;
     cudaCheck(cudaMemsetAsync(r.eval_amax, 0, sizeof(uint32_t), st));
     tensor_amax(r.eval_amax, x, n, st);
+    if (training && g_cross_process.active()) g_cross_process.broadcast_u32(g_cross_process.ctx, r.eval_amax, 1, st);
     const float fp8_max = t / r.num_linears == FP8_DY ? llmc::FP8_E5M2_MAX : llmc::FP8_E4M3_MAX;
     fp8_scale_from_amax_kernel<<<1, 1, 0, st>>>(s, inv, r.eval_amax, fp8_max, r.options.scale_margin);
     cudaCheckLaunch();
@@ -222,8 +226,9 @@ inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream
 
 // Data parallel: the step's amax of a tensor is the maximum over every process's micro-steps, what
 // one process taking all of them would have recorded, so that every process pushes the same history
-// and derives the same scales (the weights' FP8 copies agree too). The only difference from one
-// process: a tensor's first calibration (no history yet) reads the calibrating process's own slice.
+// and derives the same scales (the weights' FP8 copies agree too). A tensor's first calibration (no
+// history yet) takes process 0's amax (fp8_scale_for), as one process would have calibrated on the
+// step's first slice.
 inline RecipeMaxState recipe_cross_process_max(Recipe& r) {
     RecipeMaxState s;
     s.bits = r.amax_now;
