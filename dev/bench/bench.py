@@ -5,9 +5,10 @@
 
 For every model size it runs every recipe's trainer (train_gpt_<recipe>) and the PyTorch peer
 (dev/reference/gpt_reference.py: bf16 autocast, SDPA, fused AdamW, torch.compile) on synthetic
-uniform random tokens, one run at a time on GPU 0, and prints one table:
+uniform random tokens, one run at a time on GPU 0 (with --gpus 1,2 each recipe also on GPUs 0-1,
+data parallel through scripts/launch.sh), and prints one table:
 
-    size | recipe | B | T | ms/step | tok/s | MFU % | peak GiB | vs peer | vs bf16 | notes
+    size | recipe | GPUs | B | T | ms/step | tok/s | MFU % | peak GiB | vs peer | vs bf16 | vs 1 GPU | notes
 
 Protocol: total batch 524,288 tokens per optimizer step (gradient accumulation over
 total / (B*T) micro-steps), 5 warm-up steps, then the median of 10 timed steps.
@@ -83,6 +84,10 @@ def build_arg_parser():
                         + ", ".join(f"{s} {b}" for s, (b, _) in SIZE_DEFAULTS.items()))
     p.add_argument("--T", dest="T", type=int, default=None,
                    help="sequence length for every size (default: 1024 for GPT-2 sizes, 2048 for GPT-3)")
+    p.add_argument("--gpus", default="1",
+                   help="comma list of process counts, one GPU each, e.g. 1,2: every recipe runs once per "
+                        "count (counts above 1 through scripts/launch.sh, data parallel, the same total batch); "
+                        "the peer runs on 1 GPU (default 1)")
     p.add_argument("--no-peer", action="store_true", help="skip the PyTorch peer")
     p.add_argument("--no-build", action="store_true", help="use the existing train_gpt_<r> binaries")
     p.add_argument("--out", default=None,
@@ -113,6 +118,17 @@ def parse_sizes(text):
     if not sizes:
         raise ValueError("--sizes: no size given")
     return sizes
+
+
+def parse_gpus(text):
+    """'1,2' -> [1, 2] (sorted, duplicates dropped); every count must be a positive integer."""
+    counts = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not re.fullmatch(r"[1-9]\d*", part):
+            raise ValueError(f"--gpus: '{part}' is not a positive number of GPUs")
+        counts.add(int(part))
+    return sorted(counts)
 
 
 def parse_b_overrides(text, sizes):
@@ -151,6 +167,10 @@ def resolve_plan(args):
             raise ValueError(f"{size}: B={B} and T={T} must be >= 1")
         if args.total_batch % (B * T) != 0:
             raise ValueError(f"{size}: total batch {args.total_batch} is not a multiple of B*T = {B}*{T}")
+        for g in parse_gpus(args.gpus):
+            if args.total_batch % (g * B * T) != 0:
+                raise ValueError(f"{size}: total batch {args.total_batch} is not a multiple of "
+                                 f"GPUs*B*T = {g}*{B}*{T}")
         plan.append((size, B, T))
     if args.steps < 1 or args.warmup < 0:
         raise ValueError("--steps must be >= 1 and --warmup >= 0")
@@ -359,7 +379,7 @@ def fill_speed(row, total_batch, warmup, peak):
     if row.get("params") and row.get("L") and row.get("C"):
         row["flops_per_token"] = flops_per_token(row["params"], row["L"], row["C"], row["T"])
         if peak:
-            row["mfu"] = 100.0 * row["flops_per_token"] * row["tok_s"] / peak
+            row["mfu"] = 100.0 * row["flops_per_token"] * row["tok_s"] / (peak * row.get("gpus", 1))
     return row
 
 
@@ -369,17 +389,25 @@ def ratio(a, b):
 
 def compute_ratios(rows):
     """vs_peer = tok/s / the peer's tok/s of the same size (the peer row itself, even when flagged
-    eager after a failed compile); vs_bf16 = tok/s / our bf16's. None where either is missing."""
-    peer, bf16 = {}, {}
+    eager after a failed compile), for 1-GPU rows only (the peer runs on one GPU); vs_bf16 = tok/s /
+    our bf16's at the same size and GPU count; vs_1gpu = tok/s / the same recipe's 1-GPU tok/s at
+    the same size (the scaling; 1.0 for the 1-GPU row itself). None where either is missing."""
+    peer, bf16, one_gpu = {}, {}, {}
     for r in rows:
-        if r.get("status") == "ok" and r["kind"] == "peer":
+        if r.get("status") != "ok":
+            continue
+        if r["kind"] == "peer":
             peer[r["size"]] = r["tok_s"]
-        if r.get("status") == "ok" and r["kind"] == "ours" and r["recipe"] == "bf16":
-            bf16[r["size"]] = r["tok_s"]
+        elif r["recipe"] == "bf16":
+            bf16[(r["size"], r.get("gpus", 1))] = r["tok_s"]
+        if r["kind"] == "ours" and r.get("gpus", 1) == 1:
+            one_gpu[(r["size"], r["recipe"])] = r["tok_s"]
     for r in rows:
         ok = r.get("status") == "ok"
-        r["vs_peer"] = ratio(r["tok_s"], peer.get(r["size"])) if ok else None
-        r["vs_bf16"] = ratio(r["tok_s"], bf16.get(r["size"])) if ok else None
+        g = r.get("gpus", 1)
+        r["vs_peer"] = ratio(r["tok_s"], peer.get(r["size"])) if ok and g == 1 else None
+        r["vs_bf16"] = ratio(r["tok_s"], bf16.get((r["size"], g))) if ok else None
+        r["vs_1gpu"] = ratio(r["tok_s"], one_gpu.get((r["size"], r["recipe"]))) if ok and r["kind"] == "ours" else None
     return rows
 
 
@@ -414,8 +442,11 @@ def quote_arg(s):
     return s if s and re.fullmatch(r"[\w@%+=:,./-]+", s) else "'" + s.replace("'", "'\\''") + "'"
 
 
-def trainer_command(recipe, size, B, T, total_batch, num_steps, shard):
-    return [f"./train_gpt_{recipe}", "-e", size, "-b", str(B), "-t", str(T), "-d", str(total_batch),
+def trainer_command(recipe, size, B, T, total_batch, num_steps, shard, gpus=1):
+    """The trainer's command line; with gpus > 1, one process per GPU through scripts/launch.sh
+    (data parallel, -d is the total batch of all processes, ZeRO-1 by default)."""
+    launcher = ["bash", "scripts/launch.sh", str(gpus)] if gpus > 1 else []
+    return launcher + [f"./train_gpt_{recipe}", "-e", size, "-b", str(B), "-t", str(T), "-d", str(total_batch),
             "-x", str(num_steps), "-v", "0", "-s", "0", "-j", "", "-i", shard, "-r", "1"]
 
 
@@ -442,18 +473,19 @@ def with_halving(start_B, T, total_batch, attempt):
     return row
 
 
-def new_row(size, recipe, kind, B, T):
-    return {"size": size, "recipe": recipe, "kind": kind, "B": B, "T": T, "status": "failed", "error": None,
+def new_row(size, recipe, kind, B, T, gpus=1):
+    return {"size": size, "recipe": recipe, "kind": kind, "gpus": gpus, "B": B, "T": T, "status": "failed", "error": None,
             "notes": [], "step_ms": [], "ms": None, "tok_s": None, "mfu": None, "flops_per_token": None,
             "params": None, "L": None, "C": None, "peak_gib": None, "loss_last": None}
 
 
-def run_ours(recipe, size, B, T, args, shard, log_dir, peak):
-    """One trainer run; a row with status ok / oom / failed / timeout."""
-    row = new_row(size, recipe, "ours", B, T)
+def run_ours(recipe, size, B, T, args, shard, log_dir, peak, gpus=1):
+    """One trainer run (on `gpus` GPUs); a row with status ok / oom / failed / timeout. With several
+    GPUs the step times and memory are process 0's (a step ends for all at its all-gather)."""
+    row = new_row(size, recipe, "ours", B, T, gpus)
     n = args.warmup + args.steps
-    cmd = trainer_command(recipe, size, B, T, args.total_batch, n, shard)
-    log_path = os.path.join(log_dir, f"{safe(size)}_{recipe}_B{B}.log")
+    cmd = trainer_command(recipe, size, B, T, args.total_batch, n, shard, gpus)
+    log_path = os.path.join(log_dir, f"{safe(size)}_{recipe}_B{B}" + (f"_{gpus}gpus" if gpus > 1 else "") + ".log")
     row["log"] = log_path
     rc, text, timed_out = run_logged(cmd, REPO_ROOT, args.timeout, log_path)
     parsed = parse_trainer_output(text)
@@ -535,6 +567,15 @@ def gpu_info():
     return line.split(",")[0].strip(), line
 
 
+def gpu_count():
+    """How many GPUs nvidia-smi lists (0 when it fails)."""
+    try:
+        res = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for l in res.stdout.splitlines() if l.startswith("GPU ")) if res.returncode == 0 else 0
+
+
 def git_revision():
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
@@ -561,8 +602,8 @@ def render_table(rows, meta):
            f"{meta['warmup']} warm-up + median of {meta['steps']} timed steps · synthetic uniform tokens", ""]
     if meta["steps"] < 10:
         out += [f"**Below protocol: {meta['steps']} timed steps (the protocol asks for at least 10).**", ""]
-    out.append("| size | recipe | B | T | ms/step | tok/s | MFU % | peak GiB | vs peer | vs bf16 | notes |")
-    out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    out.append("| size | recipe | GPUs | B | T | ms/step | tok/s | MFU % | peak GiB | vs peer | vs bf16 | vs 1 GPU | notes |")
+    out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         notes = list(r.get("notes", []))
         if r["status"] != "ok":
@@ -570,9 +611,10 @@ def render_table(rows, meta):
         if len(r.get("B_tried", [])) > 1:
             notes.append("B tried " + "→".join(str(b) for b in r["B_tried"]))
         note = "; ".join(notes).replace("|", "\\|").replace("\n", " ")
-        out.append(f"| {r['size']} | {r['recipe']} | {r['B']} | {r['T']} | {fmt(r['ms'], '.1f')} | "
+        out.append(f"| {r['size']} | {r['recipe']} | {r.get('gpus', 1)} | {r['B']} | {r['T']} | {fmt(r['ms'], '.1f')} | "
                    f"{fmt(r['tok_s'], ',.0f')} | {fmt(r['mfu'], '.1f')} | {fmt(r['peak_gib'], '.2f')} | "
-                   f"{fmt(r.get('vs_peer'), '.2f')} | {fmt(r.get('vs_bf16'), '.2f')} | {note} |")
+                   f"{fmt(r.get('vs_peer'), '.2f')} | {fmt(r.get('vs_bf16'), '.2f')} | "
+                   f"{fmt(r.get('vs_1gpu'), '.2f')} | {note} |")
     out.append("")
     peak = meta.get("peak_flops")
     out.append(f"- MFU = FLOPs per token × tok/s / {fmt(peak and peak / 1e12, '.1f', 'unknown')} TFLOP/s "
@@ -589,8 +631,10 @@ def render_table(rows, meta):
                "everything up front, so this is its peak), **including the CUDA context (~0.5 GiB)**; the peer = "
                "torch.cuda.max_memory_reserved(), **excluding the CUDA context**; its notes give "
                "max_memory_allocated and the device-level total − free at its end, comparable with ours.")
-    out.append("- vs peer = tok/s ÷ the torch.compile peer's tok/s of the same size; vs bf16 = tok/s ÷ our "
-               "bf16's. Peer: FP32 parameters, bf16 autocast, SDPA, fused AdamW (decay on 2-D tensors), "
+    out.append("- vs peer = tok/s ÷ the torch.compile peer's tok/s of the same size (1-GPU rows; the peer runs "
+               "on one GPU); vs bf16 = tok/s ÷ our bf16's at the same size and GPU count; vs 1 GPU = tok/s ÷ "
+               "the same recipe's 1-GPU tok/s (the data-parallel scaling; with several GPUs, tok/s is the "
+               "whole job's, MFU is per GPU, ms/step and peak GiB are process 0's). Peer: FP32 parameters, bf16 autocast, SDPA, fused AdamW (decay on 2-D tensors), "
                "torch.compile, clip 1.0, timed with CUDA events.")
     out.append("- B: per-size starting points (d12 64, d24 32, d36 16, d48 8, gpt3:c768 32 at T = 2048), "
                "halved on out-of-memory for each run independently; the table gives the B used.")
@@ -735,8 +779,13 @@ def main(argv=None):
     args = build_arg_parser().parse_args(argv)
     try:
         plan = resolve_plan(args)
+        gpus = parse_gpus(args.gpus)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    available = gpu_count()
+    if max(gpus) > 1 and not args.dry_run and available < max(gpus):
+        print(f"error: --gpus {args.gpus} needs {max(gpus)} GPUs; nvidia-smi lists {available}", file=sys.stderr)
         return 2
     if args.steps < 10:
         print(f"warning: {args.steps} timed steps is below the protocol's 10", file=sys.stderr)
@@ -745,7 +794,7 @@ def main(argv=None):
     peak = peak_flops_for(gpu_name, args.peak_tflops)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     meta = {"gpu": gpu_line, "date": date, "commit": git_revision(), "total_batch": args.total_batch,
-            "warmup": args.warmup, "steps": args.steps, "peak_flops": peak, "argv": argv}
+            "warmup": args.warmup, "steps": args.steps, "peak_flops": peak, "gpus": gpus, "argv": argv}
     print(f"GPU: {gpu_line}\ndate: {date}\ncommit: {meta['commit']}", flush=True)
 
     if args.recipes:
@@ -778,8 +827,9 @@ def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
     if args.dry_run:
         for size, B, T in plan:
             for r in recipes:
-                print("  " + " ".join(quote_arg(c) for c in trainer_command(
-                    r, size, B, T, args.total_batch, args.warmup + args.steps, shard)))
+                for g in meta["gpus"]:
+                    print("  " + " ".join(quote_arg(c) for c in trainer_command(
+                        r, size, B, T, args.total_batch, args.warmup + args.steps, shard, g)))
             if not args.no_peer:
                 print("  " + " ".join(quote_arg(c) for c in peer_command(
                     args.peer_python, size, B, T, args.total_batch, args.warmup, args.steps,
@@ -803,17 +853,19 @@ def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
     rows = []
     for size, start_B, T in plan:
         for r in recipes:
-            if not built[r][0]:
-                row = new_row(size, r, "ours", start_B, T)
-                row["status"] = "not built" if args.no_build else "build failed"
-                row["error"] = error_line(built[r][1])
+            for g in meta["gpus"]:
+                if not built[r][0]:
+                    row = new_row(size, r, "ours", start_B, T, g)
+                    row["status"] = "not built" if args.no_build else "build failed"
+                    row["error"] = error_line(built[r][1])
+                    rows.append(row)
+                    continue
+                print(f"[{size}] {r}: {g} GPU{'s' if g > 1 else ''}, B={start_B} T={T}", flush=True)
+                row = with_halving(start_B, T, args.total_batch // g,
+                                   lambda B, r=r, size=size, T=T, g=g: run_ours(r, size, B, T, args, shard,
+                                                                                log_dir, peak, g))
+                report_row(row)
                 rows.append(row)
-                continue
-            print(f"[{size}] {r}: B={start_B} T={T}", flush=True)
-            row = with_halving(start_B, T, args.total_batch,
-                               lambda B, r=r, size=size, T=T: run_ours(r, size, B, T, args, shard, log_dir, peak))
-            report_row(row)
-            rows.append(row)
         if not args.no_peer:
             print(f"[{size}] {PEER_LABEL}: B={start_B} T={T}", flush=True)
             row = with_halving(start_B, T, args.total_batch,

@@ -90,6 +90,18 @@ class TestArguments(unittest.TestCase):
         cmd = bench.trainer_command("bf16", "d12", 64, 1024, 524288, 15, "/tmp/s.bin")
         self.assertEqual(cmd, ["./train_gpt_bf16", "-e", "d12", "-b", "64", "-t", "1024", "-d", "524288",
                                "-x", "15", "-v", "0", "-s", "0", "-j", "", "-i", "/tmp/s.bin", "-r", "1"])
+        self.assertEqual(bench.trainer_command("bf16", "d12", 64, 1024, 524288, 15, "/tmp/s.bin", gpus=2),
+                         ["bash", "scripts/launch.sh", "2"] + cmd)
+
+    def test_gpus(self):
+        self.assertEqual(bench.parse_gpus("2, 1,2"), [1, 2])
+        for bad in ("0", "", "1,x", "-1", "1.5"):
+            with self.assertRaises(ValueError, msg=bad):
+                bench.parse_gpus(bad)
+        # every process gets whole micro-batches: 524288 / (2 * 64 * 1024) = 4, but / (16 * 64 * 1024) is not whole
+        self.assertEqual(bench.resolve_plan(args_for(["--gpus", "1,2"])), [("d12", 64, 1024)])
+        with self.assertRaises(ValueError):
+            bench.resolve_plan(args_for(["--gpus", "16"]))
 
 
 class TestShard(unittest.TestCase):
@@ -201,6 +213,28 @@ class TestNumbers(unittest.TestCase):
         self.assertEqual([(r["vs_peer"], r["vs_bf16"]) for r in rows],
                          [(1.5, 1.0), (2.25, 1.5), (None, None), (1.0, 2.0 / 3.0), (None, 1.0)])
 
+    def test_ratios_several_gpus(self):
+        rows = [dict(bench.new_row("d12", "bf16", "ours", 64, 1024), status="ok", tok_s=3.0e6),
+                dict(bench.new_row("d12", "bf16", "ours", 64, 1024, gpus=2), status="ok", tok_s=5.7e6),
+                dict(bench.new_row("d12", "fp8", "ours", 64, 1024, gpus=2), status="ok", tok_s=7.6e6),
+                dict(bench.new_row("d12", bench.PEER_LABEL, "peer", 64, 1024), status="ok", tok_s=2.0e6)]
+        bench.compute_ratios(rows)
+        got = [(r["vs_peer"], r["vs_bf16"], r["vs_1gpu"]) for r in rows]
+        self.assertEqual(got[0], (1.5, 1.0, 1.0))
+        self.assertEqual(got[1][0], None)                       # the peer ran on one GPU: no ratio
+        self.assertAlmostEqual(got[1][2], 1.9)                  # the scaling
+        self.assertAlmostEqual(got[2][1], 7.6 / 5.7)            # against bf16 on as many GPUs
+        self.assertEqual(got[2][2], None)                       # no 1-GPU fp8 row
+        self.assertEqual(got[3][2], None)
+        # MFU is per GPU
+        row = dict(bench.new_row("d12", "bf16", "ours", 64, 1024, gpus=2), step_ms=[500.0] * 15,
+                   params=124475904, L=12, C=768)
+        one = dict(bench.new_row("d12", "bf16", "ours", 64, 1024), step_ms=[1000.0] * 15,
+                   params=124475904, L=12, C=768)
+        bench.fill_speed(row, 524288, 5, 989.4e12)
+        bench.fill_speed(one, 524288, 5, 989.4e12)
+        self.assertAlmostEqual(row["mfu"], one["mfu"])
+
 
 class TestRecipes(unittest.TestCase):
     def test_make_database(self):
@@ -298,10 +332,10 @@ class TestTable(unittest.TestCase):
                 "total_batch": 524288, "warmup": 5, "steps": 10, "peak_flops": 989.4e12}
         md = bench.render_table(rows, meta)
         lines = md.splitlines()
-        self.assertIn("| d12 | bf16 | 64 | 1024 | 850.0 | 616,809 | 50.1 | 23.45 | 2.00 | 1.00 |  |", lines)
-        self.assertIn("| d12 | torch.compile | 32 | 1024 | 1700.0 | 308,405 | 25.0 | 30.50 | 1.00 | 0.50 | "
+        self.assertIn("| d12 | bf16 | 1 | 64 | 1024 | 850.0 | 616,809 | 50.1 | 23.45 | 2.00 | 1.00 | 1.00 |  |", lines)
+        self.assertIn("| d12 | torch.compile | 1 | 32 | 1024 | 1700.0 | 308,405 | 25.0 | 30.50 | 1.00 | 0.50 | — | "
                       "allocated peak 28.25 GiB; B tried 64→32 |", lines)
-        self.assertIn("| d12 | fp8 | 64 | 1024 | — | — | — | — | — | — | **FAILED**: exit 1: error: a \\| b |", lines)
+        self.assertIn("| d12 | fp8 | 1 | 64 | 1024 | — | — | — | — | — | — | — | **FAILED**: exit 1: error: a \\| b |", lines)
         self.assertIn("8.035e+08 FLOPs per token", md)
         self.assertIn("including the CUDA context", md)
         self.assertIn("excluding the CUDA context", md)

@@ -5,8 +5,9 @@
 #   - a one-process run through NCCL (-pn 1 -pf DIR, -z 1 and -z 0) trains exactly like the plain run;
 #   - the fs and tcp id exchanges reach NCCL; a rank that never comes is a clear error within -pt.
 # With two or more GPUs, for each recipe:
-#   - 2 processes (scripts/launch.sh) with -d D give the losses of 1 process with the same -d
-#     (the largest difference over the steps is printed; the bound allows for FP32 sums in another order);
+#   - 2 processes (scripts/launch.sh, -z 1 and -z 0) with -d D give the losses of 1 process with the
+#     same -d: step 1 within 1e-4, step 2 within 1e-3, the first 10 steps within 0.05 (FP32 sums in
+#     another order, amplified by training); the largest difference over all the steps is printed;
 #   - ZeRO-1 halves the optimizer state per GPU (the banner's figure);
 #   - a 2-process checkpoint resumes bit-identically, and resuming it with 1 process is a clear error;
 #   - killing one process (SIGKILL) ends the other with a clear error within 60 s, with and without
@@ -73,17 +74,29 @@ for r in $RECIPES; do
     extra=(); [[ $r == q115 ]] && extra=(-Q 115)
     # 1 process, 2 micro-steps per step  vs  2 processes, 1 micro-step each: the same data per step
     ./train_gpt_$r "${COMMON[@]}" "${extra[@]}" -x "$STEPS" -d 4096 -o "$work/$r.1" > "$work/$r.1.out" 2>&1
+    losses "$work/$r.1" > "$work/$r.1.loss"
     for z in 1 0; do
         bash scripts/launch.sh 2 ./train_gpt_$r "${COMMON[@]}" "${extra[@]}" -x "$STEPS" -d 4096 -z "$z" -o "$work/$r.2z$z" > "$work/$r.2z$z.out" 2>&1
         rc=$?
-        losses "$work/$r.1" > "$work/a"; losses "$work/$r.2z$z" > "$work/b"
-        d=$(max_diff "$work/a" "$work/b")
-        n=$(wc -l < "$work/b")
-        bound=0.05
-        if [[ $rc -eq 0 && "$n" -eq "$STEPS" ]] && awk -v d="$d" -v b="$bound" 'BEGIN { exit !(d <= b) }'; then
-            pass "$r: 2 processes (-z $z) vs 1 process at -d 4096: $STEPS losses, max |diff| $d (bound $bound)"
+        losses "$work/$r.2z$z" > "$work/$r.2z$z.loss"
+        a="$work/$r.1.loss" b="$work/$r.2z$z.loss"
+        d=$(max_diff "$a" "$b")
+        n=$(wc -l < "$b")
+        # step 1: the same weights and the same data, so the same loss up to the order of the FP32
+        # loss sum (bound 1e-4; another data slice moves it by ~2e-3). Step 2 follows one update:
+        # the same up to the order of the FP32 gradient sums (1e-3). From there the runs part by those
+        # last bits (the embedding gradient's accumulation order, the sharded norm), which training
+        # amplifies, most in the noisiest recipes (NVFP4): 0.05 over the first 10 steps; the largest
+        # difference over all the steps is reported, not bounded.
+        d1=$(max_diff <(head -n 1 "$a") <(head -n 1 "$b"))
+        d2=$(max_diff <(sed -n 2p "$a") <(sed -n 2p "$b"))
+        d10=$(max_diff <(head -n 10 "$a") <(head -n 10 "$b"))
+        what="|diff| step 1 $d1, step 2 $d2, steps 1-10 $d10, steps 1-$STEPS $d"
+        if [[ $rc -eq 0 && "$n" -eq "$STEPS" ]] &&
+           awk -v a="$d1" -v b="$d2" -v c="$d10" 'BEGIN { exit !(a <= 1e-4 && b <= 1e-3 && c <= 0.05) }'; then
+            pass "$r: 2 processes (-z $z) vs 1 process at -d 4096: $what"
         else
-            fail "$r: 2 processes (-z $z): exit $rc, $n losses, max |diff| $d: $(tail -n 3 "$work/$r.2z$z.out")"
+            fail "$r: 2 processes (-z $z): exit $rc, $n losses, $what (bounds 1e-4, 1e-3, 0.05): $(tail -n 3 "$work/$r.2z$z.out")"
         fi
     done
     g0=$(grep -oE 'optimizer state / GPU \| [0-9.]+' "$work/$r.2z0.out" | grep -oE '[0-9.]+$')
@@ -141,5 +154,7 @@ kill_test() { # $1 = with launcher (1) or not (0)
 }
 kill_test 1
 kill_test 0
+# KEEP_DIR=DIR keeps every run's output and loss list
+if [[ -n "${KEEP_DIR:-}" ]]; then mkdir -p "$KEEP_DIR" && cp "$work"/*.out "$work"/*.loss "$KEEP_DIR"/ 2>/dev/null; fi
 echo "multi-gpu tests: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]
