@@ -23,6 +23,11 @@
 //   MLP_RESIDUAL_SCALE           residual3 = residual2 + s * MLP branch
 //   LOGIT_SCALE                  the classifier's softmax reads s * logits(x) (the gradient scales too)
 //   CONSTRAINS_WEIGHTS           constrain_weight is not the identity
+// Type:
+//   Values                       the same hooks, bit for bit, without any telemetry the policy keeps
+//                                (Q1.15 counts what passes its hooks): for a kernel that passes a value
+//                                through a hook again after it was counted once (the flash attention's
+//                                second forward pass and its backward recompute the probabilities)
 // The backward pass treats every hook as the identity (straight-through), apart from the scales.
 // The recipe's own linear layers handle their GEMM outputs themselves (linear_forward).
 #pragma once
@@ -34,6 +39,7 @@
 #endif
 
 struct IdentityBoundaries {
+    using Values = IdentityBoundaries;
     static constexpr bool ACTIVE = false;
     static constexpr bool CONSTRAINS_WEIGHTS = false;
     static constexpr float ATTENTION_RESIDUAL_SCALE = 1.0f;

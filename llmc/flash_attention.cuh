@@ -43,9 +43,11 @@
 // and sum, no V), FWD_OUTPUT recomputes the scores and accumulates O = sum_k P V with the final,
 // quantized P = softmax_output(exp2(x * scale * log2(e) - lse * log2(e))). The backward recomputes
 // P with that same expression, so forward and backward see the same probabilities bit for bit.
-// The hooks see exactly the visible positions (key <= query < T), as in the materialized path; the
-// scores pass attention_scores in all four kernels, so a counting hook (Q1.15 telemetry) counts each
-// score four times and each probability three times (the fractions it reports do not change).
+// The hooks see exactly the visible positions (key <= query < T), as in the materialized path. A
+// counting hook (Q1.15 telemetry) counts each value once: the scores in FWD_STATS, the probabilities
+// and outputs in FWD_OUTPUT; where a kernel passes a value through a hook again (the scores in
+// FWD_OUTPUT, the scores and probabilities in the backward) it takes the same hook without the
+// counting (Bd::Values), which also keeps the counting's per-element work off those loops.
 //
 // Only the BF16 build uses it; the FP32 reference build keeps the materialized path.
 #pragma once
@@ -188,13 +190,16 @@ __device__ __forceinline__ float read_score(float s, bool visible) {
 
 // P[query, key] recomputed from the score s = q.k and nl = -lse[query] * log2(e). Plain:
 // exp(scale * s - lse), in fp32. Active boundaries: the stored probability BF16(softmax_output(p)),
-// p from the score as read_score reads it. 0 where not visible.
-template <class Bd>
+// p from the score as read_score reads it (the score was counted there: not again here); the
+// probability is counted once, where FWD_OUTPUT forms it (COUNT_PROB), not where the backward
+// recomputes it. 0 where not visible.
+template <class Bd, bool COUNT_PROB = false>
 __device__ __forceinline__ float recompute_prob(float s, float scale_log2, float nl, bool visible) {
     if constexpr (Bd::ACTIVE) {
+        using Values = typename Bd::Values;
         if (!visible) return 0.0f;
-        const float p = fast_exp2(fmaf(Bd::attention_scores(bf16_round(s)), scale_log2, nl));
-        return bf16_round(Bd::softmax_output(p));
+        const float p = fast_exp2(fmaf(Values::attention_scores(bf16_round(s)), scale_log2, nl));
+        return bf16_round(COUNT_PROB ? Bd::softmax_output(p) : Values::softmax_output(p));
     } else {
         const float p = fast_exp2(fmaf(s, scale_log2, nl));
         return visible ? p : 0.0f;
@@ -416,7 +421,7 @@ flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __
                         if constexpr (PASS == FWD_STATS) {
                             s[mt][n][e] = read_score<Bd>(s[mt][n][e], vis);
                         } else {
-                            s[mt][n][e] = recompute_prob<Bd>(s[mt][n][e], scale_log2, nl[mt][e >> 1], vis);
+                            s[mt][n][e] = recompute_prob<Bd, true>(s[mt][n][e], scale_log2, nl[mt][e >> 1], vis);
                             if (probs != nullptr && vis)
                                 probs[((long long)bh * T + row) * T + c] = __float2bfloat16_rn(s[mt][n][e]);
                         }
@@ -1159,7 +1164,7 @@ flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf
                     if constexpr (PASS == FWD_STATS) {
                         s[4 * n + e] = read_score<Bd>(s[4 * n + e], vis);
                     } else {
-                        s[4 * n + e] = recompute_prob<Bd>(s[4 * n + e], scale_log2, e < 2 ? nl0 : nl1, vis);
+                        s[4 * n + e] = recompute_prob<Bd, true>(s[4 * n + e], scale_log2, e < 2 ? nl0 : nl1, vis);
                         if (probs != nullptr && vis) probs[((long long)bh * T + row) * T + c] = __float2bfloat16_rn(s[4 * n + e]);
                     }
                 }

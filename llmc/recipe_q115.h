@@ -148,21 +148,24 @@ __device__ __forceinline__ void q115_observe(int which, float x, float q) {
     }
 }
 
-// a boundary: simulate_q115 (counted on the device); range * simulate_q115(x / range) in general
+// a boundary: simulate_q115 (counted on the device unless OBSERVE is false); range *
+// simulate_q115(x / range) in general
+template <bool OBSERVE = true>
 LLMC_BD float q115_boundary(int which, float x) {
     const float s = q115_range(which), xs = x * (1.0f / s);
     const float q = llmc::simulate_q115(xs);
 #if defined(__CUDA_ARCH__)
-    q115_observe(which, xs, q);
+    if constexpr (OBSERVE) q115_observe(which, xs, q);
 #endif
     return s * q;
 }
 // a forward GEMM's output: simulate_q131 (the FP32 register) then simulate_q115 (the SF16 store)
+template <bool OBSERVE = true>
 LLMC_BD float q115_matmul_output(int which, float x) {
     const float s = q115_range(which), xs = x * (1.0f / s);
     const float q = llmc::simulate_q115(llmc::simulate_q131(xs));
 #if defined(__CUDA_ARCH__)
-    q115_observe(which, xs, q);
+    if constexpr (OBSERVE) q115_observe(which, xs, q);
 #endif
     return s * q;
 }
@@ -176,7 +179,9 @@ LLMC_BD float q115_read(int which, float x) {
 // (scores, logits) applies the GEMM's post-quantization only: simulate_q115 returns the values it is
 // idempotent on (k/32768, |k| <= 32735; with a range s, s * that), so reading through it again changes
 // nothing. The GELU reads a stored BF16 tensor, where the clamp value became 1.0, so it re-reads.
+struct Q115BoundaryValues;
 struct Q115Boundaries {
+    using Values = Q115BoundaryValues; // the same hooks, not counted (boundaries.h)
     static constexpr bool ACTIVE = true;
     static constexpr bool CONSTRAINS_WEIGHTS = Q115_CONSTRAIN_WEIGHTS != 0;
     static constexpr float ATTENTION_RESIDUAL_SCALE = Q115_ATTENTION_RESIDUAL_SCALE;
@@ -193,6 +198,18 @@ struct Q115Boundaries {
     LLMC_BD static float gelu_output(float x) { return q115_boundary(QB_GELU, x); }
     LLMC_BD static float logits(float x) { return q115_matmul_output(QB_LOGITS, x); }
     LLMC_BD static float constrain_weight(float x) { return llmc::q_clamp(x); }
+};
+// Q115Boundaries' hooks without the telemetry (the readers and constrain_weight count nothing anyway)
+struct Q115BoundaryValues : Q115Boundaries {
+    using Values = Q115BoundaryValues;
+    LLMC_BD static float embedding(float x) { return q115_boundary<false>(QB_EMBEDDING, x); }
+    LLMC_BD static float residual(float x) { return q115_boundary<false>(QB_RESIDUAL, x); }
+    LLMC_BD static float norm_output(float x) { return q115_boundary<false>(QB_NORM, x); }
+    LLMC_BD static float attention_scores(float x) { return q115_matmul_output<false>(QB_SCORES, x); }
+    LLMC_BD static float softmax_output(float x) { return q115_boundary<false>(QB_SOFTMAX, x); }
+    LLMC_BD static float attention_output(float x) { return q115_matmul_output<false>(QB_ATTN_OUT, x); }
+    LLMC_BD static float gelu_output(float x) { return q115_boundary<false>(QB_GELU, x); }
+    LLMC_BD static float logits(float x) { return q115_matmul_output<false>(QB_LOGITS, x); }
 };
 using RecipeBoundaries = Q115Boundaries;
 
