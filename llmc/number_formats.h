@@ -513,4 +513,14 @@ LLMC_HD inline float simulate_q131(float x) {
     return with_sign_of(round_magnitude_below_2_23(c * 2147483648.0f), c) * (1.0f / 2147483648.0f);
 }
 
+// simulate_q115(simulate_q131(x)): a GEMM output through the FP32 register, then the SF16 store. For
+// a BF16 value (the low 16 bits zero) simulate_q131 changes nothing that simulate_q115 keeps: it is
+// the identity from |x| >= 2^-24 up (a BF16 value there is a multiple of 2^-31) and below that both
+// roads give +0; so the Q1.31 rounding is skipped, and only other floats take it (checked for every
+// BF16 value and a stride through all floats in dev/test/test_number_formats.cpp).
+LLMC_HD inline float simulate_q115_of_q131(float x) {
+    if ((float_bits(x) & 0xFFFFu) == 0u) return simulate_q115(x);
+    return simulate_q115(simulate_q131(x));
+}
+
 } // namespace llmc

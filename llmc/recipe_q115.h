@@ -163,7 +163,7 @@ LLMC_BD float q115_boundary(int which, float x) {
 template <bool OBSERVE = true>
 LLMC_BD float q115_matmul_output(int which, float x) {
     const float s = q115_range(which), xs = x * (1.0f / s);
-    const float q = llmc::simulate_q115(llmc::simulate_q131(xs));
+    const float q = llmc::simulate_q115_of_q131(xs);
 #if defined(__CUDA_ARCH__)
     if constexpr (OBSERVE) q115_observe(which, xs, q);
 #endif

@@ -725,6 +725,35 @@ TEST_CASE("number formats: simulate_q115 and simulate_q131 equal decode(encode(x
     CHECK(fails == 0);
 }
 
+// the shortcut for BF16 inputs is the composition, bit for bit, for every BF16 value (the device's
+// GEMM outputs) and for other floats (which take the full road)
+TEST_CASE("number formats: simulate_q115_of_q131 equals simulate_q115(simulate_q131(x))") {
+    auto same = [](float a, float b) { return llmc::float_bits(a) == llmc::float_bits(b) || (a != a && b != b); };
+    int fails = 0;
+    auto check_x = [&](float x) {
+        EXPECT_IN_LOOP(same(llmc::simulate_q115_of_q131(x), llmc::simulate_q115(llmc::simulate_q131(x))),
+                       "x " << x << " bits " << llmc::float_bits(x));
+    };
+    for (uint32_t b = 0; b < 65536 && fails < 10; b++) check_x(llmc::bits_float(b << 16));
+    for (uint64_t b = 0; b < (1ull << 32) && fails < 10; b += 509) check_x(llmc::bits_float((uint32_t)b));
+    // the double rounding that only non-BF16 floats meet, so the full road matters there: just below a
+    // Q1.15 tie, within half a Q1.31 step, q131 lands on the tie and q115 rounds it to even (up, for an
+    // odd k), where q115 alone rounds down
+    int double_rounded = 0;
+    for (int k = 1; k < 64 && fails < 10; k += 2) {
+        const float tie = ((float)k + 0.5f) / 32768.0f;   // below 2^-8: Q1.31 rounds there
+        float x = tie;
+        for (int i = 0; i < 16; i++) {
+            x = std::nextafter(x, 0.0f);
+            check_x(x);
+            check_x(-x);
+            double_rounded += llmc::simulate_q115(llmc::simulate_q131(x)) != llmc::simulate_q115(x);
+        }
+    }
+    CHECK(double_rounded > 0);
+    CHECK(fails == 0);
+}
+
 // float -> BF16 -> float, round to nearest even (finite inputs)
 float bf16_round(float x) {
     uint32_t u;
