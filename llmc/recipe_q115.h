@@ -120,9 +120,9 @@ LLMC_BD float q115_range(int which) {
 }
 
 // Counts per boundary (of x / range: "clamped" is |x| > 0.999 * range). A kernel may pass a value
-// through its hook more than once (the materialized softmax reads each score three times, the flash
-// attention's four kernels each once, the classifier each logit twice); every count grows alike, so
-// the fractions are unchanged.
+// through its hook more than once (the materialized softmax reads each score three times, the
+// classifier each logit twice; the flash attention counts each once, boundaries.h's Values); every
+// count grows alike, so the fractions are unchanged.
 struct Q115Counters {
     unsigned long long seen, clamped, flushed;
     unsigned int amax_bits; // |x| as float bits (non-negative floats order like their bits)
