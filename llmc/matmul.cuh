@@ -456,12 +456,17 @@ __global__ void bias_backward_partial_vec_kernel(float* scratch, uint32_t* amax_
     bias_amax_commit<AMAX>(amax, amax_out);
 }
 
-__global__ void bias_backward_reduce_kernel(float* dbias, const float* scratch, int OC) {
+__global__ void bias_backward_reduce_kernel(float* dbias, const float* scratch, int OC, int groups) {
     int oc = blockIdx.x * blockDim.x + threadIdx.x;
     if (oc >= OC) return;
     float sum = 0.0f;
-    for (int g = 0; g < BIAS_ROW_GROUPS; g++) sum += scratch[(long long)g * OC + oc];
+    for (int g = 0; g < groups; g++) sum += scratch[(long long)g * OC + oc];
     dbias[oc] += sum;
+}
+// dbias[oc] += the sum, in order, of `groups` partial sums scratch[g][oc] (row groups g = 0, 1, ...)
+inline void bias_backward_reduce(float* dbias, const float* scratch, int OC, int groups, cudaStream_t stream) {
+    bias_backward_reduce_kernel<<<ceil_div(OC, 256), 256, 0, stream>>>(dbias, scratch, OC, groups);
+    cudaCheckLaunch();
 }
 
 // dbias[oc] += part[oc]: the bias gradient a GEMM epilogue wrote (EPI_BGRADB) into the running sum
@@ -488,6 +493,5 @@ inline void bias_backward(float* dbias, float* scratch, const floatX* dout, int 
         else bias_backward_partial_kernel<false><<<grid, 128, 0, stream>>>(scratch, nullptr, dout, N, OC);
     }
     cudaCheckLaunch();
-    bias_backward_reduce_kernel<<<ceil_div(OC, 256), 256, 0, stream>>>(dbias, scratch, OC);
-    cudaCheckLaunch();
+    bias_backward_reduce(dbias, scratch, OC, BIAS_ROW_GROUPS, stream);
 }

@@ -346,6 +346,46 @@ LLMC_HD inline float minifloat_decode(uint32_t code, MinifloatFormat f) {
     return bits_float(sign | float_bits(v));
 }
 
+// Round to nearest even in the VALUE domain, saturating: the float value
+// minifloat_decode(minifloat_encode(x, f, Overflow::Saturate, Rounding::NearestEven)) for every
+// x that is not NaN (NaN is returned as it is), in a handful of instructions instead of the
+// bit-level encoder and decoder. The virtual-cast kernels' hot loop (vcast_kernels.cuh); the CPU
+// test checks it against the pair for every float32 sign, exponent and top 11 mantissa bits,
+// with the low 12 bits all the patterns that matter to rounding.
+//
+// Method: near |x| the values of f are the multiples of the quantum 2^(E - M), E = floor(log2 |x|)
+// clamped to [emin, emax] (a value below 2^emin is a multiple of the subnormal quantum; above the
+// largest binade the quantum stays that of the largest). |x| / quantum is an exact float (a power
+// of two scaling of a normal float that stays normal, or zero), rint rounds it to an integer with
+// ties to even, and an even integer is an even code (its last bit is the code's mantissa LSB,
+// the implicit 1 above it or not); the product back is exact, and a carry out of the mantissa
+// lands on the next binade's first value, as the encoder's carry does. fminf saturates (inf
+// included: inf / quantum = inf). Needs 2^(E - M) and 2^(M - E) normal for every E in
+// [emin, emax] (minifloat_round_even_ok): every format with at most 8 exponent bits and a
+// moderate bias, e.g. all FP8 / FP6 / FP4 element formats.
+LLMC_HD constexpr bool minifloat_round_even_ok(MinifloatFormat f) {
+    return f.emin() - f.man_bits >= -126 && f.man_bits - f.emin() <= 127 && f.emax() - f.man_bits <= 127 &&
+           f.man_bits - f.emax() >= -126;
+}
+LLMC_HD inline float rn_rint(float x) {
+#ifdef __CUDA_ARCH__
+    return rintf(x);
+#else
+    return std::nearbyint(x); // the default rounding mode: to nearest, ties to even
+#endif
+}
+LLMC_HD inline float minifloat_round_even(float x, MinifloatFormat f) {
+    const uint32_t u = float_bits(x), abits = u & 0x7FFFFFFFu;
+    if (abits > 0x7F800000u) return x;                // NaN
+    if ((u >> 31) != 0u && !f.is_signed) return 0.0f; // unsigned: negatives clamp to +0
+    const int e = (int)(abits >> 23) - 127;           // -127 for zero and float32 subnormals
+    const int emin = f.emin(), emax = f.emax();
+    const int E = e < emin ? emin : (e > emax ? emax : e);
+    const float k = rn_rint(rn_mul(bits_float(abits), pow2_normal(f.man_bits - E)));
+    const float v = fminf(rn_mul(k, pow2_normal(E - f.man_bits)), (float)f.max_finite());
+    return bits_float(float_bits(v) | (u & 0x80000000u));
+}
+
 // ---------------------------------------------------------------------------------------------
 // FP8 E4M3 / E5M2
 

@@ -160,9 +160,8 @@ inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream
             // casts its loaded weights once more, and must draw the same bits)
             const uint64_t seed = vc_mix_seed(r.seed ^ 0x57454947ULL,
                                               (uint64_t)r.weight_version * r.num_linears + l * NUM_LINEAR_KINDS + k);
-            vcast_tensor(vc_weight_rows(r, id), W, OC, C, false, r.dt[VC_W], r.vo[VC_W], seed, r.tensor_stats, st);
-            if (vcast_is_tiled(r.dt[VC_W]))
-                vcast_tensor(vc_weight_cols(r, id), W, OC, C, true, r.dt[VC_W], r.vo[VC_W], seed, r.tensor_stats, st);
+            vcast_tensor_both(vc_weight_rows(r, id), vc_weight_cols(r, id), W, OC, C, r.dt[VC_W], r.vo[VC_W], seed,
+                              r.tensor_stats, nullptr, nullptr, 0, st);
             // the weights' telemetry describes the weights now in use (always measured: once per step)
             for (VcastTensor t : {VT_W, VT_W_DGRAD}) {
                 double* s = vc_stats(r, id, t);
@@ -213,13 +212,12 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         plain_linear_backward(dweight, dbias, dinp, dout, inp, weight, pre_gelu, r.scratch, N, C, OC, st);
         return;
     }
-    PHASE("vcast: bias grad");
-    if (dbias) bias_backward(dbias, r.scratch.bias_partials, dout, N, OC, st);
-    PHASE("vcast: cast dy");
+    PHASE("vcast: cast dy (+ bias grad)");
     const vc::DataType &a = r.dt[VC_A], &g = r.dt[VC_G];
     const uint64_t seed_dy = vc_next_seed(r, true);
-    vcast_tensor(r.dyq, dout, N, OC, false, g, r.vo[VC_G], seed_dy, r.tensor_stats, st);
-    if (vcast_is_tiled(g)) vcast_tensor(r.dyq_cols, dout, N, OC, true, g, r.vo[VC_G], seed_dy, r.tensor_stats, st);
+    // both directions of dy (one read where the MX kernel applies) and dbias from the same read
+    vcast_tensor_both(r.dyq, r.dyq_cols, dout, N, OC, g, r.vo[VC_G], seed_dy, r.tensor_stats, dbias,
+                      r.scratch.bias_partials, (long long)BIAS_ROW_GROUPS * 4 * r.C, st);
     PHASE("vcast: cast x (wgrad)");
     // x along N (a datatype without tiles: the forward's cast again, with a fresh seed)
     vcast_tensor(r.xq, inp, N, C, vcast_is_tiled(a), a, r.vo[VC_A], vc_next_seed(r, true), r.tensor_stats, st);

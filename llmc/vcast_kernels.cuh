@@ -12,13 +12,19 @@
 //            staged through shared memory for tiles of up to 64 values
 //   columns: tiles of `tile` consecutive values of a column, one thread each (a warp covers 32
 //               neighbouring columns, so its loads are coalesced)
+// The MX float datatypes with 32-value tiles on tensors of whole 32 x 128 patches (every linear of
+// the recipe at B*T a multiple of 32) take vcast_mx32_kernel instead: one read of the tensor for
+// either direction or both (the output gradient, with its bias gradient's column sums), values in
+// registers between the amax and the cast, 16-byte accesses.
 // A datatype without tiles (one tensor scale, or no scale) does not depend on the direction:
 // vcast_tensor first reduces the tensor's statistics (amax, min, max over the values M-of-N
 // sparsity keeps), then casts every value with the one scale.
 // Stochastic rounding draws the bits of element (r, c) from vcast_random_bits(seed, r * cols + c),
 // as the CPU reference does, whatever the direction.
 #pragma once
+#include <cuda_fp8.h>
 #include "cuda_common.h"
+#include "matmul.cuh" // bias_backward, bias_backward_reduce
 #include "vcast.h"
 
 namespace vc = llmc::vcast;
@@ -137,6 +143,62 @@ __device__ __forceinline__ float vcast_element_mx(float x, vc::InfNan infnan, in
     return vc::vc_mul_pow2(q, exp);
 }
 
+// The same with round-to-nearest-even by minifloat_round_even (the same values, fewer instructions)
+template <int FMT>
+__device__ __forceinline__ float vcast_element_mx_even(float x, vc::InfNan infnan, int exp) {
+    constexpr llmc::MinifloatFormat F = VcastMxFormat<FMT>::f;
+    static_assert(llmc::minifloat_round_even_ok(F), "minifloat_round_even needs normal quanta");
+    if (llmc::is_nan_bits(x)) return x;
+    float q = llmc::minifloat_round_even(vc::vc_mul_pow2(x, -exp), F);
+    if (infnan == vc::InfNan::FNUZ && q == 0.0f) q = 0.0f;
+    return vc::vc_mul_pow2(q, exp);
+}
+template <int FMT>
+__device__ __forceinline__ float vcast_mx_value(float x, vc::InfNan infnan, int exp, vc::RoundMode rm, uint32_t rbits) {
+    return rm == vc::RoundMode::Even ? vcast_element_mx_even<FMT>(x, infnan, exp)
+                                     : vcast_element_mx<FMT>(x, infnan, exp, rm, rbits);
+}
+
+// Two values of one tile, round to nearest even. FP8 E4M3 / E5M2 (FMT 1, 2) go through the
+// hardware conversion (cvt.rn.satfinite.{e4m3,e5m2}x2.f32: to nearest even, saturating at +-max,
+// inf included, NaN to NaN; then back through FP16, which holds every FP8 value exactly): the
+// values minifloat_round_even gives, two per instruction. build/test_vcast checks every BF16 value
+// of the scaled range against the CPU reference.
+template <int FMT>
+__device__ __forceinline__ float2 vcast_mx_even_pair(float a, float b, vc::InfNan infnan, int exp) {
+    if constexpr (FMT == 1 || FMT == 2) {
+        if (infnan != vc::InfNan::FNUZ) {
+            constexpr __nv_fp8_interpretation_t K = FMT == 1 ? __NV_E4M3 : __NV_E5M2;
+            const float2 y = make_float2(vc::vc_mul_pow2(a, -exp), vc::vc_mul_pow2(b, -exp));
+            const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_cvt_float2_to_fp8x2(y, __NV_SATFINITE, K), K);
+            const float2 q = __half22float2(__half2(h));
+            return make_float2(vc::vc_mul_pow2(q.x, exp), vc::vc_mul_pow2(q.y, exp));
+        }
+    }
+    return make_float2(vcast_element_mx_even<FMT>(a, infnan, exp), vcast_element_mx_even<FMT>(b, infnan, exp));
+}
+
+// n (even) consecutive values of one tile in place: element i draws the bits of index
+// index0 + i * step (stochastic rounding only)
+template <int FMT, int n>
+__device__ __forceinline__ void vcast_mx_values(float* v, vc::InfNan infnan, int exp, vc::RoundMode rm, uint64_t seed,
+                                                long long index0, long long step) {
+    if (rm == vc::RoundMode::Even) {
+#pragma unroll
+        for (int i = 0; i < n; i += 2) {
+            const float2 q = vcast_mx_even_pair<FMT>(v[i], v[i + 1], infnan, exp);
+            v[i] = q.x;
+            v[i + 1] = q.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < n; i++) {
+            const uint32_t r = rm == vc::RoundMode::Stochastic ? vc::vcast_random_bits(seed, (uint64_t)(index0 + i * step)) : 0u;
+            v[i] = vcast_element_mx<FMT>(v[i], infnan, exp, rm, r);
+        }
+    }
+}
+
 // vcast_tile, with the MX fast path for FMT > 0 (no sparsity there)
 template <int FMT, class TIn, class TOut>
 __device__ __forceinline__ void vcast_tile_any(const TIn* in, TOut* out, int n, int64_t stride, const vc::DataType& dt,
@@ -149,8 +211,8 @@ __device__ __forceinline__ void vcast_tile_any(const TIn* in, TOut* out, int n, 
     const bool stochastic = o.round == vc::RoundMode::Stochastic;
     for (int i = 0; i < n; i++) {
         const uint32_t r = stochastic ? vc::vcast_random_bits(seed, index0 + (uint64_t)((int64_t)i * step)) : 0u;
-        out[i * stride] = static_cast<TOut>(vcast_element_mx<FMT == 0 ? 1 : FMT>(static_cast<float>(in[i * stride]),
-                                                                                  dt.num.infnan, ts.exp, o.round, r));
+        out[i * stride] = static_cast<TOut>(vcast_mx_value<FMT == 0 ? 1 : FMT>(static_cast<float>(in[i * stride]),
+                                                                                dt.num.infnan, ts.exp, o.round, r));
     }
 }
 
@@ -199,6 +261,127 @@ __global__ void vcast_cols_kernel(floatX* out, const floatX* x, int rows, int co
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// MX datatypes with 32-value tiles (the OCP MX block: every predefined MX name) on a tensor with
+// rows % 32 == 0 and cols % 128 == 0: one read for either direction or both. The kernels above
+// give each thread a whole tile, two passes over it (statistics, then the cast) and 2-byte
+// accesses; this one keeps every value in registers between the passes and moves 16 bytes per
+// access. A block of 256 threads walks 32 x 128 patches down the rows (patch p = blockIdx.y,
+// + gridDim.y, ...):
+//   rows:    thread t holds the patch's 16-byte vectors t and t + 256 (vector v: row v / 16,
+//            columns 8 (v % 16) .. + 7), so lanes 4k .. 4k + 3 hold one 32-value row tile: its amax
+//            is two xor-shuffles away and each lane casts its 8 values where they are
+//   columns: the patch is staged in shared memory (BF16, as read); thread t takes column t % 128
+//            and rows 16 (t / 128) .. + 15, the two halves of a column tile swap their amax through
+//            shared memory, the cast values go back in place and leave as 16-byte row vectors
+//   bias:    (with columns, optional) each thread adds its half-column of x in FP32, row after row,
+//            over all of its block's patches; the two halves are added and stored in
+//            bias_partials[blockIdx.y][column], which bias_backward_reduce sums over blockIdx.y
+//            in order: deterministic, with the BF16 x as bias_backward reads it.
+// Scales and values are those of vcast_tile (vcast_select_scale of the tile's amax over finite
+// values; vcast_mx_value), and element (r, c) draws its stochastic bits from index r * cols + c
+// in both directions: the same bits as the kernels above.
+static const int VCAST_MX32_ROWS = 32, VCAST_MX32_COLS = 128, VCAST_MX32_THREADS = 256;
+
+__device__ __forceinline__ uint32_t vcast_finite_abs_bits(float v) {
+    const uint32_t a = __float_as_uint(v) & 0x7FFFFFFFu;
+    return a < 0x7F800000u ? a : 0u; // NaN and +-inf never set a scale (vcast_stats_add)
+}
+
+template <int FMT>
+__global__ void __launch_bounds__(VCAST_MX32_THREADS)
+    vcast_mx32_kernel(floatX* out_rows, floatX* out_cols, float* bias_partials, const floatX* x, int rows, int cols,
+                      vc::DataType dt, vc::VcastOptions o, uint64_t seed) {
+    constexpr int PR = VCAST_MX32_ROWS, PC = VCAST_MX32_COLS, VPR = PC / 8; // 16 vectors per patch row
+    __shared__ __align__(16) floatX patch[PR][PC];
+    __shared__ uint32_t half_amax[2][PC];
+    const int t = threadIdx.x, patches = rows / PR;
+    const long long c0 = (long long)blockIdx.x * PC;
+    const int ccol = t % PC, chalf = t / PC; // the column pass's column and half
+    // the 16-byte vector k of this thread in patch p: its offset in x (and in the outputs)
+    auto vec_at = [&](int p, int k) {
+        const int v = t + k * VCAST_MX32_THREADS;
+        return ((long long)p * PR + v / VPR) * cols + c0 + v % VPR * 8;
+    };
+    float bias_sum = 0.0f;
+    uint4 raw[2], next[2];
+    if ((int)blockIdx.y < patches)
+        for (int k = 0; k < 2; k++) raw[k] = *reinterpret_cast<const uint4*>(x + vec_at(blockIdx.y, k));
+    for (int p = blockIdx.y; p < patches; p += gridDim.y) {
+        // the next patch's loads are in flight while this one is cast
+        const int pn = p + gridDim.y;
+        if (pn < patches)
+            for (int k = 0; k < 2; k++) next[k] = *reinterpret_cast<const uint4*>(x + vec_at(pn, k));
+        if (out_rows) {
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const floatX* e = reinterpret_cast<const floatX*>(&raw[k]);
+                float f[8];
+                uint32_t amax = 0u;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    f[j] = (float)e[j];
+                    amax = max(amax, vcast_finite_abs_bits(f[j]));
+                }
+                amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+                amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+                vc::TileStats st;
+                st.amax = __uint_as_float(amax);
+                const int exp = vc::vcast_select_scale(dt, st, o.scale).exp;
+                const long long at = vec_at(p, k);
+                vcast_mx_values<FMT, 8>(f, dt.num.infnan, exp, o.round, seed, at, 1);
+                uint4 packed;
+                __nv_bfloat162* q = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+                for (int j = 0; j < 4; j++) q[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+                *reinterpret_cast<uint4*>(out_rows + at) = packed;
+            }
+        }
+        if (out_cols) {
+            __syncthreads(); // the previous patch's last reads of `patch` are done
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const int v = t + k * VCAST_MX32_THREADS;
+                *reinterpret_cast<uint4*>(&patch[v / VPR][v % VPR * 8]) = raw[k];
+            }
+            __syncthreads();
+            float f[16];
+            uint32_t amax = 0u;
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                f[i] = (float)patch[chalf * 16 + i][ccol];
+                amax = max(amax, vcast_finite_abs_bits(f[i]));
+                if (bias_partials) bias_sum += f[i];
+            }
+            half_amax[chalf][ccol] = amax;
+            __syncthreads();
+            amax = max(amax, half_amax[chalf ^ 1][ccol]);
+            vc::TileStats st;
+            st.amax = __uint_as_float(amax);
+            const int exp = vc::vcast_select_scale(dt, st, o.scale).exp;
+            vcast_mx_values<FMT, 16>(f, dt.num.infnan, exp, o.round, seed, ((long long)p * PR + chalf * 16) * cols + c0 + ccol,
+                                     cols);
+#pragma unroll
+            for (int i = 0; i < 16; i++) patch[chalf * 16 + i][ccol] = (floatX)f[i];
+            __syncthreads();
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const int v = t + k * VCAST_MX32_THREADS;
+                *reinterpret_cast<uint4*>(out_cols + vec_at(p, k)) = *reinterpret_cast<const uint4*>(&patch[v / VPR][v % VPR * 8]);
+            }
+        }
+        raw[0] = next[0];
+        raw[1] = next[1];
+    }
+    if (bias_partials) {
+        __syncthreads(); // half_amax is reused for the halves' sums
+        float* half_sum = reinterpret_cast<float*>(&half_amax[0][0]);
+        half_sum[chalf * PC + ccol] = bias_sum;
+        __syncthreads();
+        if (chalf == 0) bias_partials[(long long)blockIdx.y * cols + c0 + ccol] = bias_sum + half_sum[PC + ccol];
+    }
+}
+
 inline int vcast_grid(long long work, int threads) {
     return (int)std::max<long long>(1, std::min<long long>(ceil_div(work, (long long)threads), 132LL * 32));
 }
@@ -228,6 +411,45 @@ inline bool vcast_shape_ok(const vc::DataType& dt, const vc::VcastOptions& o, in
         return len % tile == 0 && (!vc::vcast_sparsity_on(o) || tile % o.sparse_n == 0);
     }
     return !vc::vcast_sparsity_on(o) || cols % o.sparse_n == 0;
+}
+
+// Whether vcast_mx32_kernel takes a cast: an MX float datatype (vcast_mx_format) with 32-value
+// tiles, rows % 32 == 0, cols % 128 == 0, 16-byte aligned tensors
+inline bool vcast_mx32_applies(const vc::DataType& dt, const vc::VcastOptions& o, int rows, int cols,
+                               const void* x, const void* out) {
+    return vcast_mx_format(dt, o) > 0 && dt.scale.tile_kind == vc::TileKind::Tile && dt.scale.tile == VCAST_MX32_ROWS &&
+           rows % VCAST_MX32_ROWS == 0 && cols % VCAST_MX32_COLS == 0 && rows > 0 && (uintptr_t)x % 16 == 0 &&
+           (uintptr_t)out % 16 == 0;
+}
+
+// Launches vcast_mx32_kernel: out_rows / out_cols may be null (that direction is skipped);
+// bias_partials (with out_cols): room for bias_capacity floats, filled with the partial column
+// sums of `groups` row groups, returned (0 without bias_partials)
+template <int FMT>
+inline int vcast_mx32_launch(floatX* out_rows, floatX* out_cols, float* bias_partials, long long bias_capacity,
+                             const floatX* x, int rows, int cols, const vc::DataType& dt, const vc::VcastOptions& o,
+                             uint64_t seed, cudaStream_t stream) {
+    const int col_blocks = cols / VCAST_MX32_COLS, patches = rows / VCAST_MX32_ROWS;
+    // enough blocks for a few waves of 8 blocks per SM, each walking several patches; with bias
+    // partials, no more row groups than their scratch holds
+    long long groups = std::min<long long>(patches, ceil_div(132LL * 8 * 4, (long long)col_blocks));
+    if (bias_partials) groups = std::max(1LL, std::min(groups, bias_capacity / cols));
+    const dim3 grid(col_blocks, (unsigned)groups);
+    vcast_mx32_kernel<FMT><<<grid, VCAST_MX32_THREADS, 0, stream>>>(out_rows, out_cols, bias_partials, x, rows, cols, dt,
+                                                                     o, seed);
+    cudaCheckLaunch();
+    return bias_partials ? (int)groups : 0;
+}
+inline int vcast_mx32(floatX* out_rows, floatX* out_cols, float* bias_partials, long long bias_capacity, const floatX* x,
+                      int rows, int cols, const vc::DataType& dt, const vc::VcastOptions& o, uint64_t seed,
+                      cudaStream_t stream) {
+    switch (vcast_mx_format(dt, o)) {
+        case 1: return vcast_mx32_launch<1>(out_rows, out_cols, bias_partials, bias_capacity, x, rows, cols, dt, o, seed, stream);
+        case 2: return vcast_mx32_launch<2>(out_rows, out_cols, bias_partials, bias_capacity, x, rows, cols, dt, o, seed, stream);
+        case 3: return vcast_mx32_launch<3>(out_rows, out_cols, bias_partials, bias_capacity, x, rows, cols, dt, o, seed, stream);
+        case 4: return vcast_mx32_launch<4>(out_rows, out_cols, bias_partials, bias_capacity, x, rows, cols, dt, o, seed, stream);
+        default: return vcast_mx32_launch<5>(out_rows, out_cols, bias_partials, bias_capacity, x, rows, cols, dt, o, seed, stream);
+    }
 }
 
 // out = the virtual cast of x (rows x cols), tiles along the rows (along_cols = false) or the
@@ -263,6 +485,10 @@ inline void vcast_tensor(floatX* out, const floatX* x, int rows, int cols, bool 
         cudaCheckLaunch();
         return;
     }
+    if (vcast_mx32_applies(dt, o, rows, cols, x, out)) {
+        vcast_mx32(along_cols ? nullptr : out, along_cols ? out : nullptr, nullptr, 0, x, rows, cols, dt, o, seed, stream);
+        return;
+    }
     const int len = along_cols ? rows : cols;
     const int tile = dt.scale.tile_kind == vc::TileKind::Channel ? len : dt.scale.tile;
     switch (vcast_mx_format(dt, o)) {
@@ -274,6 +500,26 @@ inline void vcast_tensor(floatX* out, const floatX* x, int rows, int cols, bool 
         default: vcast_launch_tiles<0>(out, x, rows, cols, tile, along_cols, dt, o, seed, stream); break;
     }
     cudaCheckLaunch();
+}
+
+// Both directions of one tensor (the output gradient: rows for dgrad, columns for wgrad, the same
+// seed), and optionally dbias += its column sums (bias_scratch: BIAS_ROW_GROUPS * 4 * C floats, as
+// the recipes' scratch; bias_capacity its size in floats). With a tiled datatype both casts come
+// from one read (vcast_mx32) where that kernel applies, and the column sums from the same read;
+// otherwise two vcast_tensor calls and bias_backward. A datatype without tiles casts once
+// (out_cols is then not written: the caller uses out_rows for both).
+inline void vcast_tensor_both(floatX* out_rows, floatX* out_cols, const floatX* x, int rows, int cols,
+                              const vc::DataType& dt, const vc::VcastOptions& o, uint64_t seed, VcastTensorStats* stats,
+                              float* dbias, float* bias_scratch, long long bias_capacity, cudaStream_t stream) {
+    if (vcast_is_tiled(dt) && vcast_mx32_applies(dt, o, rows, cols, x, out_rows) && (uintptr_t)out_cols % 16 == 0) {
+        const int groups = vcast_mx32(out_rows, out_cols, dbias ? bias_scratch : nullptr, bias_capacity, x, rows, cols,
+                                      dt, o, seed, stream);
+        if (dbias) bias_backward_reduce(dbias, bias_scratch, cols, groups, stream);
+        return;
+    }
+    if (dbias) bias_backward(dbias, bias_scratch, x, rows, cols, stream);
+    vcast_tensor(out_rows, x, rows, cols, false, dt, o, seed, stats, stream);
+    if (vcast_is_tiled(dt)) vcast_tensor(out_cols, x, rows, cols, true, dt, o, seed, stats, stream);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -824,3 +824,51 @@ TEST_CASE("number formats: the E2M1 fast paths equal the generic minifloat codec
                            llmc::float_bits(llmc::minifloat_decode(c, llmc::kFP4E2M1)), "decode of code " << c);
     CHECK(fails == 0);
 }
+
+TEST_CASE("number formats: minifloat_round_even equals decode(encode(x)) with saturation, every float that matters") {
+    // The formats of the virtual-cast MX fast path and a few more eXmY with moderate biases. The
+    // inputs: every sign, exponent and top 11 mantissa bits (the rounding position of a format with
+    // at most 11 mantissa bits, and its guard bit, are among them) with the low 12 bits 0, 1, 0x7FF,
+    // 0x800, 0x801 and 0xFFF (no sticky bit, a lowest one, a tie of one more bit, the rest): 6 * 2^20
+    // patterns per format, NaNs, infinities, zeros and float32 subnormals among them.
+    const llmc::MinifloatFormat formats[] = {
+        llmc::kFP8E4M3, llmc::kFP8E5M2, llmc::kFP4E2M1, llmc::kUE4M3,
+        {3, 2, 3, llmc::Specials::FiniteOnly, true},  // FP6 E3M2
+        {2, 3, 1, llmc::Specials::FiniteOnly, true},  // FP6 E2M3
+        {5, 6, 15, llmc::Specials::IEEE, true},       // e5m6
+        {6, 3, 31, llmc::Specials::IEEE, true},       // e6m3
+        {4, 3, 8, llmc::Specials::NanOnly, true},     // e4m3 with the fnuz bias
+        {5, 10, 15, llmc::Specials::IEEE, true},      // FP16
+        {3, 11, 3, llmc::Specials::FiniteOnly, false} // unsigned, 11 mantissa bits
+    };
+    const uint32_t lows[] = {0x000u, 0x001u, 0x7FFu, 0x800u, 0x801u, 0xFFFu};
+    int fails = 0;
+    size_t checked = 0;
+    for (const llmc::MinifloatFormat& f : formats) {
+        REQUIRE(llmc::minifloat_round_even_ok(f));
+        for (uint32_t hi = 0; hi < (1u << 20) && fails < 5; hi++)
+            for (uint32_t lo : lows) {
+                const uint32_t u = (hi << 12) | lo;
+                const float x = llmc::bits_float(u);
+                const float got = llmc::minifloat_round_even(x, f);
+                checked++;
+                if (x != x) {
+                    EXPECT_IN_LOOP(llmc::float_bits(got) == u, "NaN bits " << u << " not passed through");
+                    continue;
+                }
+                const float want = llmc::minifloat_decode(
+                    llmc::minifloat_encode(x, f, Overflow::Saturate, Rounding::NearestEven), f);
+                EXPECT_IN_LOOP(llmc::float_bits(got) == llmc::float_bits(want),
+                               "format e" << f.exp_bits << "m" << f.man_bits << "b" << f.bias << ", x bits " << u
+                                          << ": value path " << got << ", codec " << want);
+            }
+    }
+    CHECK(fails == 0);
+    CHECK(checked == 11ull * 6 * (1u << 20));
+    // and it can fail: a format that rounds elsewhere gives other values
+    CHECK(llmc::minifloat_round_even(1.0625f, llmc::kFP8E4M3) == 1.0f);   // a tie to even
+    CHECK(llmc::minifloat_round_even(1.1875f, llmc::kFP8E4M3) == 1.25f);  // a tie up to even
+    CHECK(llmc::minifloat_round_even(464.0f, llmc::kFP8E4M3) == 448.0f);  // the tie below 480 stays
+    CHECK(llmc::minifloat_round_even(-1e30f, llmc::kFP8E5M2) == -57344.0f);
+    CHECK(llmc::minifloat_round_even(0.25f, llmc::kFP4E2M1) == 0.0f);
+}
