@@ -176,17 +176,6 @@ static bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
 }
 
 // the k-th batch of the resume test: the reference batch with its tokens rotated by k
-static std::vector<uint8_t> read_file_bytes(const std::string& path) {
-    std::vector<uint8_t> bytes;
-    FILE* f = fopen(path.c_str(), "rb");
-    if (!f) return bytes;
-    uint8_t buf[1 << 16];
-    size_t got;
-    while ((got = fread(buf, 1, sizeof(buf), f)) > 0) bytes.insert(bytes.end(), buf, buf + got);
-    fclose(f);
-    return bytes;
-}
-
 static std::vector<int> rotated(const std::vector<int>& x, int k) {
     std::vector<int> y(x.size());
     for (size_t i = 0; i < x.size(); i++) y[i] = x[(i + k) % x.size()];
@@ -456,9 +445,42 @@ int main(int argc, char** argv) {
             ensure_output_dir(dir_b);
             save_checkpoint(&model, dir_a, total, data_state, opt.seed, 0, 1);
             save_checkpoint(&resumed, dir_b, total, data_state, opt.seed, 0, 1);
-            check(read_file_bytes(state_path(dir_a, total, 0)) == read_file_bytes(state_path(dir_b, total, 0)),
-                  strfmt("resumed state files (optimizer and '%s' recipe state) are byte-identical", RECIPE_NAME));
+            // every section byte for byte, except the record of -r (1 against the resumed model's 2)
+            StateReader ra, rb;
+            ra.open(state_path(dir_a, total, 0));
+            rb.open(state_path(dir_b, total, 0));
+            bool same_sections = ra.section_names() == rb.section_names();
+            for (const std::string& name : ra.section_names()) {
+                if (!same_sections || name == "recompute") continue;
+                std::vector<unsigned char> ba(ra.size_of(name)), bb(rb.size_of(name));
+                ra.read(name, ba.data(), ba.size());
+                if (bb.size() == ba.size()) rb.read(name, bb.data(), bb.size());
+                if (ba != bb) { printf("  section '%s' differs\n", name.c_str()); same_sections = false; }
+            }
+            int32_t rec_a = -1, rec_b = -1;
+            if (ra.has("recompute")) ra.read("recompute", &rec_a, sizeof(rec_a));
+            if (rb.has("recompute")) rb.read("recompute", &rec_b, sizeof(rec_b));
+            check(same_sections && rec_a == 1 && rec_b == 2,
+                  strfmt("resumed state files (optimizer and '%s' recipe state) are byte-identical section by section; "
+                         "each records its own -r (%d, %d)", RECIPE_NAME, rec_a, rec_b));
         } catch (const InputError& e) { check(false, strfmt("save_checkpoint: %s", e.what())); }
+        // -r -1 (auto, the trainer's default): this small model's GELU outputs fit, so none is
+        // recomputed. Kept (the fc GEMM epilogue's GELU) and recomputed (the GELU kernel's) outputs
+        // differ in the last bits, so the losses after resuming from the -r 1 checkpoint are close
+        // to the -r 1 model's, not equal; the checkpoint records -r 1 for a -r -1 resume.
+        GPT kept;
+        gpt_build(&kept, info.shape);
+        gpt_allocate(&kept, B, T, -1);
+        check(kept.recompute == 0 && kept.recompute_auto, strfmt("-r -1 keeps every GELU output of a small model (chose -r %d)", kept.recompute));
+        try {
+            check(checkpoint_recompute(ckdir, save_at, 0) == 1, "the checkpoint records the -r it was written with (1)");
+            load_checkpoint(&kept, ckdir, save_at, &restored_state, 0);
+            std::vector<float> tail_kept;
+            run_steps(&kept, save_at, total, &tail_kept);
+            double worst = tail_kept.size() == (size_t)(total - save_at) ? 0.0 : INFINITY;
+            for (size_t i = 0; i < tail_kept.size(); i++) worst = std::max(worst, (double)std::fabs(tail_kept[i] - losses_a[save_at + i]));
+            check(worst <= 2e-3, strfmt("no recompute (-r 0) logs the losses of -r 1 within 2e-3 after resuming (max |diff| %.2e)", worst));
+        } catch (const InputError& e) { check(false, strfmt("load_checkpoint (-r -1): %s", e.what())); }
     }
     // a checkpoint of another shape is refused
     ModelShape other = info.shape;

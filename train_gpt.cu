@@ -156,6 +156,7 @@ struct GPT {
     Recipe recipe;                    // the precision recipe's state (scales, FP8 weights, ...)
     int B = 0, T = 0;                 // the sizes the activations were allocated for
     int recompute = 1;
+    bool recompute_auto = false; // -r -1: gpt_allocate chose `recompute` from the free memory
     bool flash_attention = false;     // fused attention (BF16, head size 64/128), else materialized
     int classifier_chunk = 0;         // rows of the LM head computed at once (bounds the logits buffer)
     int* inputs_dev = nullptr;        // (B,T)
@@ -217,7 +218,6 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
 
     Activations& a = model->acts;
     const size_t ln_layers = recompute >= 2 ? 1 : L;
-    const size_t gelu_layers = recompute >= 1 ? 1 : L;
     a.encoded = alloc_n<float>(BT * C, "activations (encoded)");
     a.ln1 = alloc_n<floatX>(ln_layers * BT * C, "activations (ln1)");
     a.ln1_mean = alloc_n<float>(L * BT, "activations (ln1 mean)");
@@ -256,7 +256,6 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
     a.ln2_mean = alloc_n<float>(L * BT, "activations (ln2 mean)");
     a.ln2_rstd = alloc_n<float>(L * BT, "activations (ln2 rstd)");
     a.fch = alloc_n<floatX>(L * BT * 4 * C, "activations (fc)");
-    a.fch_gelu = alloc_n<floatX>(gelu_layers * BT * 4 * C, "activations (gelu)");
     a.residual3 = alloc_n<float>(L * BT * C, "activations (residual3)");
     a.lnf = alloc_n<floatX>(BT * C, "activations (lnf)");
     a.lnf_mean = alloc_n<float>(BT, "activations (lnf mean)");
@@ -285,6 +284,22 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
     cudaCheck(cudaMemset(model->loss_sum_dev, 0, sizeof(float)));
     model->norm_partials = alloc_n<float>(NORM_BLOCKS, "norm scratch");
     model->norm_dev = alloc_n<float>(1, "norm");
+    // The GELU outputs, allocated last: -r -1 (auto, the default) keeps every layer's (no recompute,
+    // one elementwise pass per layer less in backward) when they fit with room to spare once
+    // everything else is allocated: a reserve of max(1 GiB, 1/16 of the GPU) for what cuBLASLt, NCCL
+    // and the CUDA context may still take. Otherwise one layer's, recomputed in backward (-r 1).
+    // The two differ in the last bits: the kept outputs are the fc GEMM epilogue's GELU (what the
+    // forward used), the recomputed ones the GELU kernel's. The checkpoint records the choice, and a
+    // resume with -r -1 takes it from there (main).
+    if (recompute < 0) {
+        size_t free_b = 0, total_b = 0;
+        cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+        const size_t kept = (L - 1) * BT * 4 * C * sizeof(floatX);
+        const size_t reserve = std::max<size_t>(1ull << 30, total_b / 16);
+        model->recompute = recompute = free_b > kept + reserve ? 0 : 1;
+        model->recompute_auto = true;
+    }
+    a.fch_gelu = alloc_n<floatX>((recompute >= 1 ? 1 : L) * BT * 4 * C, "activations (gelu)");
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -728,6 +743,10 @@ inline void save_checkpoint(const GPT* model, const std::string& dir, int step, 
     int32_t accumulation = grad_accum_steps;
     w.add("grad_accum_steps", &accumulation, sizeof(accumulation));
     // the GEMM algorithms autotuning chose, so that a resumed run computes the same bits (matmul.cuh)
+    // where the GELU outputs came from (kept from the fc GEMM's epilogue, or recomputed by the GELU
+    // kernel: the two round differently in the last bits), so that -r -1 resumes alike
+    int32_t recompute = model->recompute;
+    w.add("recompute", &recompute, sizeof(recompute));
     const std::vector<MatmulChoice> gemm_choices = matmul_choices();
     if (!gemm_choices.empty()) w.add("gemm_algorithms", gemm_choices.data(), gemm_choices.size() * sizeof(MatmulChoice));
     recipe_save(model->recipe, w);
@@ -795,6 +814,15 @@ inline void check_checkpoint(const std::string& dir, int step, const ModelShape&
                     "position would not carry over, so resume with the same -d", state_path(dir, step, rank).c_str(),
                     accumulation, grad_accum_steps);
     }
+}
+
+// The -r a checkpoint was written with, or -1 (a checkpoint from before it was recorded)
+inline int checkpoint_recompute(const std::string& dir, int step, int rank) {
+    StateReader r;
+    r.open(state_path(dir, step, rank));
+    int32_t recompute = -1;
+    if (r.has("recompute")) r.read("recompute", &recompute, sizeof(recompute));
+    return recompute;
 }
 
 inline void load_checkpoint(GPT* model, const std::string& dir, int step, DataLoaderState* data, int rank) {
@@ -898,6 +926,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<DataLoader> train_loader, val_loader;
     Tokenizer tokenizer;
     int resume_step = -1;
+    int recompute_from_checkpoint = -1; // -r -1 on resume: the -r the checkpoint was written with
     int local_rank = -1;
     try {
         cfg = parse_args(argc, argv);
@@ -937,6 +966,11 @@ int main(int argc, char** argv) {
             if (resume_step >= 0) check_checkpoint(cfg.output_dir, resume_step, shape, cfg.B, cfg.T, cfg.seed, cfg.process_rank,
                                                  cfg.num_processes, cfg.convert_recipe != 0, sharded ? cfg.num_processes : 1,
                                                  cfg.grad_accum_steps);
+            // -r -1 resumes with the checkpoint's choice (the same bits); an explicit -r is taken as given
+            if (resume_step >= 0 && cfg.recompute < 0) {
+                recompute_from_checkpoint = checkpoint_recompute(cfg.output_dir, resume_step, cfg.process_rank);
+                if (recompute_from_checkpoint >= 0) cfg.recompute = recompute_from_checkpoint;
+            }
         }
     } catch (const InputError& e) {
         fprintf(stderr, "error: %s\n", e.what());
@@ -1017,7 +1051,9 @@ int main(int argc, char** argv) {
     printf("| steps                 | %-50s |\n", strfmt("%d (from %d)", max_steps, start_step).c_str());
     printf("| lr, schedule, warmup  | %-50s |\n", strfmt("%g, %s to %g x, %d", cfg.learning_rate, cfg.lr_schedule.c_str(), cfg.final_lr_fraction, cfg.warmup_iterations).c_str());
     printf("| weight decay, clip    | %-50s |\n", strfmt("%g, %g", cfg.weight_decay, cfg.grad_clip).c_str());
-    printf("| recompute, seed       | %-50s |\n", strfmt("%d, %llu", cfg.recompute, (unsigned long long)cfg.seed).c_str());
+    printf("| recompute, seed       | %-50s |\n", strfmt("%d%s, %llu", model.recompute, model.recompute_auto ? " (auto)"
+                                                        : recompute_from_checkpoint >= 0 ? " (the checkpoint's)" : "",
+                                                        (unsigned long long)cfg.seed).c_str());
     printf("| GEMM algorithms       | %-50s |\n", cfg.gemm_autotune ? "fastest of cuBLASLt's candidates (-ga 1)" : "cuBLASLt heuristic's first (-ga 0)");
     printf("| recipe                | %-50s |\n", recipe_describe(model.recipe).substr(0, 50).c_str());
     printf("| processes, gradients  | %-50s |\n", !mg.active ? "1 (no NCCL)" : strfmt("%d, %s", mg.world,

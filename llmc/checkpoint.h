@@ -469,6 +469,12 @@ public:
 
     size_t size_of(const std::string& name) const { return get(name).bytes; }
 
+    std::vector<std::string> section_names() const {
+        std::vector<std::string> names;
+        for (const Section& s : sections_) names.push_back(s.name);
+        return names;
+    }
+
     void read(const std::string& name, void* dst, size_t bytes) const {
         const Section& s = get(name);
         if (s.bytes != bytes)

@@ -65,7 +65,7 @@ struct TrainConfig {
     int sample_every = 200;               // -s: sample every N steps (0 = never)
     int gen_tokens = 64;                  // -g: tokens per sample
     // memory
-    int recompute = 1;                    // -r: 0 none, 1 recompute GELU, 2 GELU + LayerNorm in backward
+    int recompute = -1;                   // -r: -1 auto (0 if it fits, else 1), 0 none, 1 recompute GELU, 2 GELU + LayerNorm in backward
     int gemm_autotune = 1;                // -ga: 1 = time cuBLASLt's candidate algorithms per GEMM shape, keep the fastest
     // checkpoints
     int checkpoint_every = 0;             // -n: write a checkpoint every N steps (0 = only at the end if -o)
@@ -145,7 +145,7 @@ inline std::vector<Flag> flag_table(TrainConfig& c) {
         {"-m", K::Int, &c.val_max_steps, "batches per validation (-1 = the whole split)"},
         {"-s", K::Int, &c.sample_every, "generate a sample every N steps (0 = never)"},
         {"-g", K::Int, &c.gen_tokens, "tokens per sample"},
-        {"-r", K::Int, &c.recompute, "recompute in backward to save memory: 0 none, 1 GELU, 2 GELU + LayerNorm"},
+        {"-r", K::Int, &c.recompute, "recompute in backward to save memory: -1 auto (0 when it fits, else 1), 0 none, 1 GELU, 2 GELU + LayerNorm"},
         {"-ga", K::Int, &c.gemm_autotune, "1 = time cuBLASLt's candidate algorithms at each GEMM shape's first use and keep the fastest; 0 = the heuristic's first (fresh runs bit-reproducible)"},
         {"-n", K::Int, &c.checkpoint_every, "write a checkpoint every N steps (0 = only at the end; needs -o)"},
         {"-nk", K::Int, &c.checkpoint_keep, "keep only the newest K checkpoints (0 = keep all)"},
@@ -432,8 +432,8 @@ inline void validate_config(TrainConfig& cfg) {
         input_error("-m %d: validation batches must be at least 1, or -1 for the whole split", cfg.val_max_steps);
     if (cfg.sample_every < 0) input_error("-s %d: must be >= 0 (0 = never sample)", cfg.sample_every);
     if (cfg.gen_tokens < 0) input_error("-g %d: tokens per sample must be >= 0", cfg.gen_tokens);
-    if (cfg.recompute < 0 || cfg.recompute > 2)
-        input_error("-r %d: recompute must be 0 (none), 1 (GELU) or 2 (GELU + LayerNorm)", cfg.recompute);
+    if (cfg.recompute < -1 || cfg.recompute > 2)
+        input_error("-r %d: recompute must be -1 (auto), 0 (none), 1 (GELU) or 2 (GELU + LayerNorm)", cfg.recompute);
     if (cfg.gemm_autotune != 0 && cfg.gemm_autotune != 1) input_error("-ga %d: must be 0 or 1", cfg.gemm_autotune);
     if (cfg.checkpoint_every < 0) input_error("-n %d: must be >= 0 (0 = checkpoint only at the end)", cfg.checkpoint_every);
     if (cfg.checkpoint_keep < 0) input_error("-nk %d: must be >= 0 (0 = keep every checkpoint)", cfg.checkpoint_keep);

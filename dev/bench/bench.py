@@ -447,7 +447,7 @@ def trainer_command(recipe, size, B, T, total_batch, num_steps, shard, gpus=1):
     (data parallel, -d is the total batch of all processes, ZeRO-1 by default)."""
     launcher = ["bash", "scripts/launch.sh", str(gpus)] if gpus > 1 else []
     return launcher + [f"./train_gpt_{recipe}", "-e", size, "-b", str(B), "-t", str(T), "-d", str(total_batch),
-            "-x", str(num_steps), "-v", "0", "-s", "0", "-j", "", "-i", shard, "-r", "1"]
+            "-x", str(num_steps), "-v", "0", "-s", "0", "-j", "", "-i", shard]
 
 
 def peer_command(python, size, B, T, total_batch, warmup, steps, json_out, eager):

@@ -89,7 +89,7 @@ class TestArguments(unittest.TestCase):
     def test_trainer_command(self):
         cmd = bench.trainer_command("bf16", "d12", 64, 1024, 524288, 15, "/tmp/s.bin")
         self.assertEqual(cmd, ["./train_gpt_bf16", "-e", "d12", "-b", "64", "-t", "1024", "-d", "524288",
-                               "-x", "15", "-v", "0", "-s", "0", "-j", "", "-i", "/tmp/s.bin", "-r", "1"])
+                               "-x", "15", "-v", "0", "-s", "0", "-j", "", "-i", "/tmp/s.bin"])
         self.assertEqual(bench.trainer_command("bf16", "d12", 64, 1024, 524288, 15, "/tmp/s.bin", gpus=2),
                          ["bash", "scripts/launch.sh", "2"] + cmd)
 

@@ -65,6 +65,7 @@ TEST_CASE("cli: no flags gives the defaults") {
     CHECK(c.max_steps == 1000);
     CHECK(c.resume == 0);
     CHECK(c.gemm_autotune == 1);
+    CHECK(c.recompute == -1); // auto: no recompute where the GELU outputs fit
 }
 
 TEST_CASE("cli: every flag parses into its field") {
@@ -343,7 +344,7 @@ TEST_CASE("cli: validate_config range checks name the flag") {
         {{"-s", "-1"}, "-s -1"},
         {{"-g", "-1"}, "-g -1"},
         {{"-r", "3"}, "-r 3"},
-        {{"-r", "-1"}, "-r -1"},
+        {{"-r", "-2"}, "-r -2"},
         {{"-n", "-1"}, "-n -1"},
         {{"-nk", "-1"}, "-nk -1"},
         {{"-y", "2"}, "-y 2"},
@@ -361,6 +362,7 @@ TEST_CASE("cli: validate_config range checks name the flag") {
     CHECK_NOTHROW(validated({"-q", "0"}));
     CHECK_NOTHROW(validated({"-q", "1"}));
     CHECK_NOTHROW(validated({"-x", "-1", "-m", "-1", "-l", "0", "-gc", "0", "-c", "0", "-v", "0", "-s", "0", "-r", "0"}));
+    CHECK_NOTHROW(validated({"-r", "-1"}));
     CHECK_NOTHROW(validated({"-y", "1", "-o", "out"}));
     for (const char* k : {"cosine", "linear", "constant", "wsd"}) CHECK_NOTHROW(validated({"-k", k}));
 }
