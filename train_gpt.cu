@@ -291,12 +291,17 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
     // The two differ in the last bits: the kept outputs are the fc GEMM epilogue's GELU (what the
     // forward used), the recomputed ones the GELU kernel's. The checkpoint records the choice, and a
     // resume with -r -1 takes it from there (main).
+    // A recipe that reads no layer's GELU output in backward (FP8 keeps its own quantized x^T) has
+    // nothing to recompute: one buffer.
     if (recompute < 0) {
+        bool read_in_backward = false;
+        for (size_t l = 0; l < L; l++)
+            read_in_backward = read_in_backward || recipe_needs_input_in_backward(model->recipe, {(int)l, LIN_FCPROJ}, (int)BT);
         size_t free_b = 0, total_b = 0;
         cudaCheck(cudaMemGetInfo(&free_b, &total_b));
         const size_t kept = (L - 1) * BT * 4 * C * sizeof(floatX);
         const size_t reserve = std::max<size_t>(1ull << 30, total_b / 16);
-        model->recompute = recompute = free_b > kept + reserve ? 0 : 1;
+        model->recompute = recompute = read_in_backward && free_b > kept + reserve ? 0 : 1;
         model->recompute_auto = true;
     }
     a.fch_gelu = alloc_n<floatX>((recompute >= 1 ? 1 : L) * BT * 4 * C, "activations (gelu)");
