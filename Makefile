@@ -13,7 +13,10 @@
 #   make all                     every target
 # Variables: GPU_ARCH (default sm_90a), PRECISION=FP32 (for the bf16 targets), CUDA_HOME, NVCC,
 # SF16_TRUE_FORWARD (default 1; 0 = the Q1.15 targets with the seed's legacy constants), USE_CUDNN
-# (default 0; the trainer has no cuDNN path yet, 1 only defines ENABLE_CUDNN, which Q1.15 refuses).
+# (default 0; 1 = attention through cuDNN's fused SDPA kernels, llmc/cudnn_attention.cpp: needs the cuDNN
+# library and headers, and the header-only cuDNN frontend, which `bash dev/setup_cudnn_frontend.sh`
+# puts in .deps/cudnn_frontend (or set CUDNN_FRONTEND_INC); Q1.15 refuses it). After switching
+# USE_CUDNN, rebuild with make -B (the binaries keep their names).
 
 SHELL := /bin/bash
 RECIPES := bf16 fp8 nvfp4 vcast tcfp12 q115
@@ -66,8 +69,35 @@ endif
 HEADERS := $(wildcard llmc/*.h llmc/*.cuh)
 SF16_TRUE_FORWARD ?= 1
 USE_CUDNN ?= 0
+CUDNN_OBJ :=
+# the cuDNN attention's link line: wanted by USE_CUDNN=1 builds and by the train_gpt_<recipe>_cudnn targets
+WANT_CUDNN := $(if $(filter 1,$(USE_CUDNN))$(filter %_cudnn build/cudnn_attention.o,$(MAKECMDGOALS)),1,)
+ifeq ($(WANT_CUDNN),1)
+  # the library: the CUDA toolkit's, the system's, or the one PyTorch's wheels carry (nvidia.cudnn)
+  PY_CUDNN_DIR := $(shell python3 -c "import nvidia.cudnn as m; print(m.__path__[0])" 2>/dev/null)
+  CUDNN_LIB := $(firstword $(CUDNN_FOUND) $(wildcard $(PY_CUDNN_DIR)/lib/libcudnn.so $(PY_CUDNN_DIR)/lib/libcudnn.so.9))
+  CUDNN_INC := $(firstword $(patsubst %/cudnn.h,%,$(wildcard $(CUDA_HOME)/include/cudnn.h /usr/include/cudnn.h \
+                 /usr/include/x86_64-linux-gnu/cudnn.h $(PY_CUDNN_DIR)/include/cudnn.h)))
+  CUDNN_FRONTEND_INC ?= .deps/cudnn_frontend/include
+  ifeq ($(CUDNN_LIB),)
+    $(error cuDNN attention: no libcudnn found (looked in $(CUDA_LIB_DIRS), /usr/lib/x86_64-linux-gnu, python's nvidia.cudnn))
+  endif
+  ifeq ($(CUDNN_INC),)
+    $(error cuDNN attention: no cudnn.h found (looked in $(CUDA_HOME)/include, /usr/include, python's nvidia.cudnn))
+  endif
+  ifeq ($(wildcard $(CUDNN_FRONTEND_INC)/cudnn_frontend.h),)
+    $(error cuDNN attention: the cuDNN frontend headers are missing in $(CUDNN_FRONTEND_INC): run bash dev/setup_cudnn_frontend.sh)
+  endif
+  $(info [make] cuDNN attention: $(CUDNN_LIB), headers $(CUDNN_INC), frontend $(CUDNN_FRONTEND_INC))
+  # (nvrtc: the frontend's runtime-compiled engines reference it) DT_RPATH (not RUNPATH), so that the
+  # sub-libraries cuDNN opens at run time are found beside it too
+  CUDNN_LINK := build/cudnn_attention.o $(CUDNN_LIB) -lnvrtc -Xlinker --disable-new-dtags \
+                -Xlinker -rpath=$(abspath $(dir $(CUDNN_LIB)))
+endif
 ifeq ($(USE_CUDNN),1)
   NVCC_FLAGS += -DENABLE_CUDNN
+  CUDNN_OBJ := build/cudnn_attention.o
+  NVCC_LDFLAGS += $(CUDNN_LINK)
 endif
 
 # ---- targets -------------------------------------------------------------------------------------
@@ -80,11 +110,21 @@ all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_
 # one binary per recipe: -DRECIPE_<NAME> picks llmc/recipe_<name>.h (Q1.15: the seed's -DENABLE_Q115)
 Q115_DEFINES := -DENABLE_Q115 -DSF16_TRUE_FORWARD=$(SF16_TRUE_FORWARD)
 recipe_define = $(if $(filter q115,$(1)),$(Q115_DEFINES),-DRECIPE_$(shell echo $(1) | tr a-z A-Z))
-$(addprefix train_gpt_,$(RECIPES)): train_gpt_%: train_gpt.cu $(HEADERS)
+$(addprefix train_gpt_,$(RECIPES)): train_gpt_%: train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(if $(filter bf16,$*),$(PRECISION_FLAGS)) $(call recipe_define,$*) $< $(NVCC_LDFLAGS) -o $@
 
-$(addprefix test_gpt_,$(RECIPES)): test_gpt_%: test_gpt.cu train_gpt.cu $(HEADERS)
+$(addprefix test_gpt_,$(RECIPES)): test_gpt_%: test_gpt.cu train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(if $(filter bf16,$*),$(PRECISION_FLAGS)) $(call recipe_define,$*) $< $(NVCC_LDFLAGS) -o $@
+
+# a recipe's trainer with cuDNN's attention instead of our flash kernels (what USE_CUDNN=1 builds, under
+# its own name, so that dev/bench can run both: --recipes bf16,bf16_cudnn)
+train_gpt_%_cudnn: train_gpt.cu $(HEADERS) build/cudnn_attention.o
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -DENABLE_CUDNN $(call recipe_define,$*) $< $(NVCC_LDFLAGS) $(if $(CUDNN_OBJ),,$(CUDNN_LINK)) -o $@
+test_gpt_%_cudnn: test_gpt.cu train_gpt.cu $(HEADERS) build/cudnn_attention.o
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -DENABLE_CUDNN $(call recipe_define,$*) $< $(NVCC_LDFLAGS) $(if $(CUDNN_OBJ),,$(CUDNN_LINK)) -o $@
+# the attention test with cuDNN's kernels checked beside ours
+build/test_attention_cudnn: dev/test/test_attention.cu dev/test/gpu_check.h $(HEADERS) build/cudnn_attention.o
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -DENABLE_CUDNN -I. $< $(NVCC_LDFLAGS) $(if $(CUDNN_OBJ),,$(CUDNN_LINK)) -o $@
 
 # the Q1.15 recipe under the seed's target names
 train_gpt2q115cu: train_gpt.cu $(HEADERS)
@@ -98,10 +138,10 @@ train_gpt_q115_scaled: train_gpt.cu $(HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(Q115_DEFINES) -DQ115_RANGE_SCALES=1 $< $(NVCC_LDFLAGS) -o $@
 
 # the FP32 reference-precision build of the BF16 recipe (no fast math, no TF32)
-train_gpt_fp32: train_gpt.cu $(HEADERS)
+train_gpt_fp32: train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
 	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -DRECIPE_BF16 $< $(NVCC_LDFLAGS) -o $@
 
-test_gpt_fp32: test_gpt.cu train_gpt.cu $(HEADERS)
+test_gpt_fp32: test_gpt.cu train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
 	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -DRECIPE_BF16 $< $(NVCC_LDFLAGS) -o $@
 
 # the standalone GPU tests, dev/test/test_<name>.cu -> build/test_<name>:
@@ -112,14 +152,19 @@ test_gpt_fp32: test_gpt.cu train_gpt.cu $(HEADERS)
 #   tcfp12     the split bit-exact against tcfp12.h, the dual GEMMs against float64
 #   linear     the plain linear layer (recipe.h) against float64: forward, GELU/DGELU epilogues, dW, the fused bias gradient
 #   q115_attention  the Q1.15 attention in the flash kernels against float64, the materialized path, the reality check
-build/test_%: dev/test/test_%.cu dev/test/gpu_check.h $(HEADERS)
+build/test_%: dev/test/test_%.cu dev/test/gpu_check.h $(HEADERS) $(CUDNN_OBJ)
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 
 # every GEMM of a BF16 micro-step, each cuBLASLt candidate algorithm timed (dev/bench/gemm_bench.cu)
-build/gemm_bench: dev/bench/gemm_bench.cu dev/test/gpu_check.h $(HEADERS)
+build/gemm_bench: dev/bench/gemm_bench.cu dev/test/gpu_check.h $(HEADERS) $(CUDNN_OBJ)
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
+
+# cuDNN's attention (USE_CUDNN=1 only): its own object, since the frontend headers take a minute to compile
+build/cudnn_attention.o: llmc/cudnn_attention.cpp llmc/cudnn_attention.h
+	@mkdir -p build
+	$(NVCC) -O3 -std=c++17 -Xcompiler -Wall -I$(CUDNN_FRONTEND_INC) -I$(CUDNN_INC) -c $< -o $@
 
 # CPU unit tests (no GPU, no CUDA): every dev/test/*.cpp
 CPU_TEST_SOURCES := $(wildcard dev/test/*.cpp)

@@ -259,6 +259,10 @@ int main(int argc, char** argv) {
     const int B = ref.B, T = ref.T, Vp = ref.Vp;
     const size_t BT = (size_t)B * T;
     gpt_allocate(&model, B, T, 1);
+#if defined(ENABLE_CUDNN) && !defined(ENABLE_FP32)
+    // (train_gpt_<recipe>_cudnn / USE_CUDNN=1: everything below then checks cuDNN's attention)
+    check(model.cudnn_attention || Boundaries::ACTIVE, "the model's attention runs on cuDNN (a cuDNN build)");
+#endif
     const std::vector<float> init_params = read_params_fp32(model_file, info, model.num_params);
     gpt_set_params(&model, init_params);
 

@@ -32,6 +32,9 @@
 #include "llmc/matmul.cuh"
 #include "llmc/attention.cuh"
 #include "llmc/flash_attention.cuh"
+#if defined(ENABLE_CUDNN)
+#include "llmc/cudnn_attention.h" // make USE_CUDNN=1: cuDNN's fused attention (llmc/cudnn_attention.cpp)
+#endif
 #include "llmc/gelu.cuh"
 #include "llmc/fused_classifier.cuh"
 #include "llmc/adamw.cuh"
@@ -158,6 +161,7 @@ struct GPT {
     int recompute = 1;
     bool recompute_auto = false; // -r -1: gpt_allocate chose `recompute` from the free memory
     bool flash_attention = false;     // fused attention (BF16, head size 64/128), else materialized
+    bool cudnn_attention = false;     // USE_CUDNN=1 builds: cuDNN's fused kernels instead of ours (same buffers)
     int classifier_chunk = 0;         // rows of the LM head computed at once (bounds the logits buffer)
     int* inputs_dev = nullptr;        // (B,T)
     int* targets_dev = nullptr;       // (B,T)
@@ -235,10 +239,21 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
     a.att = nullptr; a.att_lse = nullptr; a.flash_scratch = nullptr;
     a.attn.q = a.attn.k = a.attn.v = a.attn.y = a.attn.scores = nullptr;
     a.dq = a.dk = a.dv = nullptr;
+#if defined(ENABLE_CUDNN) && !defined(ENABLE_FP32)
+    // USE_CUDNN=1: cuDNN's SDPA kernels where they take the shape and the recipe has no attention
+    // boundaries; they keep the same log-sum-exp per row. The graphs and cuDNN's workspace are made
+    // here, before the -r -1 decision below reads the free memory.
+    if (model->flash_attention && !Boundaries::ACTIVE) {
+        std::string why;
+        model->cudnn_attention = cudnn_attention_prepare(B, T, NH, C / NH, &why);
+        if (!model->cudnn_attention) fprintf(stderr, "warning: cuDNN attention unavailable (%s); using flash attention\n", why.c_str());
+    }
+#endif
     if (model->flash_attention) {
         a.att_lse = alloc_n<float>(L * (size_t)B * NH * T, "activations (attention log-sum-exp)");
 #if !defined(ENABLE_FP32)
-        a.flash_scratch = cuda_malloc_or_die(flash_attention_backward_scratch_bytes(B, T, NH, C / NH), "attention scratch");
+        if (!model->cudnn_attention)
+            a.flash_scratch = cuda_malloc_or_die(flash_attention_backward_scratch_bytes(B, T, NH, C / NH), "attention scratch");
 #endif
     } else {
         a.att = alloc_n<floatX>(L * (size_t)B * NH * T * T, "activations (attention probabilities)");
@@ -453,6 +468,10 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
                        N, C, 3 * C, training, st);
         PHASE("fwd: attention");
 #if !defined(ENABLE_FP32)
+#if defined(ENABLE_CUDNN)
+        if (model->cudnn_attention) cudnn_attention_forward(la.atty, la.lse, la.qkv, B, T, NH, HS, st);
+        else
+#endif
         if (model->flash_attention) flash_attention_forward<Boundaries>(la.atty, la.lse, la.qkv, B, T, NH, HS, st);
         else
 #endif
@@ -623,6 +642,10 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
                         a.dresidual_x, la.atty, p.t[P_ATTPROJW] + (size_t)l * C * C, nullptr, N, C, C, st);
         PHASE("bwd: attention");
 #if !defined(ENABLE_FP32)
+#if defined(ENABLE_CUDNN)
+        if (model->cudnn_attention) cudnn_attention_backward(a.dqkv, a.dbtc, la.qkv, la.atty, la.lse, B, T, NH, HS, st);
+        else
+#endif
         if (model->flash_attention) flash_attention_backward<Boundaries>(a.dqkv, a.dbtc, la.qkv, la.atty, la.lse, a.flash_scratch, B, T, NH, HS, st);
         else
 #endif
@@ -1059,6 +1082,9 @@ int main(int argc, char** argv) {
     printf("| recompute, seed       | %-50s |\n", strfmt("%d%s, %llu", model.recompute, model.recompute_auto ? " (auto)"
                                                         : recompute_from_checkpoint >= 0 ? " (the checkpoint's)" : "",
                                                         (unsigned long long)cfg.seed).c_str());
+    printf("| attention             | %-50s |\n", model.cudnn_attention ? "cuDNN SDPA (USE_CUDNN=1)"
+                                                        : model.flash_attention ? "flash (llmc/flash_attention.cuh)"
+                                                        : "materialized (llmc/attention.cuh)");
     printf("| GEMM algorithms       | %-50s |\n", cfg.gemm_autotune ? "fastest of cuBLASLt's candidates (-ga 1)" : "cuBLASLt heuristic's first (-ga 0)");
     printf("| recipe                | %-50s |\n", recipe_describe(model.recipe).substr(0, 50).c_str());
     printf("| processes, gradients  | %-50s |\n", !mg.active ? "1 (no NCCL)" : strfmt("%d, %s", mg.world,

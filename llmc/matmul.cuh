@@ -9,6 +9,7 @@
 //     dinp = dout W         -> m=C,  n=BT, k=OC, A=W,           B=dout
 //     dW += dout^T inp      -> m=C,  n=OC, k=BT, A=inp,         B=dout (transB), beta=1, FP32 output
 #pragma once
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <vector>
@@ -60,11 +61,14 @@ struct MatmulKey {
     int m, n, k, transA, transB, has_bias, batch, epilogue;
     int a_type, b_type, d_type, fast_accum; // cudaDataType_t of A, B, D (C = D); FP8 fast accumulation
     int device_alpha;                       // alpha and beta are device pointers
+    int padding;                            // 0: named, so that copies carry it (keys compare bytewise)
     long long stride_a, stride_b, stride_d;
     bool operator<(const MatmulKey& o) const {
         return memcmp(this, &o, sizeof(MatmulKey)) < 0;
     }
 };
+// (checkpoints store keys byte for byte: the layout must not change)
+static_assert(sizeof(MatmulKey) == 80, "MatmulKey's layout is part of the checkpoint format");
 struct MatmulPlan {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;
@@ -76,6 +80,8 @@ struct MatmulPlan {
     size_t next_candidate = 1;
     bool chosen = false; // the algorithm is settled (tuned, taken from a checkpoint, or tuning is off)
 };
+// How many of the heuristic's algorithms a plan keeps; autotuning times them all. (Asked for 32 on an
+// H100 with cuBLASLt 13.0, the heuristic returned at most 8 for every shape of d12 and d24.)
 static const int MATMUL_CANDIDATES = 8;
 static std::map<MatmulKey, MatmulPlan> g_matmul_plans;
 // GEMM shapes that fell back from MATMUL_COMPUTE to CUBLAS_COMPUTE_32F (reported at the end of a run)
@@ -268,6 +274,69 @@ inline void matmul_choose(const MatmulKey& key, MatmulPlan& p, void* d, size_t a
     }
 }
 
+// ---- A fused epilogue, or the plain GEMM and a separate pass ------------------------------------
+// An epilogue saves a pass over a tensor, but on some shapes cuBLASLt has only slow algorithms for it:
+// d24's fc-projection dgrad with DGELU (m 4096, n 32768, k 1024) has one candidate at 0.90 ms on an
+// H100, where the plain GEMM takes 0.35 ms and a separate GELU-derivative pass over the 268 MB output
+// ~0.27 ms (dev/bench/gemm_bench.cu; doc/perf.md). So with autotuning on, the first call of such a
+// GEMM times both ways (each with its own tuned algorithm) and keeps the faster. The decision is
+// stored like an algorithm choice, under the fused GEMM's key with the epilogue moved by
+// EPI_SPLIT_DECISION (index 0 fused, 1 split), so checkpoints carry it and a resumed run repeats it.
+// Autotuning off: fused, as before.
+// fused() and split() compute the same thing. Where they add into existing buffers (a weight
+// gradient, beta = 1), name those in `accumulated`: they are saved before the timing runs and put
+// back after them, so the caller's one real call afterwards adds exactly once. (No room for the
+// copies: fused, recorded.)
+static const int EPI_SPLIT_DECISION = 16;
+inline MatmulKey matmul_split_decision_key(MatmulKey fused_key) {
+    fused_key.epilogue += EPI_SPLIT_DECISION;
+    return fused_key;
+}
+struct AccumulatedBuffer { void* ptr; size_t bytes; };
+template <typename Fused, typename Split>
+inline bool matmul_prefer_split(const MatmulKey& fused_key, cudaStream_t stream, Fused fused, Split split,
+                                std::initializer_list<AccumulatedBuffer> accumulated = {}) {
+    const MatmulKey key = matmul_split_decision_key(fused_key);
+    auto preset = g_matmul_choice.find(key);
+    if (preset != g_matmul_choice.end()) return preset->second == 1;
+    if (!g_matmul_autotune) return false;
+    std::vector<std::pair<AccumulatedBuffer, void*>> saved;
+    for (const AccumulatedBuffer& buf : accumulated) {
+        void* copy = nullptr;
+        if (cudaMalloc(&copy, buf.bytes) != cudaSuccess) {
+            (void)cudaGetLastError();
+            for (auto& s : saved) cudaCheck(cudaFree(s.second));
+            g_matmul_choice[key] = 0;
+            return false;
+        }
+        cudaCheck(cudaMemcpyAsync(copy, buf.ptr, buf.bytes, cudaMemcpyDeviceToDevice, stream));
+        saved.push_back({buf, copy});
+    }
+    fused(); // the first call of each way settles (tunes) its own GEMM algorithm
+    split();
+    cudaEvent_t t0, t1;
+    cudaCheck(cudaEventCreate(&t0));
+    cudaCheck(cudaEventCreate(&t1));
+    float ms[2] = {0.0f, 0.0f};
+    for (int way = 0; way < 2; way++) {
+        cudaCheck(cudaEventRecord(t0, stream));
+        for (int r = 0; r < 3; r++) { if (way == 0) fused(); else split(); }
+        cudaCheck(cudaEventRecord(t1, stream));
+        cudaCheck(cudaEventSynchronize(t1));
+        cudaCheck(cudaEventElapsedTime(&ms[way], t0, t1));
+    }
+    cudaCheck(cudaEventDestroy(t0));
+    cudaCheck(cudaEventDestroy(t1));
+    for (auto& s : saved) {
+        cudaCheck(cudaMemcpyAsync(s.first.ptr, s.second, s.first.bytes, cudaMemcpyDeviceToDevice, stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+        cudaCheck(cudaFree(s.second));
+    }
+    const int choice = ms[1] < ms[0] ? 1 : 0;
+    g_matmul_choice[key] = choice;
+    return choice == 1;
+}
+
 // The general entry point. d_fp32 selects an FP32 output (parameter gradients); otherwise D is floatX.
 // bias (floatX, length m) may be null. aux: the epilogue's extra (m x n) floatX matrix, or EPI_BGRADB's
 // vector, see above. The bias and the epilogue apply to alpha * op(A) op(B) + beta * D.
@@ -395,8 +464,10 @@ inline void matmul_free() {
 // ---------------------------------------------------------------------------------------------
 // Bias gradient: dbias[oc] += sum over rows of dout[row][oc]. Deterministic two-stage sum:
 // blockIdx.y picks one of BIAS_ROW_GROUPS fixed row ranges, each thread one column; the partial
-// sums go to scratch and a second kernel adds them in order.
-#define BIAS_ROW_GROUPS 128
+// sums go to scratch and a second kernel adds them in a fixed order. 512 groups: with 128, a
+// 768-column gradient (d12's attention and fc projections) ran only 12,288 threads and the whole
+// bias_backward read its 100 MB at 0.8 TB/s (H100, dev/bench/gemm_bench.cu, 2026-11-25).
+#define BIAS_ROW_GROUPS 512
 
 // AMAX: also max |dout| into *amax_out (atomicMax on the bits of a non-negative float, one per warp;
 // the caller zeroes it), for recipes that scale dout from its current amax (tcfp12).
@@ -456,16 +527,30 @@ __global__ void bias_backward_partial_vec_kernel(float* scratch, uint32_t* amax_
     bias_amax_commit<AMAX>(amax, amax_out);
 }
 
+// A block owns 32 columns (threadIdx.x, coalesced) and splits the groups into BIAS_REDUCE_SLICES
+// slices (threadIdx.y): slice y adds groups y, y + SLICES, ... in order, then the slices are added
+// pairwise in a fixed tree. (One thread per column adding all groups in a row waited on one load at a
+// time: 512 dependent loads.) The order is fixed, so the sums are the same bits on every run.
+#define BIAS_REDUCE_SLICES 16
 __global__ void bias_backward_reduce_kernel(float* dbias, const float* scratch, int OC, int groups) {
-    int oc = blockIdx.x * blockDim.x + threadIdx.x;
-    if (oc >= OC) return;
+    __shared__ float part[BIAS_REDUCE_SLICES][33];
+    const int oc = blockIdx.x * 32 + threadIdx.x;
     float sum = 0.0f;
-    for (int g = 0; g < groups; g++) sum += scratch[(long long)g * OC + oc];
-    dbias[oc] += sum;
+    if (oc < OC) {
+#pragma unroll 8
+        for (int g = threadIdx.y; g < groups; g += BIAS_REDUCE_SLICES) sum += scratch[(long long)g * OC + oc];
+    }
+    part[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    for (int half = BIAS_REDUCE_SLICES / 2; half > 0; half >>= 1) {
+        if (threadIdx.y < half) part[threadIdx.y][threadIdx.x] += part[threadIdx.y + half][threadIdx.x];
+        __syncthreads();
+    }
+    if (threadIdx.y == 0 && oc < OC) dbias[oc] += part[0][threadIdx.x];
 }
-// dbias[oc] += the sum, in order, of `groups` partial sums scratch[g][oc] (row groups g = 0, 1, ...)
+// dbias[oc] += the sum, in a fixed order, of `groups` partial sums scratch[g][oc] (row groups g)
 inline void bias_backward_reduce(float* dbias, const float* scratch, int OC, int groups, cudaStream_t stream) {
-    bias_backward_reduce_kernel<<<ceil_div(OC, 256), 256, 0, stream>>>(dbias, scratch, OC, groups);
+    bias_backward_reduce_kernel<<<ceil_div(OC, 32), dim3(32, BIAS_REDUCE_SLICES), 0, stream>>>(dbias, scratch, OC, groups);
     cudaCheckLaunch();
 }
 

@@ -1,7 +1,8 @@
 // profiler.h: per-phase GPU time of a training step, from CUDA events.
 //
 // Enabled with the environment variable LLMC_PROFILE=1 (off by default: an event per phase costs a
-// little). step_begin() starts a training step; PHASE("name") records an event on the stream; the time between one phase's event
+// little); LLMC_PROFILE=2 also records the fine phases (PHASE_FINE: each GEMM of the BF16 linears by
+// layer kind and direction), which split the coarse phase they sit in. step_begin() starts a training step; PHASE("name") records an event on the stream; the time between one phase's event
 // and the next is charged to the first. At the end of a step, profile_step_end() synchronizes once
 // and adds the intervals into per-name totals; profile_report() prints the table (ms per step and
 // share of the step).
@@ -15,6 +16,7 @@
 
 struct PhaseProfiler {
     bool enabled = false;
+    bool fine = false;                       // LLMC_PROFILE=2: PHASE_FINE records too
     bool recording = false;                  // only inside training steps (not validation, sampling)
     cudaStream_t stream = 0;
     std::vector<cudaEvent_t> pool;           // reused events
@@ -25,7 +27,8 @@ struct PhaseProfiler {
 
     void init(cudaStream_t s) {
         const char* env = getenv("LLMC_PROFILE");
-        enabled = env && env[0] == '1';
+        enabled = env && (env[0] == '1' || env[0] == '2');
+        fine = env && env[0] == '2';
         stream = s;
     }
     void step_begin() { recording = enabled; }
@@ -70,3 +73,4 @@ struct PhaseProfiler {
 
 static PhaseProfiler g_profiler;
 #define PHASE(name) g_profiler.begin(name)
+#define PHASE_FINE(name) do { if (g_profiler.fine) g_profiler.begin(name); } while (0)

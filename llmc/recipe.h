@@ -48,6 +48,7 @@
 #include <string>
 #include "cuda_common.h"
 #include "matmul.cuh"
+#include "gelu.cuh"
 #include "checkpoint.h"
 #include "boundaries.h"
 #include "recipe_options.h"
@@ -120,22 +121,46 @@ inline void plain_linear_forward(floatX* out, const floatX* inp, const floatX* w
     matmul(out, weight, inp, bias, OC, N, C, true, false, 1.0f, 0.0f, false, stream);
 }
 
-// gelu_out = gelu(inp W^T + bias), pre_gelu = inp W^T + bias; the GELU runs in the GEMM's epilogue
+// gelu_out = gelu(inp W^T + bias), pre_gelu = inp W^T + bias: the GELU in the GEMM's epilogue, or
+// (where autotuning measured that faster, matmul_prefer_split) the GEMM with its bias epilogue writing
+// pre_gelu and the GELU kernel reading it. The two differ in the last bits: the epilogue applies the
+// GELU to the FP32 sum, the kernel to its BF16 rounding.
 inline void plain_linear_forward_gelu(floatX* gelu_out, floatX* pre_gelu, const floatX* inp, const floatX* weight,
                                       const floatX* bias, int N, int C, int OC, cudaStream_t stream) {
-    matmul(gelu_out, weight, inp, bias, OC, N, C, true, false, 1.0f, 0.0f, false, stream, MatmulBatch(),
-           EPI_GELU_BIAS, pre_gelu);
+    auto fused = [&]() {
+        matmul(gelu_out, weight, inp, bias, OC, N, C, true, false, 1.0f, 0.0f, false, stream, MatmulBatch(),
+               EPI_GELU_BIAS, pre_gelu);
+    };
+    auto split = [&]() {
+        matmul(pre_gelu, weight, inp, bias, OC, N, C, true, false, 1.0f, 0.0f, false, stream);
+        gelu_forward(gelu_out, pre_gelu, (long long)N * OC, stream);
+    };
+    const MatmulKey key = matmul_key(OC, N, C, true, false, bias != nullptr, false, false, MatmulBatch(), EPI_GELU_BIAS);
+    if (matmul_prefer_split(key, stream, fused, split)) split();
+    else fused();
 }
 
-// dinp = dout W, times gelu'(pre_gelu) when pre_gelu is given (the DGELU epilogue)
+// dinp = dout W, times gelu'(pre_gelu) when pre_gelu is given: in the GEMM's DGELU epilogue, or (where
+// autotuning measured that faster) the plain GEMM and then gelu_backward in place. The split form
+// rounds dout W to BF16 before the product with gelu' (two roundings instead of one), as a framework's
+// separate GELU backward does.
 inline void plain_linear_backward_dx(floatX* dinp, const floatX* dout, const floatX* weight, const floatX* pre_gelu,
                                      int N, int C, int OC, cudaStream_t stream) {
-    if (pre_gelu) {
+    if (!pre_gelu) {
+        matmul(dinp, weight, dout, nullptr, C, N, OC, false, false, 1.0f, 0.0f, false, stream);
+        return;
+    }
+    auto fused = [&]() {
         matmul(dinp, weight, dout, nullptr, C, N, OC, false, false, 1.0f, 0.0f, false, stream, MatmulBatch(),
                EPI_DGELU, (void*)pre_gelu);
-    } else {
+    };
+    auto split = [&]() {
         matmul(dinp, weight, dout, nullptr, C, N, OC, false, false, 1.0f, 0.0f, false, stream);
-    }
+        gelu_backward(dinp, pre_gelu, (long long)N * C, stream);
+    };
+    const MatmulKey key = matmul_key(C, N, OC, false, false, false, false, false, MatmulBatch(), EPI_DGELU);
+    if (matmul_prefer_split(key, stream, fused, split)) split();
+    else fused();
 }
 
 // dweight (OC x C, FP32) += dout^T inp
@@ -147,18 +172,31 @@ inline void plain_linear_backward_dw(float* dweight, const floatX* dout, const f
 // dweight += dout^T inp and dbias += column sums of dout. The bias gradient comes out of the weight
 // gradient's GEMM (the BGRADB epilogue sums B = dout over k = the N rows, from the tiles the GEMM
 // reads anyway) into scratch, then is added into dbias: the epilogue overwrites its vector. This saves
-// bias_backward's own read of dout (N x OC BF16, ~2x its bandwidth floor in time). Where cuBLASLt has
-// no such algorithm (the FP32 reference build, say), bias_backward makes the same sums (another order).
+// bias_backward's own read of dout (N x OC BF16). But the epilogue narrows cuBLASLt's choice of
+// algorithms, so with autotuning on, the first call of each shape also times the plain GEMM +
+// bias_backward and keeps the faster (matmul_prefer_split; dweight and dbias are restored after the
+// timing). Where cuBLASLt has no BGRADB algorithm (the FP32 reference build, say), bias_backward makes
+// the same sums (another order).
 inline void plain_linear_backward_dw_bias(float* dweight, float* dbias, const floatX* dout, const floatX* inp,
                                           const LinearScratch& scratch, int N, int C, int OC, cudaStream_t stream) {
     const float one = 1.0f;
-    if (dbias && matmul_launch(dweight, inp, dout, nullptr, C, OC, N, false, true, &one, &one, false, true, stream,
-                               MatmulBatch(), EPI_BGRADB, scratch.bias_grad, false)) {
+    auto split = [&]() {
+        plain_linear_backward_dw(dweight, dout, inp, N, C, OC, stream);
+        if (dbias) bias_backward(dbias, scratch.bias_partials, dout, N, OC, stream);
+    };
+    if (!dbias) { split(); return; }
+    const MatmulKey key = matmul_key(C, OC, N, false, true, false, false, true, MatmulBatch(), EPI_BGRADB);
+    if (!matmul_plan(key)) { split(); return; } // no BGRADB algorithm for this shape
+    auto fused = [&]() {
+        const bool ok = matmul_launch(dweight, inp, dout, nullptr, C, OC, N, false, true, &one, &one, false, true, stream,
+                                      MatmulBatch(), EPI_BGRADB, scratch.bias_grad, false);
+        if (!ok) matmul_no_algorithm(key);
         bias_grad_accumulate(dbias, scratch.bias_grad, OC, stream);
-        return;
-    }
-    plain_linear_backward_dw(dweight, dout, inp, N, C, OC, stream);
-    if (dbias) bias_backward(dbias, scratch.bias_partials, dout, N, OC, stream);
+    };
+    const bool prefer_split = matmul_prefer_split(key, stream, fused, split,
+                                                  {{dweight, (size_t)OC * C * sizeof(float)}, {dbias, (size_t)OC * sizeof(float)}});
+    if (prefer_split) split();
+    else fused();
 }
 
 inline void plain_linear_backward(float* dweight, float* dbias, floatX* dinp, const floatX* dout, const floatX* inp,

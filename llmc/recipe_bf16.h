@@ -5,6 +5,7 @@
 // no state, so its checkpoint section is empty and its options (-fh, -sqf, ...) change nothing.
 #pragma once
 #include "recipe.h"
+#include "profiler.h"
 
 #define RECIPE_NAME "bf16"
 using RecipeBoundaries = IdentityBoundaries; // no boundaries outside the linears (boundaries.h)
@@ -27,18 +28,31 @@ inline void recipe_step_end(Recipe&, cudaStream_t) {}
 inline void recipe_begin_micro_step(Recipe&, int) {}
 inline RecipeMaxState recipe_cross_process_max(Recipe&) { return RecipeMaxState(); }
 
-inline void linear_forward(Recipe&, LinearId, floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
+// LLMC_PROFILE=2 names each GEMM (profiler.h)
+static const char* const BF16_FINE_FWD[NUM_LINEAR_KINDS] = {"  gemm qkv fwd", "  gemm attproj fwd",
+                                                             "  gemm fc fwd (+GELU)", "  gemm fcproj fwd"};
+static const char* const BF16_FINE_WGRAD[NUM_LINEAR_KINDS] = {"  gemm qkv wgrad+bias", "  gemm attproj wgrad+bias",
+                                                               "  gemm fc wgrad+bias", "  gemm fcproj wgrad+bias"};
+static const char* const BF16_FINE_DGRAD[NUM_LINEAR_KINDS] = {"  gemm qkv dgrad", "  gemm attproj dgrad",
+                                                               "  gemm fc dgrad", "  gemm fcproj dgrad (+DGELU)"};
+
+inline void linear_forward(Recipe&, LinearId id, floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
                            int N, int C, int OC, bool, cudaStream_t stream) {
+    PHASE_FINE(BF16_FINE_FWD[id.kind]);
     plain_linear_forward(out, inp, weight, bias, N, C, OC, stream);
 }
-inline void linear_forward_gelu(Recipe&, LinearId, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
+inline void linear_forward_gelu(Recipe&, LinearId id, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
                                 const floatX* weight, const floatX* bias, int N, int C, int OC, bool, cudaStream_t stream) {
+    PHASE_FINE(BF16_FINE_FWD[id.kind]);
     plain_linear_forward_gelu(gelu_out, pre_gelu, inp, weight, bias, N, C, OC, stream);
 }
-inline void linear_backward(Recipe& r, LinearId, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
+inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
                             const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
                             cudaStream_t stream) {
-    plain_linear_backward(dweight, dbias, dinp, dout, inp, weight, pre_gelu, r.scratch, N, C, OC, stream);
+    PHASE_FINE(BF16_FINE_WGRAD[id.kind]);
+    plain_linear_backward_dw_bias(dweight, dbias, dout, inp, r.scratch, N, C, OC, stream);
+    PHASE_FINE(BF16_FINE_DGRAD[id.kind]);
+    plain_linear_backward_dx(dinp, dout, weight, pre_gelu, N, C, OC, stream);
 }
 
 inline bool recipe_needs_input_in_backward(const Recipe&, LinearId, int) { return true; }

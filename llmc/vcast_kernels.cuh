@@ -277,7 +277,7 @@ __global__ void vcast_cols_kernel(floatX* out, const floatX* x, int rows, int co
 //   bias:    (with columns, optional) each thread adds its half-column of x in FP32, row after row,
 //            over all of its block's patches; the two halves are added and stored in
 //            bias_partials[blockIdx.y][column], which bias_backward_reduce sums over blockIdx.y
-//            in order: deterministic, with the BF16 x as bias_backward reads it.
+//            in a fixed order: deterministic, with the BF16 x as bias_backward reads it.
 // Scales and values are those of vcast_tile (vcast_select_scale of the tile's amax over finite
 // values; vcast_mx_value), and element (r, c) draws its stochastic bits from index r * cols + c
 // in both directions: the same bits as the kernels above.

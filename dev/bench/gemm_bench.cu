@@ -8,7 +8,8 @@
 // -c channels, -n rows per micro-step (B*T), -v padded vocabulary, -r classifier chunk rows, -i timed
 // repetitions per algorithm (after 3 warm-up runs). Operands are random BF16 in [-1, 1).
 // Prints one line per GEMM: shape, the first choice's ms and TFLOP/s, the fastest candidate's ms and
-// index, and the ratio; then the four linears' bias gradient both ways and the sums per micro-step.
+// index, and the ratio; then the four linears' bias gradient both ways, the GELU and its derivative in
+// the epilogue against the plain GEMM + a separate pass, and the sums per micro-step.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <vector>
 #include "dev/test/gpu_check.h"
 #include "llmc/matmul.cuh"
+#include "llmc/gelu.cuh"
 
 static floatX* random_bf16(size_t n, unsigned seed) {
     std::vector<floatX> h(n);
@@ -75,6 +77,13 @@ static Timing time_candidates(const Gemm& g, int reps) {
     return t;
 }
 
+static size_t find_gemm(const std::vector<Gemm>& gemms, const std::string& name) {
+    for (size_t i = 0; i < gemms.size(); i++)
+        if (gemms[i].name == name) return i;
+    fprintf(stderr, "gemm_bench: no GEMM named '%s'\n", name.c_str());
+    exit(1);
+}
+
 int main(int argc, char** argv) {
     int C = 768, N = 65536, V = 50304, rows = 8192, reps = 20;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -115,6 +124,12 @@ int main(int argc, char** argv) {
                          false, fc ? EPI_GELU_BIAS : EPI_NONE, fc ? (void*)pre : nullptr});
         gemms.push_back({k + " dgrad" + (fcproj ? " (DGELU)" : ""), out, w, dy, nullptr, in_f[l], N, out_f[l], false, false,
                          0.0f, false, fcproj ? EPI_DGELU : EPI_NONE, fcproj ? (void*)pre : nullptr});
+        if (fc) // the split form's GEMM: bias only, the GELU as its own pass
+            gemms.push_back({k + " forward (bias only)", out, w, x, bias, out_f[l], N, in_f[l], true, false, 0.0f, false,
+                             EPI_NONE, nullptr});
+        if (fcproj) // the split form's GEMM: plain, the GELU derivative as its own pass
+            gemms.push_back({k + " dgrad (plain)", out, w, dy, nullptr, in_f[l], N, out_f[l], false, false, 0.0f, false,
+                             EPI_NONE, nullptr});
         gemms.push_back({k + " wgrad", dw, x, dy, nullptr, in_f[l], out_f[l], N, false, true, 1.0f, true, EPI_NONE, nullptr});
         gemms.push_back({k + " wgrad + bias (BGRADB)", dw, x, dy, nullptr, in_f[l], out_f[l], N, false, true, 1.0f, true,
                          EPI_BGRADB, bias_part});
@@ -139,14 +154,15 @@ int main(int argc, char** argv) {
         const double tflops = 2.0 * g.m * g.n * (double)g.k / (t.first_ms * 1e-3) / 1e12;
         printf("%-28s %6d %6d %6d | %9.3f %8.1f | %9.3f %2d/%d %5.1f%%\n", g.name.c_str(), g.m, g.n, g.k, t.first_ms, tflops,
                t.best_ms, t.best, t.candidates, 100.0 * (t.first_ms - t.best_ms) / t.first_ms);
-        if (g.epilogue != EPI_BGRADB) { first_sum += t.first_ms; best_sum += t.best_ms; }
+        const bool split_form = g.name.find("(bias only)") != std::string::npos || g.name.find("(plain)") != std::string::npos;
+        if (g.epilogue != EPI_BGRADB && !split_form) { first_sum += t.first_ms; best_sum += t.best_ms; }
     }
     printf("\nbias gradient of each linear, per micro-step call:\n");
     float separate_sum = 0.0f, fused_sum = 0.0f;
     for (int l = 0; l < 4; l++) {
         const float bias_ms = time_ms([&]() { bias_backward(dbias, partials, dy, N, out_f[l], 0); }, reps);
-        const Timing& plain = timings[4 * l + 2];
-        const Timing& fused = timings[4 * l + 3];
+        const Timing& plain = timings[find_gemm(gemms, std::string(kinds[l]) + " wgrad")];
+        const Timing& fused = timings[find_gemm(gemms, std::string(kinds[l]) + " wgrad + bias (BGRADB)")];
         separate_sum += plain.first_ms + bias_ms;
         fused_sum += fused.best >= 0 ? fused.first_ms : plain.first_ms + bias_ms;
         if (fused.best < 0) {
@@ -156,6 +172,22 @@ int main(int argc, char** argv) {
                    plain.first_ms, bias_ms, plain.first_ms + bias_ms, fused.first_ms,
                    fused.first_ms - plain.first_ms - bias_ms);
         }
+    }
+    // the GELU and its derivative in the epilogue, or the plain GEMM and a separate pass
+    // (matmul_prefer_split in llmc/matmul.cuh decides this per shape in the trainer)
+    {
+        const size_t n_fc = (size_t)N * 4 * C;
+        const float gelu_ms = time_ms([&]() { gelu_forward(out, pre, (long long)n_fc, 0); }, reps);
+        const float dgelu_ms = time_ms([&]() { gelu_backward(out, pre, (long long)n_fc, 0); }, reps);
+        const Timing& f_fused = timings[find_gemm(gemms, "fc forward (GELU)")];
+        const Timing& f_plain = timings[find_gemm(gemms, "fc forward (bias only)")];
+        const Timing& d_fused = timings[find_gemm(gemms, "fcproj dgrad (DGELU)")];
+        const Timing& d_plain = timings[find_gemm(gemms, "fcproj dgrad (plain)")];
+        printf("\nGELU epilogue or separate pass (fastest candidates):\n");
+        printf("  fc forward:   GELU_AUX_BIAS %.3f ms; bias GEMM %.3f + gelu_forward %.3f = %.3f ms (%+.3f)\n",
+               f_fused.best_ms, f_plain.best_ms, gelu_ms, f_plain.best_ms + gelu_ms, f_plain.best_ms + gelu_ms - f_fused.best_ms);
+        printf("  fcproj dgrad: DGELU %.3f ms; plain GEMM %.3f + gelu_backward %.3f = %.3f ms (%+.3f)\n",
+               d_fused.best_ms, d_plain.best_ms, dgelu_ms, d_plain.best_ms + dgelu_ms, d_plain.best_ms + dgelu_ms - d_fused.best_ms);
     }
     printf("\nper micro-step, one layer's linears + one classifier chunk: heuristic's first %.3f ms, fastest candidates %.3f ms\n",
            first_sum, best_sum);

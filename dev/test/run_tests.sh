@@ -84,6 +84,24 @@ else
     echo "skipped: no nvcc (the Q1.15 build checks)"; skipped=$((skipped + 1))
 fi
 
+# the optional cuDNN attention (make USE_CUDNN=1 / train_gpt_<recipe>_cudnn): it must keep building. It
+# needs the cuDNN frontend headers (dev/setup_cudnn_frontend.sh fetches them once from PyPI) and cuDNN.
+cudnn_ready=0
+if bash dev/setup_cudnn_frontend.sh > "$tmp/cudnn_setup.log" 2>&1; then
+    if make -s -j"$JOBS" train_gpt_bf16_cudnn > "$tmp/cudnn_build.log" 2>&1; then
+        echo "[PASS] the cuDNN attention path builds (train_gpt_bf16_cudnn)"; passed=$((passed + 1)); cudnn_ready=1
+    elif grep -q "no libcudnn found\|no cudnn.h found" "$tmp/cudnn_build.log"; then
+        echo "skipped: cuDNN attention (cuDNN not installed: $(grep -o 'no [a-z.]* found' "$tmp/cudnn_build.log" | head -n 1))"
+        skipped=$((skipped + 1))
+    else
+        tail -n 20 "$tmp/cudnn_build.log"; echo "[FAIL] the cuDNN attention path does not build"; failed=$((failed + 1))
+    fi
+else
+    tail -n 3 "$tmp/cudnn_setup.log"
+    echo "skipped: cuDNN attention (the cuDNN frontend headers could not be fetched; bash dev/setup_cudnn_frontend.sh)"
+    skipped=$((skipped + 1))
+fi
+
 echo "== building the trainer for the bad-input tests"
 if make -s -j"$JOBS" train_gpt_bf16; then
     bash dev/test/bad_input.sh ./train_gpt_bf16 2>&1 | tee "$tmp/bad.log"; rc=$?
@@ -118,6 +136,18 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
                 echo "== $name: build failed"; failed=$((failed + 1))
             fi
         done
+        # cuDNN's attention: its kernels against float64 and ours, and the whole BF16 model on it
+        if [[ $cudnn_ready -eq 1 ]]; then
+            for t in build/test_attention_cudnn test_gpt_bf16_cudnn; do
+                if make -s "$t"; then
+                    args=(); [[ $t == test_gpt_bf16_cudnn ]] && args=("$REF")
+                    ./$t "${args[@]}" 2>&1 | tee "$tmp/cudnn_test.log"; rc=$?
+                    count_suite "$t" $rc "$tmp/cudnn_test.log"
+                else
+                    echo "== $t: build failed"; failed=$((failed + 1))
+                fi
+            done
+        fi
         for v in bf16 fp8 nvfp4 vcast tcfp12 q115; do
             if make -s train_gpt_$v; then
                 bash dev/test/resume_cli.sh ./train_gpt_$v 2>&1 | tee "$tmp/resume_$v.log"; rc=$?

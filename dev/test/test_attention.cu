@@ -7,6 +7,8 @@
 // Prints [PASS]/[FAIL] lines and "attention tests: N passed, N failed"; exit 0 iff all pass.
 // Without a CUDA device: "skipped: no CUDA device", exit 77. --timing-only skips the accuracy cases;
 // --small runs only the short accuracy cases (for compute-sanitizer).
+// Built with make USE_CUDNN=1, it checks cuDNN's attention (llmc/cudnn_attention.cpp) the same way
+// (accuracy against float64, bit-identical reruns, agreement with our kernels) and times it beside ours.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -20,6 +22,9 @@
 #include "llmc/matmul.cuh"
 #include "llmc/attention.cuh"
 #include "llmc/flash_attention.cuh"
+#if defined(ENABLE_CUDNN)
+#include "llmc/cudnn_attention.h"
+#endif
 
 #if defined(ENABLE_FP32)
 #error "test_attention.cu tests the BF16 build"
@@ -232,6 +237,54 @@ static void test_case(int B, int NH, int T, int HS, uint32_t seed, bool compare_
     check(e_dv < 2e-2, "%s backward: dv rel L2 error %.3e (tol 2e-2)", tag, e_dv);
     check(memcmp(dqkv1.data(), dqkv2.data(), n_qkv * 2) == 0, "%s backward: dqkv bit-identical run to run", tag);
 
+#if defined(ENABLE_CUDNN)
+    {   // cuDNN's SDPA on the same inputs: the same tolerances, determinism, and closeness to ours
+        std::string why;
+        const bool ok = cudnn_attention_prepare(B, T, NH, HS, &why);
+        check(ok, "%s cuDNN: graphs built and supported (%s)", tag, ok ? "yes" : why.c_str());
+        if (ok) {
+            std::vector<uint16_t> c_out(n_btc), c_out2(n_btc), c_dqkv(n_qkv), c_dqkv2(n_qkv);
+            std::vector<float> c_lse(n_lse);
+            for (int rep = 0; rep < 2; rep++) {
+                cudaCheck(cudaMemset(d_out, 0xFF, n_btc * 2));
+                cudaCheck(cudaMemset(d_lse, 0xFF, n_lse * 4));
+                cudaCheck(cudaMemset(d_dqkv, 0xFF, n_qkv * 2));
+                cudnn_attention_forward(d_out, d_lse, d_qkv, B, T, NH, HS, 0);
+                cudnn_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, NH, HS, 0);
+                cudaCheck(cudaDeviceSynchronize());
+                cudaCheck(cudaMemcpy((rep ? c_out2 : c_out).data(), d_out, n_btc * 2, cudaMemcpyDeviceToHost));
+                cudaCheck(cudaMemcpy((rep ? c_dqkv2 : c_dqkv).data(), d_dqkv, n_qkv * 2, cudaMemcpyDeviceToHost));
+                if (rep == 0) cudaCheck(cudaMemcpy(c_lse.data(), d_lse, n_lse * 4, cudaMemcpyDeviceToHost));
+            }
+            size_t bad_o = 0, bad_q = 0, bad_k = 0, bad_v = 0, bad_l = 0;
+            const double c_eo = rel_l2(c_out, C, 0, ref.out, (size_t)B * T, C, &bad_o);
+            const double c_eq = rel_l2(c_dqkv, 3 * C, 0, ref.dq, (size_t)B * T, C, &bad_q);
+            const double c_ek = rel_l2(c_dqkv, 3 * C, C, ref.dk, (size_t)B * T, C, &bad_k);
+            const double c_ev = rel_l2(c_dqkv, 3 * C, 2 * C, ref.dv, (size_t)B * T, C, &bad_v);
+            double c_el = 0.0;
+            for (size_t i = 0; i < n_lse; i++) {
+                if (!std::isfinite(c_lse[i])) { bad_l++; continue; }
+                c_el = std::max(c_el, std::fabs((double)c_lse[i] - ref.lse[i]));
+            }
+            check(bad_o + bad_q + bad_k + bad_v + bad_l == 0, "%s cuDNN: every out/lse/dqkv element written, no NaN", tag);
+            check(c_eo < 2e-2, "%s cuDNN forward: out rel L2 error %.3e (tol 2e-2; ours %.3e)", tag, c_eo, e_out);
+            check(c_el < 1e-3, "%s cuDNN forward: its statistics are the natural-log lse, max abs error %.3e (tol 1e-3)", tag, c_el);
+            check(c_eq < 2e-2 && c_ek < 2e-2 && c_ev < 2e-2,
+                  "%s cuDNN backward: dq / dk / dv rel L2 errors %.3e / %.3e / %.3e (tol 2e-2; ours %.3e / %.3e / %.3e)",
+                  tag, c_eq, c_ek, c_ev, e_dq, e_dk, e_dv);
+            check(memcmp(c_out.data(), c_out2.data(), n_btc * 2) == 0 && memcmp(c_dqkv.data(), c_dqkv2.data(), n_qkv * 2) == 0,
+                  "%s cuDNN: forward and (deterministic) backward bit-identical run to run", tag);
+            // our backward from cuDNN's forward (out, lse): the statistics mean the same to both
+            cudaCheck(cudaMemset(d_dqkv, 0xFF, n_qkv * 2));
+            flash_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_scratch, B, T, NH, HS, 0);
+            cudaCheck(cudaDeviceSynchronize());
+            cudaCheck(cudaMemcpy(c_dqkv2.data(), d_dqkv, n_qkv * 2, cudaMemcpyDeviceToHost));
+            const double x_eq = rel_l2(c_dqkv2, 3 * C, 0, ref.dq, (size_t)B * T, C, &bad_q);
+            check(x_eq < 2e-2 && bad_q == 0, "%s our flash backward from cuDNN's out and lse: dq rel L2 error %.3e", tag, x_eq);
+        }
+    }
+#endif
+
     if (compare_old) {   // for context: the materialized path's error against the same reference
         AttentionScratch s;
         s.q = dalloc<floatX>(n_btc); s.k = dalloc<floatX>(n_btc); s.v = dalloc<floatX>(n_btc); s.y = dalloc<floatX>(n_btc);
@@ -304,6 +357,18 @@ static void time_case(int B, int NH, int T, int HS) {
            m_fwd, fwd_flop / m_fwd * 1e-9, m_bwd, bwd_flop / m_bwd * 1e-9, m_fwd + m_bwd);
     check(f_fwd + f_bwd < m_fwd + m_bwd, "B=%d NH=%d T=%d HS=%d: flash forward+backward faster than materialized (%.2fx)",
           B, NH, T, HS, (m_fwd + m_bwd) / (f_fwd + f_bwd));
+#if defined(ENABLE_CUDNN)
+    std::string why;
+    if (cudnn_attention_prepare(B, T, NH, HS, &why)) {
+        double c_fwd = median_ms([&] { cudnn_attention_forward(out, lse, qkv, B, T, NH, HS, 0); });
+        double c_bwd = median_ms([&] { cudnn_attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS, 0); });
+        printf("  cuDNN        forward %8.3f ms %7.1f TFLOP/s   backward %8.3f ms %7.1f TFLOP/s   total %8.3f ms"
+               " (%.2fx ours)\n", c_fwd, fwd_flop / c_fwd * 1e-9, c_bwd, bwd_flop / c_bwd * 1e-9, c_fwd + c_bwd,
+               (f_fwd + f_bwd) / (c_fwd + c_bwd));
+    } else {
+        printf("  cuDNN        not available for this shape: %s\n", why.c_str());
+    }
+#endif
 
     cudaCheck(cudaFree(s.q)); cudaCheck(cudaFree(s.k)); cudaCheck(cudaFree(s.v)); cudaCheck(cudaFree(s.y));
     cudaCheck(cudaFree(s.scores)); cudaCheck(cudaFree(att));
@@ -341,6 +406,9 @@ int main(int argc, char** argv) {
     }
 
     matmul_free();
+#if defined(ENABLE_CUDNN)
+    cudnn_attention_free();
+#endif
     printf("attention tests: %d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
 }

@@ -1,9 +1,14 @@
 // test_linear.cu: the plain linear layer of llmc/recipe.h (what BF16 is, and what every recipe falls
 // back to for the layers it keeps in BF16) against float64 products of the same BF16 operands:
-//   1. forward out = x W^T + b, and with the GELU epilogue (gelu_out and the kept pre-activation);
-//   2. backward dx = dy W, and with the DGELU epilogue (times gelu'(pre));
+//   1. forward out = x W^T + b, and with the GELU (gelu_out and the kept pre-activation);
+//   2. backward dx = dy W, and times gelu'(pre);
+//   the GELU and its derivative both ways: in the GEMM's epilogue and as the plain GEMM + a separate
+//   pass (matmul_prefer_split; forced through the decision record a checkpoint would carry), and the
+//   way autotuning picks;
 //   3. backward dW += dy^T x and db += column sums of dy over two micro-steps on top of non-zero
-//      gradients: the bias gradient from the weight-gradient GEMM's BGRADB epilogue (which overwrites
+//      gradients (BGRADB or the plain GEMM + bias_backward, forced each way and as autotuning decides,
+//      whose timing runs must leave the accumulated gradients as they were): the bias gradient from
+//      the weight-gradient GEMM's BGRADB epilogue (which overwrites
 //      its vector, so it goes through scratch and is added), at a row count large enough for
 //      cuBLASLt to split k; the same sums by bias_backward, the fallback path; dW without a bias.
 // Everything twice: with the heuristic's first algorithm, and autotuned (matmul.cuh: the first call
@@ -73,12 +78,19 @@ static std::vector<double> transposed(const std::vector<double>& a, int rows, in
 // a BF16 output: one rounding of the FP32 result (2^-8 relative) plus FP32 accumulation
 static const double BF16_OUT = 1.0 / 256, FP32_ACC = 1e-5;
 
-static void test_forward(int N, int C, int OC, std::mt19937& rng) {
+// force: -1 leaves the fused-or-split decision to matmul_prefer_split, 0 / 1 records fused / split
+static void force_split_decision(const MatmulKey& fused_key, int force) {
+    if (force >= 0) g_matmul_choice[matmul_split_decision_key(fused_key)] = force;
+}
+static const char* way_name(int force) { return force < 0 ? "as chosen" : force == 0 ? "fused" : "split"; }
+
+static void test_forward(int N, int C, int OC, std::mt19937& rng, int force = -1) {
     auto x = random_bf16((size_t)N * C, rng, 1.0f), w = random_bf16((size_t)OC * C, rng, 0.2f), b = random_bf16(OC, rng, 0.5f);
     floatX *dx = to_device(x), *dw = to_device(w), *db = to_device(b);
     floatX *out, *gout, *pre;
     cudaCheck(cudaMalloc(&out, (size_t)N * OC * 2)); cudaCheck(cudaMalloc(&gout, (size_t)N * OC * 2));
     cudaCheck(cudaMalloc(&pre, (size_t)N * OC * 2));
+    force_split_decision(matmul_key(OC, N, C, true, false, true, false, false, MatmulBatch(), EPI_GELU_BIAS), force);
     plain_linear_forward(out, dx, dw, db, N, C, OC, 0);
     plain_linear_forward_gelu(gout, pre, dx, dw, db, N, C, OC, 0);
     std::vector<double> ref, mag;
@@ -91,22 +103,26 @@ static void test_forward(int N, int C, int OC, std::mt19937& rng) {
             ref_pre[at] = ref[at] + bd[j];
             mag[at] += std::fabs(bd[j]);
             ref_gelu[at] = gelu(ref_pre[at]);
-            gelu_mag[at] = mag[at] * std::fabs(gelu_grad(ref_pre[at])) + 1e-3; // the kernel's GELU: fast tanh
+            // the epilogue's GELU uses a fast tanh; the split form applies the GELU to the BF16-rounded
+            // pre-activation: another 2^-9 |pre| |gelu'| (in units of the 1e-3 allowance below)
+            gelu_mag[at] = mag[at] * std::fabs(gelu_grad(ref_pre[at])) + 1e-3 +
+                           (force != 0 ? std::fabs(ref_pre[at] * gelu_grad(ref_pre[at])) / 512.0 / 1e-3 : 0.0);
         }
     Bound b1 = bound_ratio(widen(to_host(out, (size_t)N * OC)), ref_pre, mag, BF16_OUT, FP32_ACC);
     check(b1.worst <= 1.0, "forward N=%d C=%d OC=%d: x W^T + b within BF16 rounding (worst %.2f of the bound)", N, C, OC, b1.worst);
     Bound b2 = bound_ratio(widen(to_host(pre, (size_t)N * OC)), ref_pre, mag, BF16_OUT, FP32_ACC);
-    check(b2.worst <= 1.0, "forward+GELU: the kept pre-activation (worst %.2f)", b2.worst);
+    check(b2.worst <= 1.0, "forward+GELU (%s): the kept pre-activation (worst %.2f)", way_name(force), b2.worst);
     Bound b3 = bound_ratio(widen(to_host(gout, (size_t)N * OC)), ref_gelu, gelu_mag, BF16_OUT, 1e-3);
-    check(b3.worst <= 1.0, "forward+GELU: gelu(x W^T + b) (worst %.2f)", b3.worst);
+    check(b3.worst <= 1.0, "forward+GELU (%s): gelu(x W^T + b) (worst %.2f)", way_name(force), b3.worst);
     cudaFree(dx); cudaFree(dw); cudaFree(db); cudaFree(out); cudaFree(gout); cudaFree(pre);
 }
 
-static void test_backward_dx(int N, int C, int OC, std::mt19937& rng) {
+static void test_backward_dx(int N, int C, int OC, std::mt19937& rng, int force = -1) {
     auto dy = random_bf16((size_t)N * OC, rng, 1.0f), w = random_bf16((size_t)OC * C, rng, 0.2f);
     auto pre = random_bf16((size_t)N * C, rng, 3.0f);
     floatX *ddy = to_device(dy), *dw = to_device(w), *dpre = to_device(pre), *dx, *dxg;
     cudaCheck(cudaMalloc(&dx, (size_t)N * C * 2)); cudaCheck(cudaMalloc(&dxg, (size_t)N * C * 2));
+    force_split_decision(matmul_key(C, N, OC, false, false, false, false, false, MatmulBatch(), EPI_DGELU), force);
     plain_linear_backward_dx(dx, ddy, dw, nullptr, N, C, OC, 0);
     plain_linear_backward_dx(dxg, ddy, dw, dpre, N, C, OC, 0);
     std::vector<double> ref, mag;
@@ -115,7 +131,8 @@ static void test_backward_dx(int N, int C, int OC, std::mt19937& rng) {
     check(b1.worst <= 1.0, "backward dx N=%d C=%d OC=%d: dy W (worst %.2f)", N, C, OC, b1.worst);
     const auto pd = widen(pre);
     // allowance: the BF16 output's rounding, FP32 accumulation (scaled by |gelu'|), and gelu' evaluated
-    // to BF16-like precision in the epilogue (4e-3 |dy W|; measured worst 1.2x of 1e-3 on an H100)
+    // to BF16-like precision in the epilogue (4e-3 |dy W|; measured worst 1.2x of 1e-3 on an H100); the
+    // split form's extra rounding of dy W to BF16 (2^-9 |dy W gelu'|) fits in the same allowance
     std::vector<double> refg(ref.size()), magg(ref.size());
     for (size_t i = 0; i < ref.size(); i++) {
         const double g = gelu_grad(pd[i]);
@@ -123,11 +140,13 @@ static void test_backward_dx(int N, int C, int OC, std::mt19937& rng) {
         magg[i] = mag[i] * std::fabs(g) + 4e-3 / FP32_ACC * std::fabs(ref[i]);
     }
     Bound b2 = bound_ratio(widen(to_host(dxg, (size_t)N * C)), refg, magg, BF16_OUT, FP32_ACC);
-    check(b2.worst <= 1.0, "backward dx with DGELU: (dy W) * gelu'(pre) (worst %.2f)", b2.worst);
+    check(b2.worst <= 1.0, "backward dx with the GELU derivative (%s): (dy W) * gelu'(pre) (worst %.2f)", way_name(force),
+          b2.worst);
     cudaFree(ddy); cudaFree(dw); cudaFree(dpre); cudaFree(dx); cudaFree(dxg);
 }
 
-static void test_backward_dw_bias(int N, int C, int OC, std::mt19937& rng) {
+static void test_backward_dw_bias(int N, int C, int OC, std::mt19937& rng, int force = -1) {
+    force_split_decision(matmul_key(C, OC, N, false, true, false, false, true, MatmulBatch(), EPI_BGRADB), force);
     LinearScratch scratch;
     linear_scratch_init(scratch, std::max(C, OC)); // (sized by the widest output, 4x the argument)
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -141,7 +160,7 @@ static void test_backward_dw_bias(int N, int C, int OC, std::mt19937& rng) {
     for (int micro = 0; micro < 2; micro++) {
         auto x = random_bf16((size_t)N * C, rng, 1.0f), dy = random_bf16((size_t)N * OC, rng, 1.0f);
         floatX *dx = to_device(x), *ddy = to_device(dy);
-        plain_linear_backward_dw_bias(ddw, ddb, ddy, dx, scratch, N, C, OC, 0);      // the fused path
+        plain_linear_backward_dw_bias(ddw, ddb, ddy, dx, scratch, N, C, OC, 0);      // BGRADB, or as decided
         plain_linear_backward_dw_bias(ddw_plain, nullptr, ddy, dx, scratch, N, C, OC, 0); // no bias: dW alone
         bias_backward(ddb_sep, scratch.bias_partials, ddy, N, OC, 0);                   // the fallback's sums
         std::vector<double> val, mag;
@@ -154,9 +173,10 @@ static void test_backward_dw_bias(int N, int C, int OC, std::mt19937& rng) {
     }
     const double FP32_OUT = 1e-6; // FP32 outputs: the accumulation is the error
     Bound bw = bound_ratio(widen(to_host(ddw, (size_t)OC * C)), ref_w, mag_w, FP32_OUT, FP32_ACC);
-    check(bw.worst <= 1.0, "dW += dy^T x, two micro-steps on a non-zero dW, N=%d C=%d OC=%d (worst %.2f)", N, C, OC, bw.worst);
+    check(bw.worst <= 1.0, "dW += dy^T x (bias gradient %s), two micro-steps on a non-zero dW, N=%d C=%d OC=%d (worst %.2f)",
+          force < 0 ? "as chosen" : force == 0 ? "from BGRADB" : "by bias_backward", N, C, OC, bw.worst);
     Bound bb = bound_ratio(widen(to_host(ddb, OC)), ref_b, mag_b, FP32_OUT, FP32_ACC);
-    check(bb.worst <= 1.0, "db += column sums of dy from the wgrad GEMM, two micro-steps on a non-zero db (worst %.2f)", bb.worst);
+    check(bb.worst <= 1.0, "db += column sums of dy with the wgrad GEMM, two micro-steps on a non-zero db (worst %.2f)", bb.worst);
     Bound bs = bound_ratio(widen(to_host(ddb_sep, OC)), ref_b, mag_b, FP32_OUT, FP32_ACC);
     check(bs.worst <= 1.0, "the same by bias_backward, the fallback (worst %.2f)", bs.worst);
     Bound bp = bound_ratio(widen(to_host(ddw_plain, (size_t)OC * C)), ref_w, mag_w, FP32_OUT, FP32_ACC);
@@ -186,9 +206,30 @@ int main() {
     test_forward(64, 128, 256, rng);
     test_backward_dx(333, 64, 256, rng);
     test_backward_dx(200, 128, 64, rng);
+    for (int force = 0; force < 2; force++) { // both ways, whatever the decision would be
+        test_forward(136, 64, 320, rng, force);
+        test_backward_dx(136, 64, 320, rng, force);
+    }
     test_backward_dw_bias(333, 64, 192, rng);
     test_backward_dw_bias(16384, 32, 96, rng); // long k: split-k reductions
+    for (int force = 0; force < 2; force++) test_backward_dw_bias(520, 96, 160, rng, force); // both ways
     if (tune) check(!matmul_choices().empty(), "autotuning recorded its choices (%zu shapes)", matmul_choices().size());
+    if (tune) {
+        // the first GELU GEMM of an untuned shape timed both ways and recorded its decision
+        const MatmulKey key = matmul_key(320, 96, 64, true, false, true, false, false, MatmulBatch(), EPI_GELU_BIAS);
+        std::vector<floatX> zeros(96 * 320);
+        floatX *x = to_device(random_bf16(96 * 64, rng, 1.0f)), *w = to_device(random_bf16(320 * 64, rng, 0.2f));
+        floatX *b = to_device(random_bf16(320, rng, 0.5f)), *g = to_device(zeros), *pre = to_device(zeros);
+        plain_linear_forward_gelu(g, pre, x, w, b, 96, 64, 320, 0);
+        for (const auto& kv : g_matmul_choice)
+            if (kv.first.epilogue >= EPI_SPLIT_DECISION)
+                printf("       decision m=%d n=%d k=%d bias=%d epilogue=%d: %s\n", kv.first.m, kv.first.n, kv.first.k,
+                       kv.first.has_bias, kv.first.epilogue - EPI_SPLIT_DECISION, way_name(kv.second));
+        check(g_matmul_choice.count(matmul_split_decision_key(key)) == 1,
+              "autotuning decided fused or split for the GELU GEMM and recorded it (%s)",
+              g_matmul_choice.count(matmul_split_decision_key(key)) ? way_name(g_matmul_choice[matmul_split_decision_key(key)]) : "none");
+        cudaFree(x); cudaFree(w); cudaFree(b); cudaFree(g); cudaFree(pre);
+    }
     matmul_free();
     }
     printf("linear tests: %d passed, %d failed\n", g_passed, g_failed);
