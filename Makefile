@@ -105,7 +105,7 @@ endif
 all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 build/test_cpu \
      train_gpt2q115cu train_gpt2q115_constrainedcu train_gpt3q115cu train_gpt_q115_scaled \
      build/test_attention build/test_fp8 build/test_nvfp4 build/test_vcast build/test_tcfp12 \
-     build/test_linear build/test_q115_attention build/gemm_bench
+     build/test_linear build/test_layernorm build/test_q115_attention build/gemm_bench
 
 # one binary per recipe: -DRECIPE_<NAME> picks llmc/recipe_<name>.h (Q1.15: the seed's -DENABLE_Q115)
 Q115_DEFINES := -DENABLE_Q115 -DSF16_TRUE_FORWARD=$(SF16_TRUE_FORWARD)
@@ -151,6 +151,7 @@ test_gpt_fp32: test_gpt.cu train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
 #   vcast      bit-exact against the CPU reference (vcast.h), and against the FP8 kernels
 #   tcfp12     the split bit-exact against tcfp12.h, the dual GEMMs against float64
 #   linear     the plain linear layer (recipe.h) against float64: forward, GELU/DGELU epilogues, dW, the fused bias gradient
+#   layernorm  the LayerNorm kernels against float64 at every width the dispatch distinguishes, and their speed
 #   q115_attention  the Q1.15 attention in the flash kernels against float64, the materialized path, the reality check
 build/test_%: dev/test/test_%.cu dev/test/gpu_check.h $(HEADERS) $(CUDNN_OBJ)
 	@mkdir -p build

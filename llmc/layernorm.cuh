@@ -61,7 +61,7 @@ __global__ void fused_residual_layernorm_forward_kernel(float* residual, floatX*
     layernorm_row<Bd>(out + off, mean + row, rstd + row, residual + off, w, b, C, lane);
 }
 
-// ---- the same with the row in registers, for C % 4 == 0 and C <= 1024 -------------------------
+// ---- the same with the row in registers, for C % 4 == 0 and C <= 2048 -------------------------
 // Lane l owns the float4 chunks l, l+32, ... (N4 of them), so a row is read from memory once, in
 // 16-byte loads, and normalized from registers. The plain and the fused kernel share the row
 // routine, so a LayerNorm recomputed in backward (-r 2) equals the forward's bit for bit.
@@ -147,10 +147,12 @@ __global__ void fused_residual_layernorm_registers_kernel(float* residual, float
     layernorm_row_registers<Bd, N4>(out + off, mean + row, rstd + row, x, w, b, C, lane);
 }
 
-// which register kernel fits C (0 = none: use the generic kernels)
+// which register kernel fits C (0 = none: use the generic kernels). Up to 16 float4 chunks per lane
+// (C = 2048, 64 registers of row): d36's C = 1280 and d48's 1600 took the generic kernels until
+// 2026-11-25, at ~1.7x the register kernels' time (doc/perf.md).
 inline int layernorm_chunks_per_lane(int C) {
-    if (C % 4 != 0 || C > 1024) return 0;
-    return (C + 127) / 128; // 1..8
+    if (C % 4 != 0 || C > 2048) return 0;
+    return (C + 127) / 128; // 1..16
 }
 
 #define LN_DISPATCH_N4(n4, KERNEL, grid, block, stream, ...)                                       \
@@ -162,7 +164,11 @@ inline int layernorm_chunks_per_lane(int C) {
         case 5: KERNEL<Bd, 5><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                     \
         case 6: KERNEL<Bd, 6><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                     \
         case 7: KERNEL<Bd, 7><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                     \
-        default: KERNEL<Bd, 8><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                    \
+        case 8: KERNEL<Bd, 8><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                     \
+        case 9: case 10: KERNEL<Bd, 10><<<grid, block, 0, stream>>>(__VA_ARGS__); break;           \
+        case 11: case 12: KERNEL<Bd, 12><<<grid, block, 0, stream>>>(__VA_ARGS__); break;          \
+        case 13: case 14: KERNEL<Bd, 14><<<grid, block, 0, stream>>>(__VA_ARGS__); break;          \
+        default: KERNEL<Bd, 16><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                   \
     }
 
 template <class Bd = IdentityBoundaries>
@@ -303,6 +309,84 @@ __global__ void __launch_bounds__(256) layernorm_backward_registers_kernel(
     }
 }
 
+// The same for 1024 < C <= 32 * CPL (d36's 1280, d48's 1600, up to 2048): 6 * CPL registers would
+// spill, so the warp's dw/db partial sums live in shared memory (each lane updates only its own
+// columns: no conflicts, no atomics) and w is staged there once per block; dy, x and the old dinp are
+// loaded for the whole row before the first use (loading dinp in the last loop instead left each
+// warp waiting on one load at a time: 0.97 TB/s at d36). Same arithmetic and summation order per
+// column as the generic kernel.
+#define LN_WIDE_THREADS 128
+inline size_t layernorm_backward_wide_smem(int C) {
+    return ((size_t)(LN_WIDE_THREADS / WARP_SIZE) * 2 * C + C) * sizeof(float);
+}
+template <int CPL>
+__global__ void __launch_bounds__(LN_WIDE_THREADS) layernorm_backward_wide_kernel(
+        float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp, const floatX* w,
+        const float* mean, const float* rstd, int N, int C, float branch_scale) {
+    extern __shared__ float ln_smem[];
+    const int num_warps = gridDim.x * (blockDim.x / WARP_SIZE);
+    const int warp_in_block = threadIdx.x / WARP_SIZE;
+    const int warp_id = blockIdx.x * (blockDim.x / WARP_SIZE) + warp_in_block;
+    const int lane = threadIdx.x % WARP_SIZE;
+    float* wv = ln_smem;                                  // C
+    float* dw_acc = ln_smem + C + (size_t)warp_in_block * 2 * C;
+    float* db_acc = dw_acc + C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) wv[c] = (float)w[c];
+    for (int c = lane; c < C; c += WARP_SIZE) { dw_acc[c] = 0.0f; db_acc[c] = 0.0f; }
+    __syncthreads();
+    for (int row = warp_id; row < N; row += num_warps) {
+        const long long off = (long long)row * C;
+        const float m = mean[row], r = rstd[row];
+        float dy[CPL], xh[CPL], old[CPL];
+#pragma unroll
+        for (int i = 0; i < CPL; i++) {
+            int c = lane + i * WARP_SIZE;
+            dy[i] = c < C ? (float)dout[off + c] : 0.0f;
+            xh[i] = c < C ? inp[off + c] : 0.0f;
+            old[i] = c < C ? dinp[off + c] : 0.0f;
+        }
+        float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma unroll
+        for (int i = 0; i < CPL; i++) {
+            int c = lane + i * WARP_SIZE;
+            xh[i] = (xh[i] - m) * r;
+            float g = dy[i] * (c < C ? wv[c] : 0.0f);
+            sum_g += g;
+            sum_gx += g * xh[i];
+        }
+        const float mean_g = warp_sum(sum_g) / C;
+        const float mean_gx = warp_sum(sum_gx) / C;
+#pragma unroll
+        for (int i = 0; i < CPL; i++) {
+            int c = lane + i * WARP_SIZE;
+            if (c < C) {
+                float dx = r * (dy[i] * wv[c] - mean_g - xh[i] * mean_gx);
+                float acc = old[i] + dx;
+                dinp[off + c] = acc;
+                dinp_x[off + c] = (floatX)(branch_scale * acc);
+                dw_acc[c] += dy[i] * xh[i];
+                db_acc[c] += dy[i];
+            }
+        }
+    }
+    float* dw_row = scratch + (long long)warp_id * 2 * C;
+    for (int c = lane; c < C; c += WARP_SIZE) { dw_row[c] = dw_acc[c]; dw_row[C + c] = db_acc[c]; }
+}
+template <int CPL>
+inline void layernorm_backward_wide(float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp,
+                                    const floatX* w, const float* mean, const float* rstd, int N, int C,
+                                    float branch_scale, cudaStream_t stream) {
+    const size_t smem = layernorm_backward_wide_smem(32 * CPL);
+    static bool allowed = false; // (> 48 KB of dynamic shared memory needs the opt-in, once per kernel)
+    if (!allowed) {
+        cudaCheck(cudaFuncSetAttribute(layernorm_backward_wide_kernel<CPL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        allowed = true;
+    }
+    const int grid = LN_BACKWARD_WARPS / (LN_WIDE_THREADS / WARP_SIZE);
+    layernorm_backward_wide_kernel<CPL><<<grid, LN_WIDE_THREADS, layernorm_backward_wide_smem(C), stream>>>(
+        dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
+}
+
 // dw[c] += sum_k scratch[k][c], db likewise. Block (32, 32): x picks the channel, y a residue class
 // of k; the 32 partial sums are then added in a fixed order, so the result is deterministic.
 __global__ void layernorm_backward_reduce_kernel(float* dw, float* db, const float* scratch, int num_rows, int C) {
@@ -339,6 +423,12 @@ inline void layernorm_backward(float* dinp, floatX* dinp_x, float* dw, float* db
         layernorm_backward_registers_kernel<24><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
     } else if (C <= 32 * WARP_SIZE) {
         layernorm_backward_registers_kernel<32><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
+    } else if (C <= 40 * WARP_SIZE) {
+        layernorm_backward_wide<40>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream);
+    } else if (C <= 52 * WARP_SIZE) {
+        layernorm_backward_wide<52>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream);
+    } else if (C <= 64 * WARP_SIZE) {
+        layernorm_backward_wide<64>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream);
     } else {
         layernorm_backward_kernel<<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
     }

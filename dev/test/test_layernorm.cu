@@ -1,0 +1,219 @@
+// test_layernorm.cu: the LayerNorm kernels of llmc/layernorm.cuh against float64, at every width the
+// dispatch distinguishes: the register kernels (C % 4 == 0, forward up to C = 2048; backward up to
+// 1024 with the partial sums in registers, up to 2048 with them in shared memory) and the generic
+// kernels (C % 4 != 0, C > 2048). Per width:
+//   1. forward: out = LN(x) * w + b (BF16), mean and rstd; the fused residual form (residual = a + b
+//      in FP32, exactly, then its LayerNorm);
+//   2. backward: dinp += dx (FP32, onto a non-zero dinp), dinp_x = dinp in BF16, dw += sum dy * xhat
+//      and db += sum dy (onto non-zero dw, db); and the dispatched kernel against the generic one,
+//      which computes the same sums in the same order;
+//   outputs poisoned with NaN first, so an unwritten element fails.
+// Then the time of the dispatched backward against the generic one at d36's and d48's widths.
+//
+//   make build/test_layernorm && ./build/test_layernorm
+// Prints [PASS]/[FAIL] lines and "layernorm tests: N passed, N failed"; exit 0 iff all pass. Without a
+// CUDA device: "skipped: no CUDA device", exit 77.
+#include <cmath>
+#include <random>
+#include <vector>
+#include "dev/test/gpu_check.h"
+#include "llmc/layernorm.cuh"
+
+#if defined(ENABLE_FP32)
+#error "test_layernorm.cu tests the BF16 build"
+#endif
+
+static std::vector<floatX> random_bf16(size_t n, std::mt19937& rng, float lo, float hi) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<floatX> v(n);
+    for (auto& x : v) x = f2bf(u(rng));
+    return v;
+}
+static std::vector<float> random_f32(size_t n, std::mt19937& rng, float scale) {
+    std::normal_distribution<float> g(0.0f, scale);
+    std::vector<float> v(n);
+    for (auto& x : v) x = g(rng);
+    return v;
+}
+template <typename T>
+static double value(T v) { return (double)v; }
+template <>
+double value<floatX>(floatX v) { return (double)bf2f(v); }
+
+// ||got - ref|| / ||ref|| (NaN or Inf in got: infinity)
+template <typename T>
+static double rel_l2(const std::vector<T>& got, const std::vector<double>& ref) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        const double g = value(got[i]);
+        if (!std::isfinite(g)) return INFINITY;
+        num += (g - ref[i]) * (g - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-300));
+}
+static double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    double worst = 0.0;
+    for (size_t i = 0; i < a.size(); i++) {
+        const double d = std::fabs((double)a[i] - b[i]) / (std::fabs((double)b[i]) + 1e-6);
+        if (!std::isfinite(d)) return INFINITY;
+        worst = std::max(worst, d);
+    }
+    return worst;
+}
+
+static void poison(void* p, size_t bytes) { cudaCheck(cudaMemset(p, 0xFF, bytes)); } // NaN in FP32 and BF16
+
+static void test_width(int N, int C, std::mt19937& rng) {
+    const size_t NC = (size_t)N * C;
+    const char* fpath = C % 4 != 0 || C > 2048 ? "generic" : "registers";
+    const char* path = C > 2048 ? "generic" : C <= 1024 ? "registers" : "registers, partial sums in shared memory";
+    // inputs: a residual stream with a per-row offset and spread (LayerNorm must remove them)
+    std::vector<float> x = random_f32(NC, rng, 1.0f);
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < C; c++) x[(size_t)r * C + c] = x[(size_t)r * C + c] * (0.5f + (r % 7)) + 0.1f * (r % 5);
+    auto w = random_bf16(C, rng, 0.5f, 1.5f), b = random_bf16(C, rng, -0.2f, 0.2f);
+    auto branch = random_bf16(NC, rng, -1.0f, 1.0f);
+    auto dout = random_bf16(NC, rng, -1.0f, 1.0f);
+    std::vector<float> dinp0 = random_f32(NC, rng, 0.5f), dw0 = random_f32(C, rng, 1.0f), db0 = random_f32(C, rng, 1.0f);
+
+    // float64 reference: the forward of x, the residual a + branch, and the backward of x
+    std::vector<double> ref_out(NC), ref_mean(N), ref_rstd(N), ref_res(NC), ref_res_out(NC);
+    std::vector<double> ref_dinp(NC), ref_dinp_x(NC), ref_dw(C), ref_db(C);
+    for (int c = 0; c < C; c++) { ref_dw[c] = dw0[c]; ref_db[c] = db0[c]; }
+    auto ln_row = [&](const double* xr, double* out, double& mean, double& rstd) {
+        double s = 0.0, sq = 0.0;
+        for (int c = 0; c < C; c++) s += xr[c];
+        mean = s / C;
+        for (int c = 0; c < C; c++) sq += (xr[c] - mean) * (xr[c] - mean);
+        rstd = 1.0 / std::sqrt(sq / C + 1e-5);
+        for (int c = 0; c < C; c++) out[c] = (xr[c] - mean) * rstd * value(w[c]) + value(b[c]);
+    };
+    std::vector<double> row(C), row2(C);
+    for (int r = 0; r < N; r++) {
+        const size_t o = (size_t)r * C;
+        for (int c = 0; c < C; c++) row[c] = x[o + c];
+        ln_row(row.data(), &ref_out[o], ref_mean[r], ref_rstd[r]);
+        for (int c = 0; c < C; c++) ref_res[o + c] = (double)(x[o + c] + bf2f(branch[o + c])); // FP32 sum, as the kernel
+        double m2, r2;
+        ln_row(&ref_res[o], &ref_res_out[o], m2, r2);
+        double mean_g = 0.0, mean_gx = 0.0;
+        for (int c = 0; c < C; c++) {
+            const double xhat = (row[c] - ref_mean[r]) * ref_rstd[r], g = value(dout[o + c]) * value(w[c]);
+            mean_g += g; mean_gx += g * xhat;
+        }
+        mean_g /= C; mean_gx /= C;
+        for (int c = 0; c < C; c++) {
+            const double xhat = (row[c] - ref_mean[r]) * ref_rstd[r], dy = value(dout[o + c]);
+            const double dx = ref_rstd[r] * (dy * value(w[c]) - mean_g - xhat * mean_gx);
+            ref_dinp[o + c] = dinp0[o + c] + dx;
+            ref_dinp_x[o + c] = ref_dinp[o + c];
+            ref_dw[c] += dy * xhat;
+            ref_db[c] += dy;
+        }
+    }
+
+    float *d_x = to_device(x), *d_mean, *d_rstd, *d_res, *d_scratch;
+    floatX *d_w = to_device(w), *d_b = to_device(b), *d_branch = to_device(branch), *d_dout = to_device(dout), *d_out;
+    cudaCheck(cudaMalloc(&d_mean, N * sizeof(float)));
+    cudaCheck(cudaMalloc(&d_rstd, N * sizeof(float)));
+    cudaCheck(cudaMalloc(&d_res, NC * sizeof(float)));
+    cudaCheck(cudaMalloc(&d_out, NC * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d_scratch, (size_t)LN_BACKWARD_WARPS * 2 * C * sizeof(float)));
+
+    // 1. forward
+    poison(d_out, NC * sizeof(floatX)); poison(d_mean, N * sizeof(float)); poison(d_rstd, N * sizeof(float));
+    layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, 0);
+    const double e_out = rel_l2(to_host(d_out, NC), ref_out);
+    const double e_mean = rel_l2(to_host(d_mean, N), ref_mean), e_rstd = rel_l2(to_host(d_rstd, N), ref_rstd);
+    check(e_out < 4e-3 && e_mean < 1e-5 && e_rstd < 1e-5,
+          "N=%d C=%d (%s) forward: out / mean / rstd rel L2 errors %.2e / %.2e / %.2e (tol 4e-3, 1e-5, 1e-5)", N, C, fpath,
+          e_out, e_mean, e_rstd);
+    poison(d_out, NC * sizeof(floatX)); poison(d_res, NC * sizeof(float));
+    fused_residual_layernorm_forward(d_res, d_out, d_mean, d_rstd, d_x, d_branch, d_w, d_b, N, C, 0);
+    const auto res = to_host(d_res, NC);
+    bool res_exact = true;
+    for (size_t i = 0; i < NC; i++) res_exact &= res[i] == (float)ref_res[i];
+    const double e_res_out = rel_l2(to_host(d_out, NC), ref_res_out);
+    check(res_exact && e_res_out < 4e-3, "N=%d C=%d (%s) fused residual forward: residual exact (%s), out rel L2 %.2e", N, C,
+          fpath, res_exact ? "yes" : "no", e_res_out);
+
+    // 2. backward, dispatched, from the float64 mean / rstd rounded to FP32
+    std::vector<float> mean_f(N), rstd_f(N);
+    for (int r = 0; r < N; r++) { mean_f[r] = (float)ref_mean[r]; rstd_f[r] = (float)ref_rstd[r]; }
+    cudaCheck(cudaMemcpy(d_mean, mean_f.data(), N * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d_rstd, rstd_f.data(), N * sizeof(float), cudaMemcpyHostToDevice));
+    float *d_dinp = to_device(dinp0), *d_dw = to_device(dw0), *d_db = to_device(db0);
+    floatX* d_dinp_x;
+    cudaCheck(cudaMalloc(&d_dinp_x, NC * sizeof(floatX)));
+    poison(d_dinp_x, NC * sizeof(floatX)); poison(d_scratch, (size_t)LN_BACKWARD_WARPS * 2 * C * sizeof(float));
+    layernorm_backward(d_dinp, d_dinp_x, d_dw, d_db, d_scratch, d_dout, d_x, d_w, d_mean, d_rstd, N, C, 0);
+    const auto dinp = to_host(d_dinp, NC), dw = to_host(d_dw, C), db = to_host(d_db, C);
+    const double e_dinp = rel_l2(dinp, ref_dinp), e_dinp_x = rel_l2(to_host(d_dinp_x, NC), ref_dinp_x);
+    const double e_dw = rel_l2(dw, ref_dw), e_db = rel_l2(db, ref_db);
+    check(e_dinp < 1e-5 && e_dinp_x < 4e-3, "N=%d C=%d (%s) backward: dinp (FP32) / dinp_x (BF16) rel L2 %.2e / %.2e", N, C,
+          path, e_dinp, e_dinp_x);
+    check(e_dw < 1e-5 && e_db < 1e-5, "N=%d C=%d (%s) backward: dw / db accumulated, rel L2 %.2e / %.2e", N, C, path, e_dw,
+          e_db);
+
+    // the generic kernel on the same inputs: the same sums in the same order
+    float *g_dinp = to_device(dinp0), *g_dw = to_device(dw0), *g_db = to_device(db0);
+    layernorm_backward_kernel<<<LN_BACKWARD_WARPS / 8, 256>>>(g_dinp, d_dinp_x, d_scratch, d_dout, d_x, d_w, d_mean, d_rstd,
+                                                              N, C, 1.0f);
+    cudaCheckLaunch();
+    layernorm_backward_reduce_kernel<<<ceil_div(C, 32), dim3(32, 32)>>>(g_dw, g_db, d_scratch, LN_BACKWARD_WARPS, C);
+    cudaCheckLaunch();
+    const auto gd = to_host(g_dinp, NC), gw = to_host(g_dw, C), gb = to_host(g_db, C);
+    const double diff = std::max({max_rel_diff(dinp, gd), max_rel_diff(dw, gw), max_rel_diff(db, gb)});
+    const bool identical = memcmp(dinp.data(), gd.data(), NC * 4) == 0 && memcmp(dw.data(), gw.data(), C * 4) == 0 &&
+                           memcmp(db.data(), gb.data(), C * 4) == 0;
+    check(diff < 1e-5, "N=%d C=%d (%s) backward equals the generic kernel's (max rel difference %.2e, %s)", N, C, path, diff,
+          identical ? "bit-identical" : "not bit-identical");
+
+    cudaFree(d_x); cudaFree(d_mean); cudaFree(d_rstd); cudaFree(d_res); cudaFree(d_scratch); cudaFree(d_w); cudaFree(d_b);
+    cudaFree(d_branch); cudaFree(d_dout); cudaFree(d_out); cudaFree(d_dinp); cudaFree(d_dw); cudaFree(d_db);
+    cudaFree(d_dinp_x); cudaFree(g_dinp); cudaFree(g_dw); cudaFree(g_db);
+}
+
+// the dispatched backward and forward against the generic kernels at a training width
+static void time_width(int N, int C) {
+    const size_t NC = (size_t)N * C;
+    std::mt19937 rng(7);
+    float *x = to_device(random_f32(NC, rng, 1.0f)), *dinp = to_device(random_f32(NC, rng, 0.1f));
+    floatX *dout = to_device(random_bf16(NC, rng, -1.0f, 1.0f)), *w = to_device(random_bf16(C, rng, 0.5f, 1.5f));
+    floatX *b = to_device(random_bf16(C, rng, -0.2f, 0.2f)), *dinp_x, *out;
+    float *mean, *rstd, *scratch, *dw, *db;
+    cudaCheck(cudaMalloc(&dinp_x, NC * sizeof(floatX))); cudaCheck(cudaMalloc(&out, NC * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&mean, N * sizeof(float))); cudaCheck(cudaMalloc(&rstd, N * sizeof(float)));
+    cudaCheck(cudaMalloc(&scratch, (size_t)LN_BACKWARD_WARPS * 2 * C * sizeof(float)));
+    cudaCheck(cudaMalloc(&dw, C * sizeof(float))); cudaCheck(cudaMalloc(&db, C * sizeof(float)));
+    const int grid = ceil_div(N, 8);
+    const double f_new = median_ms([&] { layernorm_forward(out, mean, rstd, x, w, b, N, C, 0); });
+    const double f_old = median_ms([&] { layernorm_forward_kernel<IdentityBoundaries><<<grid, 256>>>(out, mean, rstd, x, w, b, N, C); });
+    const double b_new = median_ms([&] { layernorm_backward(dinp, dinp_x, dw, db, scratch, dout, x, w, mean, rstd, N, C, 0); });
+    const double b_old = median_ms([&] {
+        layernorm_backward_kernel<<<LN_BACKWARD_WARPS / 8, 256>>>(dinp, dinp_x, scratch, dout, x, w, mean, rstd, N, C, 1.0f);
+        layernorm_backward_reduce_kernel<<<ceil_div(C, 32), dim3(32, 32)>>>(dw, db, scratch, LN_BACKWARD_WARPS, C);
+    });
+    // bytes: forward reads x (4) and writes out (2); backward reads dout (2), x (4), dinp (4), writes dinp (4), dinp_x (2)
+    printf("  N=%d C=%d: forward %.3f ms (generic %.3f, %.2f TB/s), backward %.3f ms (generic %.3f, %.2f TB/s)\n", N, C, f_new,
+           f_old, NC * 6.0 / (f_new * 1e-3) / 1e12, b_new, b_old, NC * 16.0 / (b_new * 1e-3) / 1e12);
+    if (C % 4 == 0 && C <= 2048)
+        check(b_new < b_old && f_new <= f_old * 1.05, "N=%d C=%d: the register kernels are faster than the generic ones "
+              "(backward %.2fx, forward %.2fx)", N, C, b_old / b_new, f_old / f_new);
+    cudaFree(x); cudaFree(dinp); cudaFree(dout); cudaFree(w); cudaFree(b); cudaFree(dinp_x); cudaFree(out);
+    cudaFree(mean); cudaFree(rstd); cudaFree(scratch); cudaFree(dw); cudaFree(db);
+}
+
+int main() {
+    if (!gpu_present()) return 77;
+    std::mt19937 rng(20261125);
+    const int widths[] = {768, 1024, 1280, 1600, 2048, 1100, 1282, 2304};
+    for (int C : widths) test_width(C == 768 ? 1031 : 517, C, rng);
+    printf("timing (median of 20):\n");
+    time_width(16384, 1280); // d36, B = 16: one micro-step's rows
+    time_width(8192, 1600);  // d48, B = 8
+    time_width(65536, 768);  // d12, B = 64
+    printf("layernorm tests: %d passed, %d failed\n", g_passed, g_failed);
+    return g_failed == 0 ? 0 : 1;
+}
