@@ -475,7 +475,14 @@ int main(int argc, char** argv) {
         GPT kept;
         gpt_build(&kept, info.shape);
         gpt_allocate(&kept, B, T, -1);
-        check(kept.recompute == 0 && kept.recompute_auto, strfmt("-r -1 keeps every GELU output of a small model (chose -r %d)", kept.recompute));
+        // (a recipe that reads no GELU output in backward, FP8 with its own x^T, keeps one buffer: -r 1)
+        bool gelu_read_in_backward = false;
+        for (int l = 0; l < info.shape.num_layers; l++)
+            gelu_read_in_backward = gelu_read_in_backward || recipe_needs_input_in_backward(kept.recipe, {l, LIN_FCPROJ}, B * T);
+        const int auto_want = gelu_read_in_backward ? 0 : 1;
+        check(kept.recompute == auto_want && kept.recompute_auto,
+              strfmt("-r -1 keeps every GELU output of a small model where backward reads them, else one buffer (want -r %d, chose -r %d)",
+                     auto_want, kept.recompute));
         try {
             check(checkpoint_recompute(ckdir, save_at, 0) == 1, "the checkpoint records the -r it was written with (1)");
             load_checkpoint(&kept, ckdir, save_at, &restored_state, 0);

@@ -1038,7 +1038,7 @@ int main(int argc, char** argv) {
         };
     }
     matmul_init();
-    g_matmul_autotune = cfg.gemm_autotune == 1;
+    matmul_set_autotune(cfg.gemm_autotune == 1);
     g_profiler.init(0);
 
     GPT model;

@@ -83,6 +83,17 @@ struct MatmulPlan {
 // How many of the heuristic's algorithms a plan keeps; autotuning times them all. (Asked for 32 on an
 // H100 with cuBLASLt 13.0, the heuristic returned at most 8 for every shape of d12 and d24.)
 static const int MATMUL_CANDIDATES = 8;
+// The preferences a plan asks the heuristic under (matmul_build_plan). With autotuning on, all of them;
+// off (-ga 0), the first alone, so that runs that must be bit-reproducible run the heuristic's first
+// choice under the whole workspace, as they always did.
+struct MatmulQuery { size_t workspace_bytes; uint32_t min_alignment; };
+static const MatmulQuery MATMUL_QUERIES[] = {
+    {CUBLASLT_WORKSPACE_BYTES, 0}, // the whole workspace, the default alignment promise (256 bytes)
+    {0, 0},                        // no workspace: no split-K reduction through memory
+    {4ull << 20, 0},
+    {CUBLASLT_WORKSPACE_BYTES, 16},
+};
+static bool g_matmul_explore_preferences = false; // set with autotuning (matmul_set_autotune)
 static std::map<MatmulKey, MatmulPlan> g_matmul_plans;
 // GEMM shapes that fell back from MATMUL_COMPUTE to CUBLAS_COMPUTE_32F (reported at the end of a run)
 static int g_matmul_compute_fallbacks = 0;
@@ -139,23 +150,41 @@ inline MatmulPlan* matmul_build_plan(const MatmulKey& key, cublasComputeType_t c
             cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i], sizeof(long long)));
         }
     }
-    cublasLtMatmulPreference_t pref;
-    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                     &CUBLASLT_WORKSPACE_BYTES, sizeof(CUBLASLT_WORKSPACE_BYTES)));
-    cublasLtMatmulHeuristicResult_t heuristics[MATMUL_CANDIDATES];
-    int found = 0;
-    // (a combination cuBLASLt does not support reads as "no algorithm": the caller may fall back)
-    if (cublasLtMatmulAlgoGetHeuristic(g_cublaslt, p.desc, p.la, p.lb, p.ld, p.ld, pref, MATMUL_CANDIDATES, heuristics, &found) !=
-        CUBLAS_STATUS_SUCCESS) found = 0;
-    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
-    if (found == 0) {
+    // The heuristic's ranked list under several preferences, concatenated without repeats. Its first
+    // query (the whole workspace) comes first, in its order: candidate indices saved in checkpoints
+    // before the other queries existed keep their meaning. The same heuristic with less workspace and
+    // with looser alignment promises ranks other kernels first (the workspace-free ones that PyTorch's
+    // calls often end up running), and autotuning times them all.
+    for (const MatmulQuery& q : MATMUL_QUERIES) {
+        cublasLtMatmulPreference_t pref;
+        cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+        const size_t workspace = std::min(q.workspace_bytes, CUBLASLT_WORKSPACE_BYTES);
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+        if (q.min_alignment) {
+            const cublasLtMatmulPreferenceAttributes_t aligns[4] = {
+                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+            for (auto a : aligns) cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, a, &q.min_alignment, sizeof(q.min_alignment)));
+        }
+        cublasLtMatmulHeuristicResult_t heuristics[MATMUL_CANDIDATES];
+        int found = 0;
+        // (a combination cuBLASLt does not support reads as "no algorithm": the caller may fall back)
+        if (cublasLtMatmulAlgoGetHeuristic(g_cublaslt, p.desc, p.la, p.lb, p.ld, p.ld, pref, MATMUL_CANDIDATES, heuristics, &found) !=
+            CUBLAS_STATUS_SUCCESS) found = 0;
+        cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+        for (int i = 0; i < found; i++) {
+            bool known = false;
+            for (const cublasLtMatmulAlgo_t& c : p.candidates) known = known || memcmp(&c, &heuristics[i].algo, sizeof(c)) == 0;
+            if (!known) p.candidates.push_back(heuristics[i].algo);
+        }
+        if (!g_matmul_explore_preferences) break; // the first query alone
+    }
+    if (p.candidates.empty()) {
         cublasLtMatrixLayoutDestroy(p.la); cublasLtMatrixLayoutDestroy(p.lb); cublasLtMatrixLayoutDestroy(p.ld);
         cublasLtMatmulDescDestroy(p.desc);
         return nullptr;
     }
-    p.algo = heuristics[0].algo;
-    for (int i = 0; i < found; i++) p.candidates.push_back(heuristics[i].algo);
+    p.algo = p.candidates[0];
     return &g_matmul_plans.emplace(key, p).first->second;
 }
 
@@ -195,6 +224,11 @@ inline void matmul_no_algorithm(const MatmulKey& key) {
 // runs can choose differently (timing noise) and then differ in the last bits; -ga 0 keeps the
 // heuristic's first choice everywhere, for runs that must be bit-reproducible from scratch.
 static bool g_matmul_autotune = false;
+// autotuning on or off; on, the plans built from now on also hold the candidates of MATMUL_QUERIES' other preferences
+inline void matmul_set_autotune(bool on) {
+    g_matmul_autotune = on;
+    g_matmul_explore_preferences = on;
+}
 static std::map<MatmulKey, int> g_matmul_choice; // candidate index per tuned shape (or from a checkpoint)
 
 struct MatmulChoice { MatmulKey key; int32_t index; int32_t unused; }; // a checkpoint record

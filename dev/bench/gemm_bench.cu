@@ -4,9 +4,10 @@
 // first choice is from the fastest of its list, and what the bias gradient costs inside the
 // weight-gradient GEMM (EPI_BGRADB) against a separate bias_backward pass.
 //
-//   make build/gemm_bench && ./build/gemm_bench [-c 768] [-n 65536] [-v 50304] [-r 8192] [-i 20]
+//   make build/gemm_bench && ./build/gemm_bench [-c 768] [-n 65536] [-v 50304] [-r 8192] [-i 20] [-q 1]
 // -c channels, -n rows per micro-step (B*T), -v padded vocabulary, -r classifier chunk rows, -i timed
-// repetitions per algorithm (after 3 warm-up runs). Operands are random BF16 in [-1, 1).
+// repetitions per algorithm (after 3 warm-up runs), -q 0 the heuristic's list under the whole workspace
+// only (default 1: every preference of matmul.cuh's MATMUL_QUERIES, as the autotuning trainer). Operands are random BF16 in [-1, 1).
 // Prints one line per GEMM: shape, the first choice's ms and TFLOP/s, the fastest candidate's ms and
 // index, and the ratio; then the four linears' bias gradient both ways, the GELU and its derivative in
 // the epilogue against the plain GEMM + a separate pass, and the sums per micro-step.
@@ -85,19 +86,23 @@ static size_t find_gemm(const std::vector<Gemm>& gemms, const std::string& name)
 }
 
 int main(int argc, char** argv) {
-    int C = 768, N = 65536, V = 50304, rows = 8192, reps = 20;
+    int C = 768, N = 65536, V = 50304, rows = 8192, reps = 20, explore = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string f = argv[i];
         const int v = atoi(argv[i + 1]);
         if (f == "-c") C = v; else if (f == "-n") N = v; else if (f == "-v") V = v; else if (f == "-r") rows = v;
-        else if (f == "-i") reps = v;
-        else { fprintf(stderr, "usage: gemm_bench [-c C] [-n rows] [-v vocab] [-r chunk rows] [-i reps]\n"); return 1; }
+        else if (f == "-i") reps = v; else if (f == "-q") explore = v;
+        else { fprintf(stderr, "usage: gemm_bench [-c C] [-n rows] [-v vocab] [-r chunk rows] [-i reps] [-q 0|1]\n"); return 1; }
     }
     if (!gpu_present()) return 77;
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    printf("gemm_bench: %s, C=%d N=%d V=%d chunk rows=%d, %d reps per algorithm\n", prop.name, C, N, V, rows, reps);
+    printf("gemm_bench: %s, cuBLASLt %zu (built against %d), C=%d N=%d V=%d chunk rows=%d, %d reps per algorithm\n",
+           prop.name, cublasLtGetVersion(), CUBLAS_VERSION, C, N, V, rows, reps);
     matmul_init();
+    // -q 1 (default): the candidates of every preference in MATMUL_QUERIES, as the autotuning trainer
+    // has them; -q 0: the first query's alone (the heuristic's list before 2026-11-25)
+    g_matmul_explore_preferences = explore == 1;
 
     const size_t big = (size_t)N * 4 * C;
     floatX* x = random_bf16(big, 1);        // a layer input (N x C or N x 4C)

@@ -192,7 +192,7 @@ int main() {
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     for (int tune = 0; tune < 2; tune++) {
     matmul_init();
-    g_matmul_autotune = tune == 1;
+    matmul_set_autotune(tune == 1);
     printf("-- %s\n", tune ? "autotuned algorithms" : "the heuristic's first algorithms");
 #if !defined(ENABLE_FP32)
     // the fused bias gradient is the path the trainer takes on Hopper: say so if cuBLASLt stops offering it
