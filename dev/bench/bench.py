@@ -41,14 +41,16 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 KNOWN_RECIPES = ["bf16", "fp8", "tcfp12", "nvfp4", "q115", "vcast"]
 
 # Per-size starting micro-batch B and sequence length T. GPT-2 sizes have maxT 1024, GPT-3 2048.
-# The B values are starting points for an 80 GB H100; on OOM the run is retried with B/2.
+# The B values are starting points for an 80 GB H100 (the protocol's "largest B that fits"); on OOM the
+# run is retried with B/2. On an H100 (2026-11-25): d24 64 fits ours (63 GiB) and the peer (75 GiB); d36
+# 32 fits both; gpt3:c768 64 fits ours (47 GiB), the peer falls back to 32; d48 8 fits ours (49 GiB).
 SIZE_DEFAULTS = {
     "d6": (64, 1024),
     "d12": (64, 1024),
-    "d24": (32, 1024),
-    "d36": (16, 1024),
+    "d24": (64, 1024),
+    "d36": (32, 1024),
     "d48": (8, 1024),
-    "gpt3:c768": (32, 2048),
+    "gpt3:c768": (64, 2048),
 }
 
 VOCAB_SIZE = 50257          # GPT-2 vocab; synthetic tokens are uniform in [0, VOCAB_SIZE)
@@ -636,7 +638,8 @@ def render_table(rows, meta):
                "the same recipe's 1-GPU tok/s (the data-parallel scaling; with several GPUs, tok/s is the "
                "whole job's, MFU is per GPU, ms/step and peak GiB are process 0's). Peer: FP32 parameters, bf16 autocast, SDPA, fused AdamW (decay on 2-D tensors), "
                "torch.compile, clip 1.0, timed with CUDA events.")
-    out.append("- B: per-size starting points (d12 64, d24 32, d36 16, d48 8, gpt3:c768 32 at T = 2048), "
+    starts = ", ".join(f"{k} {b}" + (f" at T = {t}" if t != 1024 else "") for k, (b, t) in SIZE_DEFAULTS.items() if k != "d6")
+    out.append(f"- B: per-size starting points unless --B was given ({starts}), "
                "halved on out-of-memory for each run independently; the table gives the B used.")
     return "\n".join(out) + "\n"
 
