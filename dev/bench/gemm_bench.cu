@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
         const std::string f = argv[i];
         const int v = atoi(argv[i + 1]);
         if (f == "-c") C = v; else if (f == "-n") N = v; else if (f == "-v") V = v; else if (f == "-r") rows = v;
-        else if (f == "-i") reps = v; else if (f == "-q") explore = v;
+        else if (f == "-i") reps = v;
+        else if (f == "-q" && (v == 0 || v == 1)) explore = v;
         else { fprintf(stderr, "usage: gemm_bench [-c C] [-n rows] [-v vocab] [-r chunk rows] [-i reps] [-q 0|1]\n"); return 1; }
     }
     if (!gpu_present()) return 77;

@@ -5,9 +5,14 @@ a gap to the torch.compile peer is in the kernels cuBLAS picks or elsewhere.
     python3 dev/bench/torch_gemm_bench.py C N        # e.g. 1024 32768 (d24, B=32) or 768 65536 (d12, B=64)
 Prints per linear (qkv, attproj, fc, fcproj): forward with bias, dgrad, wgrad: ms, TFLOP/s, kernel names.
 """
-import sys, torch
+import sys
+if len(sys.argv) != 3 or not all(a.isdigit() and int(a) > 0 for a in sys.argv[1:]):
+    sys.exit("usage: python3 dev/bench/torch_gemm_bench.py C N   (channels and rows per micro-step, positive integers)")
+import torch
 from torch.profiler import profile, ProfilerActivity
 torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
+if not torch.cuda.is_available():
+    sys.exit("torch_gemm_bench: no CUDA device")
 C = int(sys.argv[1]); N = int(sys.argv[2]); reps = 20
 dev = "cuda"; bf = torch.bfloat16
 print(f"torch {torch.__version__} (CUDA {torch.version.cuda}) C={C} N={N}")
