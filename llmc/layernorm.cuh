@@ -248,6 +248,47 @@ __global__ void layernorm_backward_kernel(float* dinp, floatX* dinp_x, float* sc
     }
 }
 
+// One row of the register and wide backward kernels below: lane l owns columns l, l+32, ..., l+32(CPL-1).
+// dy, x and the old dinp of the whole row are loaded before the first use; w_at(i, c) is w[c] (0 past
+// C), and accumulate(i, c, dy, xhat) adds the column's dw/db partial sums where the kernel keeps them
+// (registers or shared memory). Same arithmetic and per-column order as the generic kernel.
+template <int CPL, typename WeightAt, typename Accumulate>
+__device__ __forceinline__ void layernorm_backward_row(float* dinp, floatX* dinp_x, const floatX* dout, const float* inp,
+                                                       const float* mean, const float* rstd, int row, int lane, int C,
+                                                       float branch_scale, WeightAt w_at, Accumulate accumulate) {
+    const long long off = (long long)row * C;
+    const float m = mean[row], r = rstd[row];
+    float dy[CPL], xh[CPL], old[CPL];
+#pragma unroll
+    for (int i = 0; i < CPL; i++) {
+        int c = lane + i * WARP_SIZE;
+        dy[i] = c < C ? (float)dout[off + c] : 0.0f;
+        xh[i] = c < C ? inp[off + c] : 0.0f;
+        old[i] = c < C ? dinp[off + c] : 0.0f;
+    }
+    float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma unroll
+    for (int i = 0; i < CPL; i++) {
+        xh[i] = (xh[i] - m) * r;
+        float g = dy[i] * w_at(i, lane + i * WARP_SIZE);
+        sum_g += g;
+        sum_gx += g * xh[i];
+    }
+    const float mean_g = warp_sum(sum_g) / C;
+    const float mean_gx = warp_sum(sum_gx) / C;
+#pragma unroll
+    for (int i = 0; i < CPL; i++) {
+        int c = lane + i * WARP_SIZE;
+        if (c < C) {
+            float dx = r * (dy[i] * w_at(i, c) - mean_g - xh[i] * mean_gx);
+            float acc = old[i] + dx;
+            dinp[off + c] = acc;
+            dinp_x[off + c] = (floatX)(branch_scale * acc);
+            accumulate(i, c, dy[i], xh[i]);
+        }
+    }
+}
+
 // The same for C <= 32 * CPL, with everything a warp needs in registers: lane l owns the columns
 // l, l+32, ..., so each row's dy, x, w and old dinp are loaded once (all loads issued before the
 // first use) and the dw/db partial sums stay in registers until the warp's last row. The scratch
@@ -267,40 +308,10 @@ __global__ void __launch_bounds__(256) layernorm_backward_registers_kernel(
         dw_acc[i] = 0.0f; db_acc[i] = 0.0f;
         wv[i] = c < C ? (float)w[c] : 0.0f;
     }
-    for (int row = warp_id; row < N; row += num_warps) {
-        const long long off = (long long)row * C;
-        const float m = mean[row], r = rstd[row];
-        float dy[CPL], xh[CPL], old[CPL];
-#pragma unroll
-        for (int i = 0; i < CPL; i++) {
-            int c = lane + i * WARP_SIZE;
-            dy[i] = c < C ? (float)dout[off + c] : 0.0f;
-            xh[i] = c < C ? inp[off + c] : 0.0f;
-            old[i] = c < C ? dinp[off + c] : 0.0f;
-        }
-        float sum_g = 0.0f, sum_gx = 0.0f;
-#pragma unroll
-        for (int i = 0; i < CPL; i++) {
-            xh[i] = (xh[i] - m) * r;
-            float g = dy[i] * wv[i];
-            sum_g += g;
-            sum_gx += g * xh[i];
-        }
-        const float mean_g = warp_sum(sum_g) / C;
-        const float mean_gx = warp_sum(sum_gx) / C;
-#pragma unroll
-        for (int i = 0; i < CPL; i++) {
-            int c = lane + i * WARP_SIZE;
-            if (c < C) {
-                float dx = r * (dy[i] * wv[i] - mean_g - xh[i] * mean_gx);
-                float acc = old[i] + dx;
-                dinp[off + c] = acc;
-                dinp_x[off + c] = (floatX)(branch_scale * acc);
-                dw_acc[i] += dy[i] * xh[i];
-                db_acc[i] += dy[i];
-            }
-        }
-    }
+    for (int row = warp_id; row < N; row += num_warps)
+        layernorm_backward_row<CPL>(dinp, dinp_x, dout, inp, mean, rstd, row, lane, C, branch_scale,
+                                    [&](int i, int) { return wv[i]; },
+                                    [&](int i, int, float d, float xhat) { dw_acc[i] += d * xhat; db_acc[i] += d; });
     float* dw_row = scratch + (long long)warp_id * 2 * C;
 #pragma unroll
     for (int i = 0; i < CPL; i++) {
@@ -334,41 +345,10 @@ __global__ void __launch_bounds__(LN_WIDE_THREADS) layernorm_backward_wide_kerne
     for (int c = threadIdx.x; c < C; c += blockDim.x) wv[c] = (float)w[c];
     for (int c = lane; c < C; c += WARP_SIZE) { dw_acc[c] = 0.0f; db_acc[c] = 0.0f; }
     __syncthreads();
-    for (int row = warp_id; row < N; row += num_warps) {
-        const long long off = (long long)row * C;
-        const float m = mean[row], r = rstd[row];
-        float dy[CPL], xh[CPL], old[CPL];
-#pragma unroll
-        for (int i = 0; i < CPL; i++) {
-            int c = lane + i * WARP_SIZE;
-            dy[i] = c < C ? (float)dout[off + c] : 0.0f;
-            xh[i] = c < C ? inp[off + c] : 0.0f;
-            old[i] = c < C ? dinp[off + c] : 0.0f;
-        }
-        float sum_g = 0.0f, sum_gx = 0.0f;
-#pragma unroll
-        for (int i = 0; i < CPL; i++) {
-            int c = lane + i * WARP_SIZE;
-            xh[i] = (xh[i] - m) * r;
-            float g = dy[i] * (c < C ? wv[c] : 0.0f);
-            sum_g += g;
-            sum_gx += g * xh[i];
-        }
-        const float mean_g = warp_sum(sum_g) / C;
-        const float mean_gx = warp_sum(sum_gx) / C;
-#pragma unroll
-        for (int i = 0; i < CPL; i++) {
-            int c = lane + i * WARP_SIZE;
-            if (c < C) {
-                float dx = r * (dy[i] * wv[c] - mean_g - xh[i] * mean_gx);
-                float acc = old[i] + dx;
-                dinp[off + c] = acc;
-                dinp_x[off + c] = (floatX)(branch_scale * acc);
-                dw_acc[c] += dy[i] * xh[i];
-                db_acc[c] += dy[i];
-            }
-        }
-    }
+    for (int row = warp_id; row < N; row += num_warps)
+        layernorm_backward_row<CPL>(dinp, dinp_x, dout, inp, mean, rstd, row, lane, C, branch_scale,
+                                    [&](int, int c) { return c < C ? wv[c] : 0.0f; },
+                                    [&](int, int c, float d, float xhat) { dw_acc[c] += d * xhat; db_acc[c] += d; });
     float* dw_row = scratch + (long long)warp_id * 2 * C;
     for (int c = lane; c < C; c += WARP_SIZE) { dw_row[c] = dw_acc[c]; dw_row[C + c] = db_acc[c]; }
 }
