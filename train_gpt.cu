@@ -137,7 +137,7 @@ struct Activations {
     floatX* dqkv;        // (B,T,3C)
     floatX* dq; floatX* dk; floatX* dv; // (B,NH,T,HS) each
     floatX* btc_scratch; // (B,T,C) projection outputs in forward
-    float* ln_partials;  // LN_BACKWARD_WARPS * 2C
+    float* ln_partials;  // layernorm_backward_scratch_floats(C)
     AttentionScratch attn;
 };
 
@@ -286,7 +286,7 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
     a.dfch = alloc_n<floatX>(BT * 4 * C, "backward scratch");
     a.dqkv = alloc_n<floatX>(BT * 3 * C, "backward scratch");
     a.btc_scratch = alloc_n<floatX>(BT * C, "forward scratch");
-    a.ln_partials = alloc_n<float>((size_t)LN_BACKWARD_WARPS * 2 * C, "layernorm scratch");
+    a.ln_partials = alloc_n<float>(layernorm_backward_scratch_floats(C), "layernorm scratch");
     recipe_init(model->recipe, recipe_options, s, B, T);
     model->inputs_dev = alloc_n<int>(BT, "inputs");
     model->targets_dev = alloc_n<int>(BT, "targets");
@@ -612,9 +612,12 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
     PHASE("bwd: layernorm");
     cudaCheck(cudaMemsetAsync(a.dresidual, 0, NC * sizeof(float), st));
     // (each LayerNorm backward hands the residual gradient, times the branch scale, to the branch
-    // that wrote into the residual stream: lnf and ln1 to an MLP, ln2 to an attention block)
+    // that wrote into the residual stream: lnf and ln1 to an MLP, ln2 to an attention block; it also
+    // adds that branch's last bias gradient, the column sums of what it hands over, so the fc and
+    // attention projections' backward passes get no dbias)
     layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LNFW], g.t[P_LNFB], a.ln_partials, a.dbtc, a.residual3 + (L - 1) * NC,
-                       p.t[P_LNFW], a.lnf_mean, a.lnf_rstd, N, C, st, Boundaries::MLP_RESIDUAL_SCALE);
+                       p.t[P_LNFW], a.lnf_mean, a.lnf_rstd, N, C, st, Boundaries::MLP_RESIDUAL_SCALE,
+                       g.t[P_FCPROJB] + (size_t)(L - 1) * C);
     for (int l = L - 1; l >= 0; l--) {
         const LayerActs la = layer_acts(model, l, B, T);
         const floatX* ln1w = p.t[P_LN1W] + l * C;
@@ -629,16 +632,17 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
         // MLP block; dresidual holds d(la.residual3)
         PHASE("bwd: linear");
         // the fc projection's input gradient passes through the GELU (its derivative at la.fch)
-        linear_backward(rc, {l, LIN_FCPROJ}, a.dfch, g.t[P_FCPROJW] + (size_t)l * 4 * C * C, g.t[P_FCPROJB] + l * C,
+        linear_backward(rc, {l, LIN_FCPROJ}, a.dfch, g.t[P_FCPROJW] + (size_t)l * 4 * C * C, nullptr,
                         a.dresidual_x, la.fch_gelu, p.t[P_FCPROJW] + (size_t)l * 4 * C * C, la.fch, N, 4 * C, C, st);
         linear_backward(rc, {l, LIN_FC}, a.dbtc, g.t[P_FCW] + (size_t)l * 4 * C * C, g.t[P_FCB] + l * 4 * C, a.dfch,
                         la.ln2, p.t[P_FCW] + (size_t)l * 4 * C * C, nullptr, N, C, 4 * C, st);
         PHASE("bwd: layernorm");
         layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN2W] + l * C, g.t[P_LN2B] + l * C, a.ln_partials, a.dbtc, la.residual2,
-                           ln2w, a.ln2_mean + l * N, a.ln2_rstd + l * N, N, C, st, Boundaries::ATTENTION_RESIDUAL_SCALE);
+                           ln2w, a.ln2_mean + l * N, a.ln2_rstd + l * N, N, C, st, Boundaries::ATTENTION_RESIDUAL_SCALE,
+                           g.t[P_ATTPROJB] + (size_t)l * C);
         // attention block; dresidual now holds d(la.residual2)
         PHASE("bwd: linear");
-        linear_backward(rc, {l, LIN_ATTPROJ}, a.dbtc, g.t[P_ATTPROJW] + (size_t)l * C * C, g.t[P_ATTPROJB] + l * C,
+        linear_backward(rc, {l, LIN_ATTPROJ}, a.dbtc, g.t[P_ATTPROJW] + (size_t)l * C * C, nullptr,
                         a.dresidual_x, la.atty, p.t[P_ATTPROJW] + (size_t)l * C * C, nullptr, N, C, C, st);
         PHASE("bwd: attention");
 #if !defined(ENABLE_FP32)
@@ -659,7 +663,8 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
                         la.ln1, p.t[P_QKVW] + (size_t)l * 3 * C * C, nullptr, N, C, 3 * C, st);
         PHASE("bwd: layernorm");
         layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN1W] + l * C, g.t[P_LN1B] + l * C, a.ln_partials, a.dbtc, la.residual_in,
-                           ln1w, a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, st, Boundaries::MLP_RESIDUAL_SCALE);
+                           ln1w, a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, st, Boundaries::MLP_RESIDUAL_SCALE,
+                           l > 0 ? g.t[P_FCPROJB] + (size_t)(l - 1) * C : nullptr);
         if (reduce) gpt_reduce_gradients(model, l);
     }
     // dresidual = d(encoded)

@@ -204,23 +204,29 @@ inline void fused_residual_layernorm_forward(float* residual, floatX* out, float
     cudaCheckLaunch();
 }
 
-// Number of FP32 scratch rows (one per warp) used for the dw/db partial sums. The scratch is
-// LN_BACKWARD_WARPS * 2 * C floats.
+// Number of FP32 scratch rows (one per warp) used for the partial sums. Each row holds three
+// per-column sums of the warp's rows: dw (dy * xhat), db (dy), and the branch bias gradient (the
+// column sums of dinp_x, see below). The scratch is layernorm_backward_scratch_floats(C) floats.
 #define LN_BACKWARD_WARPS 1024
+inline size_t layernorm_backward_scratch_floats(int C) { return (size_t)LN_BACKWARD_WARPS * 3 * C; }
 
 // dinp += dx in FP32 (the gradient of the residual stream accumulates over 2L+1 LayerNorms), and
 // dinp_x = branch_scale * dinp rounded to floatX: the copy the next GEMMs read (the gradient of the
-// residual branch that feeds this residual stream: residual = a + branch_scale * branch). Warp w handles rows w, w + W,
-// w + 2W, ... and accumulates dy*xhat and dy into its scratch row (zeroed here first).
+// residual branch that feeds this residual stream: residual = a + branch_scale * branch). That
+// branch ends in a linear layer whose bias gradient is the column sums of dinp_x: the kernels sum
+// the values they write, so the linear layer's backward need not read dinp_x again for it. Warp w
+// handles rows w, w + W, w + 2W, ... and accumulates dy*xhat, dy and dinp_x into its scratch row
+// (zeroed here first).
 __global__ void layernorm_backward_kernel(float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp,
                                           const floatX* w, const float* mean, const float* rstd, int N, int C,
                                           float branch_scale) {
     const int num_warps = gridDim.x * (blockDim.x / WARP_SIZE);
     const int warp_id = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
-    float* dw_acc = scratch + (long long)warp_id * 2 * C;
+    float* dw_acc = scratch + (long long)warp_id * 3 * C;
     float* db_acc = dw_acc + C;
-    for (int c = lane; c < C; c += WARP_SIZE) { dw_acc[c] = 0.0f; db_acc[c] = 0.0f; }
+    float* bb_acc = db_acc + C;
+    for (int c = lane; c < C; c += WARP_SIZE) { dw_acc[c] = 0.0f; db_acc[c] = 0.0f; bb_acc[c] = 0.0f; }
     for (int row = warp_id; row < N; row += num_warps) {
         long long off = (long long)row * C;
         float m = mean[row], r = rstd[row];
@@ -240,18 +246,20 @@ __global__ void layernorm_backward_kernel(float* dinp, floatX* dinp_x, float* sc
             float g = dy * (float)w[c];
             float dx = r * (g - mean_g - xhat * mean_gx);
             float acc = dinp[off + c] + dx;
+            const floatX bx = (floatX)(branch_scale * acc);
             dinp[off + c] = acc;
-            dinp_x[off + c] = (floatX)(branch_scale * acc);
+            dinp_x[off + c] = bx;
             dw_acc[c] += dy * xhat;
             db_acc[c] += dy;
+            bb_acc[c] += (float)bx;
         }
     }
 }
 
 // One row of the register and wide backward kernels below: lane l owns columns l, l+32, ..., l+32(CPL-1).
 // dy, x and the old dinp of the whole row are loaded before the first use; w_at(i, c) is w[c] (0 past
-// C), and accumulate(i, c, dy, xhat) adds the column's dw/db partial sums where the kernel keeps them
-// (registers or shared memory). Same arithmetic and per-column order as the generic kernel.
+// C), and accumulate(i, c, dy, xhat, bx) adds the column's partial sums (bx: the dinp_x value
+// written) where the kernel keeps them (registers or shared memory). Same arithmetic and per-column order as the generic kernel.
 template <int CPL, typename WeightAt, typename Accumulate>
 __device__ __forceinline__ void layernorm_backward_row(float* dinp, floatX* dinp_x, const floatX* dout, const float* inp,
                                                        const float* mean, const float* rstd, int row, int lane, int C,
@@ -282,9 +290,10 @@ __device__ __forceinline__ void layernorm_backward_row(float* dinp, floatX* dinp
         if (c < C) {
             float dx = r * (dy[i] * w_at(i, c) - mean_g - xh[i] * mean_gx);
             float acc = old[i] + dx;
+            const floatX bx = (floatX)(branch_scale * acc);
             dinp[off + c] = acc;
-            dinp_x[off + c] = (floatX)(branch_scale * acc);
-            accumulate(i, c, dy[i], xh[i]);
+            dinp_x[off + c] = bx;
+            accumulate(i, c, dy[i], xh[i], (float)bx);
         }
     }
 }
@@ -301,22 +310,32 @@ __global__ void __launch_bounds__(256) layernorm_backward_registers_kernel(
     const int num_warps = gridDim.x * (blockDim.x / WARP_SIZE);
     const int warp_id = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
-    float dw_acc[CPL], db_acc[CPL], wv[CPL];
+    // w in registers, or at CPL = 32 (C = 1024) in shared memory: there the four per-column arrays
+    // and the row's three would need more than 255 registers
+    constexpr bool W_SHARED = CPL >= 32;
+    __shared__ float w_s[W_SHARED ? 32 * CPL : 1];
+    float dw_acc[CPL], db_acc[CPL], bb_acc[CPL], wv[W_SHARED ? 1 : CPL];
 #pragma unroll
     for (int i = 0; i < CPL; i++) {
         int c = lane + i * WARP_SIZE;
-        dw_acc[i] = 0.0f; db_acc[i] = 0.0f;
-        wv[i] = c < C ? (float)w[c] : 0.0f;
+        dw_acc[i] = 0.0f; db_acc[i] = 0.0f; bb_acc[i] = 0.0f;
+        if constexpr (!W_SHARED) wv[i] = c < C ? (float)w[c] : 0.0f;
+    }
+    if constexpr (W_SHARED) {
+        for (int c = threadIdx.x; c < 32 * CPL; c += blockDim.x) w_s[c] = c < C ? (float)w[c] : 0.0f;
+        __syncthreads();
     }
     for (int row = warp_id; row < N; row += num_warps)
         layernorm_backward_row<CPL>(dinp, dinp_x, dout, inp, mean, rstd, row, lane, C, branch_scale,
-                                    [&](int i, int) { return wv[i]; },
-                                    [&](int i, int, float d, float xhat) { dw_acc[i] += d * xhat; db_acc[i] += d; });
-    float* dw_row = scratch + (long long)warp_id * 2 * C;
+                                    [&](int i, int c) { if constexpr (W_SHARED) return w_s[c]; else return wv[i]; },
+                                    [&](int i, int, float d, float xhat, float bx) {
+                                        dw_acc[i] += d * xhat; db_acc[i] += d; bb_acc[i] += bx;
+                                    });
+    float* dw_row = scratch + (long long)warp_id * 3 * C;
 #pragma unroll
     for (int i = 0; i < CPL; i++) {
         int c = lane + i * WARP_SIZE;
-        if (c < C) { dw_row[c] = dw_acc[i]; dw_row[C + c] = db_acc[i]; }
+        if (c < C) { dw_row[c] = dw_acc[i]; dw_row[C + c] = db_acc[i]; dw_row[2 * C + c] = bb_acc[i]; }
     }
 }
 
@@ -328,7 +347,7 @@ __global__ void __launch_bounds__(256) layernorm_backward_registers_kernel(
 // column as the generic kernel.
 #define LN_WIDE_THREADS 128
 inline size_t layernorm_backward_wide_smem(int C) {
-    return ((size_t)(LN_WIDE_THREADS / WARP_SIZE) * 2 * C + C) * sizeof(float);
+    return ((size_t)(LN_WIDE_THREADS / WARP_SIZE) * 3 * C + C) * sizeof(float);
 }
 template <int CPL>
 __global__ void __launch_bounds__(LN_WIDE_THREADS) layernorm_backward_wide_kernel(
@@ -340,17 +359,22 @@ __global__ void __launch_bounds__(LN_WIDE_THREADS) layernorm_backward_wide_kerne
     const int warp_id = blockIdx.x * (blockDim.x / WARP_SIZE) + warp_in_block;
     const int lane = threadIdx.x % WARP_SIZE;
     float* wv = ln_smem;                                  // C
-    float* dw_acc = ln_smem + C + (size_t)warp_in_block * 2 * C;
+    float* dw_acc = ln_smem + C + (size_t)warp_in_block * 3 * C;
     float* db_acc = dw_acc + C;
+    float* bb_acc = db_acc + C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) wv[c] = (float)w[c];
-    for (int c = lane; c < C; c += WARP_SIZE) { dw_acc[c] = 0.0f; db_acc[c] = 0.0f; }
+    for (int c = lane; c < C; c += WARP_SIZE) { dw_acc[c] = 0.0f; db_acc[c] = 0.0f; bb_acc[c] = 0.0f; }
     __syncthreads();
     for (int row = warp_id; row < N; row += num_warps)
         layernorm_backward_row<CPL>(dinp, dinp_x, dout, inp, mean, rstd, row, lane, C, branch_scale,
                                     [&](int, int c) { return c < C ? wv[c] : 0.0f; },
-                                    [&](int, int c, float d, float xhat) { dw_acc[c] += d * xhat; db_acc[c] += d; });
-    float* dw_row = scratch + (long long)warp_id * 2 * C;
-    for (int c = lane; c < C; c += WARP_SIZE) { dw_row[c] = dw_acc[c]; dw_row[C + c] = db_acc[c]; }
+                                    [&](int, int c, float d, float xhat, float bx) {
+                                        dw_acc[c] += d * xhat; db_acc[c] += d; bb_acc[c] += bx;
+                                    });
+    float* dw_row = scratch + (long long)warp_id * 3 * C;
+    for (int c = lane; c < C; c += WARP_SIZE) {
+        dw_row[c] = dw_acc[c]; dw_row[C + c] = db_acc[c]; dw_row[2 * C + c] = bb_acc[c];
+    }
 }
 template <int CPL>
 inline void layernorm_backward_wide(float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp,
@@ -367,34 +391,42 @@ inline void layernorm_backward_wide(float* dinp, floatX* dinp_x, float* scratch,
         dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
 }
 
-// dw[c] += sum_k scratch[k][c], db likewise. Block (32, 32): x picks the channel, y a residue class
-// of k; the 32 partial sums are then added in a fixed order, so the result is deterministic.
-__global__ void layernorm_backward_reduce_kernel(float* dw, float* db, const float* scratch, int num_rows, int C) {
-    __shared__ float part_w[32][33], part_b[32][33];
+// dw[c] += sum_k scratch[k][c], db and (when given) dbranch_bias likewise: blockIdx.y picks which of
+// the three sums (so the three run on separate SMs). Block (32, 32): x picks the channel, y a residue
+// class of k; the 32 partial sums are then added in a fixed order, so the result is deterministic.
+__global__ void layernorm_backward_reduce_kernel(float* dw, float* db, float* dbranch_bias, const float* scratch,
+                                                 int num_rows, int C) {
+    __shared__ float part[32][33];
+    float* out = blockIdx.y == 0 ? dw : blockIdx.y == 1 ? db : dbranch_bias;
+    if (out == nullptr) return;   // (block-uniform)
+    const float* src = scratch + (size_t)blockIdx.y * C;
     int c = blockIdx.x * 32 + threadIdx.x;
-    float sw = 0.0f, sb = 0.0f;
-    if (c < C) {
-        for (int k = threadIdx.y; k < num_rows; k += 32) {
-            sw += scratch[(long long)k * 2 * C + c];
-            sb += scratch[(long long)k * 2 * C + C + c];
-        }
-    }
-    part_w[threadIdx.y][threadIdx.x] = sw;
-    part_b[threadIdx.y][threadIdx.x] = sb;
+    float sum = 0.0f;
+    if (c < C)
+        for (int k = threadIdx.y; k < num_rows; k += 32) sum += src[(long long)k * 3 * C + c];
+    part[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
     if (threadIdx.y == 0 && c < C) {
-        float tw = 0.0f, tb = 0.0f;
-        for (int k = 0; k < 32; k++) { tw += part_w[k][threadIdx.x]; tb += part_b[k][threadIdx.x]; }
-        dw[c] += tw;
-        db[c] += tb;
+        float total = 0.0f;
+        for (int k = 0; k < 32; k++) total += part[k][threadIdx.x];
+        out[c] += total;
     }
 }
+inline void layernorm_backward_reduce(float* dw, float* db, float* dbranch_bias, const float* scratch, int C,
+                                      cudaStream_t stream) {
+    layernorm_backward_reduce_kernel<<<dim3(ceil_div(C, 32), 3), dim3(32, 32), 0, stream>>>(dw, db, dbranch_bias, scratch,
+                                                                                        LN_BACKWARD_WARPS, C);
+    cudaCheckLaunch();
+}
 
-// scratch: at least LN_BACKWARD_WARPS * 2 * C floats. branch_scale: the residual branch scale of
-// the block whose output gradient dinp_x becomes (boundaries.h; 1 in every recipe but legacy Q1.15).
+// scratch: at least layernorm_backward_scratch_floats(C) floats. branch_scale: the residual branch
+// scale of the block whose output gradient dinp_x becomes (boundaries.h; 1 in every recipe but legacy
+// Q1.15). dbranch_bias (may be null): += the column sums of dinp_x, the bias gradient of the linear
+// layer that ends that block (FP32 sums of the BF16 values that layer's backward reads).
 inline void layernorm_backward(float* dinp, floatX* dinp_x, float* dw, float* db, float* scratch, const floatX* dout,
                                const float* inp, const floatX* w, const float* mean, const float* rstd,
-                               int N, int C, cudaStream_t stream, float branch_scale = 1.0f) {
+                               int N, int C, cudaStream_t stream, float branch_scale = 1.0f,
+                               float* dbranch_bias = nullptr) {
     const int block = 256, warps_per_block = block / WARP_SIZE;
     const int grid = LN_BACKWARD_WARPS / warps_per_block;
     if (C <= 12 * WARP_SIZE) {
@@ -413,6 +445,5 @@ inline void layernorm_backward(float* dinp, floatX* dinp_x, float* dw, float* db
         layernorm_backward_kernel<<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
     }
     cudaCheckLaunch();
-    layernorm_backward_reduce_kernel<<<ceil_div(C, 32), dim3(32, 32), 0, stream>>>(dw, db, scratch, LN_BACKWARD_WARPS, C);
-    cudaCheckLaunch();
+    layernorm_backward_reduce(dw, db, dbranch_bias, scratch, C, stream);
 }

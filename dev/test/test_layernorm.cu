@@ -76,6 +76,7 @@ static void test_width(int N, int C, std::mt19937& rng) {
     auto branch = random_bf16(NC, rng, -1.0f, 1.0f);
     auto dout = random_bf16(NC, rng, -1.0f, 1.0f);
     std::vector<float> dinp0 = random_f32(NC, rng, 0.5f), dw0 = random_f32(C, rng, 1.0f), db0 = random_f32(C, rng, 1.0f);
+    std::vector<float> bb0 = random_f32(C, rng, 1.0f);   // the branch bias gradient it adds into
 
     // float64 reference: the forward of x, the residual a + branch, and the backward of x
     std::vector<double> ref_out(NC), ref_mean(N), ref_rstd(N), ref_res(NC), ref_res_out(NC);
@@ -119,7 +120,7 @@ static void test_width(int N, int C, std::mt19937& rng) {
     cudaCheck(cudaMalloc(&d_rstd, N * sizeof(float)));
     cudaCheck(cudaMalloc(&d_res, NC * sizeof(float)));
     cudaCheck(cudaMalloc(&d_out, NC * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&d_scratch, (size_t)LN_BACKWARD_WARPS * 2 * C * sizeof(float)));
+    cudaCheck(cudaMalloc(&d_scratch, layernorm_backward_scratch_floats(C) * sizeof(float)));
 
     // 1. forward
     poison(d_out, NC * sizeof(floatX)); poison(d_mean, N * sizeof(float)); poison(d_rstd, N * sizeof(float));
@@ -143,36 +144,45 @@ static void test_width(int N, int C, std::mt19937& rng) {
     for (int r = 0; r < N; r++) { mean_f[r] = (float)ref_mean[r]; rstd_f[r] = (float)ref_rstd[r]; }
     cudaCheck(cudaMemcpy(d_mean, mean_f.data(), N * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d_rstd, rstd_f.data(), N * sizeof(float), cudaMemcpyHostToDevice));
-    float *d_dinp = to_device(dinp0), *d_dw = to_device(dw0), *d_db = to_device(db0);
+    float *d_dinp = to_device(dinp0), *d_dw = to_device(dw0), *d_db = to_device(db0), *d_bb = to_device(bb0);
     floatX* d_dinp_x;
     cudaCheck(cudaMalloc(&d_dinp_x, NC * sizeof(floatX)));
-    poison(d_dinp_x, NC * sizeof(floatX)); poison(d_scratch, (size_t)LN_BACKWARD_WARPS * 2 * C * sizeof(float));
-    layernorm_backward(d_dinp, d_dinp_x, d_dw, d_db, d_scratch, d_dout, d_x, d_w, d_mean, d_rstd, N, C, 0);
-    const auto dinp = to_host(d_dinp, NC), dw = to_host(d_dw, C), db = to_host(d_db, C);
+    poison(d_dinp_x, NC * sizeof(floatX)); poison(d_scratch, layernorm_backward_scratch_floats(C) * sizeof(float));
+    layernorm_backward(d_dinp, d_dinp_x, d_dw, d_db, d_scratch, d_dout, d_x, d_w, d_mean, d_rstd, N, C, 0, 1.0f, d_bb);
+    const auto dinp = to_host(d_dinp, NC), dw = to_host(d_dw, C), db = to_host(d_db, C), bb = to_host(d_bb, C);
     const double e_dinp = rel_l2(dinp, ref_dinp), e_dinp_x = rel_l2(to_host(d_dinp_x, NC), ref_dinp_x);
     const double e_dw = rel_l2(dw, ref_dw), e_db = rel_l2(db, ref_db);
     check(e_dinp < 1e-5 && e_dinp_x < 4e-3, "N=%d C=%d (%s) backward: dinp (FP32) / dinp_x (BF16) rel L2 %.2e / %.2e", N, C,
           path, e_dinp, e_dinp_x);
     check(e_dw < 1e-5 && e_db < 1e-5, "N=%d C=%d (%s) backward: dw / db accumulated, rel L2 %.2e / %.2e", N, C, path, e_dw,
           e_db);
+    {   // the branch bias gradient: bb0 + the column sums of the dinp_x it wrote, in float64
+        const auto dx = to_host(d_dinp_x, NC);
+        std::vector<double> ref_bb(C);
+        for (int c = 0; c < C; c++) ref_bb[c] = bb0[c];
+        for (int r = 0; r < N; r++)
+            for (int c = 0; c < C; c++) ref_bb[c] += bf2f(dx[(size_t)r * C + c]);
+        const double e_bb = rel_l2(bb, ref_bb);
+        check(e_bb < 1e-5, "N=%d C=%d (%s) backward: the branch bias gradient (column sums of dinp_x) accumulated, rel L2 %.2e",
+              N, C, path, e_bb);
+    }
 
     // the generic kernel on the same inputs: the same sums in the same order
-    float *g_dinp = to_device(dinp0), *g_dw = to_device(dw0), *g_db = to_device(db0);
+    float *g_dinp = to_device(dinp0), *g_dw = to_device(dw0), *g_db = to_device(db0), *g_bb = to_device(bb0);
     layernorm_backward_kernel<<<LN_BACKWARD_WARPS / 8, 256>>>(g_dinp, d_dinp_x, d_scratch, d_dout, d_x, d_w, d_mean, d_rstd,
                                                               N, C, 1.0f);
     cudaCheckLaunch();
-    layernorm_backward_reduce_kernel<<<ceil_div(C, 32), dim3(32, 32)>>>(g_dw, g_db, d_scratch, LN_BACKWARD_WARPS, C);
-    cudaCheckLaunch();
-    const auto gd = to_host(g_dinp, NC), gw = to_host(g_dw, C), gb = to_host(g_db, C);
-    const double diff = std::max({max_rel_diff(dinp, gd), max_rel_diff(dw, gw), max_rel_diff(db, gb)});
+    layernorm_backward_reduce(g_dw, g_db, g_bb, d_scratch, C, 0);
+    const auto gd = to_host(g_dinp, NC), gw = to_host(g_dw, C), gb = to_host(g_db, C), gbb = to_host(g_bb, C);
+    const double diff = std::max({max_rel_diff(dinp, gd), max_rel_diff(dw, gw), max_rel_diff(db, gb), max_rel_diff(bb, gbb)});
     const bool identical = memcmp(dinp.data(), gd.data(), NC * 4) == 0 && memcmp(dw.data(), gw.data(), C * 4) == 0 &&
-                           memcmp(db.data(), gb.data(), C * 4) == 0;
+                           memcmp(db.data(), gb.data(), C * 4) == 0 && memcmp(bb.data(), gbb.data(), C * 4) == 0;
     check(diff < 1e-5, "N=%d C=%d (%s) backward equals the generic kernel's (max rel difference %.2e, %s)", N, C, path, diff,
           identical ? "bit-identical" : "not bit-identical");
 
     cudaFree(d_x); cudaFree(d_mean); cudaFree(d_rstd); cudaFree(d_res); cudaFree(d_scratch); cudaFree(d_w); cudaFree(d_b);
     cudaFree(d_branch); cudaFree(d_dout); cudaFree(d_out); cudaFree(d_dinp); cudaFree(d_dw); cudaFree(d_db);
-    cudaFree(d_dinp_x); cudaFree(g_dinp); cudaFree(g_dw); cudaFree(g_db);
+    cudaFree(d_dinp_x); cudaFree(g_dinp); cudaFree(g_dw); cudaFree(g_db); cudaFree(d_bb); cudaFree(g_bb);
 }
 
 // the dispatched backward and forward against the generic kernels at a training width
@@ -182,18 +192,20 @@ static void time_width(int N, int C) {
     float *x = to_device(random_f32(NC, rng, 1.0f)), *dinp = to_device(random_f32(NC, rng, 0.1f));
     floatX *dout = to_device(random_bf16(NC, rng, -1.0f, 1.0f)), *w = to_device(random_bf16(C, rng, 0.5f, 1.5f));
     floatX *b = to_device(random_bf16(C, rng, -0.2f, 0.2f)), *dinp_x, *out;
-    float *mean, *rstd, *scratch, *dw, *db;
+    float *mean, *rstd, *scratch, *dw, *db, *bb;
     cudaCheck(cudaMalloc(&dinp_x, NC * sizeof(floatX))); cudaCheck(cudaMalloc(&out, NC * sizeof(floatX)));
     cudaCheck(cudaMalloc(&mean, N * sizeof(float))); cudaCheck(cudaMalloc(&rstd, N * sizeof(float)));
-    cudaCheck(cudaMalloc(&scratch, (size_t)LN_BACKWARD_WARPS * 2 * C * sizeof(float)));
+    cudaCheck(cudaMalloc(&scratch, layernorm_backward_scratch_floats(C) * sizeof(float)));
     cudaCheck(cudaMalloc(&dw, C * sizeof(float))); cudaCheck(cudaMalloc(&db, C * sizeof(float)));
+    cudaCheck(cudaMalloc(&bb, C * sizeof(float)));
     const int grid = ceil_div(N, 8);
     const double f_new = median_ms([&] { layernorm_forward(out, mean, rstd, x, w, b, N, C, 0); });
     const double f_old = median_ms([&] { layernorm_forward_kernel<IdentityBoundaries><<<grid, 256>>>(out, mean, rstd, x, w, b, N, C); });
-    const double b_new = median_ms([&] { layernorm_backward(dinp, dinp_x, dw, db, scratch, dout, x, w, mean, rstd, N, C, 0); });
+    // (with the branch bias gradient, as the trainer calls it)
+    const double b_new = median_ms([&] { layernorm_backward(dinp, dinp_x, dw, db, scratch, dout, x, w, mean, rstd, N, C, 0, 1.0f, bb); });
     const double b_old = median_ms([&] {
         layernorm_backward_kernel<<<LN_BACKWARD_WARPS / 8, 256>>>(dinp, dinp_x, scratch, dout, x, w, mean, rstd, N, C, 1.0f);
-        layernorm_backward_reduce_kernel<<<ceil_div(C, 32), dim3(32, 32)>>>(dw, db, scratch, LN_BACKWARD_WARPS, C);
+        layernorm_backward_reduce(dw, db, bb, scratch, C, 0);
     });
     // bytes: forward reads x (4) and writes out (2); backward reads dout (2), x (4), dinp (4), writes dinp (4), dinp_x (2)
     printf("  N=%d C=%d: forward %.3f ms (generic %.3f, %.2f TB/s), backward %.3f ms (generic %.3f, %.2f TB/s)\n", N, C, f_new,
@@ -202,7 +214,7 @@ static void time_width(int N, int C) {
         check(b_new < b_old && f_new <= f_old * 1.05, "N=%d C=%d: the register kernels are faster than the generic ones "
               "(backward %.2fx, forward %.2fx)", N, C, b_old / b_new, f_old / f_new);
     cudaFree(x); cudaFree(dinp); cudaFree(dout); cudaFree(w); cudaFree(b); cudaFree(dinp_x); cudaFree(out);
-    cudaFree(mean); cudaFree(rstd); cudaFree(scratch); cudaFree(dw); cudaFree(db);
+    cudaFree(mean); cudaFree(rstd); cudaFree(scratch); cudaFree(dw); cudaFree(db); cudaFree(bb);
 }
 
 int main() {
@@ -214,6 +226,7 @@ int main() {
     time_width(16384, 1280); // d36, B = 16: one micro-step's rows
     time_width(8192, 1600);  // d48, B = 8
     time_width(65536, 768);  // d12, B = 64
+    time_width(65536, 1024); // d24, B = 64
     printf("layernorm tests: %d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
 }
