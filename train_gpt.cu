@@ -117,6 +117,7 @@ struct Activations {
     floatX* att;         // (L,B,NH,T,T) attention probabilities (materialized attention only)
     float* att_lse;      // (L,B,NH,T) log-sum-exp of each query row (flash attention only)
     void* flash_scratch; // flash attention's backward scratch
+    float* qkv_bias_partials; // flash attention's backward: partial column sums of dqkv (the qkv bias gradient)
     float* residual2;    // (L,B,T,C) residual after the attention block
     floatX* ln2;         // like ln1
     float* ln2_mean;     // (L,B,T)
@@ -236,7 +237,7 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
     // (a recipe's attention boundaries, Q1.15's, run in the fused kernels too: flash_attention.cuh)
     model->flash_attention = C / NH == 64 || C / NH == 128;
 #endif
-    a.att = nullptr; a.att_lse = nullptr; a.flash_scratch = nullptr;
+    a.att = nullptr; a.att_lse = nullptr; a.flash_scratch = nullptr; a.qkv_bias_partials = nullptr;
     a.attn.q = a.attn.k = a.attn.v = a.attn.y = a.attn.scores = nullptr;
     a.dq = a.dk = a.dv = nullptr;
 #if defined(ENABLE_CUDNN) && !defined(ENABLE_FP32)
@@ -252,8 +253,10 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
     if (model->flash_attention) {
         a.att_lse = alloc_n<float>(L * (size_t)B * NH * T, "activations (attention log-sum-exp)");
 #if !defined(ENABLE_FP32)
-        if (!model->cudnn_attention)
+        if (!model->cudnn_attention) {
             a.flash_scratch = cuda_malloc_or_die(flash_attention_backward_scratch_bytes(B, T, NH, C / NH), "attention scratch");
+            a.qkv_bias_partials = alloc_n<float>((size_t)flash_attention_bias_partial_rows(B, T) * 3 * C, "attention scratch");
+        }
 #endif
     } else {
         a.att = alloc_n<floatX>(L * (size_t)B * NH * T * T, "activations (attention probabilities)");
@@ -645,13 +648,20 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
         linear_backward(rc, {l, LIN_ATTPROJ}, a.dbtc, g.t[P_ATTPROJW] + (size_t)l * C * C, nullptr,
                         a.dresidual_x, la.atty, p.t[P_ATTPROJW] + (size_t)l * C * C, nullptr, N, C, C, st);
         PHASE("bwd: attention");
+        bool qkv_bias_done = false;
 #if !defined(ENABLE_FP32)
 #if defined(ENABLE_CUDNN)
         if (model->cudnn_attention) cudnn_attention_backward(a.dqkv, a.dbtc, la.qkv, la.atty, la.lse, B, T, NH, HS, st);
         else
 #endif
-        if (model->flash_attention) flash_attention_backward<Boundaries>(a.dqkv, a.dbtc, la.qkv, la.atty, la.lse, a.flash_scratch, B, T, NH, HS, st);
-        else
+        if (model->flash_attention) {
+            // the qkv bias gradient too, where the kernels give its partial sums (the tiles they write anyway)
+            qkv_bias_done = flash_attention_backward<Boundaries>(a.dqkv, a.dbtc, la.qkv, la.atty, la.lse, a.flash_scratch,
+                                                                 B, T, NH, HS, st, a.qkv_bias_partials);
+            if (qkv_bias_done)
+                bias_backward_reduce(g.t[P_QKVB] + (size_t)l * 3 * C, a.qkv_bias_partials, 3 * C,
+                                     flash_attention_bias_partial_rows(B, T), st);
+        } else
 #endif
         attention_backward(a.dqkv, a.dbtc, la.qkv, la.att, a.attn, a.dq, a.dk, a.dv, B, T, NH, HS, st);
         PHASE("bwd: recompute");
@@ -659,7 +669,8 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
             layernorm_forward<Boundaries>(la.ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, la.residual_in, ln1w, p.t[P_LN1B] + l * C, N, C, st);
         }
         PHASE("bwd: linear");
-        linear_backward(rc, {l, LIN_QKV}, a.dbtc, g.t[P_QKVW] + (size_t)l * 3 * C * C, g.t[P_QKVB] + l * 3 * C, a.dqkv,
+        linear_backward(rc, {l, LIN_QKV}, a.dbtc, g.t[P_QKVW] + (size_t)l * 3 * C * C,
+                        qkv_bias_done ? nullptr : g.t[P_QKVB] + (size_t)l * 3 * C, a.dqkv,
                         la.ln1, p.t[P_QKVW] + (size_t)l * 3 * C * C, nullptr, N, C, 3 * C, st);
         PHASE("bwd: layernorm");
         layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN1W] + l * C, g.t[P_LN1B] + l * C, a.ln_partials, a.dbtc, la.residual_in,

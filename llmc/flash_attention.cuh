@@ -32,7 +32,10 @@
 // It is deterministic: no atomics. A first kernel owns a query block and loops over its key
 // blocks (dQ in registers), recomputing P and dP; it also computes D for its rows and stores it.
 // A second kernel owns a key block and loops over the query blocks that see it (dK, dV in
-// registers). Every output element is written by one thread, once.
+// registers). Every output element is written by one thread, once. The wgmma kernels (HS = 64) can
+// also give the qkv bias gradient: each stages its 64-row tile of dq (or dk and dv) in shared memory
+// before the store, sums the tile's columns there, and writes one partial-sum row per (sequence,
+// 64-row block); the caller adds the rows in a fixed order (flash_attention_backward).
 //
 // Recipes with forward boundaries (boundaries.h, Bd::ACTIVE: Q1.15) run the same kernels with the
 // softmax the boundaries prescribe: the score is read through attention_scores(BF16(q.k)), each
@@ -284,6 +287,22 @@ __device__ __forceinline__ void tile_rows_to_global(bf16* g, long long stride, c
                 *reinterpret_cast<const uint4*>(rows + r * Tile<HS>::LDS + col);
         }
     }
+}
+
+// The column sums of a staged 64-row tile (bf16, padded rows: what tile_rows_to_global writes),
+// rows below nvalid only, into out[0..63], by a CTA of 128 threads: thread t sums column t % 64
+// over half of the rows, then the two halves are added (a fixed order: deterministic). Every
+// thread of the CTA calls it; it has its own barriers.
+__device__ __forceinline__ void tile_column_sums64(float* out, const bf16* tile, int nvalid, int tid) {
+    __shared__ float upper_half[64];
+    const int c = tid & 63, half = tid >> 6;
+    const int r_end = min(nvalid, 32 * half + 32);
+    float sum = 0.0f;
+    for (int r = 32 * half; r < r_end; r++) sum += __bfloat162float(tile[r * Tile<64>::LDS + c]);
+    __syncthreads();   // (a previous call's readers are done with upper_half)
+    if (half == 1) upper_half[c] = sum;
+    __syncthreads();
+    if (half == 0) out[c] = sum + upper_half[c];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1253,9 +1272,9 @@ constexpr int dq_wg_smem_bytes() {
 
 template <class Bd>
 __global__ void __launch_bounds__(WG_THREADS, 3)
-flash_bwd_dq_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, const bf16* __restrict__ dout,
-                          const bf16* __restrict__ qkv, const bf16* __restrict__ o_in, const float* __restrict__ lse,
-                          int T, int NH, float scale_log2, float scale) {
+flash_bwd_dq_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, float* __restrict__ bias_part,
+                          const bf16* __restrict__ dout, const bf16* __restrict__ qkv, const bf16* __restrict__ o_in,
+                          const float* __restrict__ lse, int T, int NH, float scale_log2, float scale) {
 #if FLASH_WGMMA_DEVICE
     constexpr int HS = 64, LDS = Tile<HS>::LDS;
     bf16* sK = smem_base_1k();                       // [STAGES][64 x 64] swizzled
@@ -1370,6 +1389,10 @@ flash_bwd_dq_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, con
     __syncwarp();
     tile_rows_to_global<16, HS>(dqkv + ((long long)b * T + w_lo) * stride + (long long)h * HS, stride, rows16,
                                 T - w_lo, lane);
+    if (bias_part != nullptr) {   // this block's column sums of dq (the q part of the qkv bias gradient)
+        __syncthreads();
+        tile_column_sums64(bias_part + ((long long)b * gridDim.y + q0 / 64) * 3 * C + (long long)h * HS, sQ, T - q0, tid);
+    }
 #else
     __trap();
 #endif
@@ -1388,8 +1411,8 @@ constexpr int dkv_wg_smem_bytes() {
 
 template <class Bd>
 __global__ void __launch_bounds__(WG_THREADS, 3)
-flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
-                           const float* __restrict__ lse, const float* __restrict__ Dvec,
+flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ bias_part, const bf16* __restrict__ dout,
+                           const bf16* __restrict__ qkv, const float* __restrict__ lse, const float* __restrict__ Dvec,
                            int T, int NH, float scale_log2, float scale) {
 #if FLASH_WGMMA_DEVICE
     constexpr int HS = 64, LDS = Tile<HS>::LDS, QB = DKVWG_QB;
@@ -1518,6 +1541,12 @@ flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dou
     bf16* dk_g = dqkv + ((long long)b * T + w_lo) * stride + C + (long long)h * HS;
     tile_rows_to_global<16, HS>(dk_g, stride, kst + 16 * warp * LDS, T - w_lo, lane);
     tile_rows_to_global<16, HS>(dk_g + C, stride, vst + 16 * warp * LDS, T - w_lo, lane);
+    if (bias_part != nullptr) {   // this block's column sums of dk and dv (the k and v parts of the qkv bias gradient)
+        __syncthreads();
+        float* part = bias_part + ((long long)b * gridDim.y + blockIdx.y) * 3 * C + C + (long long)h * HS;
+        tile_column_sums64(part, kst, T - k0, tid);
+        tile_column_sums64(part + C, vst, T - k0, tid);
+    }
 #else
     __trap();
 #endif
@@ -1612,14 +1641,14 @@ void forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, in
 // backward step 1: dQ, and D = rowsum(dout * out) into Dvec (B, NH, T)
 template <class Bd, int HS>
 void backward_dq_launch(floatX* dqkv, float* Dvec, const floatX* dout, const floatX* qkv, const floatX* out,
-                        const float* lse, int B, int T, int NH, cudaStream_t stream) {
+                        const float* lse, int B, int T, int NH, cudaStream_t stream, float* bias_part = nullptr) {
     const float scale = 1.0f / sqrtf((float)HS);
     if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
         constexpr int smem = dq_wg_smem_bytes();
         constexpr auto kernel = flash_bwd_dq_wgmma_kernel<Bd>;
         allow_dynamic_smem<kernel>(smem);
         dim3 grid(B * NH, ceil_div(T, 64));
-        kernel<<<grid, WG_THREADS, smem, stream>>>(dqkv, Dvec, dout, qkv, out, lse, T, NH, LOG2E * scale, scale);
+        kernel<<<grid, WG_THREADS, smem, stream>>>(dqkv, Dvec, bias_part, dout, qkv, out, lse, T, NH, LOG2E * scale, scale);
         cudaCheckLaunch();
         return;
     }
@@ -1635,14 +1664,14 @@ void backward_dq_launch(floatX* dqkv, float* Dvec, const floatX* dout, const flo
 // backward step 2: dK and dV; reads the Dvec written by step 1
 template <class Bd, int HS>
 void backward_dkv_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* Dvec,
-                         int B, int T, int NH, cudaStream_t stream) {
+                         int B, int T, int NH, cudaStream_t stream, float* bias_part = nullptr) {
     const float scale = 1.0f / sqrtf((float)HS);
     if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
         constexpr int smem = dkv_wg_smem_bytes();
         constexpr auto kernel = flash_bwd_dkv_wgmma_kernel<Bd>;
         allow_dynamic_smem<kernel>(smem);
         dim3 grid(B * NH, ceil_div(T, 64));
-        kernel<<<grid, WG_THREADS, smem, stream>>>(dqkv, dout, qkv, lse, Dvec, T, NH, LOG2E * scale, scale);
+        kernel<<<grid, WG_THREADS, smem, stream>>>(dqkv, bias_part, dout, qkv, lse, Dvec, T, NH, LOG2E * scale, scale);
         cudaCheckLaunch();
         return;
     }
@@ -1655,11 +1684,14 @@ void backward_dkv_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, co
     cudaCheckLaunch();
 }
 
+// whether the backward runs the wgmma kernels, which can also give the qkv bias gradient's partial sums
+inline bool backward_has_bias_partials(int HS) { return HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built(); }
+
 template <class Bd, int HS>
 void backward_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                     float* Dvec, int B, int T, int NH, cudaStream_t stream) {
-    backward_dq_launch<Bd, HS>(dqkv, Dvec, dout, qkv, out, lse, B, T, NH, stream);
-    backward_dkv_launch<Bd, HS>(dqkv, dout, qkv, lse, Dvec, B, T, NH, stream);
+                     float* Dvec, int B, int T, int NH, cudaStream_t stream, float* bias_part) {
+    backward_dq_launch<Bd, HS>(dqkv, Dvec, dout, qkv, out, lse, B, T, NH, stream, bias_part);
+    backward_dkv_launch<Bd, HS>(dqkv, dout, qkv, lse, Dvec, B, T, NH, stream, bias_part);
 }
 
 } // namespace flash_detail
@@ -1689,17 +1721,26 @@ inline size_t flash_attention_backward_scratch_bytes(int B, int T, int NH, int H
     return ((size_t)B * NH * T * sizeof(float) + 255) / 256 * 256;
 }
 
+// rows of the qkv bias gradient's partial sums that flash_attention_backward can write (each 3C floats)
+inline int flash_attention_bias_partial_rows(int B, int T) { return B * ceil_div(T, 64); }
+
 // dqkv: (B,T,3C) written in full (dq | dk | dv in the layout of qkv); dout: (B,T,C); out, lse from
 // the forward pass (of the same Bd); scratch: flash_attention_backward_scratch_bytes(B,T,NH,HS) bytes.
+// qkv_bias_partials (may be null): flash_attention_bias_partial_rows(B,T) rows of 3C floats; row
+// b*ceil(T/64) + j gets the column sums of dqkv over rows 64j..64j+63 of sequence b (of the BF16
+// values written), so that the sum of the rows is the gradient of the qkv bias. Returns whether it
+// wrote them (the wgmma kernels, HS = 64 on sm_90a, do; otherwise the caller sums dqkv itself).
 template <class Bd = IdentityBoundaries>
-inline void flash_attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out,
+inline bool flash_attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out,
                                      const float* lse, void* scratch, int B, int T, int NH, int HS,
-                                     cudaStream_t stream) {
+                                     cudaStream_t stream, float* qkv_bias_partials = nullptr) {
     flash_detail::check_args(dqkv, dout, qkv, T, HS, "flash_attention_backward");
     flash_detail::check_args(out, out, out, T, HS, "flash_attention_backward");
     float* Dvec = static_cast<float*>(scratch);
-    if (HS == 64) flash_detail::backward_launch<Bd, 64>(dqkv, dout, qkv, out, lse, Dvec, B, T, NH, stream);
-    else flash_detail::backward_launch<Bd, 128>(dqkv, dout, qkv, out, lse, Dvec, B, T, NH, stream);
+    float* part = flash_detail::backward_has_bias_partials(HS) ? qkv_bias_partials : nullptr;
+    if (HS == 64) flash_detail::backward_launch<Bd, 64>(dqkv, dout, qkv, out, lse, Dvec, B, T, NH, stream, part);
+    else flash_detail::backward_launch<Bd, 128>(dqkv, dout, qkv, out, lse, Dvec, B, T, NH, stream, nullptr);
+    return part != nullptr;
 }
 
 #endif // !defined(ENABLE_FP32)

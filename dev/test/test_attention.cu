@@ -1,5 +1,7 @@
 // test_attention.cu: the fused flash attention (llmc/flash_attention.cuh) against a float64 CPU
-// reference, plus its determinism, and timings next to the materialized path (llmc/attention.cuh).
+// reference, plus its determinism, the qkv bias gradient's partial sums (HS = 64 wgmma kernels: their
+// sum against dqkv's column sums, every partial written), and timings next to the materialized path
+// (llmc/attention.cuh).
 //
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I. dev/test/test_attention.cu
 //        -lcublasLt -lcublas -o build/test_attention && ./build/test_attention
@@ -236,6 +238,38 @@ static void test_case(int B, int NH, int T, int HS, uint32_t seed, bool compare_
     check(e_dk < 2e-2, "%s backward: dk rel L2 error %.3e (tol 2e-2)", tag, e_dk);
     check(e_dv < 2e-2, "%s backward: dv rel L2 error %.3e (tol 2e-2)", tag, e_dv);
     check(memcmp(dqkv1.data(), dqkv2.data(), n_qkv * 2) == 0, "%s backward: dqkv bit-identical run to run", tag);
+    {   // the qkv bias gradient's partial sums (NaN-poisoned first): their sum against dqkv's column sums
+        const size_t n_part = (size_t)flash_attention_bias_partial_rows(B, T) * 3 * C;
+        float* d_part = dalloc<float>(n_part);
+        cudaCheck(cudaMemset(d_part, 0xFF, n_part * 4));
+        cudaCheck(cudaMemset(d_dqkv, 0xFF, n_qkv * 2));
+        const bool wrote = flash_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_scratch, B, T, NH, HS, 0, d_part);
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<uint16_t> dqkv3(n_qkv);
+        cudaCheck(cudaMemcpy(dqkv3.data(), d_dqkv, n_qkv * 2, cudaMemcpyDeviceToHost));
+        check(memcmp(dqkv1.data(), dqkv3.data(), n_qkv * 2) == 0, "%s backward with the bias partial sums: same dqkv", tag);
+        if (wrote) {
+            std::vector<float> part(n_part);
+            cudaCheck(cudaMemcpy(part.data(), d_part, n_part * 4, cudaMemcpyDeviceToHost));
+            // error per column relative to the sum of |dqkv| (the sums cancel; FP32 rounding scales with |x|)
+            std::vector<double> got(3 * C, 0.0), want(3 * C, 0.0), mag(3 * C, 0.0);
+            for (size_t r = 0; r < n_part / (3 * C); r++)
+                for (int c = 0; c < 3 * C; c++) got[c] += part[r * 3 * C + c];
+            for (size_t r = 0; r < (size_t)B * T; r++)
+                for (int c = 0; c < 3 * C; c++) {
+                    const double x = float_of_bf16_bits(dqkv1[r * 3 * C + c]);
+                    want[c] += x;
+                    mag[c] += std::fabs(x);
+                }
+            double err = 0.0;
+            for (int c = 0; c < 3 * C; c++) err = std::max(err, std::fabs(got[c] - want[c]) / std::max(mag[c], 1e-300));
+            check(std::isfinite(err) && err < 1e-5, "%s backward: qkv bias gradient from the partial sums against dqkv's "
+                  "column sums, max error %.2e of the column's sum of |dqkv| (every partial written)", tag, err);
+        } else {
+            printf("       (no bias partial sums at HS=%d: the caller sums dqkv)\n", HS);
+        }
+        cudaCheck(cudaFree(d_part));
+    }
 
 #if defined(ENABLE_CUDNN)
     {   // cuDNN's SDPA on the same inputs: the same tolerances, determinism, and closeness to ours
