@@ -1,5 +1,6 @@
 # Makefile: one binary per precision recipe.
-#   make train_gpt_<recipe>      the trainer of a recipe: bf16 (the baseline), fp8 (FP8-hybrid), nvfp4,
+#   make train_gpt_<recipe>      the trainer of a recipe: bf16 (the baseline), fp8 (FP8-hybrid), nvfp4 (also
+#                                holds sm_100a code: native FP4 GEMMs on Blackwell, chosen at run time),
 #                                vcast (any TensorCast datatype: -qw -qa -qg), tcfp12 (W = W_hi + W_lo, two FP8 GEMMs),
 #                                q115 (SF16: Q1.15 true-forward boundaries, -DENABLE_Q115 -DSF16_TRUE_FORWARD=1)
 #   make train_gpt2q115cu / train_gpt2q115_constrainedcu / train_gpt3q115cu
@@ -19,6 +20,7 @@
 # USE_CUDNN, rebuild with make -B (the binaries keep their names).
 
 SHELL := /bin/bash
+comma := ,
 RECIPES := bf16 fp8 nvfp4 vcast tcfp12 q115
 
 # ---- toolchain discovery -----------------------------------------------------------------------
@@ -67,6 +69,11 @@ else ifneq ($(PRECISION),BF16)
   $(error PRECISION must be BF16 or FP32, got '$(PRECISION)')
 endif
 HEADERS := $(wildcard llmc/*.h llmc/*.cuh)
+# The NVFP4 binaries also hold Blackwell code (sm_100a): there its FP4 tensor cores run the native FP4
+# GEMMs, and the binary picks the path by compute capability at run time (llmc/recipe_nvfp4.h). Added
+# where this nvcc knows sm_100 (CUDA 12.8 and newer) and GPU_ARCH is not sm_100a already.
+BLACKWELL_GENCODE := $(if $(filter 1,$(HAVE_NVCC)),$(if $(filter sm_100a,$(GPU_ARCH)),,$(if $(shell $(NVCC) --list-gpu-code 2>/dev/null | grep -x sm_100),-gencode arch=compute_100a$(comma)code=sm_100a)))
+blackwell_for = $(if $(filter nvfp4,$(1)),$(BLACKWELL_GENCODE))
 SF16_TRUE_FORWARD ?= 1
 USE_CUDNN ?= 0
 CUDNN_OBJ :=
@@ -111,10 +118,10 @@ all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_
 Q115_DEFINES := -DENABLE_Q115 -DSF16_TRUE_FORWARD=$(SF16_TRUE_FORWARD)
 recipe_define = $(if $(filter q115,$(1)),$(Q115_DEFINES),-DRECIPE_$(shell echo $(1) | tr a-z A-Z))
 $(addprefix train_gpt_,$(RECIPES)): train_gpt_%: train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
-	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(if $(filter bf16,$*),$(PRECISION_FLAGS)) $(call recipe_define,$*) $< $(NVCC_LDFLAGS) -o $@
+	$(NVCC) $(NVCC_FLAGS) $(call blackwell_for,$*) $(FAST_MATH) $(if $(filter bf16,$*),$(PRECISION_FLAGS)) $(call recipe_define,$*) $< $(NVCC_LDFLAGS) -o $@
 
 $(addprefix test_gpt_,$(RECIPES)): test_gpt_%: test_gpt.cu train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
-	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(if $(filter bf16,$*),$(PRECISION_FLAGS)) $(call recipe_define,$*) $< $(NVCC_LDFLAGS) -o $@
+	$(NVCC) $(NVCC_FLAGS) $(call blackwell_for,$*) $(FAST_MATH) $(if $(filter bf16,$*),$(PRECISION_FLAGS)) $(call recipe_define,$*) $< $(NVCC_LDFLAGS) -o $@
 
 # a recipe's trainer with cuDNN's attention instead of our flash kernels (what USE_CUDNN=1 builds, under
 # its own name, so that dev/bench can run both: --recipes bf16,bf16_cudnn)
@@ -155,7 +162,7 @@ test_gpt_fp32: test_gpt.cu train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
 #   q115_attention  the Q1.15 attention in the flash kernels against float64, the materialized path, the reality check
 build/test_%: dev/test/test_%.cu dev/test/gpu_check.h $(HEADERS) $(CUDNN_OBJ)
 	@mkdir -p build
-	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
+	$(NVCC) $(NVCC_FLAGS) $(call blackwell_for,$*) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 
 # every GEMM of a BF16 micro-step, each cuBLASLt candidate algorithm timed (dev/bench/gemm_bench.cu)
 build/gemm_bench: dev/bench/gemm_bench.cu dev/test/gpu_check.h $(HEADERS) $(CUDNN_OBJ)

@@ -95,6 +95,13 @@ static const MatmulQuery MATMUL_QUERIES[] = {
 };
 static bool g_matmul_explore_preferences = false; // set with autotuning (matmul_set_autotune)
 static std::map<MatmulKey, MatmulPlan> g_matmul_plans;
+// cuBLASLt's block-scaled FP4 GEMMs (CUDA_R_4F_E2M1 with VEC16_UE4M3 scales) exist from cuBLAS 12.8 on;
+// only Blackwell (sm_100 and newer) runs them
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120800
+#define LLMC_HAVE_FP4_GEMM 1
+#else
+#define LLMC_HAVE_FP4_GEMM 0
+#endif
 // GEMM shapes that fell back from MATMUL_COMPUTE to CUBLAS_COMPUTE_32F (reported at the end of a run)
 static int g_matmul_compute_fallbacks = 0;
 
@@ -118,6 +125,17 @@ inline MatmulPlan* matmul_build_plan(const MatmulKey& key, cublasComputeType_t c
         cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode, sizeof(mode)));
     }
     const bool fp8 = key.a_type == CUDA_R_8F_E4M3 || key.a_type == CUDA_R_8F_E5M2;
+#if LLMC_HAVE_FP4_GEMM
+    if (key.a_type == CUDA_R_4F_E2M1) {
+        // block-scaled FP4: a UE4M3 scale per 16 values along K, for both operands (the pointers to the
+        // tiled scale arrays are set per call; the heuristic is shown placeholders)
+        const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g_unit_scale, sizeof(g_unit_scale)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g_unit_scale, sizeof(g_unit_scale)));
+    }
+#endif
     if (fp8) {
         // FP8 operands: fast accumulation (partial sums kept at lower precision inside the tensor
         // core) is the faster mode; the recipes ask for it in the forward pass only
@@ -195,8 +213,8 @@ inline MatmulPlan* matmul_plan(const MatmulKey& key) {
     auto it = g_matmul_plans.find(key);
     if (it != g_matmul_plans.end()) return &it->second;
     if (g_matmul_no_plan.count(key)) return nullptr;
-    const bool fp8 = key.a_type == CUDA_R_8F_E4M3 || key.a_type == CUDA_R_8F_E5M2;
-    const cublasComputeType_t compute = fp8 ? CUBLAS_COMPUTE_32F : MATMUL_COMPUTE;
+    const bool bf16_operands = key.a_type == CUDA_R_FLOATX; // (FP8, FP4: plain FP32 accumulation)
+    const cublasComputeType_t compute = bf16_operands ? MATMUL_COMPUTE : CUBLAS_COMPUTE_32F;
     MatmulPlan* p = matmul_build_plan(key, compute);
     if (!p && compute != CUBLAS_COMPUTE_32F) {
         p = matmul_build_plan(key, CUBLAS_COMPUTE_32F);
@@ -430,6 +448,23 @@ inline void matmul_alpha_on_device(void* d, const floatX* a, const floatX* b, co
                   stream, MatmulBatch(), epilogue, aux);
 }
 
+// Runs p's algorithm. An algorithm the heuristic offered can still be refused at run time
+// (CUBLAS_STATUS_NOT_SUPPORTED, seen with FP8): p then moves on to its next candidate. False when
+// none is left; the plan then forgets its candidates, so that later calls fail fast.
+template <typename Run>
+inline bool matmul_run_candidates(MatmulPlan& p, Run run) {
+    for (;;) {
+        const cublasStatus_t status = run(p.algo);
+        if (status == CUBLAS_STATUS_SUCCESS) return true;
+        if (status != CUBLAS_STATUS_NOT_SUPPORTED) cublasCheck(status);
+        if (p.next_candidate >= p.candidates.size()) {
+            p.candidates.clear();
+            return false;
+        }
+        p.algo = p.candidates[p.next_candidate++];
+    }
+}
+
 // FP8 GEMM (Hopper tensor cores). Hopper's FP8 GEMMs take both operands K-major only ("TN"): in
 // the row-major terms of the model, A is (m x k) and B is (n x k), both with k contiguous, and
 //     D (n x m, row-major) = a_scale * b_scale * (B A^T)  [+ bias[m] per row]   (+ beta * D)
@@ -465,17 +500,53 @@ inline bool matmul_fp8(void* d, bool d_fp32, Fp8Operand a, Fp8Operand b, const f
                               plan->ld, &algo, g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, stream);
     };
     if (!plan->chosen) matmul_choose(key, *plan, d, beta != 0.0f ? (size_t)m * n * (d_fp32 ? 4 : sizeof(floatX)) : 0, stream, run);
-    for (;;) {
-        cublasStatus_t status = run(plan->algo);
-        if (status == CUBLAS_STATUS_SUCCESS) return true;
-        if (status != CUBLAS_STATUS_NOT_SUPPORTED) cublasCheck(status);
-        if (plan->next_candidate >= plan->candidates.size()) {
-            // nothing works: forget the plan's algorithms so that the next call fails fast
-            plan->candidates.clear();
-            return false;
-        }
-        plan->algo = plan->candidates[plan->next_candidate++];
-    }
+    return matmul_run_candidates(*plan, run);
+}
+
+// Block-scaled FP4 GEMM (cuBLASLt on Blackwell's FP4 tensor cores, sm_100 and newer; the NVFP4 recipe's
+// native path). The operands are llmc/nvfp4.h's "native operands": packed E2M1 codes, K-major, and
+// their UE4M3 scales per 16 values of K in the 128 x 4 tiled layout. As matmul_fp8 (TN): A is (m x k)
+// and B is (n x k) in row-major terms, both with k contiguous, and
+//     D (n x m, row-major) = alpha * (B A^T)  [+ bias[m] per row]  (+ D when accumulate)
+// alpha is a device pointer (the product of the operands' FP32 global scales, which the quantize kernels
+// write). D is floatX, or FP32 for weight gradients. The epilogues are matmul's. Returns false, with
+// nothing launched, where cuBLASLt has no algorithm (an older library, a GPU without FP4 tensor cores).
+struct Fp4Operand {
+    const uint8_t* codes;   // rows x k / 2 bytes
+    const uint8_t* scales;  // nvfp4_tiled_scale_bytes(rows, k / 16) bytes
+};
+inline MatmulKey matmul_fp4_key(int m, int n, int k, bool has_bias, bool d_fp32, MatmulEpilogue epilogue) {
+    MatmulKey key = matmul_key(m, n, k, true, false, has_bias, true, d_fp32, MatmulBatch(), epilogue);
+#if LLMC_HAVE_FP4_GEMM
+    key.a_type = key.b_type = CUDA_R_4F_E2M1;
+#endif
+    return key;
+}
+// whether cuBLASLt has an algorithm for this FP4 GEMM (builds and caches its plan)
+inline bool matmul_fp4_available(int m, int n, int k, bool has_bias, bool d_fp32, MatmulEpilogue epilogue) {
+    if (!LLMC_HAVE_FP4_GEMM) return false;
+    MatmulPlan* plan = matmul_plan(matmul_fp4_key(m, n, k, has_bias, d_fp32, epilogue));
+    return plan != nullptr && !plan->candidates.empty();
+}
+inline bool matmul_fp4(void* d, bool d_fp32, Fp4Operand a, Fp4Operand b, const floatX* bias, int m, int n, int k,
+                       const float* alpha, bool accumulate, cudaStream_t stream, MatmulEpilogue epilogue = EPI_NONE,
+                       void* aux = nullptr) {
+    if (!LLMC_HAVE_FP4_GEMM) return false;
+    const MatmulKey key = matmul_fp4_key(m, n, k, bias != nullptr, d_fp32, epilogue);
+    MatmulPlan* plan = matmul_plan(key);
+    if (!plan || plan->candidates.empty()) return false;
+    cublasLtMatmulDesc_t desc = plan->desc;
+    if (bias) cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    if (epilogue_has_aux_matrix(epilogue)) cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a.scales, sizeof(a.scales)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b.scales, sizeof(b.scales)));
+    const float* beta = g_device_beta + (accumulate ? 1 : 0);
+    auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+        return cublasLtMatmul(g_cublaslt, desc, alpha, a.codes, plan->la, b.codes, plan->lb, beta, d, plan->ld, d,
+                              plan->ld, &algo, g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, stream);
+    };
+    if (!plan->chosen) matmul_choose(key, *plan, d, accumulate ? (size_t)m * n * (d_fp32 ? 4 : sizeof(floatX)) : 0, stream, run);
+    return matmul_run_candidates(*plan, run);
 }
 
 inline void matmul_free() {

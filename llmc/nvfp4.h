@@ -328,6 +328,36 @@ LLMC_HD inline uint8_t nvfp4_unpack_even(uint8_t byte) { return (uint8_t)(byte &
 LLMC_HD inline uint8_t nvfp4_unpack_odd(uint8_t byte) { return (uint8_t)(byte >> 4); }
 
 // ---------------------------------------------------------------------------------------------
+// The native operands of block-scaled FP4 GEMMs (cuBLASLt's CUDA_R_4F_E2M1 with VEC16_UE4M3 scales,
+// Blackwell's FP4 tensor cores). Both operands are K-major: an operand is a (rows x K) matrix whose
+// rows run along the GEMM's reduction dimension K.
+//   codes:  rows * K / 2 bytes, row-major, two codes per byte in nvfp4_pack2 order (element k of a
+//           row in the low nibble when k is even).
+//   scales: the UE4M3 code of each (row, 16-block of K), i.e. a (rows x K/16) scale matrix, in the
+//           tiled layout of cuBLAS's "1D block scaling factors": the matrix is padded with zeros to
+//           multiples of 128 rows and 4 columns and cut into 128 x 4 tiles of 512 bytes each. The
+//           tiles are stored tile-row by tile-row (rows 0..127: the tile of columns 0..3, then of
+//           columns 4..7, ...). Inside a tile, rows r, r + 32, r + 64, r + 96 share one 16-byte line:
+//           row r (0..127) and column c (0..3) of the tile sit at byte 16 * (r % 32) + 4 * (r / 32) + c.
+// The 16x16 weight tiles need nothing special here: a tile's one scale is every 1x16 block's scale of
+// its 16 rows, in W and in W^T alike.
+
+LLMC_HD inline int nvfp4_round_up(int n, int multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// Bytes of the tiled scale array of a (rows x scale_cols) scale matrix (scale_cols = K / 16).
+LLMC_HD inline size_t nvfp4_tiled_scale_bytes(int rows, int scale_cols) {
+    return (size_t)nvfp4_round_up(rows, 128) * (size_t)nvfp4_round_up(scale_cols, 4);
+}
+
+// Byte offset of scale (row, scale_col) in the tiled layout of a matrix with scale_cols columns.
+LLMC_HD inline size_t nvfp4_tiled_scale_offset(int row, int scale_col, int scale_cols) {
+    const size_t tiles_per_row = (size_t)nvfp4_round_up(scale_cols, 4) / 4;
+    const size_t tile = (size_t)(row / 128) * tiles_per_row + (size_t)(scale_col / 4);
+    const int r = row % 128;
+    return tile * 512 + (size_t)(r % 32) * 16 + (size_t)(r / 32) * 4 + (size_t)(scale_col % 4);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Random bits: splitmix64 (Steele, Lea, Flood), written here because llmc/rand.h is host-only.
 
 // The first output of splitmix64 started at state z: add the golden-ratio increment, then the
@@ -524,6 +554,40 @@ inline std::vector<uint8_t> nvfp4_unpack_codes(const std::vector<uint8_t>& packe
     for (size_t i = 0; i < count; i++)
         codes[i] = (i & 1u) ? nvfp4_unpack_odd(packed[i / 2]) : nvfp4_unpack_even(packed[i / 2]);
     return codes;
+}
+
+// A quantized matrix as the K-major operand of a native FP4 GEMM (the layout above): the matrix
+// itself (K = its columns, rows = its rows) or, for 16x16 weight tiles only, its transpose (W^T: K =
+// the rows of W). The padding of the matrix is part of the operand (zero codes and scales).
+struct Nvfp4NativeOperand {
+    int rows = 0, k = 0;
+    std::vector<uint8_t> codes;  // rows * k / 2
+    std::vector<uint8_t> scales; // nvfp4_tiled_scale_bytes(rows, k / 16), padding 0
+    uint8_t code(int row, int kk) const {
+        const uint8_t b = codes[((size_t)row * k + kk) / 2];
+        return (kk & 1) ? nvfp4_unpack_odd(b) : nvfp4_unpack_even(b);
+    }
+    uint8_t scale(int row, int kk) const { return scales[nvfp4_tiled_scale_offset(row, kk / kNvfp4Block, k / kNvfp4Block)]; }
+};
+
+inline Nvfp4NativeOperand nvfp4_native_operand(const Nvfp4Matrix& q, bool transpose) {
+    if (transpose && q.layout != Nvfp4Layout::Tiles16x16)
+        throw std::invalid_argument("nvfp4_native_operand: only 16x16 tiles are blocks along both dimensions");
+    Nvfp4NativeOperand op;
+    op.rows = transpose ? q.cols_pad : q.rows_pad;
+    op.k = transpose ? q.rows_pad : q.cols_pad;
+    op.codes.assign((size_t)op.rows * op.k / 2, 0);
+    op.scales.assign(nvfp4_tiled_scale_bytes(op.rows, op.k / kNvfp4Block), 0);
+    for (int i = 0; i < op.rows; i++) {
+        for (int kk = 0; kk < op.k; kk++) {
+            const uint8_t c = transpose ? q.code(kk, i) : q.code(i, kk);
+            op.codes[((size_t)i * op.k + kk) / 2] |= (uint8_t)((c & 0xFu) << ((kk & 1) ? 4 : 0));
+        }
+        for (int b = 0; b < op.k / kNvfp4Block; b++)
+            op.scales[nvfp4_tiled_scale_offset(i, b, op.k / kNvfp4Block)] =
+                transpose ? q.scale_of(b * kNvfp4Block, i) : q.scale_of(i, b * kNvfp4Block);
+    }
+    return op;
 }
 
 // Rotate every row of a (rows x cols) row-major matrix along its columns, chunk by chunk of 16:

@@ -23,6 +23,14 @@
 // gradient, both directions, in dev/bench/nvfp4_quantize_bench.cu.) The column numbering of the CPU
 // reference is that of the transposed matrix (x^T quantized by rows).
 //
+// Native FP4 GEMMs (Blackwell, sm_100 and newer). The same kernels can also write each direction as
+// the operand of cuBLASLt's block-scaled FP4 GEMM (Nvfp4Direction::codes / scales; the weight kernel's
+// Nvfp4WeightNative): the E2M1 codes packed two per byte, K-major, and the UE4M3 block scales in
+// cuBLAS's 128 x 4 tiled layout (nvfp4.h, "native operands"). A row direction's operand is x itself
+// (K = cols); a column direction's is x^T (K = rows), the layout wgrad's TN GEMM reads; the weights
+// give W (K = C, forward) and W^T (K = OC, dgrad). The codes and scales are the very ones whose
+// products the emulation writes in BF16, so the two paths differ only in the GEMM's accumulation order.
+//
 // Global scales need the tensor's amax before any block is encoded, so every activation and
 // gradient is read twice: nvfp4_amax_kernel (the plain amax and, for the wgrad operands, the amax
 // after the Hadamard transform), then the quantize kernel.
@@ -43,6 +51,8 @@ static const int NVFP4_STATS = 4;
 // One direction of nvfp4_quantize_kernel: where it writes and how it rounds.
 struct Nvfp4Direction {
     floatX* out = nullptr;            // block-dequantized values e2m1 * ue4m3, x's shape; null = skip
+    uint8_t* codes = nullptr;         // the native FP4 operand (x, or x^T for a column direction): packed
+    uint8_t* scales = nullptr;        // K-major codes and tiled UE4M3 scales; null = skip
     const uint32_t* amax = nullptr;   // bits of the amax behind the global scale
     bool rht = false;                 // columns only: rotate each 16-block first
     bool stochastic = false;          // stochastic rounding (gradients)
@@ -76,14 +86,14 @@ __device__ __forceinline__ uint4 nvfp4_pack8(const float* v) {
 // block-dequantized values, and add the block's telemetry terms to tele. index0: the CPU
 // reference's flat index of the block's first element (its elements follow at +1), the counter of
 // the stochastic-rounding bits.
+// codes, sc: the block's E2M1 codes and UE4M3 scale code.
 __device__ __forceinline__ void nvfp4_block(float* x, const Nvfp4Direction& d, float g, bool four_over_six,
-                                            uint64_t index0, float4& tele) {
+                                            uint64_t index0, float4& tele, uint8_t* codes, uint8_t& sc) {
     uint32_t bits[kNvfp4Block];
     if (d.stochastic) {
 #pragma unroll
         for (int i = 0; i < kNvfp4Block; i++) bits[i] = llmc::nvfp4_sr_bits(d.seed, index0 + i);
     }
-    uint8_t codes[kNvfp4Block], sc;
     // two calls rather than one with a conditional pointer: the bits then stay in registers
     if (d.stochastic)
         llmc::nvfp4_quantize_block16(x, g, llmc::Rounding::Stochastic, bits, four_over_six, codes, &sc);
@@ -103,6 +113,17 @@ __device__ __forceinline__ void nvfp4_block(float* x, const Nvfp4Direction& d, f
     }
 #pragma unroll
     for (int i = 0; i < kNvfp4Block; i++) x[i] = nvfp4_block_value(codes[i], sc);
+}
+
+// One block of a native operand: its 16 codes packed into 8 bytes at byte (row * k + k0) / 2 of
+// d.codes (k0 a multiple of 16, so the store is 8-byte aligned), its scale at the tiled position.
+__device__ __forceinline__ void nvfp4_store_native(const Nvfp4Direction& d, long long row, long long k0, long long k,
+                                                   const uint8_t* codes, uint8_t sc) {
+    uint32_t w[2] = {0u, 0u};
+#pragma unroll
+    for (int i = 0; i < kNvfp4Block; i++) w[i / 8] |= (uint32_t)(codes[i] & 0xFu) << (4 * (i % 8));
+    *reinterpret_cast<uint2*>(d.codes + (row * k + k0) / 2) = make_uint2(w[0], w[1]);
+    d.scales[llmc::nvfp4_tiled_scale_offset((int)row, (int)(k0 / kNvfp4Block), (int)(k / kNvfp4Block))] = sc;
 }
 
 // Block-wide sums of the telemetry terms, one atomic per block and term. Every thread calls it.
@@ -196,7 +217,7 @@ __global__ void __launch_bounds__(NVFP4_PATCH_COLS) nvfp4_quantize_kernel(const 
         for (int j = 0; j < 8; j++) tile[row][col + j] = (float)e[j];
     }
     __syncthreads();
-    if (rowd.out) {
+    if (rowd.out || rowd.codes) {
         const int row = t / 4, b = t % 4;
         float v[kNvfp4Block];
 #pragma unroll
@@ -204,14 +225,18 @@ __global__ void __launch_bounds__(NVFP4_PATCH_COLS) nvfp4_quantize_kernel(const 
         const float g = nvfp4_global_of(rowd.amax);
         const long long off = (r0 + row) * cols + c0 + b * kNvfp4Block;
         float4 tele = make_float4(0.f, 0.f, 0.f, 0.f);
-        nvfp4_block(v, rowd, g, four_over_six, (uint64_t)off, tele);
-        *reinterpret_cast<uint4*>(rowd.out + off) = nvfp4_pack8(v);
-        *reinterpret_cast<uint4*>(rowd.out + off + 8) = nvfp4_pack8(v + 8);
+        uint8_t codes[kNvfp4Block], sc;
+        nvfp4_block(v, rowd, g, four_over_six, (uint64_t)off, tele, codes, sc);
+        if (rowd.out) {
+            *reinterpret_cast<uint4*>(rowd.out + off) = nvfp4_pack8(v);
+            *reinterpret_cast<uint4*>(rowd.out + off + 8) = nvfp4_pack8(v + 8);
+        }
+        if (rowd.codes) nvfp4_store_native(rowd, r0 + row, c0 + b * kNvfp4Block, cols, codes, sc);
         if (rowd.alpha && blockIdx.x == 0 && blockIdx.y == 0 && t == 0)
             *rowd.alpha = llmc::rn_mul(g, nvfp4_global_of(rowd.other_amax));
         if (rowd.stats) nvfp4_commit_stats(rowd.stats, tele);
     }
-    if (cold.out) {
+    if (cold.out || cold.codes) {
         float v[kNvfp4Block];
 #pragma unroll
         for (int i = 0; i < kNvfp4Block; i++) v[i] = tile[i][t];
@@ -219,9 +244,14 @@ __global__ void __launch_bounds__(NVFP4_PATCH_COLS) nvfp4_quantize_kernel(const 
         const float g = nvfp4_global_of(cold.amax);
         // the reference quantizes x^T by rows: element (r, c) of x is (c, r) of x^T, index c * rows + r
         float4 tele = make_float4(0.f, 0.f, 0.f, 0.f);
-        nvfp4_block(v, cold, g, four_over_six, (uint64_t)(c0 + t) * rows + r0, tele);
+        uint8_t codes[kNvfp4Block], sc;
+        nvfp4_block(v, cold, g, four_over_six, (uint64_t)(c0 + t) * rows + r0, tele, codes, sc);
+        if (cold.out) {
 #pragma unroll
-        for (int i = 0; i < kNvfp4Block; i++) cold.out[(r0 + i) * cols + c0 + t] = (floatX)v[i];
+            for (int i = 0; i < kNvfp4Block; i++) cold.out[(r0 + i) * cols + c0 + t] = (floatX)v[i];
+        }
+        // the operand is x^T: row c0 + t, K = rows
+        if (cold.codes) nvfp4_store_native(cold, c0 + t, r0, rows, codes, sc);
         if (cold.alpha && blockIdx.x == 0 && blockIdx.y == 0 && t == 0)
             *cold.alpha = llmc::rn_mul(g, nvfp4_global_of(cold.other_amax));
         if (cold.stats) nvfp4_commit_stats(cold.stats, tele);
@@ -236,6 +266,14 @@ inline void nvfp4_quantize(const floatX* x, int rows, int cols, const Nvfp4Direc
         fprintf(stderr, "error: nvfp4_quantize: %d x %d (rows must be a multiple of 16, columns of 64)\n", rows, cols);
         exit(1);
     }
+    // a native operand whose tiled scales have padding (rows not a multiple of 128, K/16 not of 4):
+    // zero them first, so the padding holds no earlier tensor's scales (the kernel writes only real blocks)
+    auto clear_padding = [&](const Nvfp4Direction& d, int op_rows, int op_k) {
+        if (d.codes && (op_rows % 128 != 0 || (op_k / kNvfp4Block) % 4 != 0))
+            cudaCheck(cudaMemsetAsync(d.scales, 0, llmc::nvfp4_tiled_scale_bytes(op_rows, op_k / kNvfp4Block), stream));
+    };
+    clear_padding(rowd, rows, cols);
+    clear_padding(cold, cols, rows);
     dim3 grid(cols / NVFP4_PATCH_COLS, rows / kNvfp4Block);
     nvfp4_quantize_kernel<<<grid, NVFP4_PATCH_COLS, 0, stream>>>(x, rows, cols, rowd, cold, four_over_six, signs);
     cudaCheckLaunch();
@@ -246,7 +284,18 @@ inline void nvfp4_quantize(const floatX* x, int rows, int cols, const Nvfp4Direc
 // nearest even. A block of 32 threads stages a 16 x 512 strip in shared memory; each thread runs
 // nvfp4_quantize_tile16x16 on one tile (Four Over Six's tile error is a fixed sequential sum, so
 // one thread per tile reproduces the reference's order).
+// The native operands of the weights (null members: not written): W itself (rows x cols, K = cols,
+// the forward GEMM's) and W^T (cols x rows, K = rows, dgrad's). A 16x16 tile's scale is the scale of
+// each of its 16 row blocks in W and of its 16 column blocks in W^T.
+struct Nvfp4WeightNative {
+    uint8_t* codes = nullptr;
+    uint8_t* scales = nullptr;
+    uint8_t* codes_t = nullptr;
+    uint8_t* scales_t = nullptr;
+};
+
 __global__ void __launch_bounds__(NVFP4_TILE_STRIP) nvfp4_weight_kernel(const floatX* w, int rows, int cols, floatX* out,
+                                                                        Nvfp4WeightNative native,
                                                                         const uint32_t* amax, bool four_over_six,
                                                                         double* stats) {
     constexpr int W = NVFP4_TILE_STRIP * kNvfp4Block;
@@ -271,7 +320,7 @@ __global__ void __launch_bounds__(NVFP4_TILE_STRIP) nvfp4_weight_kernel(const fl
     for (int i = t; i < kNvfp4Block * width; i += NVFP4_TILE_STRIP) {
         const int r = i / width, c = i % width;
         const float q = nvfp4_block_value(codes[r][c], scales[c / kNvfp4Block]);
-        out[(r0 + r) * cols + c0 + c] = (floatX)q;
+        if (out) out[(r0 + r) * cols + c0 + c] = (floatX)q;
         if (stats) {
             const float x = tile[r][c], xs = x * inv_g, e = q - xs;
             tele.x += e * e;
@@ -280,19 +329,44 @@ __global__ void __launch_bounds__(NVFP4_TILE_STRIP) nvfp4_weight_kernel(const fl
             tele.w += (x != 0.0f && q == 0.0f) ? 1.0f : 0.0f;
         }
     }
+    if (native.codes) {
+        // W: two neighbours along a row share a byte; W^T: two neighbours down a column
+        for (int i = t; i < kNvfp4Block * width / 2; i += NVFP4_TILE_STRIP) {
+            const int r = i / (width / 2), c = 2 * (i % (width / 2));
+            native.codes[((r0 + r) * cols + c0 + c) / 2] = llmc::nvfp4_pack2(codes[r][c], codes[r][c + 1]);
+        }
+        for (int i = t; i < kNvfp4Block / 2 * width; i += NVFP4_TILE_STRIP) {
+            const int c = i % width, r = 2 * (i / width);
+            native.codes_t[((c0 + c) * rows + r0 + r) / 2] = llmc::nvfp4_pack2(codes[r][c], codes[r + 1][c]);
+        }
+        if (t * kNvfp4Block < width) {
+            const int tc = (int)(c0 / kNvfp4Block) + t, tr = (int)(r0 / kNvfp4Block);
+            for (int i = 0; i < kNvfp4Block; i++) {
+                native.scales[llmc::nvfp4_tiled_scale_offset(tr * kNvfp4Block + i, tc, cols / kNvfp4Block)] = scales[t];
+                native.scales_t[llmc::nvfp4_tiled_scale_offset(tc * kNvfp4Block + i, tr, rows / kNvfp4Block)] = scales[t];
+            }
+        }
+    }
     if (stats) nvfp4_commit_stats(stats, tele);
 }
 
-// W -> out (block-dequantized), with W's amax computed first into *amax
+// W -> out (block-dequantized; null: not written) and/or its native operands, with W's amax computed
+// first into *amax
 inline void nvfp4_quantize_weight(const floatX* w, int rows, int cols, floatX* out, uint32_t* amax, bool four_over_six,
-                                  double* stats, cudaStream_t stream) {
+                                  double* stats, cudaStream_t stream, const Nvfp4WeightNative& native = Nvfp4WeightNative()) {
     if (rows % kNvfp4Block != 0 || cols % kNvfp4Block != 0) {
         fprintf(stderr, "error: nvfp4_quantize_weight: %d x %d is not a multiple of 16 x 16\n", rows, cols);
         exit(1);
     }
     cudaCheck(cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream));
     tensor_amax(amax, w, (long long)rows * cols, stream);
+    if (native.codes) {   // the tiled scales' padding, if any, stays zero (see nvfp4_quantize)
+        if (rows % 128 != 0 || (cols / kNvfp4Block) % 4 != 0)
+            cudaCheck(cudaMemsetAsync(native.scales, 0, llmc::nvfp4_tiled_scale_bytes(rows, cols / kNvfp4Block), stream));
+        if (cols % 128 != 0 || (rows / kNvfp4Block) % 4 != 0)
+            cudaCheck(cudaMemsetAsync(native.scales_t, 0, llmc::nvfp4_tiled_scale_bytes(cols, rows / kNvfp4Block), stream));
+    }
     dim3 grid(ceil_div(cols, NVFP4_TILE_STRIP * kNvfp4Block), rows / kNvfp4Block);
-    nvfp4_weight_kernel<<<grid, NVFP4_TILE_STRIP, 0, stream>>>(w, rows, cols, out, amax, four_over_six, stats);
+    nvfp4_weight_kernel<<<grid, NVFP4_TILE_STRIP, 0, stream>>>(w, rows, cols, out, native, amax, four_over_six, stats);
     cudaCheckLaunch();
 }

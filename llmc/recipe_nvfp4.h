@@ -17,6 +17,16 @@
 // then those of an FP4 tensor core; only the FP32 accumulation order differs. The bias, GELU and
 // GELU-derivative epilogues apply to the scaled product, as in the plain linear.
 //
+// Native FP4 GEMMs (Blackwell, compute capability 10.0 and newer; chosen at run time). The quantize
+// kernels write the operands as packed E2M1 codes with tiled UE4M3 scales (nvfp4_quantize.cuh) and
+// cuBLASLt's block-scaled FP4 GEMM (matmul_fp4) multiplies them, with the same alphas. The codes,
+// scales and alphas are those of the emulation, so only the accumulation order differs. The recipe
+// takes this path when the GPU has FP4 tensor cores and cuBLASLt has an algorithm for every GEMM of
+// the model (checked when the recipe starts), unless LLMC_NVFP4_EMULATE=1; the banner says which.
+// No Blackwell GPU was available to this project: this path compiles (the nvfp4 binaries hold sm_100a
+// code, and CI builds them) and its operands are checked against the CPU reference on Hopper
+// (build/test_nvfp4), but its GEMMs have never run.
+//
 // Which layers: the four linears of layers [-sqf, L - -sql); embeddings, LM head, attention and
 // norms stay BF16. Default: the last ceil(15% of L) layers in BF16 (2 of 12 at d12; NVIDIA keeps
 // about the last 15% of layers in higher precision), the first none (doc/nvfp4.md has the runs).
@@ -67,6 +77,14 @@ struct Recipe {
     double* stats = nullptr;              // per linear and role: NVFP4_STATS
     // scratch (N x 4C each): x for the forward GEMM and then for wgrad; dy for dgrad; dy for wgrad
     floatX *xq = nullptr, *dyq = nullptr, *dyq_wgrad = nullptr;
+    // native FP4 GEMMs (Blackwell): the operands as packed codes + tiled scales, instead of xq / dyq /
+    // dyq_wgrad / weights_q. x's buffer holds x for the forward GEMM, then x^T for wgrad, as xq does.
+    bool native = false;
+    std::string native_note;              // why the native path is (not) taken, for the banner
+    uint8_t *x_codes = nullptr, *x_scales = nullptr;
+    uint8_t *dy_codes = nullptr, *dy_scales = nullptr, *dyt_codes = nullptr, *dyt_scales = nullptr;
+    uint8_t *w_native = nullptr;          // per quantized linear: W codes, W scales, W^T codes, W^T scales
+    std::vector<Nvfp4WeightNative> w_operands;
     uint16_t rht_signs = 0;
     uint64_t sr_seed = 0;                 // base seed of the stochastic rounding
     int sr_step = 0, sr_slice = 0;        // the random streams' position: step, data slice,
@@ -86,10 +104,36 @@ inline double* nv_stats(const Recipe& r, LinearId id, Nvfp4Role role) {
 }
 inline floatX* nv_weight(const Recipe& r, LinearId id) { return r.weights_q + r.weight_offset[nv_linear_index(id)]; }
 
-// The kernels need N a multiple of 16 and both widths multiples of 64; other shapes (and the
-// layers kept in BF16) take the plain linear
+// The kernels need N a multiple of 16 and both widths multiples of 64, the native GEMMs N a multiple
+// of 128; other shapes (and the layers kept in BF16) take the plain linear
 inline bool nvfp4_applies(const Recipe& r, LinearId id, int N, int C, int OC) {
-    return layer_is_quantized(r.options, id.layer, r.L) && nvfp4_shape_ok(N, C) && nvfp4_shape_ok(N, OC);
+    return layer_is_quantized(r.options, id.layer, r.L) && nvfp4_shape_ok(N, C) && nvfp4_shape_ok(N, OC) &&
+           (!r.native || N % 128 == 0);   // (the native GEMMs' shapes, checked when the recipe starts)
+}
+
+// Whether the native FP4 GEMMs can run every GEMM of the model (N tokens per micro-step): a GPU with
+// FP4 tensor cores, and a cuBLASLt algorithm for each form the linears use (the plans are built now
+// and cached). note: the reason, for the banner.
+inline bool nvfp4_native_possible(const Recipe& r, int N, std::string& note) {
+    const char* env = getenv("LLMC_NVFP4_EMULATE");
+    if (env && strcmp(env, "1") == 0) { note = "LLMC_NVFP4_EMULATE=1"; return false; }
+    int device = 0, major = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    if (major < 10) { note = strfmt("compute capability %d.x has no FP4 tensor cores", major); return false; }
+    if (!LLMC_HAVE_FP4_GEMM) { note = "this cuBLASLt has no FP4 GEMMs"; return false; }
+    if (N % 128 != 0 || r.C % 128 != 0) { note = strfmt("N = %d and C = %d must be multiples of 128", N, r.C); return false; }
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+        const int C = linear_in_features((LinearKind)k, r.C), OC = linear_out_features((LinearKind)k, r.C);
+        const bool gelu_out = k == LIN_FC, gelu_in = k == LIN_FCPROJ;   // fc's GELU, fcproj's GELU derivative
+        const bool ok = matmul_fp4_available(OC, N, C, true, false, EPI_NONE) &&
+                        (!gelu_out || matmul_fp4_available(OC, N, C, true, false, EPI_GELU_BIAS)) &&
+                        matmul_fp4_available(C, N, OC, false, false, gelu_in ? EPI_DGELU : EPI_NONE) &&
+                        matmul_fp4_available(C, OC, N, false, true, EPI_NONE);
+        if (!ok) { note = strfmt("cuBLASLt has no FP4 algorithm for the %s layer's GEMMs", LINEAR_NAMES[k]); return false; }
+    }
+    note = "native FP4 tensor-core GEMMs";
+    return true;
 }
 
 inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T) {
@@ -114,11 +158,50 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
             total += (size_t)linear_in_features((LinearKind)k, r.C) * linear_out_features((LinearKind)k, r.C);
         }
     }
-    r.weights_q = total ? (floatX*)cuda_malloc_or_die(total * sizeof(floatX), "nvfp4 weights") : nullptr;
-    const size_t widest = (size_t)B * T * 4 * r.C;
-    r.xq = (floatX*)cuda_malloc_or_die(widest * sizeof(floatX), "nvfp4 activations");
-    r.dyq = (floatX*)cuda_malloc_or_die(widest * sizeof(floatX), "nvfp4 gradients");
-    r.dyq_wgrad = (floatX*)cuda_malloc_or_die(widest * sizeof(floatX), "nvfp4 gradients");
+    const int N = B * T;
+    const size_t widest = (size_t)N * 4 * r.C;
+    r.native = nvfp4_native_possible(r, N, r.native_note);
+    if (!r.native) {
+        r.weights_q = total ? (floatX*)cuda_malloc_or_die(total * sizeof(floatX), "nvfp4 weights") : nullptr;
+        r.xq = (floatX*)cuda_malloc_or_die(widest * sizeof(floatX), "nvfp4 activations");
+        r.dyq = (floatX*)cuda_malloc_or_die(widest * sizeof(floatX), "nvfp4 gradients");
+        r.dyq_wgrad = (floatX*)cuda_malloc_or_die(widest * sizeof(floatX), "nvfp4 gradients");
+    } else {
+        // the widest operand of each buffer: K = 4C or N, rows N or 4C (N and C are multiples of 128,
+        // so no tiled scale array has padding)
+        const size_t scale_bytes = std::max(llmc::nvfp4_tiled_scale_bytes(N, 4 * r.C / kNvfp4Block),
+                                            llmc::nvfp4_tiled_scale_bytes(4 * r.C, N / kNvfp4Block));
+        uint8_t** codes[3] = {&r.x_codes, &r.dy_codes, &r.dyt_codes};
+        uint8_t** scales[3] = {&r.x_scales, &r.dy_scales, &r.dyt_scales};
+        for (int i = 0; i < 3; i++) {
+            *codes[i] = (uint8_t*)cuda_malloc_or_die(widest / 2, "nvfp4 operands (FP4 codes)");
+            *scales[i] = (uint8_t*)cuda_malloc_or_die(scale_bytes, "nvfp4 operands (block scales)");
+        }
+        // per quantized linear: W and W^T, codes (OC * C / 2 bytes each) and tiled scales
+        r.w_operands.assign(nl, Nvfp4WeightNative());
+        size_t bytes = 0;
+        std::vector<size_t> offset(nl, 0);
+        auto w_bytes = [&](int k) {
+            const size_t C = linear_in_features((LinearKind)k, r.C), OC = linear_out_features((LinearKind)k, r.C);
+            return C * OC + llmc::nvfp4_tiled_scale_bytes((int)OC, (int)C / kNvfp4Block) +
+                   llmc::nvfp4_tiled_scale_bytes((int)C, (int)OC / kNvfp4Block);
+        };
+        for (int l = 0; l < r.L; l++)
+            for (int k = 0; k < NUM_LINEAR_KINDS; k++)
+                if (layer_is_quantized(r.options, l, r.L)) { offset[l * NUM_LINEAR_KINDS + k] = bytes; bytes += w_bytes(k); }
+        r.w_native = bytes ? (uint8_t*)cuda_malloc_or_die(bytes, "nvfp4 weights (FP4 codes and scales)") : nullptr;
+        for (int l = 0; l < r.L; l++) {
+            for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+                if (!layer_is_quantized(r.options, l, r.L)) continue;
+                const size_t C = linear_in_features((LinearKind)k, r.C), OC = linear_out_features((LinearKind)k, r.C);
+                Nvfp4WeightNative& w = r.w_operands[l * NUM_LINEAR_KINDS + k];
+                w.codes = r.w_native + offset[l * NUM_LINEAR_KINDS + k];
+                w.codes_t = w.codes + C * OC / 2;
+                w.scales = w.codes_t + C * OC / 2;
+                w.scales_t = w.scales + llmc::nvfp4_tiled_scale_bytes((int)OC, (int)C / kNvfp4Block);
+            }
+        }
+    }
     r.rht_signs = llmc::nvfp4_rht_signs(o.seed ^ 0x52485453494E4753ULL);
     r.sr_seed = llmc::nvfp4_mix64(o.seed ^ 0x4E56465034535253ULL);
     r.sr_calls = 0;
@@ -128,8 +211,9 @@ inline std::string recipe_describe(const Recipe& r) {
     const RecipeOptions& o = r.options;
     int q0 = o.skip_first, q1 = r.L - o.skip_last;
     std::string layers = q1 > q0 ? strfmt("layers %d-%d in NVFP4", q0, q1 - 1) : std::string("no layer in NVFP4");
-    return strfmt("nvfp4: E2M1 + UE4M3 block scales (1x16, weights 16x16) + FP32 global scale, emulated on BF16 "
-                  "tensor cores; RHT %s, stochastic rounding %s, Four Over Six %s; %s, -sqf %d -sql %d",
+    const std::string gemms = r.native ? r.native_note : "emulated on BF16 tensor cores (" + r.native_note + ")";
+    return strfmt("nvfp4: E2M1 + UE4M3 block scales (1x16, weights 16x16) + FP32 global scale, %s; "
+                  "RHT %s, stochastic rounding %s, Four Over Six %s; %s, -sqf %d -sql %d", gemms.c_str(),
                   o.fp4_rht ? "on" : "off", o.fp4_stochastic ? "on" : "off", o.fp4_four_over_six ? "on" : "off",
                   layers.c_str(), o.skip_first, o.skip_last);
 }
@@ -143,8 +227,9 @@ inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream
             const int C = linear_in_features(id.kind, r.C), OC = linear_out_features(id.kind, r.C);
             double* stats = nv_stats(r, id, NV_W);
             cudaCheck(cudaMemsetAsync(stats, 0, NVFP4_STATS * sizeof(double), st));
-            nvfp4_quantize_weight(w.weight[k] + (size_t)l * OC * C, OC, C, nv_weight(r, id), nv_amax(r, id, NV_W),
-                                  r.options.fp4_four_over_six, stats, st);
+            nvfp4_quantize_weight(w.weight[k] + (size_t)l * OC * C, OC, C, r.native ? nullptr : nv_weight(r, id),
+                                  nv_amax(r, id, NV_W), r.options.fp4_four_over_six, stats, st,
+                                  r.native ? r.w_operands[nv_linear_index(id)] : Nvfp4WeightNative());
         }
     }
 }
@@ -164,6 +249,8 @@ inline void nvfp4_quantize_input(Recipe& r, LinearId id, const floatX* inp, int 
     nvfp4_amax(inp, N, C, nv_amax(r, id, NV_X), training ? nv_amax(r, id, NV_X_WGRAD) : nullptr, rht, r.rht_signs, st);
     Nvfp4Direction rows;
     rows.out = r.xq;
+    rows.codes = r.x_codes;
+    rows.scales = r.x_scales;
     rows.amax = nv_amax(r, id, NV_X);
     rows.alpha = nv_alpha(r, id, NV_FORWARD);
     rows.other_amax = nv_amax(r, id, NV_W);
@@ -171,14 +258,38 @@ inline void nvfp4_quantize_input(Recipe& r, LinearId id, const floatX* inp, int 
     nvfp4_quantize(inp, N, C, rows, Nvfp4Direction(), r.options.fp4_four_over_six, r.rht_signs, st);
 }
 
+// A native GEMM that cuBLASLt refused at run time although it offered algorithms for it when the
+// recipe started: the emulation's operands were never made, so there is no way on.
+inline void nvfp4_native_gemm(bool launched, const char* what) {
+    if (launched) return;
+    fprintf(stderr, "error: nvfp4: cuBLASLt refused the native FP4 %s GEMM at run time; run with LLMC_NVFP4_EMULATE=1 "
+            "to emulate the FP4 GEMMs on BF16 tensor cores\n", what);
+    exit(1);
+}
+inline Fp4Operand nv_weight_operand(const Recipe& r, LinearId id, bool transposed) {
+    const Nvfp4WeightNative& w = r.w_operands[nv_linear_index(id)];
+    return transposed ? Fp4Operand{w.codes_t, w.scales_t} : Fp4Operand{w.codes, w.scales};
+}
+
+// The forward GEMM out = alpha x_q W_q^T (+ bias) (the emulated or the native one), and its epilogue
+inline void nvfp4_forward_gemm(Recipe& r, LinearId id, floatX* out, const floatX* bias, int N, int C, int OC,
+                               cudaStream_t st, MatmulEpilogue epilogue = EPI_NONE, void* aux = nullptr) {
+    PHASE("nvfp4: gemm forward");
+    if (r.native) {
+        nvfp4_native_gemm(matmul_fp4(out, false, nv_weight_operand(r, id, false), Fp4Operand{r.x_codes, r.x_scales}, bias,
+                                     OC, N, C, nv_alpha(r, id, NV_FORWARD), false, st, epilogue, aux), "forward");
+        return;
+    }
+    matmul_alpha_on_device(out, nv_weight(r, id), r.xq, bias, OC, N, C, true, false, nv_alpha(r, id, NV_FORWARD),
+                           false, false, st, epilogue, aux);
+}
+
 inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* weight,
                            const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
     if (!nvfp4_applies(r, id, N, C, OC)) { plain_linear_forward(out, inp, weight, bias, N, C, OC, st); return; }
     PHASE("nvfp4: quantize x");
     nvfp4_quantize_input(r, id, inp, N, C, training, st);
-    PHASE("nvfp4: gemm forward");
-    matmul_alpha_on_device(out, nv_weight(r, id), r.xq, bias, OC, N, C, true, false, nv_alpha(r, id, NV_FORWARD),
-                           false, false, st);
+    nvfp4_forward_gemm(r, id, out, bias, N, C, OC, st);
 }
 
 inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
@@ -190,9 +301,7 @@ inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX
     }
     PHASE("nvfp4: quantize x");
     nvfp4_quantize_input(r, id, inp, N, C, training, st);
-    PHASE("nvfp4: gemm forward");
-    matmul_alpha_on_device(gelu_out, nv_weight(r, id), r.xq, bias, OC, N, C, true, false, nv_alpha(r, id, NV_FORWARD),
-                           false, false, st, EPI_GELU_BIAS, pre_gelu);
+    nvfp4_forward_gemm(r, id, gelu_out, bias, N, C, OC, st, EPI_GELU_BIAS, pre_gelu);
 }
 
 inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
@@ -212,6 +321,8 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
                                             (uint64_t)r.sr_calls++);
     Nvfp4Direction rows, cols;
     rows.out = r.dyq;
+    rows.codes = r.dy_codes;
+    rows.scales = r.dy_scales;
     rows.amax = nv_amax(r, id, NV_DY);
     rows.stochastic = o.fp4_stochastic;
     rows.seed = llmc::nvfp4_mix64(r.sr_seed ^ (2 * call));
@@ -219,6 +330,8 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
     rows.other_amax = nv_amax(r, id, NV_W);
     rows.stats = r.count_stats ? nv_stats(r, id, NV_DY) : nullptr;
     cols.out = r.dyq_wgrad;
+    cols.codes = r.dyt_codes;
+    cols.scales = r.dyt_scales;
     cols.amax = nv_amax(r, id, NV_DY_WGRAD);
     cols.rht = o.fp4_rht;
     cols.stochastic = o.fp4_stochastic;
@@ -231,12 +344,24 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
     PHASE("nvfp4: quantize x (wgrad)");
     Nvfp4Direction xcols;
     xcols.out = r.xq;
+    xcols.codes = r.x_codes;
+    xcols.scales = r.x_scales;
     xcols.amax = nv_amax(r, id, NV_X_WGRAD);
     xcols.rht = o.fp4_rht;
     xcols.stats = r.count_stats ? nv_stats(r, id, NV_X_WGRAD) : nullptr;
     nvfp4_quantize(inp, N, C, Nvfp4Direction(), xcols, o.fp4_four_over_six, r.rht_signs, st);
     PHASE("nvfp4: gemm wgrad");
     // dW (OC x C) += alpha * dy_q^T x_q: the rotation Q^T Q = I cancels along N
+    if (r.native) {
+        // the TN forms: A = x^T (C x N), B = dy^T (OC x N); A = W^T (C x OC), B = dy (N x OC)
+        nvfp4_native_gemm(matmul_fp4(dweight, true, Fp4Operand{r.x_codes, r.x_scales}, Fp4Operand{r.dyt_codes, r.dyt_scales},
+                                     nullptr, C, OC, N, nv_alpha(r, id, NV_WGRAD), true, st), "wgrad");
+        PHASE("nvfp4: gemm dgrad");
+        nvfp4_native_gemm(matmul_fp4(dinp, false, nv_weight_operand(r, id, true), Fp4Operand{r.dy_codes, r.dy_scales},
+                                     nullptr, C, N, OC, nv_alpha(r, id, NV_DGRAD), false, st,
+                                     pre_gelu ? EPI_DGELU : EPI_NONE, (void*)pre_gelu), "dgrad");
+        return;
+    }
     matmul_alpha_on_device(dweight, r.xq, r.dyq_wgrad, nullptr, C, OC, N, false, true, nv_alpha(r, id, NV_WGRAD), true,
                            true, st);
     PHASE("nvfp4: gemm dgrad");

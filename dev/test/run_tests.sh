@@ -74,6 +74,20 @@ if command -v nvcc > /dev/null || [[ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
             echo "[FAIL] make -n $t lacks -DENABLE_Q115 -DSF16_TRUE_FORWARD=1"; failed=$((failed + 1))
         fi
     done
+    # the NVFP4 binaries hold Blackwell code (sm_100a) for the native FP4 GEMMs, where this nvcc knows sm_100
+    # (CUDA 12.8+); `make all` then compiles it, so a break in that path fails the build
+    if "$nvcc_bin" --list-gpu-code 2>/dev/null | grep -qx sm_100; then
+        for t in train_gpt_nvfp4 test_gpt_nvfp4 build/test_nvfp4; do
+            cmd=$(make -s -n -B "$t" 2>/dev/null)
+            if grep -q -- "-gencode arch=compute_90a,code=sm_90a" <<<"$cmd" && grep -q -- "-gencode arch=compute_100a,code=sm_100a" <<<"$cmd"; then
+                echo "[PASS] make -n $t builds for sm_90a and sm_100a"; passed=$((passed + 1))
+            else
+                echo "[FAIL] make -n $t does not build for both sm_90a and sm_100a"; failed=$((failed + 1))
+            fi
+        done
+    else
+        echo "skipped: this nvcc does not know sm_100 (the NVFP4 binaries' Blackwell code)"; skipped=$((skipped + 1))
+    fi
     out=$("$nvcc_bin" -E -x cu -DENABLE_Q115 -DSF16_TRUE_FORWARD=1 -DENABLE_CUDNN train_gpt.cu -o /dev/null 2>&1); rc=$?
     if [[ $rc -ne 0 ]] && grep -q "ENABLE_CUDNN is not supported with ENABLE_Q115" <<<"$out"; then
         echo "[PASS] Q1.15 with cuDNN stops the build with the seed's #error"; passed=$((passed + 1))

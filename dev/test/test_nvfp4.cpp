@@ -995,6 +995,92 @@ TEST_CASE("nvfp4: matrix layouts, zero padding, dequantization and packing") {
     CHECK_THROWS_AS(llmc::nvfp4_unpack_codes(packed, 7), std::invalid_argument);
 }
 
+TEST_CASE("nvfp4: the tiled scale layout of native FP4 GEMMs (128 x 4 tiles, 32 lines of 16 bytes)") {
+    // The expected layout is built by walking the description: tiles in row-major tile order (the
+    // tile row of rows 0..127 first, its column tiles left to right); in a tile, 32 lines of 16 bytes,
+    // line j holding rows j, j + 32, j + 64, j + 96 (in that order), 4 columns each.
+    const int shapes[][2] = {{1, 1}, {128, 4}, {100, 3}, {300, 9}, {256, 48}, {129, 5}, {512, 2}};
+    int fails = 0;
+    for (const auto& sh : shapes) {
+        const int rows = sh[0], scols = sh[1];
+        const int rows_pad = (rows + 127) / 128 * 128, scols_pad = (scols + 3) / 4 * 4;
+        CHECK(llmc::nvfp4_tiled_scale_bytes(rows, scols) == (size_t)rows_pad * scols_pad);
+        std::vector<std::pair<int, int>> at;   // at[byte] = (row, col)
+        for (int tr = 0; tr < rows_pad / 128; tr++)
+            for (int tc = 0; tc < scols_pad / 4; tc++)
+                for (int line = 0; line < 32; line++)
+                    for (int quarter = 0; quarter < 4; quarter++)
+                        for (int c = 0; c < 4; c++) at.push_back({tr * 128 + quarter * 32 + line, tc * 4 + c});
+        REQUIRE(at.size() == (size_t)rows_pad * scols_pad);
+        for (size_t byte = 0; byte < at.size(); byte++)
+            EXPECT_IN_LOOP(llmc::nvfp4_tiled_scale_offset(at[byte].first, at[byte].second, scols) == byte,
+                           "(" << at[byte].first << ", " << at[byte].second << ") of " << rows << " x " << scols);
+    }
+    // a few positions by hand: the next row is the next line, row 32 the next 4 bytes of line 0,
+    // column 4 the next tile, row 128 the next tile row
+    CHECK(llmc::nvfp4_tiled_scale_offset(0, 0, 8) == 0);
+    CHECK(llmc::nvfp4_tiled_scale_offset(0, 3, 8) == 3);
+    CHECK(llmc::nvfp4_tiled_scale_offset(1, 0, 8) == 16);
+    CHECK(llmc::nvfp4_tiled_scale_offset(32, 0, 8) == 4);
+    CHECK(llmc::nvfp4_tiled_scale_offset(97, 2, 8) == 16 + 12 + 2);
+    CHECK(llmc::nvfp4_tiled_scale_offset(0, 4, 8) == 512);
+    CHECK(llmc::nvfp4_tiled_scale_offset(128, 0, 8) == 1024);
+    CHECK(llmc::nvfp4_tiled_scale_offset(128, 0, 9) == 1536);   // 9 columns pad to 12: 3 tiles a tile row
+    CHECK(fails == 0);
+}
+
+TEST_CASE("nvfp4: native FP4 GEMM operands: packed K-major codes and tiled scales decode to the matrix") {
+    std::mt19937 gen(17);
+    std::normal_distribution<float> nd;
+    int fails = 0;
+    // activations / gradients: 1x16 blocks along the columns (K = cols), rows not a multiple of 128
+    const int rows = 150, cols = 80;
+    std::vector<float> x((size_t)rows * cols);
+    for (float& v : x) v = nd(gen) * (1.0f + (float)(&v - x.data()) / 97.0f);
+    const Nvfp4Matrix q = llmc::nvfp4_quantize_matrix(x.data(), rows, cols, Nvfp4Config());
+    const llmc::Nvfp4NativeOperand op = llmc::nvfp4_native_operand(q, false);
+    CHECK(op.rows == rows);
+    CHECK(op.k == cols);
+    CHECK(op.codes.size() == (size_t)rows * cols / 2);
+    CHECK(op.scales.size() == llmc::nvfp4_tiled_scale_bytes(rows, cols / 16));
+    std::vector<bool> used(op.scales.size(), false);
+    for (int r = 0; r < rows; r++) {
+        for (int c = 0; c < cols; c++) {
+            EXPECT_IN_LOOP(op.code(r, c) == q.code(r, c), "code " << r << "," << c);
+            EXPECT_IN_LOOP(op.scale(r, c) == q.scale_of(r, c), "scale " << r << "," << c);
+            // the low nibble holds the even element
+            const uint8_t byte = op.codes[((size_t)r * cols + c) / 2];
+            EXPECT_IN_LOOP(((c % 2) ? byte >> 4 : byte & 0xF) == q.code(r, c), "nibble " << r << "," << c);
+            used[llmc::nvfp4_tiled_scale_offset(r, c / 16, cols / 16)] = true;
+        }
+    }
+    for (size_t i = 0; i < used.size(); i++)
+        if (!used[i]) EXPECT_IN_LOOP(op.scales[i] == 0, "padding scale " << i);
+
+    // weights: 16x16 tiles, as W (K = C) and as W^T (K = OC); both decode to the same values
+    const int oc = 48, c_in = 64;
+    std::vector<float> w((size_t)oc * c_in);
+    for (float& v : w) v = nd(gen);
+    Nvfp4Config cfg;
+    cfg.layout = Nvfp4Layout::Tiles16x16;
+    const Nvfp4Matrix qw = llmc::nvfp4_quantize_matrix(w.data(), oc, c_in, cfg);
+    const llmc::Nvfp4NativeOperand wn = llmc::nvfp4_native_operand(qw, false);
+    const llmc::Nvfp4NativeOperand wt = llmc::nvfp4_native_operand(qw, true);
+    CHECK(wn.rows == oc);
+    CHECK(wn.k == c_in);
+    CHECK(wt.rows == c_in);
+    CHECK(wt.k == oc);
+    for (int r = 0; r < oc; r++) {
+        for (int c = 0; c < c_in; c++) {
+            const float v = qw.value(r, c);
+            EXPECT_IN_LOOP(llmc::nvfp4_decode(wn.code(r, c), wn.scale(r, c), qw.global) == v, "W " << r << "," << c);
+            EXPECT_IN_LOOP(llmc::nvfp4_decode(wt.code(c, r), wt.scale(c, r), qw.global) == v, "W^T " << c << "," << r);
+        }
+    }
+    CHECK_THROWS_AS(llmc::nvfp4_native_operand(q, true), std::invalid_argument);
+    CHECK(fails == 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Random Hadamard transform
 

@@ -5,6 +5,11 @@
 //      inputs with every E2M1 code, ties, zero and all-equal blocks, tiny and huge scales, outliers.
 //   2. The 16x16 weight tiles, bit for bit, with and without Four Over Six.
 //   3. Stochastic rounding is unbiased on the GPU (mean over many independent draws).
+//   1b/2b. The native FP4 operands the same kernels write for Blackwell's FP4 GEMMs (packed codes,
+//      K-major, and UE4M3 scales in the 128 x 4 tiled layout), byte for byte against the CPU
+//      reference's nvfp4_native_operand: x and x^T, W and W^T, the tiled padding zeroed.
+//   5. The native FP4 GEMMs (matmul_fp4) against float64, on compute capability 10.0 and newer only;
+//      below that, that cuBLASLt offers none (so the recipe emulates).
 //   4. The emulated GEMMs: BF16 GEMMs of the block-dequantized operands with alpha = g_a * g_b from
 //      device memory equal a float64 product of the dequantized operands (forward with bias, with
 //      the GELU epilogue, dgrad, and wgrad accumulating into FP32); the rotated wgrad equals the
@@ -85,6 +90,29 @@ static size_t mismatches(const std::vector<floatX>& gpu, const Nvfp4Matrix& q, b
     return bad;
 }
 
+// A native operand's device buffers, filled with 0xAB first (bytes nobody writes show up)
+struct NativeBuffers {
+    uint8_t* codes = nullptr;
+    uint8_t* scales = nullptr;
+    size_t code_bytes = 0, scale_bytes = 0;
+    NativeBuffers(int rows, int k) : code_bytes((size_t)rows * k / 2), scale_bytes(llmc::nvfp4_tiled_scale_bytes(rows, k / 16)) {
+        cudaCheck(cudaMalloc(&codes, code_bytes));
+        cudaCheck(cudaMalloc(&scales, scale_bytes));
+        cudaCheck(cudaMemset(codes, 0xAB, code_bytes));
+        cudaCheck(cudaMemset(scales, 0xAB, scale_bytes));
+    }
+    ~NativeBuffers() { cudaFree(codes); cudaFree(scales); }
+    // bytes that differ from the reference operand's (codes, then scales)
+    size_t mismatches(const llmc::Nvfp4NativeOperand& ref) const {
+        const std::vector<uint8_t> c = to_host(codes, code_bytes), sc = to_host(scales, scale_bytes);
+        if (c.size() != ref.codes.size() || sc.size() != ref.scales.size()) return (size_t)-1;
+        size_t bad = 0;
+        for (size_t i = 0; i < c.size(); i++) bad += c[i] != ref.codes[i];
+        for (size_t i = 0; i < sc.size(); i++) bad += sc[i] != ref.scales[i];
+        return bad;
+    }
+};
+
 // 1. The activation / gradient kernel in both directions against the CPU reference.
 static void test_quantize(int rows, int cols, int kind, bool rht, bool stochastic, bool fos) {
     const std::vector<float> x = make_input(rows, cols, kind, 1000 + kind * 7 + rows);
@@ -107,6 +135,10 @@ static void test_quantize(int rows, int cols, int kind, bool rht, bool stochasti
     rd.alpha = dalpha; rd.other_amax = damax + 2;
     cd.out = dcols; cd.amax = damax + 1; cd.rht = rht; cd.stochastic = stochastic; cd.seed = seed_cols;
     cd.alpha = dalpha + 4; cd.other_amax = damax + 2;
+    // the native operands of both directions too: x (K = cols) and x^T (K = rows)
+    NativeBuffers nrows(rows, cols), ncols(cols, rows);
+    rd.codes = nrows.codes; rd.scales = nrows.scales;
+    cd.codes = ncols.codes; cd.scales = ncols.scales;
     nvfp4_quantize(dx, rows, cols, rd, cd, fos, signs, 0);
     const std::vector<uint32_t> amax = to_host(damax, 3);
     const std::vector<float> alpha = to_host(dalpha, 8);
@@ -136,6 +168,10 @@ static void test_quantize(int rows, int cols, int kind, bool rht, bool stochasti
     check(bad_cols == 0, "16x1 column blocks %s: %zu of %zu values differ from the CPU reference", what.c_str(), bad_cols, x.size());
     check(fbits(alpha[0]) == fbits(llmc::rn_mul(qr.global, g_other)) && fbits(alpha[4]) == fbits(llmc::rn_mul(qc.global, g_other)),
           "alphas %s: %g, %g = g * g_other", what.c_str(), alpha[0], alpha[4]);
+    const size_t bad_nr = nrows.mismatches(llmc::nvfp4_native_operand(qr, false));
+    const size_t bad_nc = ncols.mismatches(llmc::nvfp4_native_operand(qc, false));
+    check(bad_nr == 0 && bad_nc == 0, "native FP4 operands %s: x %zu, x^T %zu bytes (codes and tiled scales) differ from "
+          "the CPU reference", what.c_str(), bad_nr, bad_nc);
     cudaFree(dx); cudaFree(drows); cudaFree(dcols); cudaFree(damax); cudaFree(dalpha);
 }
 
@@ -149,7 +185,10 @@ static void test_weights(int rows, int cols, int kind, bool fos) {
     cudaCheck(cudaMalloc(&dq, x.size() * sizeof(floatX)));
     uint32_t* damax = to_device(std::vector<uint32_t>(1, 0u));
     double* dstats = to_device(std::vector<double>(NVFP4_STATS, 0.0));
-    nvfp4_quantize_weight(dw, rows, cols, dq, damax, fos, dstats, 0);
+    NativeBuffers nw(rows, cols), nwt(cols, rows);
+    Nvfp4WeightNative native;
+    native.codes = nw.codes; native.scales = nw.scales; native.codes_t = nwt.codes; native.scales_t = nwt.scales;
+    nvfp4_quantize_weight(dw, rows, cols, dq, damax, fos, dstats, 0, native);
     const std::vector<floatX> got = to_host(dq, x.size());
     const std::vector<double> stats = to_host(dstats, NVFP4_STATS);
     Nvfp4Config cfg;
@@ -159,6 +198,10 @@ static void test_weights(int rows, int cols, int kind, bool fos) {
     const size_t bad = mismatches(got, q, false, rows, cols);
     check(bad == 0, "16x16 weight tiles %dx%d kind %d 4/6=%d: %zu of %zu values differ from the CPU reference", rows, cols,
           kind, fos, bad, x.size());
+    const size_t bad_w = nw.mismatches(llmc::nvfp4_native_operand(q, false));
+    const size_t bad_wt = nwt.mismatches(llmc::nvfp4_native_operand(q, true));
+    check(bad_w == 0 && bad_wt == 0, "native FP4 weight operands %dx%d kind %d 4/6=%d: W %zu, W^T %zu bytes differ from the "
+          "CPU reference", rows, cols, kind, fos, bad_w, bad_wt);
     // telemetry: the relative error of the dequantized weights
     double e2 = 0, x2 = 0;
     for (int r = 0; r < rows; r++)
@@ -367,6 +410,99 @@ static void test_rht_wgrad(int N, int C, int OC) {
     cudaFree(dx); cudaFree(ddy); cudaFree(xq); cudaFree(dyq); cudaFree(amax); cudaFree(alpha); cudaFree(ddw);
 }
 
+// 5. The native FP4 GEMMs of one linear against float64 of the dequantized operands (as the recipe
+// runs them: TN, alpha on the device; forward with bias, dgrad, wgrad accumulating into FP32). On a GPU
+// without FP4 tensor cores: cuBLASLt must offer no algorithm, which is what sends the recipe to the
+// emulation.
+static void test_native_gemms(int N, int C, int OC) {
+    int device = 0, major = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    const bool fwd = matmul_fp4_available(OC, N, C, true, false, EPI_NONE);
+    if (major < 10) {
+        check(!fwd, "compute capability %d.x: cuBLASLt offers no native FP4 GEMM, so the recipe emulates (the native "
+              "GEMMs themselves need 10.0 or newer and are not run here)", major);
+        return;
+    }
+    check(fwd, "compute capability %d.x: cuBLASLt offers the native FP4 forward GEMM (N=%d C=%d OC=%d)", major, N, C, OC);
+    if (!fwd) return;
+    const std::vector<float> x = make_input(N, C, 0, 31), w = make_input(OC, C, 0, 32), dy = make_input(N, OC, 1, 33);
+    std::vector<float> bias(OC);
+    for (int o = 0; o < OC; o++) bias[o] = bf2f(f2bf(0.05f * (o % 5) - 0.1f));
+    auto bf = [](const std::vector<float>& v) { std::vector<floatX> b(v.size()); for (size_t i = 0; i < v.size(); i++) b[i] = f2bf(v[i]); return b; };
+    floatX *dx = to_device(bf(x)), *dw = to_device(bf(w)), *ddy = to_device(bf(dy)), *dbias = to_device(bf(bias)), *out, *dinp;
+    cudaCheck(cudaMalloc(&out, (size_t)N * OC * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&dinp, (size_t)N * C * sizeof(floatX)));
+    uint32_t* amax = to_device(std::vector<uint32_t>(8, 0u));
+    float* alpha = to_device(std::vector<float>(12, 0.0f));
+    const uint16_t signs = llmc::nvfp4_rht_signs(5);
+    NativeBuffers nw(OC, C), nwt(C, OC), nx(N, C), nxt(C, N), ndy(N, OC), ndyt(OC, N);
+    Nvfp4WeightNative wn;
+    wn.codes = nw.codes; wn.scales = nw.scales; wn.codes_t = nwt.codes; wn.scales_t = nwt.scales;
+    nvfp4_quantize_weight(dw, OC, C, nullptr, amax + 0, true, nullptr, 0, wn);
+    nvfp4_amax(dx, N, C, amax + 1, amax + 2, true, signs, 0);
+    nvfp4_amax(ddy, N, OC, amax + 3, amax + 4, true, signs, 0);
+    Nvfp4Direction xr, xc, dr, dc;
+    xr.codes = nx.codes; xr.scales = nx.scales; xr.amax = amax + 1; xr.alpha = alpha; xr.other_amax = amax + 0;
+    xc.codes = nxt.codes; xc.scales = nxt.scales; xc.amax = amax + 2; xc.rht = true;
+    dr.codes = ndy.codes; dr.scales = ndy.scales; dr.amax = amax + 3; dr.stochastic = true; dr.seed = 3;
+    dr.alpha = alpha + 4; dr.other_amax = amax + 0;
+    dc.codes = ndyt.codes; dc.scales = ndyt.scales; dc.amax = amax + 4; dc.rht = true; dc.stochastic = true; dc.seed = 4;
+    dc.alpha = alpha + 8; dc.other_amax = amax + 2;
+    nvfp4_quantize(dx, N, C, xr, xc, true, signs, 0);
+    nvfp4_quantize(ddy, N, OC, dr, dc, true, signs, 0);
+    std::vector<float> dw0((size_t)OC * C);
+    for (size_t i = 0; i < dw0.size(); i++) dw0[i] = 0.01f * (float)(i % 11);
+    float* ddw = to_device(dw0);
+    const bool ok_f = matmul_fp4(out, false, {nw.codes, nw.scales}, {nx.codes, nx.scales}, dbias, OC, N, C, alpha, false, 0);
+    const bool ok_d = matmul_fp4(dinp, false, {nwt.codes, nwt.scales}, {ndy.codes, ndy.scales}, nullptr, C, N, OC, alpha + 4, false, 0);
+    const bool ok_w = matmul_fp4(ddw, true, {nxt.codes, nxt.scales}, {ndyt.codes, ndyt.scales}, nullptr, C, OC, N, alpha + 8, true, 0);
+    check(ok_f && ok_d && ok_w, "native FP4 GEMMs launched: forward %d, dgrad %d, wgrad %d", ok_f, ok_d, ok_w);
+    // float64 references from the operands as the CPU decodes them (codes and tiled scales from the GPU)
+    auto decode = [](const NativeBuffers& b, int rows, int k) {
+        llmc::Nvfp4NativeOperand op;
+        op.rows = rows; op.k = k; op.codes = to_host(b.codes, b.code_bytes); op.scales = to_host(b.scales, b.scale_bytes);
+        std::vector<double> v((size_t)rows * k);
+        for (int r = 0; r < rows; r++)
+            for (int kk = 0; kk < k; kk++)
+                v[(size_t)r * k + kk] = (double)llmc::fp4e2m1_decode(op.code(r, kk)) * llmc::ue4m3_decode(op.scale(r, kk));
+        return v;
+    };
+    const std::vector<double> hw = decode(nw, OC, C), hwt = decode(nwt, C, OC), hx = decode(nx, N, C), hxt = decode(nxt, C, N);
+    const std::vector<double> hdy = decode(ndy, N, OC), hdyt = decode(ndyt, OC, N);
+    const std::vector<float> al = to_host(alpha, 12);
+    std::vector<double> y_ref((size_t)N * OC), dx_ref((size_t)N * C), dw_ref((size_t)OC * C);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = 0;
+            for (int c = 0; c < C; c++) s += hx[(size_t)n * C + c] * hw[(size_t)o * C + c];
+            y_ref[(size_t)n * OC + o] = s * al[0] + bias[o];
+        }
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            double s = 0;
+            for (int o = 0; o < OC; o++) s += hdy[(size_t)n * OC + o] * hwt[(size_t)c * OC + o];
+            dx_ref[(size_t)n * C + c] = s * al[4];
+        }
+    for (int o = 0; o < OC; o++)
+        for (int c = 0; c < C; c++) {
+            double s = 0;
+            for (int n = 0; n < N; n++) s += hdyt[(size_t)o * N + n] * hxt[(size_t)c * N + n];
+            dw_ref[(size_t)o * C + c] = dw0[(size_t)o * C + c] + s * al[8];
+        }
+    auto as_double = [](const std::vector<floatX>& h) { std::vector<double> v(h.size()); for (size_t i = 0; i < h.size(); i++) v[i] = bf2f(h[i]); return v; };
+    const std::vector<float> dw_gpu = to_host(ddw, dw0.size());
+    const std::string shape = strfmt("N=%d C=%d OC=%d", N, C, OC);
+    double e = rel_l2(as_double(to_host(out, (size_t)N * OC)), y_ref);
+    check(e < 4e-3, "native FP4 forward GEMM (+bias) %s: rel L2 %.2e against float64 of the dequantized operands", shape.c_str(), e);
+    e = rel_l2(as_double(to_host(dinp, (size_t)N * C)), dx_ref);
+    check(e < 4e-3, "native FP4 dgrad GEMM (W^T operand) %s: rel L2 %.2e", shape.c_str(), e);
+    e = rel_l2(std::vector<double>(dw_gpu.begin(), dw_gpu.end()), dw_ref);
+    check(e < 1e-5, "native FP4 wgrad GEMM (FP32 +=, x^T and dy^T operands) %s: rel L2 %.2e", shape.c_str(), e);
+    cudaFree(dx); cudaFree(dw); cudaFree(ddy); cudaFree(dbias); cudaFree(out); cudaFree(dinp); cudaFree(amax);
+    cudaFree(alpha); cudaFree(ddw);
+}
+
 int main() {
     if (!gpu_present()) return 77;
     matmul_init();
@@ -378,6 +514,7 @@ int main() {
     test_sr_unbiased();
     test_gemms(256, 192, 320);
     test_rht_wgrad(1024, 64, 128);
+    test_native_gemms(256, 256, 384);
     matmul_free();
     printf("nvfp4 tests: %d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
