@@ -169,6 +169,11 @@ build/gemm_bench: dev/bench/gemm_bench.cu dev/test/gpu_check.h $(HEADERS) $(CUDN
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 
+# the quantize-kernel benches (dev/bench/<name>_quantize_bench.cu): ms per call and bandwidth at d12 shapes
+build/%_quantize_bench: dev/bench/%_quantize_bench.cu $(HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
+
 # cuDNN's attention (USE_CUDNN=1 only): its own object, since the frontend headers take a minute to compile
 build/cudnn_attention.o: llmc/cudnn_attention.cpp llmc/cudnn_attention.h
 	@mkdir -p build

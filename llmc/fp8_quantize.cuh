@@ -13,9 +13,11 @@
 // the weight gradient. fp8_quantize_transpose writes both from one read of the input.
 #pragma once
 #include <cuda_fp8.h>
+#include <map>
 #include "cuda_common.h"
 #include "fp8_scaling.h"
 #include "gelu.cuh"
+#include "matmul.cuh" // bias_backward_reduce
 
 enum class Fp8Kind { E4M3, E5M2 };
 
@@ -34,14 +36,17 @@ __device__ __forceinline__ uint16_t fp8_pack2(float a, float b) {
     return (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, K == Fp8Kind::E4M3 ? __NV_E4M3 : __NV_E5M2);
 }
 
-// One value's contribution to amax and the telemetry counts.
-template <Fp8Kind K>
+// One value's contribution to amax and, when COUNT (a telemetry step, -lq), to the counts of values
+// saturated and flushed to zero. Steps without telemetry skip the counting arithmetic altogether.
+template <Fp8Kind K, bool COUNT>
 __device__ __forceinline__ void fp8_account(float x, float s, uint8_t code, uint32_t& amax, uint32_t& sat, uint32_t& ftz) {
     amax = max(amax, llmc::amax_bits(x));
-    float y = fabsf(x * s);
-    sat += (y > fp8_max_value<K>()) ? 1u : 0u;
-    // x != 0 tested on the bits: with fast math a float32 subnormal compares equal to 0
-    ftz += (llmc::amax_bits(x) != 0u && (code & 0x7F) == 0) ? 1u : 0u;
+    if (COUNT) {
+        float y = fabsf(x * s);
+        sat += (y > fp8_max_value<K>()) ? 1u : 0u;
+        // x != 0 tested on the bits: with fast math a float32 subnormal compares equal to 0
+        ftz += (llmc::amax_bits(x) != 0u && (code & 0x7F) == 0) ? 1u : 0u;
+    }
 }
 
 // Combines a block's amax and counts into the tensor's: a warp reduction, then one atomic per block
@@ -75,7 +80,7 @@ __device__ __forceinline__ void fp8_commit(uint32_t amax, uint32_t sat, uint32_t
 
 // Row-major quantization of n values, 8 per thread (n % 8 == 0, 16-byte aligned input, 8-byte
 // aligned output: the caller checks). scale: device pointer to s. amax_out may be null.
-template <Fp8Kind K>
+template <Fp8Kind K, bool COUNT>
 __global__ void fp8_quantize_kernel(uint8_t* out, const floatX* in, long long n8, const float* scale,
                                     uint32_t* amax_out, Fp8Stats stats) {
     const float s = *scale;
@@ -88,8 +93,8 @@ __global__ void fp8_quantize_kernel(uint8_t* out, const floatX* in, long long n8
         for (int j = 0; j < 4; j++) {
             float a = (float)v[2 * j], b = (float)v[2 * j + 1];
             pairs[j] = fp8_pack2<K>(a * s, b * s);
-            fp8_account<K>(a, s, (uint8_t)(pairs[j] & 0xFF), amax, sat, ftz);
-            fp8_account<K>(b, s, (uint8_t)(pairs[j] >> 8), amax, sat, ftz);
+            fp8_account<K, COUNT>(a, s, (uint8_t)(pairs[j] & 0xFF), amax, sat, ftz);
+            fp8_account<K, COUNT>(b, s, (uint8_t)(pairs[j] >> 8), amax, sat, ftz);
         }
         count += 8;
         reinterpret_cast<uint2*>(out)[i] = make_uint2(pairs[0] | ((uint32_t)pairs[1] << 16), pairs[2] | ((uint32_t)pairs[3] << 16));
@@ -98,137 +103,173 @@ __global__ void fp8_quantize_kernel(uint8_t* out, const floatX* in, long long n8
 }
 
 // Quantization of a (rows x cols) row-major tensor into out (rows x cols, may be null) and out_t
-// (cols x rows, may be null), through 64 x 64 tiles in shared memory; each block of 256 threads
-// walks over tiles (tile = blockIdx.x, + gridDim.x, ...). Any rows and cols: partial tiles at the
-// edges take a guarded path.
+// (cols x rows, may be null), through 64 x 64 tiles; each block of 256 threads walks over tiles
+// (tile = blockIdx.x, + gridDim.x, ...). Any rows and cols: partial tiles at the edges, and tensors
+// whose widths or pointers do not allow the vector accesses, take a guarded path.
 // col_partials (may be null): the column sums of the unquantized input, per 64-row tile:
 // col_partials[tile_row * cols + c] = sum of in[r][c] over the tile's rows, in a fixed order (so
-// the bias gradient built from them is deterministic; fp8_column_sums_reduce finishes it).
+// the bias gradient built from them is deterministic; bias_backward_reduce finishes it).
 // gelu_pre (may be null, same layout as in): the input is a gradient w.r.t. a GELU's output and the
 // tensor to quantize is the gradient w.r.t. its input, in * gelu'(gelu_pre), rounded to floatX exactly
 // as gelu_backward would have stored it, so the codes, amax and sums equal those of gelu_backward
 // followed by this kernel, without writing and re-reading that tensor.
+// gelu_of_input: the input is a GELU's input (pre-activation) and the tensor to quantize is its output,
+// gelu(in) rounded to floatX exactly as gelu_forward would have stored it (the FP8 recipe's fc layer
+// leaves its GELU output to the fc projection's quantize pass, which reads the pre-activation instead).
+//
+// Work of thread t in a tile: the 4 x 4 block at rows 4 (t / 16) .. +3 and columns 4 (t % 16) .. +3.
+//   load      its 4 rows as 8-byte vectors (a warp reads 2 rows x 128 bytes), and their gelu_pre;
+//   quantize  each row's 4 codes form one 32-bit word (byte j = column j), stored to `out`;
+//   transpose the 4 row words become 4 column words (byte i = row i; 8 byte permutes), stored to the
+//             transposed tile in shared memory, tile_t[column][row group] (17 words per column: the
+//             padding spreads a warp's stores over 16 banks);
+//   out_t     after the barrier, thread t reads rows 16 (t % 4) .. +15 of column t / 4 (4 words) and
+//             writes them to out_t with one 16-byte store.
+// The loads of a block's next tile are issued before the current tile is processed (register double
+// buffering), so that every block keeps loads in flight while it computes and stores; the transposed
+// tile and the column sums are double-buffered in shared memory, so one barrier per tile suffices.
 #define FP8_TILE 64
-template <Fp8Kind K>
-__global__ void __launch_bounds__(256) fp8_quantize_transpose_kernel(uint8_t* out, uint8_t* out_t, const floatX* in,
-                                                                     int rows, int cols, const float* scale,
-                                                                     uint32_t* amax_out, Fp8Stats stats,
-                                                                     float* col_partials, const floatX* gelu_pre) {
-    __shared__ uint8_t tile[FP8_TILE][FP8_TILE + 4]; // +4: column reads of 16 rows spread over banks
-    __shared__ float warp_sums[8][FP8_TILE];
+#define FP8_TILE_T_STRIDE 17 // words per column of the transposed tile (16 + 1 padding)
+
+// one full tile's loads for thread (br, bc): 4 rows of 4 values, and their GELU inputs
+__device__ __forceinline__ void fp8_tile_load(uint2 (&v)[4], uint2 (&p)[4], const floatX* in, const floatX* gelu_pre,
+                                              int cols, int r, int c) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[i] = *reinterpret_cast<const uint2*>(in + (size_t)(r + i) * cols + c);
+    if (gelu_pre) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) p[i] = *reinterpret_cast<const uint2*>(gelu_pre + (size_t)(r + i) * cols + c);
+    }
+}
+
+template <Fp8Kind K, bool COUNT>
+__global__ void __launch_bounds__(256, 4) fp8_quantize_transpose_kernel(uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
+                                                                     const floatX* __restrict__ in, int rows, int cols,
+                                                                     const float* scale, uint32_t* amax_out, Fp8Stats stats,
+                                                                     float* __restrict__ col_partials,
+                                                                     const floatX* __restrict__ gelu_pre, bool gelu_of_input) {
+    __shared__ uint32_t tile_t[2][FP8_TILE * FP8_TILE_T_STRIDE];
+    __shared__ float warp_sums[2][8][FP8_TILE];
     const float s = *scale;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int br = 4 * (tid / 16), bc = 4 * (tid % 16); // this thread's 4 x 4 block in the tile
     const int tiles_x = (cols + FP8_TILE - 1) / FP8_TILE, tiles_y = (rows + FP8_TILE - 1) / FP8_TILE;
     const long long num_tiles = (long long)tiles_x * tiles_y;
+    // vector accesses: 8-byte loads and 4-byte stores along rows, 16-byte stores along out_t's rows
+    const bool vec = cols % 4 == 0 && (uintptr_t)in % 8 == 0 && (uintptr_t)gelu_pre % 8 == 0 && (uintptr_t)out % 4 == 0;
+    const bool vec_t = rows % 16 == 0 && (uintptr_t)out_t % 16 == 0;
+    auto is_full = [&](long long tile) {
+        return vec && (int)(tile / tiles_x) * FP8_TILE + FP8_TILE <= rows && (int)(tile % tiles_x) * FP8_TILE + FP8_TILE <= cols;
+    };
     uint32_t amax = 0, sat = 0, ftz = 0, count = 0;
-    // load + quantize: thread -> rows (tid / 8) and (tid / 8 + 32), 8 consecutive columns at (tid % 8) * 8
-    const int tc = (tid % 8) * 8;
-    for (long long tile_id = blockIdx.x; tile_id < num_tiles; tile_id += gridDim.x) {
-        const int r0 = (int)(tile_id / tiles_x) * FP8_TILE, c0 = (int)(tile_id % tiles_x) * FP8_TILE;
-        const bool full = r0 + FP8_TILE <= rows && c0 + FP8_TILE <= cols && cols % 8 == 0;
-        float colsum[8];
+    uint2 v[4], p[4];
 #pragma unroll
-        for (int j = 0; j < 8; j++) colsum[j] = 0.0f;
+    for (int i = 0; i < 4; i++) { v[i] = make_uint2(0, 0); p[i] = make_uint2(0, 0); }
+    long long tile = blockIdx.x;
+    if (tile < num_tiles && is_full(tile))
+        fp8_tile_load(v, p, in, gelu_pre, cols, (int)(tile / tiles_x) * FP8_TILE + br, (int)(tile % tiles_x) * FP8_TILE + bc);
+    for (int buf = 0; tile < num_tiles; tile += gridDim.x, buf ^= 1) {
+        const int r0 = (int)(tile / tiles_x) * FP8_TILE, c0 = (int)(tile % tiles_x) * FP8_TILE;
+        const bool full = is_full(tile);
+        // the next tile's loads first
+        uint2 nv[4], np[4];
 #pragma unroll
-        for (int half = 0; half < 2; half++) {
-            const int tr = tid / 8 + half * 32;
-            const int r = r0 + tr;
-            uint8_t codes[8];
-            if (full) {
-                uint4 packed = *reinterpret_cast<const uint4*>(in + (size_t)r * cols + c0 + tc);
-                floatX* v = reinterpret_cast<floatX*>(&packed);
+        for (int i = 0; i < 4; i++) { nv[i] = make_uint2(0, 0); np[i] = make_uint2(0, 0); }
+        const long long next = tile + gridDim.x;
+        if (next < num_tiles && is_full(next))
+            fp8_tile_load(nv, np, in, gelu_pre, cols, (int)(next / tiles_x) * FP8_TILE + br, (int)(next % tiles_x) * FP8_TILE + bc);
+        uint32_t row_word[4];
+        float colsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (full) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                floatX x[4];
+                memcpy(x, &v[i], 8);
+                if (gelu_of_input) {
+#pragma unroll
+                    for (int j = 0; j < 4; j++) x[j] = (floatX)gelu_value((float)x[j]);
+                }
                 if (gelu_pre) {
-                    uint4 pre = *reinterpret_cast<const uint4*>(gelu_pre + (size_t)r * cols + c0 + tc);
-                    const floatX* pv = reinterpret_cast<const floatX*>(&pre);
+                    floatX pre[4];
+                    memcpy(pre, &p[i], 8);
 #pragma unroll
-                    for (int j = 0; j < 8; j++) v[j] = (floatX)((float)v[j] * gelu_derivative((float)pv[j]));
+                    for (int j = 0; j < 4; j++) x[j] = (floatX)((float)x[j] * gelu_derivative((float)pre[j]));
                 }
+                float a[4];
 #pragma unroll
-                for (int j = 0; j < 8; j += 2) {
-                    float a = (float)v[j], b = (float)v[j + 1];
-                    colsum[j] += a; colsum[j + 1] += b;
-                    uint16_t p = fp8_pack2<K>(a * s, b * s);
-                    codes[j] = (uint8_t)(p & 0xFF); codes[j + 1] = (uint8_t)(p >> 8);
-                    fp8_account<K>(a, s, codes[j], amax, sat, ftz);
-                    fp8_account<K>(b, s, codes[j + 1], amax, sat, ftz);
-                }
-                count += 8;
-                if (out) {
-                    uint2 w = make_uint2(codes[0] | (codes[1] << 8) | (codes[2] << 16) | ((uint32_t)codes[3] << 24),
-                                         codes[4] | (codes[5] << 8) | (codes[6] << 16) | ((uint32_t)codes[7] << 24));
-                    *reinterpret_cast<uint2*>(out + (size_t)r * cols + c0 + tc) = w;
-                }
-            } else {
+                for (int j = 0; j < 4; j++) { a[j] = (float)x[j]; colsum[j] += a[j]; }
+                const uint32_t w = fp8_pack2<K>(a[0] * s, a[1] * s) | ((uint32_t)fp8_pack2<K>(a[2] * s, a[3] * s) << 16);
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const int c = c0 + tc + j;
-                    codes[j] = 0;
+                for (int j = 0; j < 4; j++) fp8_account<K, COUNT>(a[j], s, (uint8_t)(w >> (8 * j)), amax, sat, ftz);
+                row_word[i] = w;
+                if (out) *reinterpret_cast<uint32_t*>(out + (size_t)(r0 + br + i) * cols + c0 + bc) = w;
+            }
+            if (COUNT) count += 16;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                row_word[i] = 0;
+                const int r = r0 + br + i;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int c = c0 + bc + j;
                     if (r < rows && c < cols) {
                         float a = (float)in[(size_t)r * cols + c];
+                        if (gelu_of_input) a = (float)(floatX)gelu_value(a);
                         if (gelu_pre) a = (float)(floatX)(a * gelu_derivative((float)gelu_pre[(size_t)r * cols + c]));
                         colsum[j] += a;
-                        codes[j] = (uint8_t)(fp8_pack2<K>(a * s, 0.0f) & 0xFF);
-                        fp8_account<K>(a, s, codes[j], amax, sat, ftz);
-                        count += 1;
-                        if (out) out[(size_t)r * cols + c] = codes[j];
+                        const uint8_t code = (uint8_t)(fp8_pack2<K>(a * s, 0.0f) & 0xFF);
+                        fp8_account<K, COUNT>(a, s, code, amax, sat, ftz);
+                        if (COUNT) count += 1;
+                        if (out) out[(size_t)r * cols + c] = code;
+                        row_word[i] |= (uint32_t)code << (8 * j);
                     }
                 }
             }
-            if (out_t) {
-#pragma unroll
-                for (int j = 0; j < 8; j++) tile[tr][tc + j] = codes[j];
-            }
+        }
+        if (out_t) {
+            // 4 x 4 byte transpose: column word j holds rows 0..3 of column j (row i in byte i)
+            const uint32_t lo01 = __byte_perm(row_word[0], row_word[1], 0x5140), hi01 = __byte_perm(row_word[0], row_word[1], 0x7362);
+            const uint32_t lo23 = __byte_perm(row_word[2], row_word[3], 0x5140), hi23 = __byte_perm(row_word[2], row_word[3], 0x7362);
+            uint32_t* col = &tile_t[buf][bc * FP8_TILE_T_STRIDE + br / 4];
+            col[0 * FP8_TILE_T_STRIDE] = __byte_perm(lo01, lo23, 0x5410);
+            col[1 * FP8_TILE_T_STRIDE] = __byte_perm(lo01, lo23, 0x7632);
+            col[2 * FP8_TILE_T_STRIDE] = __byte_perm(hi01, hi23, 0x5410);
+            col[3 * FP8_TILE_T_STRIDE] = __byte_perm(hi01, hi23, 0x7632);
         }
         if (col_partials) {
-            // lanes l, l+8, l+16, l+24 of a warp share columns: a fixed shuffle tree, then the 8 warps in order
+            // lanes l and l + 16 of a warp hold the same columns (row groups 2w, 2w + 1); then the 8 warps in order
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                colsum[j] += __shfl_xor_sync(0xffffffffu, colsum[j], 8);
-                colsum[j] += __shfl_xor_sync(0xffffffffu, colsum[j], 16);
-            }
-            if (lane < 8) {
+            for (int j = 0; j < 4; j++) colsum[j] += __shfl_xor_sync(0xffffffffu, colsum[j], 16);
+            if (lane < 16) {
 #pragma unroll
-                for (int j = 0; j < 8; j++) warp_sums[warp][lane * 8 + j] = colsum[j];
+                for (int j = 0; j < 4; j++) warp_sums[buf][warp][bc + j] = colsum[j];
             }
         }
         __syncthreads();
         if (col_partials && tid < FP8_TILE && c0 + tid < cols) {
             float sum = 0.0f;
 #pragma unroll
-            for (int w = 0; w < 8; w++) sum += warp_sums[w][tid];
+            for (int w = 0; w < 8; w++) sum += warp_sums[buf][w][tid];
             col_partials[(size_t)(r0 / FP8_TILE) * cols + c0 + tid] = sum;
         }
         if (out_t) {
-            // transposed store: thread -> output row (column of the input) tid / 4, 16 input rows at (tid % 4) * 16
-            const int oc = tid / 4, orow0 = (tid % 4) * 16;
-            const int c = c0 + oc;
-            if (full && rows % 16 == 0) {
-                uint32_t w[4];
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    w[q] = tile[orow0 + 4 * q][oc] | (tile[orow0 + 4 * q + 1][oc] << 8) |
-                           (tile[orow0 + 4 * q + 2][oc] << 16) | ((uint32_t)tile[orow0 + 4 * q + 3][oc] << 24);
-                }
-                *reinterpret_cast<uint4*>(out_t + (size_t)c * rows + r0 + orow0) = make_uint4(w[0], w[1], w[2], w[3]);
+            // column c0 + tid / 4 of the input is row c0 + tid / 4 of out_t; this thread writes its 16 bytes at r0 + 16 (tid % 4)
+            const int oc = tid / 4, chunk = tid % 4;
+            const uint32_t* src = &tile_t[buf][oc * FP8_TILE_T_STRIDE + chunk * 4];
+            const int c = c0 + oc, r = r0 + chunk * 16;
+            if (full && vec_t) {
+                *reinterpret_cast<uint4*>(out_t + (size_t)c * rows + r) = make_uint4(src[0], src[1], src[2], src[3]);
             } else if (c < cols) {
                 for (int j = 0; j < 16; j++) {
-                    const int r = r0 + orow0 + j;
-                    if (r < rows) out_t[(size_t)c * rows + r] = tile[orow0 + j][oc];
+                    if (r + j < rows) out_t[(size_t)c * rows + r + j] = (uint8_t)(src[j / 4] >> (8 * (j % 4)));
                 }
             }
         }
-        __syncthreads(); // the tile and the warp sums are rewritten by the next tile
+#pragma unroll
+        for (int i = 0; i < 4; i++) { v[i] = nv[i]; p[i] = np[i]; }
     }
     fp8_commit(amax, sat, ftz, count, amax_out, stats);
-}
-
-// dbias[c] += sum over the tile rows of col_partials (in order: deterministic)
-__global__ void fp8_column_sums_reduce_kernel(float* dbias, const float* col_partials, int tile_rows, int cols) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) return;
-    float sum = 0.0f;
-    for (int t = 0; t < tile_rows; t++) sum += col_partials[(size_t)t * cols + c];
-    dbias[c] += sum;
 }
 
 // max |x| over n values into *amax_out (atomicMax on the bits; the caller zeroes it first)
@@ -241,6 +282,21 @@ __global__ void amax_kernel(uint32_t* amax_out, const floatX* in, long long n) {
 }
 
 // ---- host wrappers -------------------------------------------------------------------------------
+// how many blocks of `kernel` (threads each, static shared memory only) the whole GPU holds at once;
+// asked once per kernel (a process uses one GPU)
+template <typename Kernel>
+inline long long resident_blocks(Kernel kernel, int threads) {
+    static std::map<std::pair<const void*, int>, long long> known;
+    const auto key = std::make_pair((const void*)kernel, threads);
+    auto it = known.find(key);
+    if (it != known.end()) return it->second;
+    int device = 0, sms = 0, per_sm = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+    return known[key] = (long long)sms * std::max(per_sm, 1);
+}
+
 inline int fp8_grid_size(long long work, int threads) {
     // enough blocks to fill the GPU several times over; the kernels stride over the rest
     return (int)std::max<long long>(1, std::min<long long>(ceil_div(work, threads), 132LL * 16));
@@ -249,12 +305,15 @@ inline int fp8_grid_size(long long work, int threads) {
 template <Fp8Kind K>
 inline void fp8_quantize(uint8_t* out, const floatX* in, long long n, const float* scale, uint32_t* amax_out,
                          Fp8Stats stats, cudaStream_t stream) {
+    const bool count = stats.counts != nullptr;
     if (n % 8 == 0 && (uintptr_t)in % 16 == 0 && (uintptr_t)out % 8 == 0) {
-        fp8_quantize_kernel<K><<<fp8_grid_size(n / 8, 256), 256, 0, stream>>>(out, in, n / 8, scale, amax_out, stats);
+        auto kernel = count ? fp8_quantize_kernel<K, true> : fp8_quantize_kernel<K, false>;
+        kernel<<<fp8_grid_size(n / 8, 256), 256, 0, stream>>>(out, in, n / 8, scale, amax_out, stats);
     } else {
         // unaligned: the tile kernel treats the tensor as one row
-        fp8_quantize_transpose_kernel<K><<<fp8_grid_size(ceil_div(n, FP8_TILE), 1), 256, 0, stream>>>(
-            out, nullptr, in, 1, (int)n, scale, amax_out, stats, nullptr, nullptr);
+        auto kernel = count ? fp8_quantize_transpose_kernel<K, true> : fp8_quantize_transpose_kernel<K, false>;
+        kernel<<<fp8_grid_size(ceil_div(n, FP8_TILE), 1), 256, 0, stream>>>(out, nullptr, in, 1, (int)n, scale, amax_out,
+                                                                           stats, nullptr, nullptr, false);
     }
     cudaCheckLaunch();
 }
@@ -262,21 +321,22 @@ inline void fp8_quantize(uint8_t* out, const floatX* in, long long n, const floa
 // out (rows x cols, may be null) and out_t (cols x rows, may be null) from in (rows x cols); with
 // col_sums (and col_partials: ceil(rows / 64) * cols floats of scratch), col_sums[c] += sum of
 // column c of the input (the bias gradient, from the same read). With gelu_pre, the input is first
-// multiplied by gelu'(gelu_pre) (see the kernel).
+// multiplied by gelu'(gelu_pre); with gelu_of_input, the tensor quantized is gelu(in) (see the kernel).
 template <Fp8Kind K>
 inline void fp8_quantize_transpose(uint8_t* out, uint8_t* out_t, const floatX* in, int rows, int cols,
                                    const float* scale, uint32_t* amax_out, Fp8Stats stats, cudaStream_t stream,
                                    float* col_sums = nullptr, float* col_partials = nullptr,
-                                   const floatX* gelu_pre = nullptr) {
+                                   const floatX* gelu_pre = nullptr, bool gelu_of_input = false) {
     const long long tiles = (long long)ceil_div(cols, FP8_TILE) * ceil_div(rows, FP8_TILE);
-    const int grid = (int)std::min<long long>(tiles, 132LL * 8);
-    fp8_quantize_transpose_kernel<K><<<grid, 256, 0, stream>>>(out, out_t, in, rows, cols, scale, amax_out, stats,
-                                                               col_sums ? col_partials : nullptr, gelu_pre);
+    auto kernel = stats.counts ? fp8_quantize_transpose_kernel<K, true> : fp8_quantize_transpose_kernel<K, false>;
+    // as many blocks as are resident at once (each walks over tiles, prefetching the next)
+    const int grid = (int)std::min<long long>(tiles, resident_blocks(kernel, 256));
+    kernel<<<grid, 256, 0, stream>>>(out, out_t, in, rows, cols, scale, amax_out, stats, col_sums ? col_partials : nullptr,
+                                     gelu_pre, gelu_of_input);
     cudaCheckLaunch();
     if (col_sums) {
-        fp8_column_sums_reduce_kernel<<<ceil_div(cols, 256), 256, 0, stream>>>(col_sums, col_partials,
-                                                                               ceil_div(rows, FP8_TILE), cols);
-        cudaCheckLaunch();
+        // the per-tile rows added in a fixed order (matmul.cuh; not one thread per column walking them all)
+        bias_backward_reduce(col_sums, col_partials, cols, ceil_div(rows, FP8_TILE), stream);
     }
 }
 

@@ -14,7 +14,11 @@
 //   linear_forward(r, id, out, inp, W, bias, N, C, OC, training, stream)
 //                                               out (N x OC) = inp (N x C) W^T + bias
 //   linear_forward_gelu(r, id, gelu_out, pre_gelu, inp, W, bias, N, C, OC, training, stream)
-//                                               the same followed by GELU; pre_gelu is kept for backward
+//                                               the same followed by GELU; pre_gelu is kept for backward.
+//                                               A recipe may leave gelu_out unwritten for a while: the
+//                                               model reads it only as the input of the next call, the
+//                                               same layer's LIN_FCPROJ linear_forward, which may read
+//                                               pre_gelu instead; any other recipe call writes it first
 //   linear_backward(r, id, dinp, dW, dbias, dout, inp, W, pre_gelu, N, C, OC, stream)
 //                                               backward-dx: dinp = dout W  (times gelu'(pre_gelu) when
 //                                               pre_gelu is given), overwriting dinp; and backward-dw:

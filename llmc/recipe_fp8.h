@@ -72,8 +72,17 @@ struct Recipe {
     float* eval_scale = nullptr;       // [0] = s, [FP8_INV_STRIDE] = 1 / s
     uint32_t* eval_amax = nullptr;
     float* col_partials = nullptr;     // ceil(N / 64) x 4C: the bias gradient's per-tile column sums
-    // cuBLASLt's support for the GELU_AUX_BIAS epilogue with FP8 operands (probed on first use)
-    bool gelu_epilogue = true;
+    // The fc layer's GELU output is left unwritten by its forward: its GEMM writes the pre-activation
+    // (bias in the epilogue), and the fc projection's quantize pass, which runs next, reads that and
+    // applies the GELU itself (rounded to BF16 as gelu_forward stores it, then quantized). Saves writing
+    // and re-reading the N x 4C BF16 GELU output, which nothing else reads in the FP8 layers (their
+    // backward takes x^T from the forward). Any other recipe call first writes it (fp8_write_gelu_out).
+    struct {
+        floatX* out = nullptr;       // the GELU output, not yet written
+        const floatX* pre = nullptr; // the GELU's input
+        long long n = 0;
+        int layer = -1;
+    } pending_gelu_out;
     // The GELU derivative between the fc projection's input gradient and the fc layer's output
     // gradient is applied by the fc layer's dy quantization pass, not by gelu_backward: the fc
     // projection's backward leaves d(gelu output) in its dinp and notes it here; the fc layer's
@@ -250,14 +259,28 @@ inline void recipe_step_end(Recipe& r, cudaStream_t st) {
 
 inline uint8_t* fp8_saved_xt(const Recipe& r, LinearId id) { return r.saved_xt + r.saved_xt_offset[fp8_linear_index(id)]; }
 
+// writes the GELU output an fc layer's forward left pending (Recipe::pending_gelu_out), if any
+inline void fp8_write_gelu_out(Recipe& r, cudaStream_t st) {
+    if (!r.pending_gelu_out.out) return;
+    PHASE("fp8: gelu (for a BF16 reader)");
+    gelu_forward(r.pending_gelu_out.out, r.pending_gelu_out.pre, r.pending_gelu_out.n, st);
+    r.pending_gelu_out.out = nullptr;
+}
+
 // x (N x C) -> r.x8 with x's scale, and in training also x^T for the backward pass (one read of x);
-// returns the dequantization factor
-inline const float* fp8_quantize_input(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st) {
+// returns the dequantization factor. With gelu_of_input, `inp` is a GELU's input and x = gelu(inp)
+// (x's scale must exist already: a first calibration reads x itself).
+inline const float* fp8_quantize_input(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st,
+                                       bool gelu_of_input = false) {
     const int t = fp8_tensor(r, id, FP8_X);
     Fp8ScalePtrs s = fp8_scale_for(r, t, inp, (long long)N * C, training, st);
     if (training) {
         fp8_quantize_transpose<Fp8Kind::E4M3>(r.x8, fp8_saved_xt(r, id), inp, N, C, s.scale, r.amax_now + t,
-                                              r.count_stats ? fp8_stats_of(r, t) : Fp8Stats(), st);
+                                              r.count_stats ? fp8_stats_of(r, t) : Fp8Stats(), st, nullptr, nullptr,
+                                              nullptr, gelu_of_input);
+    } else if (gelu_of_input) {
+        fp8_quantize_transpose<Fp8Kind::E4M3>(r.x8, nullptr, inp, N, C, s.scale, nullptr, Fp8Stats(), st, nullptr, nullptr,
+                                              nullptr, true);
     } else {
         fp8_quantize<Fp8Kind::E4M3>(r.x8, inp, (long long)N * C, s.scale, nullptr, Fp8Stats(), st);
     }
@@ -272,9 +295,21 @@ inline bool recipe_needs_input_in_backward(const Recipe& r, LinearId id, int N) 
 
 inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* weight,
                            const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
+    // the fc projection reads its input, the GELU output that the fc layer left unwritten, from the
+    // pre-activation (once its scale exists: a first calibration reads the GELU output itself)
+    const bool gelu_of_input = r.pending_gelu_out.out == inp && r.pending_gelu_out.layer == id.layer &&
+                               id.kind == LIN_FCPROJ && fp8_applies(r, id, N, C, OC) &&
+                               (r.calibrated[fp8_tensor(r, id, FP8_X)] != 0);
+    const floatX* x_source = inp;
+    if (gelu_of_input) {
+        x_source = r.pending_gelu_out.pre;
+        r.pending_gelu_out.out = nullptr;
+    } else {
+        fp8_write_gelu_out(r, st);
+    }
     if (!fp8_applies(r, id, N, C, OC)) { plain_linear_forward(out, inp, weight, bias, N, C, OC, st); return; }
     PHASE("fp8: quantize x");
-    const float* x_inv = fp8_quantize_input(r, id, inp, N, C, training, st);
+    const float* x_inv = fp8_quantize_input(r, id, x_source, N, C, training, st, gelu_of_input);
     Fp8Operand a{fp8_weight(r, id), CUDA_R_8F_E4M3, fp8_inv(r, fp8_tensor(r, id, FP8_W))};
     Fp8Operand b{r.x8, CUDA_R_8F_E4M3, x_inv};
     PHASE("fp8: gemm forward");
@@ -287,6 +322,7 @@ inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* in
 inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
                                 const floatX* weight, const floatX* bias, int N, int C, int OC, bool training,
                                 cudaStream_t st) {
+    fp8_write_gelu_out(r, st);
     if (!fp8_applies(r, id, N, C, OC)) {
         plain_linear_forward_gelu(gelu_out, pre_gelu, inp, weight, bias, N, C, OC, st);
         return;
@@ -296,22 +332,23 @@ inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX
     Fp8Operand a{fp8_weight(r, id), CUDA_R_8F_E4M3, fp8_inv(r, fp8_tensor(r, id, FP8_W))};
     Fp8Operand b{r.x8, CUDA_R_8F_E4M3, x_inv};
     PHASE("fp8: gemm forward");
-    if (r.gelu_epilogue) {
-        r.gelu_epilogue = matmul_fp8(gelu_out, false, a, b, bias, OC, N, C, 0.0f, true, st, EPI_GELU_BIAS, pre_gelu);
-        if (r.gelu_epilogue) return;
-    }
-    // no fused GELU for these operand types: the GEMM with its bias, then the GELU kernel
+    // the GEMM with its bias writes the pre-activation; the GELU is left to the fc projection's
+    // quantize pass (Recipe::pending_gelu_out). (cuBLASLt's GELU_AUX_BIAS epilogue would write both
+    // the pre-activation and the BF16 GELU output, which only that pass would read.)
     if (!matmul_fp8(pre_gelu, false, a, b, bias, OC, N, C, 0.0f, true, st)) {
         fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the forward pass (m=%d n=%d k=%d)\n", OC, N, C);
         exit(1);
     }
-    PHASE("fp8: gelu (unfused)");
-    gelu_forward(gelu_out, pre_gelu, (long long)N * OC, st);
+    r.pending_gelu_out.out = gelu_out;
+    r.pending_gelu_out.pre = pre_gelu;
+    r.pending_gelu_out.n = (long long)N * OC;
+    r.pending_gelu_out.layer = id.layer;
 }
 
 inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
                             const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
                             cudaStream_t st) {
+    fp8_write_gelu_out(r, st);
     // a GELU derivative left for this layer's dy pass (see Recipe::pending_gelu); applied here as a
     // separate pass if anything else comes first
     const floatX* gelu_pre = nullptr;

@@ -92,7 +92,10 @@ template <Fp8Kind K>
 static void test_quantize_shapes(const char* name) {
     std::mt19937 rng(7);
     std::normal_distribution<float> nd(0.0f, 3.0f);
-    const int shapes[][2] = {{64, 64}, {100, 72}, {37, 50}, {256, 768}, {1, 1000}, {130, 8}};
+    // the last two have more tiles than the GPU holds blocks, so each block walks over several tiles,
+    // prefetching the next: full tiles only (8192 x 2304), and full tiles between partial ones with rows
+    // not a multiple of 16 (8200 x 1000: out_t takes byte stores)
+    const int shapes[][2] = {{64, 64}, {100, 72}, {37, 50}, {256, 768}, {1, 1000}, {130, 8}, {8192, 2304}, {8200, 1000}};
     for (auto& sh : shapes) {
         const int rows = sh[0], cols = sh[1];
         std::vector<floatX> in((size_t)rows * cols);
@@ -157,6 +160,19 @@ static void test_quantize_shapes(const char* name) {
                               memcmp(to_host(d_s1, cols).data(), to_host(d_s2, cols).data(), cols * sizeof(float)) == 0;
             check(same, "%s %d x %d: the dy pass with GELU' (gelu_pre) = gelu_backward + the plain pass, bit for bit", name,
                   rows, cols);
+            // gelu_of_input: the same bits as gelu_forward followed by the plain pass
+            floatX* d_gelu;
+            cudaCheck(cudaMalloc(&d_gelu, in.size() * sizeof(floatX)));
+            gelu_forward(d_gelu, d_pre, (long long)rows * cols, 0);
+            cudaCheck(cudaMemset(d_a1, 0, 4)); cudaCheck(cudaMemset(d_a2, 0, 4));
+            fp8_quantize_transpose<K>(d_out, d_t, d_pre, rows, cols, d_scale, d_a1, Fp8Stats(), 0, nullptr, nullptr, nullptr, true);
+            std::vector<uint8_t> g_out = to_host(d_out, in.size()), g_t = to_host(d_t, in.size());
+            fp8_quantize_transpose<K>(d_out, d_t, d_gelu, rows, cols, d_scale, d_a2, Fp8Stats(), 0);
+            const bool same_fwd = g_out == to_host(d_out, in.size()) && g_t == to_host(d_t, in.size()) &&
+                                  to_host(d_a1, 1) == to_host(d_a2, 1);
+            check(same_fwd, "%s %d x %d: quantizing gelu(input) (gelu_of_input) = gelu_forward + the plain pass, bit for bit",
+                  name, rows, cols);
+            cudaFree(d_gelu);
             cudaFree(d_pre); cudaFree(d_g); cudaFree(d_part); cudaFree(d_s1); cudaFree(d_s2); cudaFree(d_a1); cudaFree(d_a2);
         }
         cudaFree(d_in); cudaFree(d_out); cudaFree(d_t); cudaFree(d_scale); cudaFree(d_amax);
@@ -305,6 +321,8 @@ static void test_recipe() {
     floatX *dgelu, *dpre;
     cudaCheck(cudaMalloc(&dgelu, (size_t)N * 4 * C * 2)); cudaCheck(cudaMalloc(&dpre, (size_t)N * 4 * C * 2));
     linear_forward_gelu(r, {0, LIN_FC}, dgelu, dpre, dx, dw[LIN_FC], dfcb, N, C, 4 * C, true, 0);
+    check(r.pending_gelu_out.out == dgelu, "recipe: the fc forward leaves its GELU output to the fc projection");
+    fp8_write_gelu_out(r, 0); // for the checks below, which read it
     cudaCheck(cudaDeviceSynchronize());
     const int tx = fp8_tensor(r, {0, LIN_FC}, FP8_X), tw = fp8_tensor(r, {0, LIN_FC}, FP8_W);
     const float sx = to_host(r.scale + tx, 1)[0], sw = to_host(r.scale + tw, 1)[0];
@@ -330,8 +348,8 @@ static void test_recipe() {
                 got_p[j] = bf2f(pre[j]); got_g[j] = bf2f(g[j]);
             }
         double ep = rel_l2(got_p, want_p), eg = rel_l2(got_g, want_g);
-        check(ep < 5e-3 && eg < 5e-3, "recipe: fc forward (GELU %s) vs float64 of the FP8 operands: pre-GELU %.2e, GELU %.2e (tol 5e-3)",
-              r.gelu_epilogue ? "in the cuBLASLt epilogue" : "as a separate kernel", ep, eg);
+        check(ep < 5e-3 && eg < 5e-3, "recipe: fc forward vs float64 of the FP8 operands: pre-GELU %.2e, GELU %.2e (tol 5e-3)",
+              ep, eg);
     }
 
     // backward through the fc projection (input 4C, output C) with GELU' at `pre`
@@ -393,6 +411,36 @@ static void test_recipe() {
         e = rel_l2(got, want);
         check(e < 1e-5, "recipe: bias gradient (from the BF16 gradient) rel L2 %.2e (tol 1e-5)", e);
         cudaFree(ddout); cudaFree(ddinp); cudaFree(ddW); cudaFree(ddb); cudaFree(dy); cudaFree(dpb);
+    }
+
+    // The fc layer's GELU output left to the fc projection's quantize pass (Recipe::pending_gelu_out),
+    // once that input has a scale: the fc projection's output, its E4M3 input (both layouts) and the
+    // recorded amax bit for bit those of writing the GELU output first (gelu_forward) and quantizing it.
+    {
+        const LinearId fcp{0, LIN_FCPROJ};
+        const int K = 4 * C, t = fp8_tensor(r, fcp, FP8_X);
+        floatX *ya, *yb;
+        cudaCheck(cudaMalloc(&ya, (size_t)N * C * 2)); cudaCheck(cudaMalloc(&yb, (size_t)N * C * 2));
+        auto run = [&](bool write_first, floatX* y) {
+            cudaCheck(cudaMemset(dgelu, 0xFF, (size_t)N * K * 2)); // NaN: a read of an unwritten GELU output shows
+            cudaCheck(cudaMemset(r.amax_now + t, 0, 4));
+            linear_forward_gelu(r, {0, LIN_FC}, dgelu, dpre, dx, dw[LIN_FC], dfcb, N, C, K, true, 0);
+            if (write_first) fp8_write_gelu_out(r, 0);
+            linear_forward(r, fcp, y, dgelu, dw[LIN_FCPROJ], nullptr, N, K, C, true, 0);
+            cudaCheck(cudaDeviceSynchronize());
+        };
+        run(false, ya);
+        const bool consumed = r.pending_gelu_out.out == nullptr;
+        std::vector<uint8_t> xa = to_host(r.x8, (size_t)N * K), xta = to_host(fp8_saved_xt(r, fcp), (size_t)N * K);
+        std::vector<uint32_t> aa = to_host(r.amax_now + t, 1);
+        run(true, yb);
+        std::vector<uint8_t> xb = to_host(r.x8, (size_t)N * K), xtb = to_host(fp8_saved_xt(r, fcp), (size_t)N * K);
+        std::vector<uint32_t> ab2 = to_host(r.amax_now + t, 1);
+        std::vector<floatX> oa = to_host(ya, (size_t)N * C), ob = to_host(yb, (size_t)N * C);
+        check(consumed && xa == xb && xta == xtb && aa == ab2 && memcmp(oa.data(), ob.data(), oa.size() * 2) == 0,
+              "recipe: the fc projection quantizes GELU(pre) itself = gelu_forward + the plain pass, bit for bit "
+              "(x, x^T, amax, output)");
+        cudaFree(ya); cudaFree(yb); // (the second run wrote the GELU output, which the backward below reads)
     }
 
     // The fc projection's GELU' left to the fc layer's dy pass (Recipe::pending_gelu) once that dy is

@@ -1,0 +1,89 @@
+// fp8_quantize_bench.cu: times the FP8 quantize kernels of llmc/fp8_quantize.cuh at the shapes of one
+// d12 micro-step (B = 64, T = 1024: 65536 rows), the way recipe_fp8.h calls them, and a device-to-device
+// copy of the same input as the bandwidth yardstick. Prints ms per call and the effective bandwidth
+// (bytes read + written / time).
+//
+//   make build/fp8_quantize_bench && ./build/fp8_quantize_bench [rows]
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include "llmc/fp8_quantize.cuh"
+
+int main(int argc, char** argv) {
+    const int rows = argc > 1 ? atoi(argv[1]) : 65536;
+    if (rows <= 0) {
+        fprintf(stderr, "usage: %s [rows > 0]\n", argv[0]);
+        return 1;
+    }
+    const int max_cols = 3072;
+    const size_t n_max = (size_t)rows * max_cols;
+    std::vector<floatX> h(n_max);
+    uint64_t z = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < n_max; i++) {
+        z ^= z << 13; z ^= z >> 7; z ^= z << 17;
+        h[i] = (floatX)(((float)(z >> 40) / (float)(1 << 24) - 0.5f) * 6.0f);
+    }
+    floatX *x, *pre, *copy;
+    uint8_t *q, *qt;
+    float *scale, *sums, *partials;
+    uint32_t* amax;
+    unsigned long long* counts;
+    cudaCheck(cudaMalloc(&x, n_max * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&pre, n_max * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&copy, n_max * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&q, n_max));
+    cudaCheck(cudaMalloc(&qt, n_max));
+    cudaCheck(cudaMalloc(&scale, sizeof(float)));
+    cudaCheck(cudaMalloc(&sums, max_cols * sizeof(float)));
+    cudaCheck(cudaMalloc(&partials, (size_t)ceil_div(rows, FP8_TILE) * max_cols * sizeof(float)));
+    cudaCheck(cudaMalloc(&amax, sizeof(uint32_t)));
+    cudaCheck(cudaMalloc(&counts, 3 * sizeof(unsigned long long)));
+    cudaCheck(cudaMemcpy(x, h.data(), n_max * sizeof(floatX), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(pre, h.data() + 1, (n_max - 1) * sizeof(floatX), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemset(sums, 0, max_cols * sizeof(float)));
+    const float s = 40.0f;
+    cudaCheck(cudaMemcpy(scale, &s, sizeof(float), cudaMemcpyHostToDevice));
+    cudaEvent_t e0, e1;
+    cudaCheck(cudaEventCreate(&e0));
+    cudaCheck(cudaEventCreate(&e1));
+    auto time_it = [&](auto launch) {
+        for (int i = 0; i < 3; i++) launch();
+        const int reps = 20;
+        cudaCheck(cudaEventRecord(e0));
+        for (int i = 0; i < reps; i++) launch();
+        cudaCheck(cudaEventRecord(e1));
+        cudaCheck(cudaEventSynchronize(e1));
+        float ms = 0;
+        cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
+        return ms / reps;
+    };
+    Fp8Stats counted;
+    counted.counts = counts;
+    printf("FP8 quantize kernels, %d rows (ms per call, GB/s = bytes read + written / time)\n", rows);
+    for (int cols : {768, 2304, 3072}) {
+        const double n = (double)rows * cols;
+        auto report = [&](const char* what, double bytes, float ms) {
+            printf("  %-46s %5d cols  %8.4f ms  %7.0f GB/s\n", what, cols, ms, bytes / ms / 1e6);
+        };
+        report("copy (cudaMemcpy, BF16 -> BF16)", 4 * n, time_it([&] {
+                   cudaCheck(cudaMemcpyAsync(copy, x, (size_t)n * sizeof(floatX), cudaMemcpyDeviceToDevice));
+               }));
+        report("x: E4M3 + transposed", 4 * n, time_it([&] {
+                   fp8_quantize_transpose<Fp8Kind::E4M3>(q, qt, x, rows, cols, scale, amax, Fp8Stats(), 0);
+               }));
+        report("x: E4M3 + transposed, telemetry counts", 4 * n, time_it([&] {
+                   fp8_quantize_transpose<Fp8Kind::E4M3>(q, qt, x, rows, cols, scale, amax, counted, 0);
+               }));
+        report("x: E4M3 row-major only (evaluation)", 3 * n, time_it([&] {
+                   fp8_quantize<Fp8Kind::E4M3>(q, x, (long long)n, scale, nullptr, Fp8Stats(), 0);
+               }));
+        report("dy: E5M2 + transposed + column sums", 4 * n, time_it([&] {
+                   fp8_quantize_transpose<Fp8Kind::E5M2>(q, qt, x, rows, cols, scale, amax, Fp8Stats(), 0, sums, partials);
+               }));
+        report("dy: E5M2 + transposed + column sums + GELU'", 6 * n, time_it([&] {
+                   fp8_quantize_transpose<Fp8Kind::E5M2>(q, qt, x, rows, cols, scale, amax, Fp8Stats(), 0, sums, partials,
+                                                         pre);
+               }));
+    }
+    return 0;
+}
