@@ -131,6 +131,26 @@ __global__ void fp8_quantize_kernel(uint8_t* out, const floatX* in, long long n8
 #define FP8_TILE 64
 #define FP8_TILE_T_STRIDE 17 // words per column of the transposed tile (16 + 1 padding)
 
+// Tile order: tile ids run down groups of FP8_TILE_GROUP tile rows, column by column, so that blocks
+// running at the same time (consecutive ids) write adjacent 64-byte pieces of both outputs. (H100, one
+// run of build/fp8_quantize_bench at the d12 shapes: groups of 1 (row by row), 2, 4, 8 tile rows gave
+// 2375-2431, 2551-2573, 2487-2580, 2498-2513 GB/s for x; doc/runs/fp8_quantize_bench_h100_tile_order.log.)
+#define FP8_TILE_GROUP 2
+__device__ __forceinline__ void fp8_tile_origin(long long tile, int tiles_x, int tiles_y, int& r0, int& c0) {
+    const long long group_tiles = (long long)FP8_TILE_GROUP * tiles_x;
+    const long long g = tile / group_tiles, w = tile % group_tiles;
+    int rt, ct;
+    if ((g + 1) * FP8_TILE_GROUP <= tiles_y) {
+        rt = (int)(g * FP8_TILE_GROUP + w % FP8_TILE_GROUP);
+        ct = (int)(w / FP8_TILE_GROUP);
+    } else { // the last, incomplete group: row by row
+        rt = (int)(g * FP8_TILE_GROUP + w / tiles_x);
+        ct = (int)(w % tiles_x);
+    }
+    r0 = rt * FP8_TILE;
+    c0 = ct * FP8_TILE;
+}
+
 // one full tile's loads for thread (br, bc): 4 rows of 4 values, and their GELU inputs
 __device__ __forceinline__ void fp8_tile_load(uint2 (&v)[4], uint2 (&p)[4], const floatX* in, const floatX* gelu_pre,
                                               int cols, int r, int c) {
@@ -159,25 +179,34 @@ __global__ void __launch_bounds__(256, 4) fp8_quantize_transpose_kernel(uint8_t*
     const bool vec = cols % 4 == 0 && (uintptr_t)in % 8 == 0 && (uintptr_t)gelu_pre % 8 == 0 && (uintptr_t)out % 4 == 0;
     const bool vec_t = rows % 16 == 0 && (uintptr_t)out_t % 16 == 0;
     auto is_full = [&](long long tile) {
-        return vec && (int)(tile / tiles_x) * FP8_TILE + FP8_TILE <= rows && (int)(tile % tiles_x) * FP8_TILE + FP8_TILE <= cols;
+        int r0, c0;
+        fp8_tile_origin(tile, tiles_x, tiles_y, r0, c0);
+        return vec && r0 + FP8_TILE <= rows && c0 + FP8_TILE <= cols;
     };
     uint32_t amax = 0, sat = 0, ftz = 0, count = 0;
     uint2 v[4], p[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) { v[i] = make_uint2(0, 0); p[i] = make_uint2(0, 0); }
     long long tile = blockIdx.x;
-    if (tile < num_tiles && is_full(tile))
-        fp8_tile_load(v, p, in, gelu_pre, cols, (int)(tile / tiles_x) * FP8_TILE + br, (int)(tile % tiles_x) * FP8_TILE + bc);
+    if (tile < num_tiles && is_full(tile)) {
+        int r0, c0;
+        fp8_tile_origin(tile, tiles_x, tiles_y, r0, c0);
+        fp8_tile_load(v, p, in, gelu_pre, cols, r0 + br, c0 + bc);
+    }
     for (int buf = 0; tile < num_tiles; tile += gridDim.x, buf ^= 1) {
-        const int r0 = (int)(tile / tiles_x) * FP8_TILE, c0 = (int)(tile % tiles_x) * FP8_TILE;
+        int r0, c0;
+        fp8_tile_origin(tile, tiles_x, tiles_y, r0, c0);
         const bool full = is_full(tile);
         // the next tile's loads first
         uint2 nv[4], np[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) { nv[i] = make_uint2(0, 0); np[i] = make_uint2(0, 0); }
         const long long next = tile + gridDim.x;
-        if (next < num_tiles && is_full(next))
-            fp8_tile_load(nv, np, in, gelu_pre, cols, (int)(next / tiles_x) * FP8_TILE + br, (int)(next % tiles_x) * FP8_TILE + bc);
+        if (next < num_tiles && is_full(next)) {
+            int nr0, nc0;
+            fp8_tile_origin(next, tiles_x, tiles_y, nr0, nc0);
+            fp8_tile_load(nv, np, in, gelu_pre, cols, nr0 + br, nc0 + bc);
+        }
         uint32_t row_word[4];
         float colsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (full) {
