@@ -6,13 +6,14 @@
 // which run the plain BF16 linear. Embeddings, the LM head, attention and the norms stay BF16, and
 // so do the master weights (FP32) and AdamW. Per linear, with x the input, W the weight and dy the
 // gradient of the output (N rows = tokens):
-//   forward   y  = x W^T          E4M3 x E4M3, fast accumulation, bias / GELU in the epilogue
+//   forward   y  = x W^T          E4M3 x E4M3, fast accumulation, bias in the epilogue (the fc layer's
+//                                 GELU is applied by the fc projection's quantize pass)
 //   dgrad     dx = dy W           E5M2 x E4M3 (W^T kept as a second FP8 copy), FP32 accumulation
 //   wgrad     dW += dy^T x        E5M2 x E4M3 (x^T and dy^T made by the quantize-transpose kernel),
 //                                 FP32 accumulation straight into the FP32 gradient
 // Hopper's FP8 GEMMs want both operands K-major, hence the transposed copies: W and W^T are made
-// once per optimizer step (recipe_weights_changed), dy and dy^T in one pass per backward, and x^T
-// in backward from the BF16 activation with the forward's scale (the same codes as the forward's x).
+// once per optimizer step (recipe_weights_changed), x and x^T in one pass per forward (x^T is kept
+// for the backward), dy and dy^T in one pass per backward.
 //
 // Scaling (fp8_scaling.h): three quantized tensors per linear (W, x, dy), each with its own scale
 // s = FP8_MAX / max(amax history) / 2^margin, constant within an optimizer step. The quantize

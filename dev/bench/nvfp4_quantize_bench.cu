@@ -3,7 +3,7 @@
 // of each option (Four Over Six, stochastic rounding, the Hadamard transform, the second direction)
 // is visible. Prints ms per call and the effective bandwidth (bytes read + written / time).
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a --use_fast_math -I. dev/bench/nvfp4_quantize_bench.cu -o build/nvfp4_quantize_bench
+//   make build/nvfp4_quantize_bench && ./build/nvfp4_quantize_bench
 #include <cstdio>
 #include <vector>
 #include "llmc/nvfp4_quantize.cuh"
