@@ -655,9 +655,12 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
         else
 #endif
         if (model->flash_attention) {
-            // the qkv bias gradient too, where the kernels give its partial sums (the tiles they write anyway)
+            // the qkv bias gradient too, where the kernels give its partial sums (the tiles they write anyway),
+            // and the qkv layer's output gradient already quantized, where the recipe takes it (FP8)
+            Fp8Target dqkv8;
+            if (flash_attention_backward_gives_fp8(HS)) dqkv8 = recipe_fp8_gradient_target(rc, {l, LIN_QKV}, N, 3 * C);
             qkv_bias_done = flash_attention_backward<Boundaries>(a.dqkv, a.dbtc, la.qkv, la.atty, la.lse, a.flash_scratch,
-                                                                 B, T, NH, HS, st, a.qkv_bias_partials);
+                                                                 B, T, NH, HS, st, a.qkv_bias_partials, dqkv8);
             if (qkv_bias_done)
                 bias_backward_reduce(g.t[P_QKVB] + (size_t)l * 3 * C, a.qkv_bias_partials, 3 * C,
                                      flash_attention_bias_partial_rows(B, T), st);

@@ -56,6 +56,7 @@
 #pragma once
 #include "cuda_common.h"
 #include "boundaries.h"
+#include "fp8_quantize.cuh" // Fp8Target: the FP8 recipe's E5M2 copy of dqkv
 
 #if !defined(ENABLE_FP32)
 
@@ -303,6 +304,91 @@ __device__ __forceinline__ void tile_column_sums64(float* out, const bf16* tile,
     if (half == 1) upper_half[c] = sum;
     __syncthreads();
     if (half == 0) out[c] = sum + upper_half[c];
+}
+
+// The E5M2 codes of a staged 64-row gradient tile (bf16, padded rows, HS = 64 columns), rows below
+// nvalid only, into the FP8 recipe's two layouts of its qkv layer's output gradient (Fp8Target): row
+// grow0 + r, column col0 + c of t.rows ((B*T) x 3C) and row col0 + c, column grow0 + r of t.cols
+// (3C x (B*T)); and the tile's amax (and telemetry counts) into the tensor's. By a CTA of 128 threads,
+// after a barrier (the tile is complete); codes_t: E5M2_CODES_T_BYTES of free shared memory, where the
+// codes are staged transposed (rows of 80 bytes: 16-byte aligned, and the byte stores of a warp spread
+// over the banks). The codes are those the recipe's quantize pass makes from the BF16 values stored
+// otherwise (fp8_pack2, the same saturating conversion): the two agree bit for bit (build/test_attention).
+// The tile's amax goes to the tensor's with one atomic per CTA, and only where it would raise it (every
+// tile's atomic on one address serialized: +30 ms per d12 step in a first version).
+#define E5M2_CODES_T_STRIDE 80
+#define E5M2_CODES_T_BYTES (64 * E5M2_CODES_T_STRIDE)
+__device__ __forceinline__ void tile_to_e5m2(const Fp8Target& t, const bf16* tile, uint8_t* codes_t, long long grow0,
+                                             int col0, int nvalid, long long n_rows, int m_cols, int tid) {
+    constexpr int LDS = Tile<64>::LDS;
+    __shared__ uint32_t red[4][4];
+    const float s = *t.scale;
+    const int half = tid & 1, line = tid >> 1; // a row (then a column) and which 32 of its 64 values
+    uint32_t amax = 0, sat = 0, ftz = 0, count = 0;
+    // row-major: thread -> row `line`, columns 32 * half .. + 31; the codes also to codes_t[column][row]
+    if (line < nvalid) {
+        uint32_t words[8];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const uint4 v = *reinterpret_cast<const uint4*>(tile + line * LDS + 32 * half + 8 * q);
+            const bf16* x = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                float a[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) a[j] = __bfloat162float(x[4 * w + j]);
+                const uint32_t code = fp8_pack2<Fp8Kind::E5M2>(a[0] * s, a[1] * s) |
+                                      ((uint32_t)fp8_pack2<Fp8Kind::E5M2>(a[2] * s, a[3] * s) << 16);
+                if (t.stats.counts) {
+#pragma unroll
+                    for (int j = 0; j < 4; j++) fp8_account<Fp8Kind::E5M2, true>(a[j], s, (uint8_t)(code >> (8 * j)), amax, sat, ftz);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 4; j++) amax = max(amax, llmc::amax_bits(a[j]));
+                }
+                words[2 * q + w] = code;
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    codes_t[(32 * half + 8 * q + 4 * w + j) * E5M2_CODES_T_STRIDE + line] = (uint8_t)(code >> (8 * j));
+            }
+        }
+        count = 32;
+        uint8_t* dst = t.rows + (grow0 + line) * m_cols + col0 + 32 * half;
+        *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
+        *reinterpret_cast<uint4*>(dst + 16) = make_uint4(words[4], words[5], words[6], words[7]);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        sat += __shfl_xor_sync(0xffffffffu, sat, o);
+        ftz += __shfl_xor_sync(0xffffffffu, ftz, o);
+        count += __shfl_xor_sync(0xffffffffu, count, o);
+    }
+    if ((tid & 31) == 0) { red[tid >> 5][0] = amax; red[tid >> 5][1] = sat; red[tid >> 5][2] = ftz; red[tid >> 5][3] = count; }
+    __syncthreads(); // codes_t and red complete
+    if (tid == 0) {
+        unsigned long long tot_sat = 0, tot_ftz = 0, tot_count = 0;
+        for (int w = 0; w < 4; w++) {
+            amax = max(amax, red[w][0]);
+            tot_sat += red[w][1]; tot_ftz += red[w][2]; tot_count += red[w][3];
+        }
+        if (amax > __ldcg(t.amax)) atomicMax(t.amax, amax);
+        if (t.stats.counts && tot_count) {
+            atomicAdd(&t.stats.counts[0], tot_count);
+            atomicAdd(&t.stats.counts[1], tot_sat);
+            atomicAdd(&t.stats.counts[2], tot_ftz);
+        }
+    }
+    // transposed: thread -> column `line`, rows 32 * half .. + 31 of codes_t
+    const int r_begin = 32 * half, r_end = min(nvalid, r_begin + 32);
+    const uint8_t* src = codes_t + line * E5M2_CODES_T_STRIDE + r_begin;
+    uint8_t* dst = t.cols + (long long)(col0 + line) * n_rows + grow0 + r_begin;
+    if (r_end - r_begin == 32 && n_rows % 16 == 0 && grow0 % 16 == 0) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        *reinterpret_cast<uint4*>(dst + 16) = *reinterpret_cast<const uint4*>(src + 16);
+    } else {
+        for (int r = r_begin; r < r_end; r++) dst[r - r_begin] = src[r - r_begin];
+    }
+    __syncthreads(); // codes_t and red may be reused by the next call
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1274,7 +1360,8 @@ template <class Bd>
 __global__ void __launch_bounds__(WG_THREADS, 3)
 flash_bwd_dq_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, float* __restrict__ bias_part,
                           const bf16* __restrict__ dout, const bf16* __restrict__ qkv, const bf16* __restrict__ o_in,
-                          const float* __restrict__ lse, int T, int NH, float scale_log2, float scale) {
+                          const float* __restrict__ lse, int T, int NH, float scale_log2, float scale, Fp8Target dqkv8,
+                          long long n_rows) {
 #if FLASH_WGMMA_DEVICE
     constexpr int HS = 64, LDS = Tile<HS>::LDS;
     bf16* sK = smem_base_1k();                       // [STAGES][64 x 64] swizzled
@@ -1387,12 +1474,15 @@ flash_bwd_dq_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, flo
     bf16* rows16 = sQ + 16 * warp * LDS;
     wg_acc_to_tile(rows16, dq, scale, scale, lane);
     __syncwarp();
-    tile_rows_to_global<16, HS>(dqkv + ((long long)b * T + w_lo) * stride + (long long)h * HS, stride, rows16,
-                                T - w_lo, lane);
-    if (bias_part != nullptr) {   // this block's column sums of dq (the q part of the qkv bias gradient)
-        __syncthreads();
+    if (!dqkv8.active())   // (with the FP8 copy, dqkv itself is not stored: nobody reads it)
+        tile_rows_to_global<16, HS>(dqkv + ((long long)b * T + w_lo) * stride + (long long)h * HS, stride, rows16,
+                                    T - w_lo, lane);
+    if (bias_part != nullptr || dqkv8.active()) __syncthreads();
+    if (bias_part != nullptr)   // this block's column sums of dq (the q part of the qkv bias gradient)
         tile_column_sums64(bias_part + ((long long)b * gridDim.y + q0 / 64) * 3 * C + (long long)h * HS, sQ, T - q0, tid);
-    }
+    static_assert(64 * LDS * sizeof(bf16) >= E5M2_CODES_T_BYTES, "the dO tile holds the staged codes");
+    if (dqkv8.active())   // (sdO, read by the loop only, stages the codes)
+        tile_to_e5m2(dqkv8, sQ, reinterpret_cast<uint8_t*>(sdO), (long long)b * T + q0, h * HS, T - q0, n_rows, 3 * C, tid);
 #else
     __trap();
 #endif
@@ -1413,7 +1503,7 @@ template <class Bd>
 __global__ void __launch_bounds__(WG_THREADS, 3)
 flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ bias_part, const bf16* __restrict__ dout,
                            const bf16* __restrict__ qkv, const float* __restrict__ lse, const float* __restrict__ Dvec,
-                           int T, int NH, float scale_log2, float scale) {
+                           int T, int NH, float scale_log2, float scale, Fp8Target dqkv8, long long n_rows) {
 #if FLASH_WGMMA_DEVICE
     constexpr int HS = 64, LDS = Tile<HS>::LDS, QB = DKVWG_QB;
     bf16* sK = smem_base_1k();                       // [64 x 64] swizzled
@@ -1539,13 +1629,22 @@ flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ bias_par
     __syncwarp();
     const int w_lo = k0 + 16 * warp;
     bf16* dk_g = dqkv + ((long long)b * T + w_lo) * stride + C + (long long)h * HS;
-    tile_rows_to_global<16, HS>(dk_g, stride, kst + 16 * warp * LDS, T - w_lo, lane);
-    tile_rows_to_global<16, HS>(dk_g + C, stride, vst + 16 * warp * LDS, T - w_lo, lane);
+    if (!dqkv8.active()) {   // (with the FP8 copy, dqkv itself is not stored: nobody reads it)
+        tile_rows_to_global<16, HS>(dk_g, stride, kst + 16 * warp * LDS, T - w_lo, lane);
+        tile_rows_to_global<16, HS>(dk_g + C, stride, vst + 16 * warp * LDS, T - w_lo, lane);
+    }
+    if (bias_part != nullptr || dqkv8.active()) __syncthreads();
     if (bias_part != nullptr) {   // this block's column sums of dk and dv (the k and v parts of the qkv bias gradient)
-        __syncthreads();
         float* part = bias_part + ((long long)b * gridDim.y + blockIdx.y) * 3 * C + C + (long long)h * HS;
         tile_column_sums64(part, kst, T - k0, tid);
         tile_column_sums64(part + C, vst, T - k0, tid);
+    }
+    if (dqkv8.active()) {
+        // (the dO ring, no longer read after the barrier above, stages the codes)
+        static_assert(DKVWG_STAGES * DKVWG_TILE * sizeof(bf16) >= E5M2_CODES_T_BYTES, "the dO ring holds the staged codes");
+        uint8_t* codes_t = reinterpret_cast<uint8_t*>(sdO);
+        tile_to_e5m2(dqkv8, kst, codes_t, (long long)b * T + k0, C + h * HS, T - k0, n_rows, 3 * C, tid);
+        tile_to_e5m2(dqkv8, vst, codes_t, (long long)b * T + k0, 2 * C + h * HS, T - k0, n_rows, 3 * C, tid);
     }
 #else
     __trap();
@@ -1641,14 +1740,16 @@ void forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, in
 // backward step 1: dQ, and D = rowsum(dout * out) into Dvec (B, NH, T)
 template <class Bd, int HS>
 void backward_dq_launch(floatX* dqkv, float* Dvec, const floatX* dout, const floatX* qkv, const floatX* out,
-                        const float* lse, int B, int T, int NH, cudaStream_t stream, float* bias_part = nullptr) {
+                        const float* lse, int B, int T, int NH, cudaStream_t stream, float* bias_part = nullptr,
+                        Fp8Target dqkv8 = Fp8Target()) {
     const float scale = 1.0f / sqrtf((float)HS);
     if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
         constexpr int smem = dq_wg_smem_bytes();
         constexpr auto kernel = flash_bwd_dq_wgmma_kernel<Bd>;
         allow_dynamic_smem<kernel>(smem);
         dim3 grid(B * NH, ceil_div(T, 64));
-        kernel<<<grid, WG_THREADS, smem, stream>>>(dqkv, Dvec, bias_part, dout, qkv, out, lse, T, NH, LOG2E * scale, scale);
+        kernel<<<grid, WG_THREADS, smem, stream>>>(dqkv, Dvec, bias_part, dout, qkv, out, lse, T, NH, LOG2E * scale, scale,
+                                                   dqkv8, (long long)B * T);
         cudaCheckLaunch();
         return;
     }
@@ -1664,14 +1765,16 @@ void backward_dq_launch(floatX* dqkv, float* Dvec, const floatX* dout, const flo
 // backward step 2: dK and dV; reads the Dvec written by step 1
 template <class Bd, int HS>
 void backward_dkv_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* Dvec,
-                         int B, int T, int NH, cudaStream_t stream, float* bias_part = nullptr) {
+                         int B, int T, int NH, cudaStream_t stream, float* bias_part = nullptr,
+                         Fp8Target dqkv8 = Fp8Target()) {
     const float scale = 1.0f / sqrtf((float)HS);
     if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
         constexpr int smem = dkv_wg_smem_bytes();
         constexpr auto kernel = flash_bwd_dkv_wgmma_kernel<Bd>;
         allow_dynamic_smem<kernel>(smem);
         dim3 grid(B * NH, ceil_div(T, 64));
-        kernel<<<grid, WG_THREADS, smem, stream>>>(dqkv, bias_part, dout, qkv, lse, Dvec, T, NH, LOG2E * scale, scale);
+        kernel<<<grid, WG_THREADS, smem, stream>>>(dqkv, bias_part, dout, qkv, lse, Dvec, T, NH, LOG2E * scale, scale,
+                                                   dqkv8, (long long)B * T);
         cudaCheckLaunch();
         return;
     }
@@ -1689,9 +1792,9 @@ inline bool backward_has_bias_partials(int HS) { return HS == 64 && FLASH_ATTENT
 
 template <class Bd, int HS>
 void backward_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                     float* Dvec, int B, int T, int NH, cudaStream_t stream, float* bias_part) {
-    backward_dq_launch<Bd, HS>(dqkv, Dvec, dout, qkv, out, lse, B, T, NH, stream, bias_part);
-    backward_dkv_launch<Bd, HS>(dqkv, dout, qkv, lse, Dvec, B, T, NH, stream, bias_part);
+                     float* Dvec, int B, int T, int NH, cudaStream_t stream, float* bias_part, Fp8Target dqkv8) {
+    backward_dq_launch<Bd, HS>(dqkv, Dvec, dout, qkv, out, lse, B, T, NH, stream, bias_part, dqkv8);
+    backward_dkv_launch<Bd, HS>(dqkv, dout, qkv, lse, Dvec, B, T, NH, stream, bias_part, dqkv8);
 }
 
 } // namespace flash_detail
@@ -1730,16 +1833,28 @@ inline int flash_attention_bias_partial_rows(int B, int T) { return B * ceil_div
 // b*ceil(T/64) + j gets the column sums of dqkv over rows 64j..64j+63 of sequence b (of the BF16
 // values written), so that the sum of the rows is the gradient of the qkv bias. Returns whether it
 // wrote them (the wgmma kernels, HS = 64 on sm_90a, do; otherwise the caller sums dqkv itself).
+// dqkv8 (FP8 recipe; only where flash_attention_backward_gives_fp8(HS)): the E5M2 codes of dqkv in
+// both layouts, its amax and counts (Fp8Target, tile_to_e5m2), written from the staged tiles in place
+// of dqkv itself, which is then left unwritten.
+inline bool flash_attention_backward_gives_fp8(int HS) { return flash_detail::backward_has_bias_partials(HS); }
+
 template <class Bd = IdentityBoundaries>
 inline bool flash_attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out,
                                      const float* lse, void* scratch, int B, int T, int NH, int HS,
-                                     cudaStream_t stream, float* qkv_bias_partials = nullptr) {
+                                     cudaStream_t stream, float* qkv_bias_partials = nullptr,
+                                     Fp8Target dqkv8 = Fp8Target()) {
     flash_detail::check_args(dqkv, dout, qkv, T, HS, "flash_attention_backward");
     flash_detail::check_args(out, out, out, T, HS, "flash_attention_backward");
+    if (dqkv8.active() && (!flash_attention_backward_gives_fp8(HS) || (NH * HS) % 16 != 0 ||
+                           (uintptr_t)dqkv8.rows % 16 != 0 || (uintptr_t)dqkv8.cols % 16 != 0)) {
+        fprintf(stderr, "error: flash_attention_backward: no FP8 output at head size %d on this build / GPU, "
+                        "or its buffers are not 16-byte aligned\n", HS);
+        exit(1);
+    }
     float* Dvec = static_cast<float*>(scratch);
     float* part = flash_detail::backward_has_bias_partials(HS) ? qkv_bias_partials : nullptr;
-    if (HS == 64) flash_detail::backward_launch<Bd, 64>(dqkv, dout, qkv, out, lse, Dvec, B, T, NH, stream, part);
-    else flash_detail::backward_launch<Bd, 128>(dqkv, dout, qkv, out, lse, Dvec, B, T, NH, stream, nullptr);
+    if (HS == 64) flash_detail::backward_launch<Bd, 64>(dqkv, dout, qkv, out, lse, Dvec, B, T, NH, stream, part, dqkv8);
+    else flash_detail::backward_launch<Bd, 128>(dqkv, dout, qkv, out, lse, Dvec, B, T, NH, stream, nullptr, Fp8Target());
     return part != nullptr;
 }
 

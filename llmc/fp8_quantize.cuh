@@ -27,6 +27,19 @@ struct Fp8Stats {
     unsigned long long* counts = nullptr; // 3 counters, or null (not counted)
 };
 
+// Where a kernel that produces a tensor also writes its FP8 codes in the two layouts the FP8 GEMMs read
+// (the flash attention backward for the qkv layer's output gradient, see recipe.h): row-major rows
+// (n x m), its transpose cols (m x n), the scale s of q = fp8(x * s), the tensor's amax (atomicMax on
+// the bits) and, on telemetry steps, its counts.
+struct Fp8Target {
+    uint8_t* rows = nullptr; // null: no FP8 output wanted
+    uint8_t* cols = nullptr;
+    const float* scale = nullptr;
+    uint32_t* amax = nullptr;
+    Fp8Stats stats;
+    __host__ __device__ bool active() const { return rows != nullptr; }
+};
+
 template <Fp8Kind K>
 __device__ __forceinline__ float fp8_max_value() { return K == Fp8Kind::E4M3 ? 448.0f : 57344.0f; }
 

@@ -41,6 +41,14 @@
 //                                               run must agree on, as the maximum over the processes
 //                                               (FP8: the step's amax); taken before recipe_step_end
 //   recipe_log_telemetry(r, log, step)          after its backward pass: the -lq lines for main.log
+//   recipe_fp8_gradient_target(r, id, N, OC)    asked before a kernel that writes linear id's output
+//                                               gradient and could also write its E5M2 codes in both
+//                                               layouts (the flash attention backward, for the qkv
+//                                               layer): where the recipe wants them (Fp8Target), or an
+//                                               inactive target (the default, below). When active, the
+//                                               kernel leaves dout unwritten, and linear_backward of id,
+//                                               the next call, takes the codes instead of quantizing
+//                                               dout (its dbias is then null: the kernel gave the sums)
 // and, from inside a step, g_cross_process (below): what a recipe may ask of the other processes
 // before the step ends (FP8: a tensor's first scale, process 0's).
 // and the type RecipeBoundaries: the hooks of llmc/boundaries.h that the model's other kernels apply
@@ -53,6 +61,7 @@
 #include "cuda_common.h"
 #include "matmul.cuh"
 #include "gelu.cuh"
+#include "fp8_quantize.cuh"
 #include "checkpoint.h"
 #include "boundaries.h"
 #include "recipe_options.h"
@@ -91,6 +100,11 @@ struct RecipeMaxState {
     uint32_t* bits = nullptr;
     size_t count = 0;
 };
+
+// The default of recipe_fp8_gradient_target (see the top): no FP8 codes wanted. A recipe that wants
+// them defines the function for its own Recipe type, which overload resolution prefers.
+template <class R>
+inline Fp8Target recipe_fp8_gradient_target(R&, LinearId, int, int) { return Fp8Target(); }
 
 // input (C) and output (OC) widths of each linear, for channels C
 inline int linear_in_features(LinearKind k, int C) { return k == LIN_FCPROJ ? 4 * C : C; }

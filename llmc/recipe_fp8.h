@@ -96,6 +96,9 @@ struct Recipe {
         int layer = -1;
     } pending_gelu;
     bool count_stats = false;          // this step's activations and gradients are counted (-lq)
+    // the linear whose output gradient a kernel wrote as E5M2 codes into dy8 / dyt8 (with its amax)
+    // through recipe_fp8_gradient_target: its linear_backward, the next call, takes them as they are
+    LinearId dy_given{-1, LIN_QKV};
 };
 
 inline int fp8_tensor(const Recipe& r, LinearId id, Fp8Role role) {
@@ -346,10 +349,37 @@ inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX
     r.pending_gelu_out.layer = id.layer;
 }
 
+// The flash attention backward writes the qkv layer's output gradient as E5M2 codes in both layouts
+// (recipe.h), from the BF16 tiles it stages, once that gradient has a scale (the first use calibrates
+// from the BF16 tensor): saves the dy pass over dqkv (d12, B=64: ~24 ms per step) and dqkv's own store.
+inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int OC) {
+    Fp8Target t;
+    const int t_dy = fp8_tensor(r, id, FP8_DY);
+    if (!fp8_applies(r, id, N, linear_in_features(id.kind, r.C), OC) || !r.calibrated[t_dy]) return t;
+    t.rows = r.dy8;
+    t.cols = r.dyt8;
+    t.scale = r.scale + t_dy;
+    t.amax = r.amax_now + t_dy;
+    if (r.count_stats) t.stats = fp8_stats_of(r, t_dy);
+    r.dy_given = id;
+    return t;
+}
+
 inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
                             const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
                             cudaStream_t st) {
     fp8_write_gelu_out(r, st);
+    const bool dy_given = r.dy_given.layer == id.layer && r.dy_given.kind == id.kind;
+    if (r.dy_given.layer >= 0 && !dy_given) {
+        fprintf(stderr, "error: fp8: the quantized output gradient of layer %d's %s was not taken by its backward\n",
+                r.dy_given.layer, LINEAR_NAMES[r.dy_given.kind]);
+        exit(1);
+    }
+    r.dy_given.layer = -1;
+    if (dy_given && (dbias || pre_gelu || r.pending_gelu.grad)) {
+        fprintf(stderr, "error: fp8: a linear whose output gradient arrives quantized gets no bias gradient or GELU here\n");
+        exit(1);
+    }
     // a GELU derivative left for this layer's dy pass (see Recipe::pending_gelu); applied here as a
     // separate pass if anything else comes first
     const floatX* gelu_pre = nullptr;
@@ -368,11 +398,15 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
     }
     const int t_dy = fp8_tensor(r, id, FP8_DY), t_x = fp8_tensor(r, id, FP8_X), t_w = fp8_tensor(r, id, FP8_W);
     // dy and dy^T in E5M2, and the bias gradient (column sums of the BF16 dy), from one read of dy
+    // (unless the kernel that wrote dy gave them: recipe_fp8_gradient_target)
     PHASE("fp8: quantize dy + bias grad");
-    Fp8ScalePtrs sdy = fp8_scale_for(r, t_dy, dout, (long long)N * OC, true, st);
-    fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, r.dyt8, dout, N, OC, sdy.scale, r.amax_now + t_dy,
-                                          r.count_stats ? fp8_stats_of(r, t_dy) : Fp8Stats(), st, dbias, r.col_partials,
-                                          gelu_pre);
+    Fp8ScalePtrs sdy{r.scale + t_dy, fp8_inv(r, t_dy)};
+    if (!dy_given) {
+        sdy = fp8_scale_for(r, t_dy, dout, (long long)N * OC, true, st);
+        fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, r.dyt8, dout, N, OC, sdy.scale, r.amax_now + t_dy,
+                                              r.count_stats ? fp8_stats_of(r, t_dy) : Fp8Stats(), st, dbias,
+                                              r.col_partials, gelu_pre);
+    }
     // wgrad: x^T as the training forward pass saved it (same scale, same codes)
     (void)inp;
     Fp8Operand xt{fp8_saved_xt(r, id), CUDA_R_8F_E4M3, fp8_inv(r, t_x)}, dyt{r.dyt8, CUDA_R_8F_E5M2, sdy.inv};

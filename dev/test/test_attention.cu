@@ -24,6 +24,7 @@
 #include "llmc/matmul.cuh"
 #include "llmc/attention.cuh"
 #include "llmc/flash_attention.cuh"
+#include "llmc/fp8_quantize.cuh"
 #if defined(ENABLE_CUDNN)
 #include "llmc/cudnn_attention.h"
 #endif
@@ -269,6 +270,53 @@ static void test_case(int B, int NH, int T, int HS, uint32_t seed, bool compare_
             printf("       (no bias partial sums at HS=%d: the caller sums dqkv)\n", HS);
         }
         cudaCheck(cudaFree(d_part));
+    }
+    if (flash_attention_backward_gives_fp8(HS)) {
+        // the FP8 recipe's E5M2 copy of dqkv (Fp8Target): both layouts, the amax and the telemetry counts bit
+        // for bit those of fp8_quantize_transpose over the BF16 dqkv of the plain run; dqkv left unwritten
+        const long long n_rows = (long long)B * T;
+        float amax1 = 0.0f;
+        for (size_t i = 0; i < n_qkv; i++) amax1 = std::max(amax1, (float)std::fabs(float_of_bf16_bits(dqkv1[i])));
+        const float s = 57344.0f / amax1 / 2.0f; // as the recipe's delayed scale with margin 1
+        uint8_t *d_rows = dalloc<uint8_t>(n_qkv), *d_cols = dalloc<uint8_t>(n_qkv);
+        uint8_t *r_rows = dalloc<uint8_t>(n_qkv), *r_cols = dalloc<uint8_t>(n_qkv);
+        float* d_s = dalloc<float>(1);
+        uint32_t* d_amax = dalloc<uint32_t>(2);
+        unsigned long long* d_counts = dalloc<unsigned long long>(6);
+        const size_t n_part = (size_t)flash_attention_bias_partial_rows(B, T) * 3 * C;
+        float* d_part = dalloc<float>(n_part);
+        floatX* d_ref = dalloc<floatX>(n_qkv);
+        cudaCheck(cudaMemcpy(d_s, &s, 4, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemset(d_amax, 0, 8));
+        cudaCheck(cudaMemset(d_counts, 0, 48));
+        cudaCheck(cudaMemset(d_rows, 0xAA, n_qkv));
+        cudaCheck(cudaMemset(d_cols, 0xAA, n_qkv));
+        cudaCheck(cudaMemset(d_dqkv, 0xFF, n_qkv * 2));
+        Fp8Target t;
+        t.rows = d_rows; t.cols = d_cols; t.scale = d_s; t.amax = d_amax; t.stats.counts = d_counts;
+        flash_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_scratch, B, T, NH, HS, 0, d_part, t);
+        // the reference: the recipe's quantize pass over the plain run's dqkv
+        cudaCheck(cudaMemcpy(d_ref, dqkv1.data(), n_qkv * 2, cudaMemcpyHostToDevice));
+        Fp8Stats ref_stats;
+        ref_stats.counts = d_counts + 3;
+        fp8_quantize_transpose<Fp8Kind::E5M2>(r_rows, r_cols, d_ref, (int)n_rows, 3 * C, d_s, d_amax + 1, ref_stats, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<uint8_t> rows = to_host(d_rows, n_qkv), cols = to_host(d_cols, n_qkv);
+        std::vector<uint8_t> want_rows = to_host(r_rows, n_qkv), want_cols = to_host(r_cols, n_qkv);
+        std::vector<uint32_t> amax = to_host(d_amax, 2);
+        std::vector<unsigned long long> counts = to_host(d_counts, 6);
+        std::vector<uint16_t> dqkv4(n_qkv);
+        cudaCheck(cudaMemcpy(dqkv4.data(), d_dqkv, n_qkv * 2, cudaMemcpyDeviceToHost));
+        size_t written = 0;
+        for (uint16_t v : dqkv4) written += v != 0xFFFF;
+        check(rows == want_rows && cols == want_cols && amax[0] == amax[1] && counts[0] == counts[3] &&
+                  counts[1] == counts[4] && counts[2] == counts[5] && counts[0] == n_qkv && written == 0,
+              "%s backward with the FP8 copy: E5M2 codes (both layouts), amax, counts (%llu values, %llu flushed) = the "
+              "quantize pass over the plain dqkv, bit for bit; dqkv itself not written (%zu written)", tag, counts[0],
+              counts[2], written);
+        for (void* p : {(void*)d_rows, (void*)d_cols, (void*)r_rows, (void*)r_cols, (void*)d_s, (void*)d_amax,
+                        (void*)d_counts, (void*)d_part, (void*)d_ref})
+            cudaCheck(cudaFree(p));
     }
 
 #if defined(ENABLE_CUDNN)
