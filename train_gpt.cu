@@ -462,7 +462,12 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
 
     PHASE("fwd: embedding + layernorm");
     encoder_forward<Boundaries>(a.encoded, model->inputs_dev, p.t[P_WTE], p.t[P_WPE], B, T, C, st);
-    layernorm_forward<Boundaries>(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B], N, C, st);
+    // a LayerNorm in front of a linear may write that linear's quantized input instead (FP8: recipe.h)
+    auto ln_target = [&](int layer, LinearKind kind) {
+        return layernorm_gives_fp8(C) ? recipe_fp8_input_target(rc, {layer, kind}, N, C, training) : Fp8Target();
+    };
+    layernorm_forward<Boundaries>(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B], N, C, st,
+                                  ln_target(0, LIN_QKV));
     for (int l = 0; l < L; l++) {
         const LayerActs la = layer_acts(model, l, B, T);
         // attention block
@@ -485,7 +490,8 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
         PHASE("fwd: residual + layernorm");
         fused_residual_layernorm_forward<Boundaries>(la.residual2, la.ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N,
                                                      la.residual_in, a.btc_scratch, p.t[P_LN2W] + l * C,
-                                                     p.t[P_LN2B] + l * C, N, C, st, Boundaries::ATTENTION_RESIDUAL_SCALE);
+                                                     p.t[P_LN2B] + l * C, N, C, st, Boundaries::ATTENTION_RESIDUAL_SCALE,
+                                                     ln_target(l, LIN_FC));
         // MLP block
         PHASE("fwd: linear");
         linear_forward_gelu(rc, {l, LIN_FC}, la.fch_gelu, la.fch, la.ln2, p.t[P_FCW] + (size_t)l * 4 * C * C,
@@ -499,7 +505,7 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
             fused_residual_layernorm_forward<Boundaries>(la.residual3, ln1_next, a.ln1_mean + (l + 1) * N,
                                                          a.ln1_rstd + (l + 1) * N, la.residual2, a.btc_scratch,
                                                          p.t[P_LN1W] + (l + 1) * C, p.t[P_LN1B] + (l + 1) * C, N, C, st,
-                                                         Boundaries::MLP_RESIDUAL_SCALE);
+                                                         Boundaries::MLP_RESIDUAL_SCALE, ln_target(l + 1, LIN_QKV));
         } else {
             fused_residual_layernorm_forward<Boundaries>(la.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, la.residual2,
                                                          a.btc_scratch, p.t[P_LNFW], p.t[P_LNFB], N, C, st,

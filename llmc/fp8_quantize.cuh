@@ -164,6 +164,35 @@ __device__ __forceinline__ void fp8_tile_origin(long long tile, int tiles_x, int
     c0 = ct * FP8_TILE;
 }
 
+// The transposed tile (shared by the quantize-transpose and the transpose kernels). Thread (br, bc)
+// holds the codes of its 4 x 4 block as 4 row words (byte j = column bc + j); 8 byte permutes make them
+// 4 column words (byte i = row br + i), stored at tile_t[column][row group].
+__device__ __forceinline__ void fp8_tile_stage_columns(uint32_t* tile_t, const uint32_t (&row_word)[4], int br, int bc) {
+    const uint32_t lo01 = __byte_perm(row_word[0], row_word[1], 0x5140), hi01 = __byte_perm(row_word[0], row_word[1], 0x7362);
+    const uint32_t lo23 = __byte_perm(row_word[2], row_word[3], 0x5140), hi23 = __byte_perm(row_word[2], row_word[3], 0x7362);
+    uint32_t* col = tile_t + bc * FP8_TILE_T_STRIDE + br / 4;
+    col[0 * FP8_TILE_T_STRIDE] = __byte_perm(lo01, lo23, 0x5410);
+    col[1 * FP8_TILE_T_STRIDE] = __byte_perm(lo01, lo23, 0x7632);
+    col[2 * FP8_TILE_T_STRIDE] = __byte_perm(hi01, hi23, 0x5410);
+    col[3 * FP8_TILE_T_STRIDE] = __byte_perm(hi01, hi23, 0x7632);
+}
+// After the barrier: column c0 + tid / 4 of the tile is row c0 + tid / 4 of out_t (rows x cols input,
+// cols x rows output); thread tid writes its 16 bytes at r0 + 16 (tid % 4), in one store when vec
+// (a full tile, rows % 16 == 0, out_t 16-byte aligned), else byte by byte inside the matrix.
+__device__ __forceinline__ void fp8_tile_store_columns(uint8_t* out_t, const uint32_t* tile_t, int r0, int c0, int rows,
+                                                       int cols, bool vec, int tid) {
+    const int oc = tid / 4, chunk = tid % 4;
+    const uint32_t* src = tile_t + oc * FP8_TILE_T_STRIDE + chunk * 4;
+    const int c = c0 + oc, r = r0 + chunk * 16;
+    if (vec) {
+        *reinterpret_cast<uint4*>(out_t + (size_t)c * rows + r) = make_uint4(src[0], src[1], src[2], src[3]);
+    } else if (c < cols) {
+        for (int j = 0; j < 16; j++) {
+            if (r + j < rows) out_t[(size_t)c * rows + r + j] = (uint8_t)(src[j / 4] >> (8 * (j % 4)));
+        }
+    }
+}
+
 // one full tile's loads for thread (br, bc): 4 rows of 4 values, and their GELU inputs
 __device__ __forceinline__ void fp8_tile_load(uint2 (&v)[4], uint2 (&p)[4], const floatX* in, const floatX* gelu_pre,
                                               int cols, int r, int c) {
@@ -269,16 +298,7 @@ __global__ void __launch_bounds__(256, 4) fp8_quantize_transpose_kernel(uint8_t*
                 }
             }
         }
-        if (out_t) {
-            // 4 x 4 byte transpose: column word j holds rows 0..3 of column j (row i in byte i)
-            const uint32_t lo01 = __byte_perm(row_word[0], row_word[1], 0x5140), hi01 = __byte_perm(row_word[0], row_word[1], 0x7362);
-            const uint32_t lo23 = __byte_perm(row_word[2], row_word[3], 0x5140), hi23 = __byte_perm(row_word[2], row_word[3], 0x7362);
-            uint32_t* col = &tile_t[buf][bc * FP8_TILE_T_STRIDE + br / 4];
-            col[0 * FP8_TILE_T_STRIDE] = __byte_perm(lo01, lo23, 0x5410);
-            col[1 * FP8_TILE_T_STRIDE] = __byte_perm(lo01, lo23, 0x7632);
-            col[2 * FP8_TILE_T_STRIDE] = __byte_perm(hi01, hi23, 0x5410);
-            col[3 * FP8_TILE_T_STRIDE] = __byte_perm(hi01, hi23, 0x7632);
-        }
+        if (out_t) fp8_tile_stage_columns(tile_t[buf], row_word, br, bc);
         if (col_partials) {
             // lanes l and l + 16 of a warp hold the same columns (row groups 2w, 2w + 1); then the 8 warps in order
 #pragma unroll
@@ -295,23 +315,47 @@ __global__ void __launch_bounds__(256, 4) fp8_quantize_transpose_kernel(uint8_t*
             for (int w = 0; w < 8; w++) sum += warp_sums[buf][w][tid];
             col_partials[(size_t)(r0 / FP8_TILE) * cols + c0 + tid] = sum;
         }
-        if (out_t) {
-            // column c0 + tid / 4 of the input is row c0 + tid / 4 of out_t; this thread writes its 16 bytes at r0 + 16 (tid % 4)
-            const int oc = tid / 4, chunk = tid % 4;
-            const uint32_t* src = &tile_t[buf][oc * FP8_TILE_T_STRIDE + chunk * 4];
-            const int c = c0 + oc, r = r0 + chunk * 16;
-            if (full && vec_t) {
-                *reinterpret_cast<uint4*>(out_t + (size_t)c * rows + r) = make_uint4(src[0], src[1], src[2], src[3]);
-            } else if (c < cols) {
-                for (int j = 0; j < 16; j++) {
-                    if (r + j < rows) out_t[(size_t)c * rows + r + j] = (uint8_t)(src[j / 4] >> (8 * (j % 4)));
-                }
-            }
-        }
+        if (out_t) fp8_tile_store_columns(out_t, tile_t[buf], r0, c0, rows, cols, full && vec_t, tid);
 #pragma unroll
         for (int i = 0; i < 4; i++) { v[i] = nv[i]; p[i] = np[i]; }
     }
     fp8_commit(amax, sat, ftz, count, amax_out, stats);
+}
+
+// out_t (cols x rows) = the transpose of the FP8 codes in (rows x cols): what a kernel that wrote a
+// tensor's row-major codes leaves to make the second layout (1 byte read and 1 written per value,
+// against 2 + 2 for quantizing the BF16 tensor again). The tiles, order and stores of the quantize-transpose kernel.
+__global__ void __launch_bounds__(256) fp8_transpose_kernel(uint8_t* __restrict__ out_t, const uint8_t* __restrict__ in,
+                                                            int rows, int cols) {
+    __shared__ uint32_t tile_t[2][FP8_TILE * FP8_TILE_T_STRIDE];
+    const int tid = threadIdx.x;
+    const int br = 4 * (tid / 16), bc = 4 * (tid % 16);
+    const int tiles_x = (cols + FP8_TILE - 1) / FP8_TILE, tiles_y = (rows + FP8_TILE - 1) / FP8_TILE;
+    const long long num_tiles = (long long)tiles_x * tiles_y;
+    const bool vec = cols % 4 == 0 && (uintptr_t)in % 4 == 0;
+    const bool vec_t = rows % 16 == 0 && (uintptr_t)out_t % 16 == 0;
+    int buf = 0;
+    for (long long tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, buf ^= 1) {
+        int r0, c0;
+        fp8_tile_origin(tile, tiles_x, tiles_y, r0, c0);
+        const bool full = vec && r0 + FP8_TILE <= rows && c0 + FP8_TILE <= cols;
+        uint32_t row_word[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = r0 + br + i;
+            if (full) {
+                row_word[i] = *reinterpret_cast<const uint32_t*>(in + (size_t)r * cols + c0 + bc);
+            } else {
+                row_word[i] = 0;
+                for (int j = 0; j < 4; j++) {
+                    if (r < rows && c0 + bc + j < cols) row_word[i] |= (uint32_t)in[(size_t)r * cols + c0 + bc + j] << (8 * j);
+                }
+            }
+        }
+        fp8_tile_stage_columns(tile_t[buf], row_word, br, bc);
+        __syncthreads();
+        fp8_tile_store_columns(out_t, tile_t[buf], r0, c0, rows, cols, full && vec_t, tid);
+    }
 }
 
 // max |x| over n values into *amax_out (atomicMax on the bits; the caller zeroes it first)
@@ -380,6 +424,13 @@ inline void fp8_quantize_transpose(uint8_t* out, uint8_t* out_t, const floatX* i
         // the per-tile rows added in a fixed order (matmul.cuh; not one thread per column walking them all)
         bias_backward_reduce(col_sums, col_partials, cols, ceil_div(rows, FP8_TILE), stream);
     }
+}
+
+inline void fp8_transpose(uint8_t* out_t, const uint8_t* in, int rows, int cols, cudaStream_t stream) {
+    const long long tiles = (long long)ceil_div(cols, FP8_TILE) * ceil_div(rows, FP8_TILE);
+    const int grid = (int)std::min<long long>(tiles, resident_blocks(fp8_transpose_kernel, 256));
+    fp8_transpose_kernel<<<grid, 256, 0, stream>>>(out_t, in, rows, cols);
+    cudaCheckLaunch();
 }
 
 // The same with 16-byte loads (8 values per thread and iteration) and one atomic per block: the

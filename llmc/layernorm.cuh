@@ -15,6 +15,7 @@
 #pragma once
 #include "cuda_common.h"
 #include "boundaries.h"
+#include "fp8_quantize.cuh" // Fp8Target: the FP8 recipe's E4M3 copy of the output
 
 #define LN_EPS 1e-5f
 
@@ -65,10 +66,13 @@ __global__ void fused_residual_layernorm_forward_kernel(float* residual, floatX*
 // Lane l owns the float4 chunks l, l+32, ... (N4 of them), so a row is read from memory once, in
 // 16-byte loads, and normalized from registers. The plain and the fused kernel share the row
 // routine, so a LayerNorm recomputed in backward (-r 2) equals the forward's bit for bit.
+// out8 (may be null): the row's E4M3 codes of out * s8 are written there instead of out (the FP8
+// recipe's input of the next linear, Fp8Target), and amax8 gets max |out| of the lane's values.
 template <class Bd, int N4>
 __device__ __forceinline__ void layernorm_row_registers(floatX* out, float* mean_out, float* rstd_out,
                                                         const float4 (&x)[N4], const floatX* w, const floatX* b,
-                                                        int C, int lane) {
+                                                        int C, int lane, uint8_t* out8 = nullptr, float s8 = 0.0f,
+                                                        uint32_t* amax8 = nullptr) {
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < N4; i++) {
@@ -92,59 +96,93 @@ __device__ __forceinline__ void layernorm_row_registers(floatX* out, float* mean
             floatX o[4];
 #pragma unroll
             for (int k = 0; k < 4; k++) o[k] = (floatX)Bd::norm_output((xs[k] - mean) * rstd * (float)w[c + k] + (float)b[c + k]);
-            // 4 outputs in one store (8 bytes for BF16, 16 for FP32)
-            if constexpr (sizeof(floatX) == 2) *reinterpret_cast<uint2*>(out + c) = *reinterpret_cast<const uint2*>(o);
-            else *reinterpret_cast<float4*>(out + c) = *reinterpret_cast<const float4*>(o);
+            if (out8) {
+                // the codes the quantize pass would make of the stored BF16 values (fp8_quantize.cuh)
+                float a[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) { a[k] = (float)o[k]; *amax8 = max(*amax8, llmc::amax_bits(a[k])); }
+                *reinterpret_cast<uint32_t*>(out8 + c) = fp8_pack2<Fp8Kind::E4M3>(a[0] * s8, a[1] * s8) |
+                                                         ((uint32_t)fp8_pack2<Fp8Kind::E4M3>(a[2] * s8, a[3] * s8) << 16);
+            } else if constexpr (sizeof(floatX) == 2) {
+                // 4 outputs in one store (8 bytes for BF16, 16 for FP32)
+                *reinterpret_cast<uint2*>(out + c) = *reinterpret_cast<const uint2*>(o);
+            } else {
+                *reinterpret_cast<float4*>(out + c) = *reinterpret_cast<const float4*>(o);
+            }
         }
     }
     if (lane == 0) { *mean_out = mean; *rstd_out = rstd; }
 }
 
+// With an active Fp8Target q (FP8 recipe), the E4M3 codes go to q.rows instead of out, and the block's
+// amax to *q.amax (one atomic per block, and only where it raises the value read when the block started;
+// q.amax null: evaluation, nothing recorded). q.cols is not written: the recipe transposes q.rows.
+__device__ __forceinline__ void layernorm_fp8_commit(const Fp8Target& q, uint32_t amax, uint32_t amax_seen) {
+    __shared__ uint32_t warp_amax[32];
+    for (int o = 16; o > 0; o >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (threadIdx.x % WARP_SIZE == 0) warp_amax[threadIdx.x / WARP_SIZE] = amax;
+    __syncthreads();
+    if (threadIdx.x == 0 && q.amax) {
+        for (int w = 1; w < (int)(blockDim.x / WARP_SIZE); w++) amax = max(amax, warp_amax[w]);
+        if (amax > amax_seen) atomicMax(q.amax, amax);
+    }
+}
+
 template <class Bd, int N4>
 __global__ void layernorm_forward_registers_kernel(floatX* out, float* mean, float* rstd, const float* inp,
-                                                   const floatX* w, const floatX* b, int N, int C) {
+                                                   const floatX* w, const floatX* b, int N, int C, Fp8Target q) {
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
-    if (row >= N) return;
     const int lane = threadIdx.x % WARP_SIZE;
-    const long long off = (long long)row * C;
-    float4 x[N4];
+    const uint32_t amax_seen = q.amax && threadIdx.x == 0 ? __ldcg(q.amax) : 0u;
+    uint32_t amax = 0;
+    if (row < N) {
+        const long long off = (long long)row * C;
+        float4 x[N4];
 #pragma unroll
-    for (int i = 0; i < N4; i++) {
-        const int c = (lane + i * WARP_SIZE) * 4;
-        x[i] = c < C ? *reinterpret_cast<const float4*>(inp + off + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int i = 0; i < N4; i++) {
+            const int c = (lane + i * WARP_SIZE) * 4;
+            x[i] = c < C ? *reinterpret_cast<const float4*>(inp + off + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        layernorm_row_registers<Bd, N4>(out + off, mean + row, rstd + row, x, w, b, C, lane,
+                                        q.rows ? q.rows + off : nullptr, q.rows ? *q.scale : 0.0f, &amax);
     }
-    layernorm_row_registers<Bd, N4>(out + off, mean + row, rstd + row, x, w, b, C, lane);
+    if (q.rows) layernorm_fp8_commit(q, amax, amax_seen);
 }
 
 template <class Bd, int N4>
 __global__ void fused_residual_layernorm_registers_kernel(float* residual, floatX* out, float* mean, float* rstd,
                                                           const float* a, const floatX* b_in, const floatX* w,
-                                                          const floatX* b, int N, int C, float branch_scale) {
+                                                          const floatX* b, int N, int C, float branch_scale, Fp8Target q) {
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
-    if (row >= N) return;
-    const int lane = threadIdx.x % WARP_SIZE;
-    const long long off = (long long)row * C;
-    float4 x[N4];
+    const uint32_t amax_seen = q.amax && threadIdx.x == 0 ? __ldcg(q.amax) : 0u;
+    uint32_t amax = 0;
+    if (row < N) {
+        const int lane = threadIdx.x % WARP_SIZE;
+        const long long off = (long long)row * C;
+        float4 x[N4];
 #pragma unroll
-    for (int i = 0; i < N4; i++) {
-        const int c = (lane + i * WARP_SIZE) * 4;
-        if (c < C) {
-            float4 av = *reinterpret_cast<const float4*>(a + off + c);
-            floatX bv[4];
-            if constexpr (sizeof(floatX) == 2) *reinterpret_cast<uint2*>(bv) = *reinterpret_cast<const uint2*>(b_in + off + c);
-            else *reinterpret_cast<float4*>(bv) = *reinterpret_cast<const float4*>(b_in + off + c);
-            if constexpr (Bd::ACTIVE) {
-                x[i] = make_float4(Bd::residual(av.x + branch_scale * (float)bv[0]), Bd::residual(av.y + branch_scale * (float)bv[1]),
-                                   Bd::residual(av.z + branch_scale * (float)bv[2]), Bd::residual(av.w + branch_scale * (float)bv[3]));
+        for (int i = 0; i < N4; i++) {
+            const int c = (lane + i * WARP_SIZE) * 4;
+            if (c < C) {
+                float4 av = *reinterpret_cast<const float4*>(a + off + c);
+                floatX bv[4];
+                if constexpr (sizeof(floatX) == 2) *reinterpret_cast<uint2*>(bv) = *reinterpret_cast<const uint2*>(b_in + off + c);
+                else *reinterpret_cast<float4*>(bv) = *reinterpret_cast<const float4*>(b_in + off + c);
+                if constexpr (Bd::ACTIVE) {
+                    x[i] = make_float4(Bd::residual(av.x + branch_scale * (float)bv[0]), Bd::residual(av.y + branch_scale * (float)bv[1]),
+                                       Bd::residual(av.z + branch_scale * (float)bv[2]), Bd::residual(av.w + branch_scale * (float)bv[3]));
+                } else {
+                    x[i] = make_float4(av.x + (float)bv[0], av.y + (float)bv[1], av.z + (float)bv[2], av.w + (float)bv[3]);
+                }
+                *reinterpret_cast<float4*>(residual + off + c) = x[i];
             } else {
-                x[i] = make_float4(av.x + (float)bv[0], av.y + (float)bv[1], av.z + (float)bv[2], av.w + (float)bv[3]);
+                x[i] = make_float4(0.f, 0.f, 0.f, 0.f);
             }
-            *reinterpret_cast<float4*>(residual + off + c) = x[i];
-        } else {
-            x[i] = make_float4(0.f, 0.f, 0.f, 0.f);
         }
+        layernorm_row_registers<Bd, N4>(out + off, mean + row, rstd + row, x, w, b, C, lane,
+                                        q.rows ? q.rows + off : nullptr, q.rows ? *q.scale : 0.0f, &amax);
     }
-    layernorm_row_registers<Bd, N4>(out + off, mean + row, rstd + row, x, w, b, C, lane);
+    if (q.rows) layernorm_fp8_commit(q, amax, amax_seen);
 }
 
 // which register kernel fits C (0 = none: use the generic kernels). Up to 16 float4 chunks per lane
@@ -171,14 +209,25 @@ inline int layernorm_chunks_per_lane(int C) {
         default: KERNEL<Bd, 16><<<grid, block, 0, stream>>>(__VA_ARGS__); break;                   \
     }
 
+// whether the LayerNorm kernels can write E4M3 codes of their output (an Fp8Target): the register kernels
+inline bool layernorm_gives_fp8(int C) { return layernorm_chunks_per_lane(C) > 0; }
+inline void layernorm_check_fp8(const Fp8Target& q, int C) {
+    if (q.active() && (!layernorm_gives_fp8(C) || (uintptr_t)q.rows % 16 != 0)) {
+        fprintf(stderr, "error: layernorm: no E4M3 output at C = %d (needs C %% 4 == 0 and C <= 2048) or unaligned\n", C);
+        exit(1);
+    }
+}
+
+// q (FP8 recipe; layernorm_gives_fp8(C)): the E4M3 codes of the output go to q.rows instead of out
 template <class Bd = IdentityBoundaries>
 inline void layernorm_forward(floatX* out, float* mean, float* rstd, const float* inp, const floatX* w,
-                              const floatX* b, int N, int C, cudaStream_t stream) {
+                              const floatX* b, int N, int C, cudaStream_t stream, Fp8Target q = Fp8Target()) {
+    layernorm_check_fp8(q, C);
     const int block = 256, rows_per_block = block / WARP_SIZE;
     const int grid = ceil_div(N, rows_per_block);
     const int n4 = layernorm_chunks_per_lane(C);
     if (n4 > 0) {
-        LN_DISPATCH_N4(n4, layernorm_forward_registers_kernel, grid, block, stream, out, mean, rstd, inp, w, b, N, C);
+        LN_DISPATCH_N4(n4, layernorm_forward_registers_kernel, grid, block, stream, out, mean, rstd, inp, w, b, N, C, q);
     } else {
         layernorm_forward_kernel<Bd><<<grid, block, 0, stream>>>(out, mean, rstd, inp, w, b, N, C);
     }
@@ -190,13 +239,14 @@ template <class Bd = IdentityBoundaries>
 inline void fused_residual_layernorm_forward(float* residual, floatX* out, float* mean, float* rstd,
                                              const float* a, const floatX* b_in, const floatX* w,
                                              const floatX* b, int N, int C, cudaStream_t stream,
-                                             float branch_scale = 1.0f) {
+                                             float branch_scale = 1.0f, Fp8Target q = Fp8Target()) {
+    layernorm_check_fp8(q, C);
     const int block = 256, rows_per_block = block / WARP_SIZE;
     const int grid = ceil_div(N, rows_per_block);
     const int n4 = layernorm_chunks_per_lane(C);
     if (n4 > 0) {
         LN_DISPATCH_N4(n4, fused_residual_layernorm_registers_kernel, grid, block, stream, residual, out, mean, rstd,
-                       a, b_in, w, b, N, C, branch_scale);
+                       a, b_in, w, b, N, C, branch_scale, q);
     } else {
         fused_residual_layernorm_forward_kernel<Bd><<<grid, block, 0, stream>>>(residual, out, mean, rstd, a, b_in, w, b, N, C,
                                                                                 branch_scale);

@@ -49,6 +49,11 @@
 //                                               kernel leaves dout unwritten, and linear_backward of id,
 //                                               the next call, takes the codes instead of quantizing
 //                                               dout (its dbias is then null: the kernel gave the sums)
+//   recipe_fp8_input_target(r, id, N, C, training)  the same for a linear's input, asked before the
+//                                               LayerNorm that makes it (qkv: ln1, fc: ln2), which can
+//                                               write E4M3 codes of its output (rows only); when active,
+//                                               the LayerNorm leaves its BF16 output unwritten and
+//                                               linear_forward of id, the next call, takes the codes
 // and, from inside a step, g_cross_process (below): what a recipe may ask of the other processes
 // before the step ends (FP8: a tensor's first scale, process 0's).
 // and the type RecipeBoundaries: the hooks of llmc/boundaries.h that the model's other kernels apply
@@ -105,6 +110,8 @@ struct RecipeMaxState {
 // them defines the function for its own Recipe type, which overload resolution prefers.
 template <class R>
 inline Fp8Target recipe_fp8_gradient_target(R&, LinearId, int, int) { return Fp8Target(); }
+template <class R>
+inline Fp8Target recipe_fp8_input_target(R&, LinearId, int, int, bool) { return Fp8Target(); }
 
 // input (C) and output (OC) widths of each linear, for channels C
 inline int linear_in_features(LinearKind k, int C) { return k == LIN_FCPROJ ? 4 * C : C; }

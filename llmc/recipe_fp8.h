@@ -99,6 +99,10 @@ struct Recipe {
     // the linear whose output gradient a kernel wrote as E5M2 codes into dy8 / dyt8 (with its amax)
     // through recipe_fp8_gradient_target: its linear_backward, the next call, takes them as they are
     LinearId dy_given{-1, LIN_QKV};
+    // the linear whose input the LayerNorm before it wrote as E4M3 codes into x8 (with its amax, when
+    // training) through recipe_fp8_input_target: its forward, the next call, takes them and only
+    // transposes them for x^T
+    LinearId x_given{-1, LIN_QKV};
 };
 
 inline int fp8_tensor(const Recipe& r, LinearId id, Fp8Role role) {
@@ -271,12 +275,44 @@ inline void fp8_write_gelu_out(Recipe& r, cudaStream_t st) {
     r.pending_gelu_out.out = nullptr;
 }
 
+// The LayerNorm in front of the qkv and fc layers writes their E4M3 input codes itself (recipe.h), once
+// the input has a scale (the first use calibrates from the BF16 tensor), except on telemetry steps (the
+// quantize pass counts saturated and flushed values; the LayerNorm does not): saves writing the BF16
+// LayerNorm output and the quantize pass over it; x^T is then made from the codes (fp8_transpose).
+inline Fp8Target recipe_fp8_input_target(Recipe& r, LinearId id, int N, int C, bool training) {
+    Fp8Target t;
+    const int t_x = fp8_tensor(r, id, FP8_X);
+    if (!fp8_applies(r, id, N, C, linear_out_features(id.kind, r.C)) || !r.calibrated[t_x] || r.count_stats) return t;
+    t.rows = r.x8;
+    t.scale = r.scale + t_x;
+    t.amax = training ? r.amax_now + t_x : nullptr; // evaluation records nothing
+    r.x_given = id;
+    return t;
+}
+
+// Whether the LayerNorm wrote this linear's input codes (recipe_fp8_input_target); any other linear
+// called first means the model broke the contract.
+inline bool fp8_take_given_input(Recipe& r, LinearId id) {
+    const bool given = r.x_given.layer == id.layer && r.x_given.kind == id.kind;
+    if (r.x_given.layer >= 0 && !given) {
+        fprintf(stderr, "error: fp8: the E4M3 input of layer %d's %s was not taken by its forward\n", r.x_given.layer,
+                LINEAR_NAMES[r.x_given.kind]);
+        exit(1);
+    }
+    r.x_given.layer = -1;
+    return given;
+}
+
 // x (N x C) -> r.x8 with x's scale, and in training also x^T for the backward pass (one read of x);
 // returns the dequantization factor. With gelu_of_input, `inp` is a GELU's input and x = gelu(inp)
 // (x's scale must exist already: a first calibration reads x itself).
 inline const float* fp8_quantize_input(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st,
                                        bool gelu_of_input = false) {
     const int t = fp8_tensor(r, id, FP8_X);
+    if (fp8_take_given_input(r, id)) { // the codes are in r.x8 already
+        if (training) fp8_transpose(fp8_saved_xt(r, id), r.x8, N, C, st);
+        return fp8_inv(r, t);
+    }
     Fp8ScalePtrs s = fp8_scale_for(r, t, inp, (long long)N * C, training, st);
     if (training) {
         fp8_quantize_transpose<Fp8Kind::E4M3>(r.x8, fp8_saved_xt(r, id), inp, N, C, s.scale, r.amax_now + t,

@@ -179,6 +179,29 @@ static void test_quantize_shapes(const char* name) {
     }
 }
 
+// fp8_transpose (the second layout of codes a LayerNorm wrote) against a CPU transpose: full and partial
+// tiles, widths that are not a multiple of 4, more tiles than resident blocks
+static void test_transpose() {
+    std::mt19937 rng(11);
+    const int shapes[][2] = {{64, 64}, {100, 72}, {37, 50}, {1, 1000}, {8192, 2304}, {8200, 1000}, {130, 6}};
+    for (auto& sh : shapes) {
+        const int rows = sh[0], cols = sh[1];
+        std::vector<uint8_t> in((size_t)rows * cols);
+        for (auto& v : in) v = (uint8_t)(rng() & 0xFF);
+        uint8_t* d_in = to_device(in);
+        uint8_t* d_t;
+        cudaCheck(cudaMalloc(&d_t, in.size()));
+        cudaCheck(cudaMemset(d_t, 0xAA, in.size()));
+        fp8_transpose(d_t, d_in, rows, cols, 0);
+        const std::vector<uint8_t> t = to_host(d_t, in.size());
+        long long bad = 0;
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) bad += t[(size_t)c * rows + r] != in[(size_t)r * cols + c];
+        check(bad == 0, "fp8_transpose %d x %d: every byte in place (%lld wrong)", rows, cols, bad);
+        cudaFree(d_in); cudaFree(d_t);
+    }
+}
+
 // ---- 2. FP8 GEMMs ----------------------------------------------------------------------------------
 struct QTensor {
     std::vector<float> raw;        // the unquantized values
@@ -556,6 +579,7 @@ int main() {
     test_quantize_all_bf16<Fp8Kind::E5M2>("E5M2");
     test_quantize_shapes<Fp8Kind::E4M3>("E4M3");
     test_quantize_shapes<Fp8Kind::E5M2>("E5M2");
+    test_transpose();
     // forward: E4M3 x E4M3, fast accumulation, bias, BF16 out (BF16 rounding ~1e-3 dominates)
     test_gemm("gemm forward E4M3xE4M3 fast-accum +bias", Fp8Kind::E4M3, Fp8Kind::E4M3, false, true, true, 384, 256, 768, 5e-3, 8e-2);
     test_gemm("gemm forward E4M3xE4M3 fast-accum (scales apart)", Fp8Kind::E4M3, Fp8Kind::E4M3, false, true, false, 384, 256, 768, 5e-3, 8e-2, true);

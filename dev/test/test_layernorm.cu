@@ -18,6 +18,7 @@
 #include <vector>
 #include "dev/test/gpu_check.h"
 #include "llmc/layernorm.cuh"
+#include "llmc/fp8_quantize.cuh"
 
 #if defined(ENABLE_FP32)
 #error "test_layernorm.cu tests the BF16 build"
@@ -138,6 +139,41 @@ static void test_width(int N, int C, std::mt19937& rng) {
     const double e_res_out = rel_l2(to_host(d_out, NC), ref_res_out);
     check(res_exact && e_res_out < 4e-3, "N=%d C=%d (%s) fused residual forward: residual exact (%s), out rel L2 %.2e", N, C,
           fpath, res_exact ? "yes" : "no", e_res_out);
+
+    // 1b. the FP8 recipe's E4M3 output (Fp8Target, register kernels only): the codes and amax of quantizing
+    // the BF16 output (fp8_quantize), bit for bit, the BF16 output left unwritten; both kernels
+    if (layernorm_gives_fp8(C)) {
+        const auto out_bf16 = to_host(d_out, NC); // the fused kernel's, just written
+        float amax_bf16 = 0.0f;
+        for (size_t i = 0; i < NC; i++) amax_bf16 = std::max(amax_bf16, std::fabs(bf2f(out_bf16[i])));
+        const float s = 448.0f / amax_bf16 / 2.0f;
+        uint8_t *d_q, *d_want;
+        float* d_s = to_device(std::vector<float>{s});
+        uint32_t* d_amax = to_device(std::vector<uint32_t>{0, 0});
+        cudaCheck(cudaMalloc(&d_q, NC)); cudaCheck(cudaMalloc(&d_want, NC));
+        for (int fused = 0; fused < 2; fused++) {
+            cudaCheck(cudaMemset(d_amax, 0, 8));
+            poison(d_out, NC * sizeof(floatX));
+            if (fused) fused_residual_layernorm_forward(d_res, d_out, d_mean, d_rstd, d_x, d_branch, d_w, d_b, N, C, 0);
+            else layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, 0);
+            fp8_quantize<Fp8Kind::E4M3>(d_want, d_out, (long long)NC, d_s, d_amax + 1, Fp8Stats(), 0);
+            Fp8Target q;
+            q.rows = d_q; q.scale = d_s; q.amax = d_amax;
+            poison(d_out, NC * sizeof(floatX));
+            if (fused) fused_residual_layernorm_forward(d_res, d_out, d_mean, d_rstd, d_x, d_branch, d_w, d_b, N, C, 0, 1.0f, q);
+            else layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, 0, q);
+            const auto got = to_host(d_q, NC), want = to_host(d_want, NC);
+            const auto amax = to_host(d_amax, 2);
+            const auto untouched = to_host(reinterpret_cast<uint16_t*>(d_out), NC);
+            size_t written = 0;
+            for (uint16_t v : untouched) written += v != 0xFFFF;
+            check(got == want && amax[0] == amax[1] && amax[0] != 0 && written == 0,
+                  "N=%d C=%d (%s) %s forward with the E4M3 output: codes and amax = the quantize pass over the BF16 "
+                  "output, bit for bit; BF16 output not written (%zu written)", N, C, fpath, fused ? "fused residual" : "plain",
+                  written);
+        }
+        cudaFree(d_q); cudaFree(d_want); cudaFree(d_s); cudaFree(d_amax);
+    }
 
     // 2. backward, dispatched, from the float64 mean / rstd rounded to FP32
     std::vector<float> mean_f(N), rstd_f(N);
