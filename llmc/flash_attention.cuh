@@ -314,15 +314,15 @@ __device__ __forceinline__ void tile_column_sums64(float* out, const bf16* tile,
 // codes are staged transposed (rows of 80 bytes: 16-byte aligned, and the byte stores of a warp spread
 // over the banks). The codes are those the recipe's quantize pass makes from the BF16 values stored
 // otherwise (fp8_pack2, the same saturating conversion): the two agree bit for bit (build/test_attention).
-// The tile's amax goes to the tensor's with one atomic per CTA, and only where it would raise it (every
-// tile's atomic on one address serialized: +30 ms per d12 step in a first version).
+// The tile's amax goes to the tensor's with one atomic per CTA, and only where it would raise it
+// (fp8_commit; an atomic per warp and tile on one address serialized: +30 ms per d12 step in a first version).
 #define E5M2_CODES_T_STRIDE 80
 #define E5M2_CODES_T_BYTES (64 * E5M2_CODES_T_STRIDE)
 __device__ __forceinline__ void tile_to_e5m2(const Fp8Target& t, const bf16* tile, uint8_t* codes_t, long long grow0,
                                              int col0, int nvalid, long long n_rows, int m_cols, int tid) {
     constexpr int LDS = Tile<64>::LDS;
-    __shared__ uint32_t red[4][4];
     const float s = *t.scale;
+    const uint32_t amax_seen = tid == 0 ? __ldcg(t.amax) : 0u;
     const int half = tid & 1, line = tid >> 1; // a row (then a column) and which 32 of its 64 values
     uint32_t amax = 0, sat = 0, ftz = 0, count = 0;
     // row-major: thread -> row `line`, columns 32 * half .. + 31; the codes also to codes_t[column][row]
@@ -357,27 +357,7 @@ __device__ __forceinline__ void tile_to_e5m2(const Fp8Target& t, const bf16* til
         *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
         *reinterpret_cast<uint4*>(dst + 16) = make_uint4(words[4], words[5], words[6], words[7]);
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        sat += __shfl_xor_sync(0xffffffffu, sat, o);
-        ftz += __shfl_xor_sync(0xffffffffu, ftz, o);
-        count += __shfl_xor_sync(0xffffffffu, count, o);
-    }
-    if ((tid & 31) == 0) { red[tid >> 5][0] = amax; red[tid >> 5][1] = sat; red[tid >> 5][2] = ftz; red[tid >> 5][3] = count; }
-    __syncthreads(); // codes_t and red complete
-    if (tid == 0) {
-        unsigned long long tot_sat = 0, tot_ftz = 0, tot_count = 0;
-        for (int w = 0; w < 4; w++) {
-            amax = max(amax, red[w][0]);
-            tot_sat += red[w][1]; tot_ftz += red[w][2]; tot_count += red[w][3];
-        }
-        if (amax > __ldcg(t.amax)) atomicMax(t.amax, amax);
-        if (t.stats.counts && tot_count) {
-            atomicAdd(&t.stats.counts[0], tot_count);
-            atomicAdd(&t.stats.counts[1], tot_sat);
-            atomicAdd(&t.stats.counts[2], tot_ftz);
-        }
-    }
+    fp8_commit(amax, sat, ftz, count, t.amax, t.stats, amax_seen); // (its barrier also completes codes_t)
     // transposed: thread -> column `line`, rows 32 * half .. + 31 of codes_t
     const int r_begin = 32 * half, r_end = min(nvalid, r_begin + 32);
     const uint8_t* src = codes_t + line * E5M2_CODES_T_STRIDE + r_begin;
@@ -388,7 +368,7 @@ __device__ __forceinline__ void tile_to_e5m2(const Fp8Target& t, const bf16* til
     } else {
         for (int r = r_begin; r < r_end; r++) dst[r - r_begin] = src[r - r_begin];
     }
-    __syncthreads(); // codes_t and red may be reused by the next call
+    __syncthreads(); // codes_t and fp8_commit's sums may be reused by the next call
 }
 
 // ---------------------------------------------------------------------------------------------

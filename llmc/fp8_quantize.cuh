@@ -64,8 +64,12 @@ __device__ __forceinline__ void fp8_account(float x, float s, uint8_t code, uint
 
 // Combines a block's amax and counts into the tensor's: a warp reduction, then one atomic per block
 // (the kernels loop over many tiles per block, so the atomics on the tensor's few addresses stay rare).
+// amax_seen (thread 0's value counts): a value *amax_out had before, read by a kernel whose blocks are
+// many and short (a LayerNorm, the attention backward's tiles): the atomic is skipped where it would
+// not raise that value, since atomics from every block on one address serialize. Every thread of the
+// block calls it; its barrier also publishes what the block wrote to shared memory before.
 __device__ __forceinline__ void fp8_commit(uint32_t amax, uint32_t sat, uint32_t ftz, uint32_t count,
-                                          uint32_t* amax_out, Fp8Stats stats) {
+                                          uint32_t* amax_out, Fp8Stats stats, uint32_t amax_seen = 0) {
     __shared__ uint32_t s_amax[32], s_sat[32], s_ftz[32], s_count[32];
     for (int o = 16; o > 0; o >>= 1) {
         amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -82,7 +86,7 @@ __device__ __forceinline__ void fp8_commit(uint32_t amax, uint32_t sat, uint32_t
             amax = max(amax, s_amax[w]);
             tot_sat += s_sat[w]; tot_ftz += s_ftz[w]; tot_count += s_count[w];
         }
-        if (amax_out && amax) atomicMax(amax_out, amax);
+        if (amax_out && amax > amax_seen) atomicMax(amax_out, amax);
         if (stats.counts) {
             atomicAdd(&stats.counts[0], tot_count);
             atomicAdd(&stats.counts[1], tot_sat);

@@ -115,19 +115,9 @@ __device__ __forceinline__ void layernorm_row_registers(floatX* out, float* mean
 }
 
 // With an active Fp8Target q (FP8 recipe), the E4M3 codes go to q.rows instead of out, and the block's
-// amax to *q.amax (one atomic per block, and only where it raises the value read when the block started;
-// q.amax null: evaluation, nothing recorded). q.cols is not written: the recipe transposes q.rows.
-__device__ __forceinline__ void layernorm_fp8_commit(const Fp8Target& q, uint32_t amax, uint32_t amax_seen) {
-    __shared__ uint32_t warp_amax[32];
-    for (int o = 16; o > 0; o >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (threadIdx.x % WARP_SIZE == 0) warp_amax[threadIdx.x / WARP_SIZE] = amax;
-    __syncthreads();
-    if (threadIdx.x == 0 && q.amax) {
-        for (int w = 1; w < (int)(blockDim.x / WARP_SIZE); w++) amax = max(amax, warp_amax[w]);
-        if (amax > amax_seen) atomicMax(q.amax, amax);
-    }
-}
-
+// amax to *q.amax (fp8_commit: one atomic per block, only where it raises the value thread 0 read when
+// the block started; q.amax null: evaluation, nothing recorded). q.cols is not written: the recipe
+// transposes q.rows.
 template <class Bd, int N4>
 __global__ void layernorm_forward_registers_kernel(floatX* out, float* mean, float* rstd, const float* inp,
                                                    const floatX* w, const floatX* b, int N, int C, Fp8Target q) {
@@ -146,7 +136,7 @@ __global__ void layernorm_forward_registers_kernel(floatX* out, float* mean, flo
         layernorm_row_registers<Bd, N4>(out + off, mean + row, rstd + row, x, w, b, C, lane,
                                         q.rows ? q.rows + off : nullptr, q.rows ? *q.scale : 0.0f, &amax);
     }
-    if (q.rows) layernorm_fp8_commit(q, amax, amax_seen);
+    if (q.rows) fp8_commit(amax, 0, 0, 0, q.amax, Fp8Stats(), amax_seen);
 }
 
 template <class Bd, int N4>
@@ -182,7 +172,7 @@ __global__ void fused_residual_layernorm_registers_kernel(float* residual, float
         layernorm_row_registers<Bd, N4>(out + off, mean + row, rstd + row, x, w, b, C, lane,
                                         q.rows ? q.rows + off : nullptr, q.rows ? *q.scale : 0.0f, &amax);
     }
-    if (q.rows) layernorm_fp8_commit(q, amax, amax_seen);
+    if (q.rows) fp8_commit(amax, 0, 0, 0, q.amax, Fp8Stats(), amax_seen);
 }
 
 // which register kernel fits C (0 = none: use the generic kernels). Up to 16 float4 chunks per lane

@@ -290,16 +290,16 @@ inline Fp8Target recipe_fp8_input_target(Recipe& r, LinearId id, int N, int C, b
     return t;
 }
 
-// Whether the LayerNorm wrote this linear's input codes (recipe_fp8_input_target); any other linear
-// called first means the model broke the contract.
-inline bool fp8_take_given_input(Recipe& r, LinearId id) {
-    const bool given = r.x_given.layer == id.layer && r.x_given.kind == id.kind;
-    if (r.x_given.layer >= 0 && !given) {
-        fprintf(stderr, "error: fp8: the E4M3 input of layer %d's %s was not taken by its forward\n", r.x_given.layer,
-                LINEAR_NAMES[r.x_given.kind]);
+// Whether another kernel wrote linear id's codes into the slot (Recipe::x_given, ::dy_given), which is
+// then emptied; a slot held for another linear means the model broke the contract of recipe.h.
+inline bool fp8_take_given(LinearId& slot, LinearId id, const char* what) {
+    const bool given = slot.layer == id.layer && slot.kind == id.kind;
+    if (slot.layer >= 0 && !given) {
+        fprintf(stderr, "error: fp8: the %s of layer %d's %s was not taken by the next call\n", what, slot.layer,
+                LINEAR_NAMES[slot.kind]);
         exit(1);
     }
-    r.x_given.layer = -1;
+    slot.layer = -1;
     return given;
 }
 
@@ -309,7 +309,7 @@ inline bool fp8_take_given_input(Recipe& r, LinearId id) {
 inline const float* fp8_quantize_input(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st,
                                        bool gelu_of_input = false) {
     const int t = fp8_tensor(r, id, FP8_X);
-    if (fp8_take_given_input(r, id)) { // the codes are in r.x8 already
+    if (fp8_take_given(r.x_given, id, "E4M3 input")) { // the LayerNorm wrote the codes into r.x8
         if (training) fp8_transpose(fp8_saved_xt(r, id), r.x8, N, C, st);
         return fp8_inv(r, t);
     }
@@ -405,13 +405,7 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
                             const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
                             cudaStream_t st) {
     fp8_write_gelu_out(r, st);
-    const bool dy_given = r.dy_given.layer == id.layer && r.dy_given.kind == id.kind;
-    if (r.dy_given.layer >= 0 && !dy_given) {
-        fprintf(stderr, "error: fp8: the quantized output gradient of layer %d's %s was not taken by its backward\n",
-                r.dy_given.layer, LINEAR_NAMES[r.dy_given.kind]);
-        exit(1);
-    }
-    r.dy_given.layer = -1;
+    const bool dy_given = fp8_take_given(r.dy_given, id, "E5M2 output gradient");
     if (dy_given && (dbias || pre_gelu || r.pending_gelu.grad)) {
         fprintf(stderr, "error: fp8: a linear whose output gradient arrives quantized gets no bias gradient or GELU here\n");
         exit(1);
