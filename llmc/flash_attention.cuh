@@ -1017,7 +1017,8 @@ flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, con
 // Verified on an H200, 2026-11-22: dev/test/test_attention.cu 57/57 (accuracy against float64 at six
 // shapes incl. T = 100, 257, 1000; every element written; bit-identical reruns) and the trainer's
 // whole test suite (reference comparison, bit-identical resume). Timed at B=64 NH=12 T=1024:
-// forward 0.369 ms (279 TFLOP/s), backward 1.067 ms (242 TFLOP/s counted). History: a first
+// forward 0.369 ms (279 TFLOP/s), backward 1.067 ms (242 TFLOP/s counted); on an H100 after the grid
+// order (FLASH GRID ORDER, 2026-11-25) 0.376 ms and 1.084 ms (1.523 ms before it). History: a first
 // version failed every multi-tile case because, with the Q (dO) fragments loaded once at the first
 // tile and kept in registers, ptxas reused those registers for the packed P (dS) operand of the
 // second wgmma batch; the fragments are now re-read from shared memory at every tile.
