@@ -165,12 +165,12 @@ build/test_%: dev/test/test_%.cu dev/test/gpu_check.h $(HEADERS) $(CUDNN_OBJ)
 	$(NVCC) $(NVCC_FLAGS) $(call blackwell_for,$*) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 
 # every GEMM of a BF16 micro-step, each cuBLASLt candidate algorithm timed (dev/bench/gemm_bench.cu)
-build/gemm_bench: dev/bench/gemm_bench.cu dev/test/gpu_check.h $(HEADERS) $(CUDNN_OBJ)
+build/gemm_bench: dev/bench/gemm_bench.cu dev/bench/bench_timer.h dev/test/gpu_check.h $(HEADERS) $(CUDNN_OBJ)
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 
 # the quantize-kernel benches (dev/bench/<name>_quantize_bench.cu): ms per call and bandwidth at d12 shapes
-build/%_quantize_bench: dev/bench/%_quantize_bench.cu $(HEADERS)
+build/%_quantize_bench: dev/bench/%_quantize_bench.cu dev/bench/bench_timer.h $(HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <vector>
 #include "llmc/fp8_quantize.cuh"
+#include "dev/bench/bench_timer.h"
 
 int main(int argc, char** argv) {
     const int rows = argc > 1 ? atoi(argv[1]) : 65536;
@@ -43,20 +44,7 @@ int main(int argc, char** argv) {
     cudaCheck(cudaMemset(sums, 0, max_cols * sizeof(float)));
     const float s = 40.0f;
     cudaCheck(cudaMemcpy(scale, &s, sizeof(float), cudaMemcpyHostToDevice));
-    cudaEvent_t e0, e1;
-    cudaCheck(cudaEventCreate(&e0));
-    cudaCheck(cudaEventCreate(&e1));
-    auto time_it = [&](auto launch) {
-        for (int i = 0; i < 3; i++) launch();
-        const int reps = 20;
-        cudaCheck(cudaEventRecord(e0));
-        for (int i = 0; i < reps; i++) launch();
-        cudaCheck(cudaEventRecord(e1));
-        cudaCheck(cudaEventSynchronize(e1));
-        float ms = 0;
-        cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
-        return ms / reps;
-    };
+    auto time_it = [](auto launch) { return mean_ms(launch, 20); };
     Fp8Stats counted;
     counted.counts = counts;
     printf("FP8 quantize kernels, %d rows (ms per call, GB/s = bytes read + written / time)\n", rows);

@@ -18,6 +18,7 @@
 #include <vector>
 #include "dev/test/gpu_check.h"
 #include "llmc/matmul.cuh"
+#include "dev/bench/bench_timer.h"
 #include "llmc/gelu.cuh"
 
 static floatX* random_bf16(size_t n, unsigned seed) {
@@ -30,22 +31,6 @@ static floatX* random_bf16(size_t n, unsigned seed) {
     floatX* d = (floatX*)cuda_malloc_or_die(n * sizeof(floatX), "bench operand");
     cudaCheck(cudaMemcpy(d, h.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
     return d;
-}
-
-// mean ms of `reps` runs of fn after 3 warm-up runs
-template <typename F>
-static float time_ms(F fn, int reps) {
-    for (int i = 0; i < 3; i++) fn();
-    cudaEvent_t t0, t1;
-    cudaCheck(cudaEventCreate(&t0)); cudaCheck(cudaEventCreate(&t1));
-    cudaCheck(cudaEventRecord(t0));
-    for (int i = 0; i < reps; i++) fn();
-    cudaCheck(cudaEventRecord(t1));
-    cudaCheck(cudaEventSynchronize(t1));
-    float ms = 0.0f;
-    cudaCheck(cudaEventElapsedTime(&ms, t0, t1));
-    cudaEventDestroy(t0); cudaEventDestroy(t1);
-    return ms / reps;
 }
 
 struct Gemm {
@@ -70,7 +55,7 @@ static Timing time_candidates(const Gemm& g, int reps) {
     Timing t{0.0f, 1e30f, 0, (int)plan->candidates.size()};
     for (int i = 0; i < t.candidates; i++) {
         plan->algo = plan->candidates[i];
-        const float ms = time_ms(run, reps);
+        const float ms = mean_ms(run, reps);
         if (i == 0) t.first_ms = ms;
         if (ms < t.best_ms) { t.best_ms = ms; t.best = i; }
     }
@@ -166,7 +151,7 @@ int main(int argc, char** argv) {
     printf("\nbias gradient of each linear, per micro-step call:\n");
     float separate_sum = 0.0f, fused_sum = 0.0f;
     for (int l = 0; l < 4; l++) {
-        const float bias_ms = time_ms([&]() { bias_backward(dbias, partials, dy, N, out_f[l], 0); }, reps);
+        const float bias_ms = mean_ms([&]() { bias_backward(dbias, partials, dy, N, out_f[l], 0); }, reps);
         const Timing& plain = timings[find_gemm(gemms, std::string(kinds[l]) + " wgrad")];
         const Timing& fused = timings[find_gemm(gemms, std::string(kinds[l]) + " wgrad + bias (BGRADB)")];
         separate_sum += plain.first_ms + bias_ms;
@@ -183,8 +168,8 @@ int main(int argc, char** argv) {
     // (matmul_prefer_split in llmc/matmul.cuh decides this per shape in the trainer)
     {
         const size_t n_fc = (size_t)N * 4 * C;
-        const float gelu_ms = time_ms([&]() { gelu_forward(out, pre, (long long)n_fc, 0); }, reps);
-        const float dgelu_ms = time_ms([&]() { gelu_backward(out, pre, (long long)n_fc, 0); }, reps);
+        const float gelu_ms = mean_ms([&]() { gelu_forward(out, pre, (long long)n_fc, 0); }, reps);
+        const float dgelu_ms = mean_ms([&]() { gelu_backward(out, pre, (long long)n_fc, 0); }, reps);
         const Timing& f_fused = timings[find_gemm(gemms, "fc forward (GELU)")];
         const Timing& f_plain = timings[find_gemm(gemms, "fc forward (bias only)")];
         const Timing& d_fused = timings[find_gemm(gemms, "fcproj dgrad (DGELU)")];

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <vector>
 #include "llmc/nvfp4_quantize.cuh"
+#include "dev/bench/bench_timer.h"
 
 int main() {
     const int rows = 65536;
@@ -26,9 +27,6 @@ int main() {
         uint32_t* amax;
         cudaCheck(cudaMalloc(&amax, 16));
         nvfp4_amax(x, rows, cols, amax, amax + 1, true, 0x1234, 0);
-        cudaEvent_t e0, e1;
-        cudaEventCreate(&e0);
-        cudaEventCreate(&e1);
         struct Variant { const char* name; bool rows, cols, rht, sr, fos; };
         const Variant variants[] = {
             {"rows RNE", true, false, false, false, false},
@@ -40,16 +38,7 @@ int main() {
             {"cols RHT SR 4/6", false, true, true, true, true},
             {"rows+cols RHT SR 4/6 (dy)", true, true, true, true, true},
         };
-        auto time_it = [&](auto launch, int reps) {
-            launch();
-            cudaEventRecord(e0);
-            for (int i = 0; i < reps; i++) launch();
-            cudaEventRecord(e1);
-            cudaCheck(cudaEventSynchronize(e1));
-            float ms = 0;
-            cudaEventElapsedTime(&ms, e0, e1);
-            return ms / reps;
-        };
+        auto time_it = [](auto launch, int reps) { return mean_ms(launch, reps, 1); };
         const float amax_ms = time_it([&] { nvfp4_amax(x, rows, cols, amax, amax + 1, true, 0x1234, 0); }, 20);
         printf("%d x %d: amax (plain + rotated) %.3f ms (%.0f GB/s)\n", rows, cols, amax_ms, n * 2 / amax_ms / 1e6);
         for (const Variant& v : variants) {
