@@ -112,7 +112,7 @@ endif
 all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 build/test_cpu \
      train_gpt2q115cu train_gpt2q115_constrainedcu train_gpt3q115cu train_gpt_q115_scaled \
      build/test_attention build/test_fp8 build/test_nvfp4 build/test_vcast build/test_tcfp12 \
-     build/test_linear build/test_layernorm build/test_q115_attention build/gemm_bench
+     build/test_linear build/test_layernorm build/test_q115_attention build/gemm_bench build/tcfp12_gemm_bench
 
 # one binary per recipe: -DRECIPE_<NAME> picks llmc/recipe_<name>.h (Q1.15: the seed's -DENABLE_Q115)
 Q115_DEFINES := -DENABLE_Q115 -DSF16_TRUE_FORWARD=$(SF16_TRUE_FORWARD)
@@ -166,6 +166,11 @@ build/test_%: dev/test/test_%.cu dev/test/gpu_check.h $(HEADERS) $(CUDNN_OBJ)
 
 # every GEMM of a BF16 micro-step, each cuBLASLt candidate algorithm timed (dev/bench/gemm_bench.cu)
 build/gemm_bench: dev/bench/gemm_bench.cu dev/bench/bench_timer.h dev/test/gpu_check.h $(HEADERS) $(CUDNN_OBJ)
+	@mkdir -p build
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
+
+# TCFP-12's dual FP8 GEMM against one K-concatenated block-scaled GEMM (dev/bench/tcfp12_gemm_bench.cu)
+build/tcfp12_gemm_bench: dev/bench/tcfp12_gemm_bench.cu dev/bench/bench_timer.h dev/test/gpu_check.h $(HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 

@@ -15,6 +15,7 @@
 #include <vector>
 #include <cstring>
 #include "cuda_common.h"
+#include "gelu.cuh"
 
 static cublasLtHandle_t g_cublaslt = nullptr;
 static void* g_cublaslt_workspace = nullptr;
@@ -61,7 +62,8 @@ struct MatmulKey {
     int m, n, k, transA, transB, has_bias, batch, epilogue;
     int a_type, b_type, d_type, fast_accum; // cudaDataType_t of A, B, D (C = D); FP8 fast accumulation
     int device_alpha;                       // alpha and beta are device pointers
-    int padding;                            // 0: named, so that copies carry it (keys compare bytewise)
+    int block_scaled;                       // FP8 with block scales (matmul_fp8_block_scaled); 0 otherwise
+                                            // (the field was unnamed padding before: old checkpoints hold 0)
     long long stride_a, stride_b, stride_d;
     bool operator<(const MatmulKey& o) const {
         return memcmp(this, &o, sizeof(MatmulKey)) < 0;
@@ -144,6 +146,12 @@ inline MatmulPlan* matmul_build_plan(const MatmulKey& key, cublasComputeType_t c
         // the heuristic sees scaled operands (the real pointers are set per call)
         cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g_unit_scale, sizeof(g_unit_scale)));
         cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g_unit_scale, sizeof(g_unit_scale)));
+        if (key.block_scaled) {
+            // A: an FP32 scale per 1 x 128 block along k; B: one per 128 x 128 block (matmul_fp8_block_scaled)
+            const int32_t mode_a = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+            cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
+            cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
+        }
     }
     if (key.has_bias) {
         cudaDataType_t bias_type = CUDA_R_FLOATX;
@@ -503,6 +511,42 @@ inline bool matmul_fp8(void* d, bool d_fp32, Fp8Operand a, Fp8Operand b, const f
     return matmul_run_candidates(*plan, run);
 }
 
+// FP8 GEMM with block scales, as matmul_fp8 (TN, D floatX, optional bias / GELU epilogue, beta = 0) but
+// with an FP32 scale per block instead of one per operand: A (m x k) has one per 1 x 128 block along k,
+// a_scales[kb * m + row] (a column-major m x k/128 array); B (n x k) one per 128 x 128 block,
+// b_scales: ceil(n / 128) * (k / 128) floats. k % 128 == 0. cuBLASLt offers these modes on Hopper from
+// 12.9 on; the accumulator is promoted to FP32 at each 128-wide block, so there is no fast accumulation.
+// What the 1 x 128 blocks of A buy (TCFP-12): one GEMM over K-concatenated operands [W_hi | W_lo] and
+// [x | x], each half of A with its own scale (dev/bench/tcfp12_gemm_bench.cu checked the layout of
+// a_scales on an H100: the other order gives relative errors ~1). Returns false, with nothing
+// launched, where cuBLASLt has no algorithm.
+inline MatmulKey matmul_fp8_block_scaled_key(int m, int n, int k, cudaDataType_t a_type, cudaDataType_t b_type,
+                                             bool has_bias, MatmulEpilogue epilogue) {
+    MatmulKey key = matmul_key(m, n, k, true, false, has_bias, false, false, MatmulBatch(), epilogue);
+    key.a_type = a_type; key.b_type = b_type;
+    key.block_scaled = 1;
+    return key;
+}
+inline bool matmul_fp8_block_scaled(floatX* d, const void* a, cudaDataType_t a_type, const float* a_scales, const void* b,
+                                    cudaDataType_t b_type, const float* b_scales, const floatX* bias, int m, int n, int k,
+                                    cudaStream_t stream, MatmulEpilogue epilogue = EPI_NONE, void* aux = nullptr) {
+    if (k % 128 != 0) return false;
+    const MatmulKey key = matmul_fp8_block_scaled_key(m, n, k, a_type, b_type, bias != nullptr, epilogue);
+    MatmulPlan* plan = matmul_plan(key);
+    if (!plan || plan->candidates.empty()) return false;
+    if (bias) cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    if (epilogue_has_aux_matrix(epilogue)) cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales, sizeof(a_scales)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales, sizeof(b_scales)));
+    const float alpha = 1.0f, beta = 0.0f;
+    auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+        return cublasLtMatmul(g_cublaslt, plan->desc, &alpha, a, plan->la, b, plan->lb, &beta, d, plan->ld, d, plan->ld,
+                              &algo, g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, stream);
+    };
+    if (!plan->chosen) matmul_choose(key, *plan, d, 0, stream, run);
+    return matmul_run_candidates(*plan, run);
+}
+
 // Block-scaled FP4 GEMM (cuBLASLt on Blackwell's FP4 tensor cores, sm_100 and newer; the NVFP4 recipe's
 // native path). The operands are llmc/nvfp4.h's "native operands": packed E2M1 codes, K-major, and
 // their UE4M3 scales per 16 values of K in the 128 x 4 tiled layout. As matmul_fp8 (TN): A is (m x k)
@@ -667,6 +711,71 @@ __global__ void bias_grad_accumulate_kernel(float* dbias, const float* part, int
 inline void bias_grad_accumulate(float* dbias, const float* part, int OC, cudaStream_t stream) {
     bias_grad_accumulate_kernel<<<ceil_div(OC, 256), 256, 0, stream>>>(dbias, part, OC);
     cudaCheckLaunch();
+}
+
+// The GELU backward and the column partial sums (and max |.|) of its result, from one pass: dinout
+// (N x OC) holds the gradient w.r.t. the GELU output and gets the gradient w.r.t. its input,
+// dinout * gelu'(pre), in place, exactly as gelu_backward writes it; scratch gets the partial sums
+// that bias_backward_reduce(dbias, scratch, OC, BIAS_ROW_GROUPS) turns into the bias gradient of the
+// linear whose output gradient that is (the same bits as gelu_backward + bias_backward), and *amax_out
+// (when given; the caller zeroes it) max |result|. False, with nothing launched, unless OC and the
+// pointers allow 16-byte accesses (the caller then runs the two passes).
+// The kernel: bias_backward_partial_vec_kernel's threads and order of sums, with the derivative applied
+// to each 16-byte packet (rounded to floatX) before it is summed and stored back. Each thread loads
+// the packets of GELU_BIAS_ROWS rows before it stores any (the __restrict__ pointers let the compiler
+// keep them in flight together): with stores between them the loads of successive rows would wait on
+// one another.
+#define GELU_BIAS_ROWS 4
+template <bool AMAX>
+__global__ void gelu_backward_bias_partial_kernel(float* __restrict__ scratch, uint32_t* __restrict__ amax_out,
+                                                  floatX* __restrict__ dinout, const floatX* __restrict__ pre, int N, int OC) {
+    constexpr int PER = 16 / sizeof(floatX);
+    const int oc0 = (blockIdx.x * blockDim.x + threadIdx.x) * PER;
+    uint32_t amax = 0;
+    if (oc0 < OC) {
+        const int rows_per_group = (N + BIAS_ROW_GROUPS - 1) / BIAS_ROW_GROUPS;
+        const int r0 = blockIdx.y * rows_per_group, r1 = min(N, r0 + rows_per_group);
+        float sum[PER];
+#pragma unroll
+        for (int k = 0; k < PER; k++) sum[k] = 0.0f;
+        for (int r = r0; r < r1; r += GELU_BIAS_ROWS) {
+            uint4 d[GELU_BIAS_ROWS], p[GELU_BIAS_ROWS];
+#pragma unroll
+            for (int u = 0; u < GELU_BIAS_ROWS; u++) {
+                if (r + u < r1) {
+                    d[u] = *reinterpret_cast<const uint4*>(dinout + (long long)(r + u) * OC + oc0);
+                    p[u] = *reinterpret_cast<const uint4*>(pre + (long long)(r + u) * OC + oc0);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < GELU_BIAS_ROWS; u++) {
+                if (r + u >= r1) break;
+                floatX* v = reinterpret_cast<floatX*>(&d[u]);
+                const floatX* x = reinterpret_cast<const floatX*>(&p[u]);
+#pragma unroll
+                for (int k = 0; k < PER; k++) {
+                    v[k] = (floatX)((float)v[k] * gelu_derivative((float)x[k]));
+                    const float f = (float)v[k];
+                    sum[k] += f;
+                    if (AMAX) amax = max(amax, __float_as_uint(f) & 0x7FFFFFFFu);
+                }
+                *reinterpret_cast<uint4*>(dinout + (long long)(r + u) * OC + oc0) = d[u];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < PER; k++) scratch[(long long)blockIdx.y * OC + oc0 + k] = sum[k];
+    }
+    bias_amax_commit<AMAX>(amax, amax_out);
+}
+inline bool gelu_backward_bias_partials(floatX* dinout, const floatX* pre, float* scratch, uint32_t* amax_out, int N,
+                                        int OC, cudaStream_t stream) {
+    constexpr int PER = 16 / sizeof(floatX);
+    if (OC % PER != 0 || (uintptr_t)dinout % 16 != 0 || (uintptr_t)pre % 16 != 0) return false;
+    const dim3 grid(ceil_div(OC / PER, 64), BIAS_ROW_GROUPS);
+    if (amax_out) gelu_backward_bias_partial_kernel<true><<<grid, 64, 0, stream>>>(scratch, amax_out, dinout, pre, N, OC);
+    else gelu_backward_bias_partial_kernel<false><<<grid, 64, 0, stream>>>(scratch, nullptr, dinout, pre, N, OC);
+    cudaCheckLaunch();
+    return true;
 }
 
 // scratch: at least BIAS_ROW_GROUPS * OC floats. amax_out (optional): max |dout| from the same read.

@@ -21,7 +21,11 @@
 //
 // GEMMs. Per tensor (-tb 0, the default): cuBLASLt FP8 GEMMs with the power-of-two scales as the
 // operands' scale factors; W^T codes for dgrad are transposed once per split (Hopper's FP8 GEMMs
-// take both operands K-major). Per block (-tb 32/64/128): Hopper's FP8 GEMMs have one scale per
+// take both operands K-major). The two GEMMs of a product can also run as one GEMM over
+// K-concatenated operands, [x | x] [W_hi | W_lo]^T with block scales (tcfp12_kernels.cuh), where the
+// channels are a multiple of 128: with autotuning on (-ga 1, the default) the first call of each
+// shape times both forms and keeps the faster (the decision is saved in checkpoints, as the GEMM
+// algorithms are); -ga 0 keeps the two GEMMs. Per block (-tb 32/64/128): Hopper's FP8 GEMMs have one scale per
 // operand (cuBLASLt's block-scaled modes are 1x128/128x128 FP32 scales, not 32/64 E8M0), so the
 // block modes are emulated exactly: deq(W_hi), deq(W_lo) and the quantized x / dy are written as
 // BF16 (exact: at most 4 significant bits each), and BF16 GEMMs form the same products (up to
@@ -81,6 +85,16 @@ struct Recipe {
     unsigned long long* act_stats = nullptr;      // per linear and role: values, saturated, flushed
     uint8_t *x8 = nullptr, *xt8 = nullptr, *dy8 = nullptr, *dyt8 = nullptr; // FP8 scratch
     floatX *xq = nullptr, *dyq = nullptr;         // emulated: the quantized values as BF16
+    // the K-concatenated form (per tensor, channels % 128 == 0): [W_hi | W_lo] (OC x 2C) per linear at
+    // 2 * elem_offset, [W_hi^T | W_lo^T] (C x 2 OC; without ABD), their 1 x 128 block scales (elem / 64
+    // floats per linear, at elem_offset / 64), and the activations' codes twice with their block scales
+    bool concat = false;
+    int concat_mode = -1; // -1: autotuning decides; 0: two GEMMs; 1: concatenated (LLMC_TCFP12_CONCAT=0/1)
+    uint8_t *wcat = nullptr, *wcat_t = nullptr, *xcat = nullptr, *dycat = nullptr;
+    float *wcat_scales = nullptr, *wcat_t_scales = nullptr, *xcat_scales = nullptr, *dycat_scales = nullptr;
+    // the fc projection's backward applied the GELU derivative to the fc layer's dy and took its column
+    // partial sums (scratch.bias_partials) and amax in the same pass: the fc layer's call takes them
+    LinearId dy_sums_given{-1, LIN_QKV};
     long long splits = 0;                         // splits so far (the SRR streams' counter)
     uint64_t srr_seed = 0;
     bool skip_next_split = false;                 // the checkpoint restored the split
@@ -182,6 +196,24 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
             r.dyt8 = (uint8_t*)cuda_malloc_or_die(widest, "tcfp12 gradients");
         }
     }
+    r.concat = !r.emulated && r.C % 128 == 0 && r.total_elems > 0;
+    if (const char* e = getenv("LLMC_TCFP12_CONCAT")) {
+        if (strcmp(e, "0") && strcmp(e, "1")) input_error("LLMC_TCFP12_CONCAT must be 0 (two GEMMs) or 1 (one K-concatenated GEMM), got '%s'", e);
+        r.concat_mode = atoi(e);
+    }
+    if (r.concat) {
+        r.wcat = (uint8_t*)cuda_malloc_or_die(2 * ne, "tcfp12 [W_hi | W_lo]");
+        r.wcat_scales = (float*)cuda_malloc_or_die(ne / 64 * sizeof(float), "tcfp12 block scales");
+        if (!r.split.abd) {
+            r.wcat_t = (uint8_t*)cuda_malloc_or_die(2 * ne, "tcfp12 [W_hi^T | W_lo^T]");
+            r.wcat_t_scales = (float*)cuda_malloc_or_die(ne / 64 * sizeof(float), "tcfp12 block scales");
+        }
+        r.xcat = (uint8_t*)cuda_malloc_or_die(2 * widest, "tcfp12 activations");
+        r.dycat = (uint8_t*)cuda_malloc_or_die(2 * widest, "tcfp12 gradients");
+        const size_t act_scales = (size_t)tcfp12_concat_act_scale_count(B * T, 2 * 4 * r.C);
+        r.xcat_scales = (float*)cuda_malloc_or_die(act_scales * sizeof(float), "tcfp12 block scales");
+        r.dycat_scales = (float*)cuda_malloc_or_die(act_scales * sizeof(float), "tcfp12 block scales");
+    }
     r.srr_seed = o.seed ^ 0x5443465031325352ULL;
     r.splits = 0;
 }
@@ -193,7 +225,10 @@ inline std::string recipe_describe(const Recipe& r) {
     return strfmt("tcfp12: %s; W_hi + W_lo E4M3 (%s), x E4M3 / dy E5M2 fresh power-of-two scales, %s wgrad; %s, "
                   "-sqf %d -sql %d", llmc::tcfp12_describe(r.split).c_str(),
                   r.emulated ? "block scales emulated exactly on BF16 tensor cores"
-                             : (o.tcfp_fast_accum ? "two FP8 GEMMs, fast accumulation" : "two FP8 GEMMs"),
+                             : strfmt("%s%s", o.tcfp_fast_accum ? "two FP8 GEMMs, fast accumulation" : "two FP8 GEMMs",
+                                      !r.concat ? "" : r.concat_mode == 0 ? " (LLMC_TCFP12_CONCAT=0)"
+                                                     : r.concat_mode == 1 ? ", one K-concatenated where cuBLASLt has it (LLMC_TCFP12_CONCAT=1)"
+                                                                          : " or one K-concatenated, the faster per shape").c_str(),
                   o.tcfp_fp8_wgrad ? "FP8" : "BF16", layers.c_str(), o.skip_first, o.skip_last);
 }
 
@@ -220,6 +255,15 @@ inline void tcfp12_derive(Recipe& r, int li, int OC, int C, cudaStream_t st) {
         cudaCheckLaunch();
         tcfp12_transpose_codes(r.hi_t + r.elem_offset[li], hi, OC, C, st);
         tcfp12_transpose_codes(r.lo_t + r.elem_offset[li], lo, OC, C, st);
+        if (r.concat) {
+            const size_t off = r.elem_offset[li];
+            tcfp12_concat_codes(r.wcat + 2 * off, hi, lo, OC, C, st);
+            tcfp12_concat_weight_scales(r.wcat_scales + off / 64, tcfp_hi_slot(r, li), tcfp_lo_slot(r, li), OC, C, st);
+            if (r.wcat_t) {
+                tcfp12_concat_codes(r.wcat_t + 2 * off, r.hi_t + off, r.lo_t + off, C, OC, st);
+                tcfp12_concat_weight_scales(r.wcat_t_scales + off / 64, tcfp_hi_slot(r, li), tcfp_lo_slot(r, li), C, OC, st);
+            }
+        }
     }
 }
 
@@ -254,17 +298,11 @@ inline RecipeMaxState recipe_cross_process_max(Recipe&) { return RecipeMaxState(
 // The BF16 input is read in backward: by the BF16 weight gradient, or to make x^T for the FP8 one
 inline bool recipe_needs_input_in_backward(const Recipe&, LinearId, int) { return true; }
 
-// x -> FP8 (or its exact BF16 values, emulated) with a fresh scale; returns the scale slot
-inline float* tcfp12_quantize_input(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st) {
+// x's fresh scale: its amax, then the slot (1/s at [0], s at [4]); returns the slot
+inline float* tcfp12_input_scale(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st) {
     const int li = tcfp_linear_index(id);
     float* slot = tcfp_act_slot(r, li, TCFP_X, training);
     tcfp12_fresh_scale(slot, tcfp_act_amax(r, li, TCFP_X, training), inp, (long long)N * C, false, st);
-    if (r.emulated) {
-        tcfp12_fake_quantize<Fp8Kind::E4M3>(r.xq, inp, (long long)N * C, slot, st);
-    } else {
-        fp8_quantize<Fp8Kind::E4M3>(r.x8, inp, (long long)N * C, slot, nullptr,
-                                    training ? tcfp_act_stats(r, li, TCFP_X) : Fp8Stats(), st);
-    }
     return slot;
 }
 
@@ -273,37 +311,79 @@ inline float* tcfp12_quantize_input(Recipe& r, LinearId id, const floatX* inp, i
     exit(1);
 }
 
-// out = x W_lo^T, then out = x W_hi^T + out + bias (and the GELU epilogue when asked)
+// Whether the product whose K-concatenated GEMM has plan key `key` runs as that one GEMM (true) or as the
+// two GEMMs (false). LLMC_TCFP12_CONCAT=0 / 1 forces the one or the other (where built). Otherwise, with
+// autotuning on, the first call of the shape times both, each with the quantization of its activation
+// operand, since the concatenated form writes the codes twice (two(), concat(): quantize and multiply;
+// matmul_prefer_split), and the decision is kept like an algorithm choice, checkpoints included. Two
+// GEMMs where the form is not built (block modes, channels not a multiple of 128), where cuBLASLt has
+// no block-scaled algorithm for the shape or epilogue, and with -ga 0.
+template <class Two, class Concat>
+inline bool tcfp12_use_concat(const Recipe& r, const MatmulKey& key, cudaStream_t st, Two two, Concat concat) {
+    if (!r.concat || r.concat_mode == 0) return false;
+    const MatmulPlan* plan = matmul_plan(key);
+    if (!plan || plan->candidates.empty()) return false;
+    if (r.concat_mode == 1) return true;
+    return matmul_prefer_split(key, st, two, concat); // ("split" is the concatenated form here)
+}
+
+// out = x W_lo^T, then out = x W_hi^T + out + bias (and the GELU epilogue when asked); or the same as one
+// K-concatenated GEMM
 inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu, const floatX* inp, const floatX* bias,
                            int N, int C, int OC, bool training, cudaStream_t st) {
     const int li = tcfp_linear_index(id);
     PHASE("tcfp12: quantize x");
-    float* xs = tcfp12_quantize_input(r, id, inp, N, C, training, st);
-    PHASE("tcfp12: gemm forward");
+    float* xs = tcfp12_input_scale(r, id, inp, N, C, training, st);
     const MatmulEpilogue epi = pre_gelu ? EPI_GELU_BIAS : EPI_NONE;
     if (r.emulated) {
+        // x -> the exact BF16 values of its FP8 codes
+        tcfp12_fake_quantize<Fp8Kind::E4M3>(r.xq, inp, (long long)N * C, xs, st);
+        PHASE("tcfp12: gemm forward");
         const size_t off = r.elem_offset[li];
         matmul(out, r.lo_bf + off, r.xq, nullptr, OC, N, C, true, false, 1.0f, 0.0f, false, st);
         matmul(out, r.hi_bf + off, r.xq, bias, OC, N, C, true, false, 1.0f, 1.0f, false, st, MatmulBatch(), epi, pre_gelu);
         return;
     }
+    const Fp8Stats stats = training ? tcfp_act_stats(r, li, TCFP_X) : Fp8Stats();
+    auto quantize_rows = [&](Fp8Stats s) { fp8_quantize<Fp8Kind::E4M3>(r.x8, inp, (long long)N * C, xs, nullptr, s, st); };
+    auto quantize_cat = [&](Fp8Stats s) {
+        tcfp12_quantize_twice<Fp8Kind::E4M3>(r.xcat, inp, N, C, xs, s, st);
+        tcfp12_fill_scale(r.xcat_scales, tcfp12_concat_act_scale_count(N, 2 * C), xs, st);
+    };
     const bool fast = r.options.tcfp_fast_accum != 0; // the W_lo GEMM always accumulates fast: its terms are ~16x smaller
     Fp8Operand x{r.x8, CUDA_R_8F_E4M3, xs + 4};
     Fp8Operand wlo{r.lo + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_lo_slot(r, li) + 4};
     Fp8Operand whi{r.hi + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_hi_slot(r, li) + 4};
-    if (pre_gelu && !r.gelu_epilogue) {
-        // no fused GELU for FP8 operands here: both GEMMs into pre_gelu, then the GELU kernel
-        if (!matmul_fp8(pre_gelu, false, wlo, x, nullptr, OC, N, C, 0.0f, true, st)) tcfp12_no_gemm("forward", OC, N, C);
-        if (!matmul_fp8(pre_gelu, false, whi, x, bias, OC, N, C, 1.0f, fast, st)) tcfp12_no_gemm("forward", OC, N, C);
-        gelu_forward(out, pre_gelu, (long long)N * OC, st);
-        return;
-    }
-    if (!matmul_fp8(out, false, wlo, x, nullptr, OC, N, C, 0.0f, true, st)) tcfp12_no_gemm("forward", OC, N, C);
-    if (!matmul_fp8(out, false, whi, x, bias, OC, N, C, 1.0f, fast, st, epi, pre_gelu)) {
-        if (!pre_gelu) tcfp12_no_gemm("forward", OC, N, C);
-        r.gelu_epilogue = false; // probed once: take the unfused path from now on
-        tcfp12_forward(r, id, out, pre_gelu, inp, bias, N, C, OC, training, st);
-    }
+    auto two_gemms = [&]() {
+        if (pre_gelu && r.gelu_epilogue) {
+            if (!matmul_fp8(out, false, wlo, x, nullptr, OC, N, C, 0.0f, true, st)) tcfp12_no_gemm("forward", OC, N, C);
+            if (matmul_fp8(out, false, whi, x, bias, OC, N, C, 1.0f, fast, st, epi, pre_gelu)) return;
+            r.gelu_epilogue = false; // probed once: take the unfused path from now on
+        }
+        if (pre_gelu) {
+            // no fused GELU for FP8 operands here: both GEMMs into pre_gelu, then the GELU kernel
+            if (!matmul_fp8(pre_gelu, false, wlo, x, nullptr, OC, N, C, 0.0f, true, st)) tcfp12_no_gemm("forward", OC, N, C);
+            if (!matmul_fp8(pre_gelu, false, whi, x, bias, OC, N, C, 1.0f, fast, st)) tcfp12_no_gemm("forward", OC, N, C);
+            gelu_forward(out, pre_gelu, (long long)N * OC, st);
+            return;
+        }
+        if (!matmul_fp8(out, false, wlo, x, nullptr, OC, N, C, 0.0f, true, st)) tcfp12_no_gemm("forward", OC, N, C);
+        if (!matmul_fp8(out, false, whi, x, bias, OC, N, C, 1.0f, fast, st)) tcfp12_no_gemm("forward", OC, N, C);
+    };
+    auto concat_gemm = [&]() {
+        if (!matmul_fp8_block_scaled(out, r.wcat + 2 * r.elem_offset[li], CUDA_R_8F_E4M3, r.wcat_scales + r.elem_offset[li] / 64,
+                                     r.xcat, CUDA_R_8F_E4M3, r.xcat_scales, bias, OC, N, 2 * C, st, epi, pre_gelu))
+            tcfp12_no_gemm("forward (K-concatenated)", OC, N, 2 * C);
+    };
+    const MatmulKey key = matmul_fp8_block_scaled_key(OC, N, 2 * C, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, bias != nullptr, epi);
+    const bool use_concat = tcfp12_use_concat(r, key, st, [&]() { quantize_rows(Fp8Stats()); two_gemms(); },
+                                              [&]() { quantize_cat(Fp8Stats()); concat_gemm(); });
+    // (the codes the timing made were not counted: the real ones now)
+    if (use_concat) quantize_cat(stats);
+    else quantize_rows(stats);
+    PHASE("tcfp12: gemm forward");
+    if (use_concat) concat_gemm();
+    else two_gemms();
 }
 
 inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* weight,
@@ -332,10 +412,20 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
     const int li = tcfp_linear_index(id);
     const bool fp8_wgrad = r.options.tcfp_fp8_wgrad != 0, abd = r.split.abd != 0;
     float* dys = tcfp_act_slot(r, li, TCFP_DY, true);
+    uint32_t* dy_amax = tcfp_act_amax(r, li, TCFP_DY, true);
     const float* xs = tcfp_act_slot(r, li, TCFP_X, true); // the forward pass's x scale
     PHASE("tcfp12: quantize dy + bias grad");
-    // dy's amax and the bias gradient from one read, then the quantization
-    tcfp12_dy_scale_and_bias(dys, tcfp_act_amax(r, li, TCFP_DY, true), dbias, r.scratch.bias_partials, dout, N, OC, st);
+    // dy's amax and the bias gradient from one read (or from the fc projection's GELU pass, which made
+    // this dy: Recipe::dy_sums_given), then the quantization
+    const bool sums_given = r.dy_sums_given.layer == id.layer && r.dy_sums_given.kind == id.kind;
+    if (r.dy_sums_given.layer >= 0 && !sums_given) {
+        fprintf(stderr, "error: tcfp12: the output gradient sums of layer %d's %s were not taken by the next call\n",
+                r.dy_sums_given.layer, LINEAR_NAMES[r.dy_sums_given.kind]);
+        exit(1);
+    }
+    r.dy_sums_given.layer = -1;
+    if (sums_given) tcfp12_dy_scale_from_partials(dys, dy_amax, dbias, r.scratch.bias_partials, OC, st);
+    else tcfp12_dy_scale_and_bias(dys, dy_amax, dbias, r.scratch.bias_partials, dout, N, OC, st);
     if (r.emulated) {
         const size_t off = r.elem_offset[li];
         tcfp12_fake_quantize<Fp8Kind::E5M2>(r.dyq, dout, (long long)N * OC, dys, st);
@@ -350,12 +440,41 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         if (!abd) matmul(dinp, r.lo_bf + off, r.dyq, nullptr, C, N, OC, false, false, 1.0f, 0.0f, false, st);
         matmul(dinp, r.hi_bf + off, r.dyq, nullptr, C, N, OC, false, false, 1.0f, abd ? 0.0f : 1.0f, false, st);
     } else {
-        // dy in E5M2 (and dy^T for an FP8 wgrad, from the same read)
-        if (fp8_wgrad) {
-            fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, r.dyt8, dout, N, OC, dys, nullptr, tcfp_act_stats(r, li, TCFP_DY), st);
-        } else {
-            fp8_quantize<Fp8Kind::E5M2>(r.dy8, dout, (long long)N * OC, dys, nullptr, tcfp_act_stats(r, li, TCFP_DY), st);
+        // dy in E5M2: rows for the two dgrad GEMMs (or both halves of the K-concatenated one), and dy^T
+        // for an FP8 wgrad (with the rows from the same read, or on its own read)
+        const Fp8Stats stats = tcfp_act_stats(r, li, TCFP_DY);
+        auto quantize_rows = [&](Fp8Stats s) {
+            if (fp8_wgrad) fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, r.dyt8, dout, N, OC, dys, nullptr, s, st);
+            else fp8_quantize<Fp8Kind::E5M2>(r.dy8, dout, (long long)N * OC, dys, nullptr, s, st);
+        };
+        auto quantize_cat = [&](Fp8Stats s) { // (dy^T, for an FP8 wgrad, on a read of its own)
+            tcfp12_quantize_twice<Fp8Kind::E5M2>(r.dycat, dout, N, OC, dys, s, st);
+            tcfp12_fill_scale(r.dycat_scales, tcfp12_concat_act_scale_count(N, 2 * OC), dys, st);
+            if (fp8_wgrad) fp8_quantize_transpose<Fp8Kind::E5M2>(nullptr, r.dyt8, dout, N, OC, dys, nullptr, Fp8Stats(), st);
+        };
+        const bool fast = r.options.tcfp_fast_accum != 0;
+        Fp8Operand dy{r.dy8, CUDA_R_8F_E5M2, dys + 4};
+        Fp8Operand wlo{r.lo_t + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_lo_slot(r, li) + 4};
+        Fp8Operand whi{r.hi_t + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_hi_slot(r, li) + 4};
+        auto two_gemms = [&]() {
+            if (!abd && !matmul_fp8(dinp, false, wlo, dy, nullptr, C, N, OC, 0.0f, true, st)) tcfp12_no_gemm("input gradient", C, N, OC);
+            if (!matmul_fp8(dinp, false, whi, dy, nullptr, C, N, OC, abd ? 0.0f : 1.0f, fast, st)) tcfp12_no_gemm("input gradient", C, N, OC);
+        };
+        auto concat_gemm = [&]() {
+            if (!matmul_fp8_block_scaled(dinp, r.wcat_t + 2 * r.elem_offset[li], CUDA_R_8F_E4M3, r.wcat_t_scales + r.elem_offset[li] / 64,
+                                         r.dycat, CUDA_R_8F_E5M2, r.dycat_scales, nullptr, C, N, 2 * OC, st))
+                tcfp12_no_gemm("input gradient (K-concatenated)", C, N, 2 * OC);
+        };
+        // (ABD reads W_hi alone: one GEMM, nothing to concatenate)
+        bool use_concat = false;
+        if (!abd) {
+            const MatmulKey key = matmul_fp8_block_scaled_key(C, N, 2 * OC, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, false, EPI_NONE);
+            use_concat = tcfp12_use_concat(r, key, st, [&]() { quantize_rows(Fp8Stats()); two_gemms(); },
+                                           [&]() { quantize_cat(Fp8Stats()); concat_gemm(); });
         }
+        // (the codes the timing made were not counted: the real ones now)
+        if (use_concat) quantize_cat(stats);
+        else quantize_rows(stats);
         PHASE("tcfp12: gemm wgrad");
         if (fp8_wgrad) {
             // x^T with the forward's scale: the same codes the forward GEMM read
@@ -366,15 +485,24 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
             plain_linear_backward_dw(dweight, dout, inp, N, C, OC, st);
         }
         PHASE("tcfp12: gemm dgrad");
-        const bool fast = r.options.tcfp_fast_accum != 0;
-        Fp8Operand dy{r.dy8, CUDA_R_8F_E5M2, dys + 4};
-        Fp8Operand wlo{r.lo_t + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_lo_slot(r, li) + 4};
-        Fp8Operand whi{r.hi_t + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_hi_slot(r, li) + 4};
-        if (!abd && !matmul_fp8(dinp, false, wlo, dy, nullptr, C, N, OC, 0.0f, true, st)) tcfp12_no_gemm("input gradient", C, N, OC);
-        if (!matmul_fp8(dinp, false, whi, dy, nullptr, C, N, OC, abd ? 0.0f : 1.0f, fast, st)) tcfp12_no_gemm("input gradient", C, N, OC);
+        if (use_concat) concat_gemm();
+        else two_gemms();
     }
+    if (!pre_gelu) return;
     PHASE("tcfp12: gelu backward");
-    if (pre_gelu) gelu_backward(dinp, pre_gelu, (long long)N * C, st);
+    // the fc layer's dy = dinp * gelu'(pre_gelu): when its linear_backward (the next call) quantizes it,
+    // this pass also takes the column sums (its bias gradient) and the amax (its scale) of the result,
+    // so that the fc layer need not read dy once more for them
+    const LinearId fc{id.layer, LIN_FC};
+    if (id.kind == LIN_FCPROJ && tcfp12_applies(r, fc, N, OC, C)) {
+        uint32_t* fc_amax = tcfp_act_amax(r, tcfp_linear_index(fc), TCFP_DY, true);
+        cudaCheck(cudaMemsetAsync(fc_amax, 0, sizeof(uint32_t), st));
+        if (gelu_backward_bias_partials(dinp, pre_gelu, r.scratch.bias_partials, fc_amax, N, C, st)) {
+            r.dy_sums_given = fc;
+            return;
+        }
+    }
+    gelu_backward(dinp, pre_gelu, (long long)N * C, st);
 }
 
 // ---- checkpoint state -----------------------------------------------------------------------------

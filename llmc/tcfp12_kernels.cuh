@@ -336,6 +336,15 @@ inline void tcfp12_dy_scale_and_bias(float* slot, uint32_t* amax, float* dbias, 
     cudaCheckLaunch();
 }
 
+// The same from what another pass already gathered (gelu_backward_bias_partials): *amax holds max |dy|,
+// scratch dy's column partial sums, which are added into dbias (when given) in bias_backward's order
+inline void tcfp12_dy_scale_from_partials(float* slot, const uint32_t* amax, float* dbias, const float* scratch, int OC,
+                                          cudaStream_t stream) {
+    if (dbias) bias_backward_reduce(dbias, scratch, OC, BIAS_ROW_GROUPS, stream);
+    tcfp12_act_scale_kernel<<<1, 1, 0, stream>>>(slot, amax, true);
+    cudaCheckLaunch();
+}
+
 // x (n values) -> the BF16 values of its FP8 codes: decode(fp8(x / s)) * s, exact in BF16 (the
 // emulated GEMMs' operands). n % 2 == 0.
 template <Fp8Kind K>
@@ -354,5 +363,98 @@ __global__ void tcfp12_fake_quantize_kernel(floatX* out, const floatX* in, long 
 template <Fp8Kind K>
 inline void tcfp12_fake_quantize(floatX* out, const floatX* in, long long n, const float* slot, cudaStream_t stream) {
     tcfp12_fake_quantize_kernel<K><<<fp8_grid_size(n / 2, 256), 256, 0, stream>>>(out, in, n / 2, slot);
+    cudaCheckLaunch();
+}
+
+// ---- the K-concatenated form of the dual GEMM ------------------------------------------------------
+// y = x W_hi^T s_x s_hi + x W_lo^T s_x s_lo is also ONE GEMM of depth 2K: [x | x] [W_hi | W_lo]^T, if each
+// K-half of the weight operand carries its own scale. Hopper's FP8 GEMMs take block scales (cuBLASLt
+// 12.9+: one FP32 scale per 1 x 128 block of A along K, one per 128 x 128 block of B), so with K a
+// multiple of 128 the weight side gets s_hi on its first K/128 blocks and s_lo on the rest, and the
+// activation side s_x everywhere (matmul_fp8_block_scaled). One GEMM instead of two saves the first
+// GEMM's BF16 output and the second one's read of it, and its accumulation is FP32 throughout
+// (promoted every 128 values of K); the price is writing the activation's codes twice. On an H100
+// at d12's shapes it ran 5-18% faster than the two GEMMs (dev/bench/tcfp12_gemm_bench.cu); the
+// recipe times both per shape and keeps the faster (recipe_tcfp12.h).
+
+// out (rows x 2k) = [a | b], a and b (rows x k) codes
+__global__ void tcfp12_concat_codes_kernel(uint8_t* out, const uint8_t* a, const uint8_t* b, int rows, int k16) {
+    // 16 bytes per thread (k % 16 == 0): k16 = k / 16 chunks per half-row
+    const long long n = (long long)rows * 2 * k16;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / (2 * k16);
+        const int c = (int)(i % (2 * k16));
+        const uint8_t* src = c < k16 ? a + (r * k16 + c) * 16 : b + (r * k16 + c - k16) * 16;
+        reinterpret_cast<uint4*>(out)[i] = *reinterpret_cast<const uint4*>(src);
+    }
+}
+inline void tcfp12_concat_codes(uint8_t* out, const uint8_t* a, const uint8_t* b, int rows, int k, cudaStream_t stream) {
+    tcfp12_concat_codes_kernel<<<fp8_grid_size((long long)rows * 2 * (k / 16), 256), 256, 0, stream>>>(out, a, b, rows, k / 16);
+    cudaCheckLaunch();
+}
+
+// The weight side's 1 x 128 block scales of [W_hi | W_lo] (m rows, 2k columns): a column-major
+// (m x 2k/128) array, scales[kb * m + row]: the dequantization factor of W_hi (hi_slot[4]) on the
+// first k/128 blocks, W_lo's (lo_slot[4]; 0 for the zero-residual sentinel) on the others.
+__global__ void tcfp12_concat_weight_scales_kernel(float* scales, const float* hi_slot, const float* lo_slot, int m, int kb_half) {
+    const float hi = hi_slot[4], lo = lo_slot[4];
+    const long long n = (long long)m * 2 * kb_half;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        scales[i] = i / m < kb_half ? hi : lo;
+}
+inline void tcfp12_concat_weight_scales(float* scales, const float* hi_slot, const float* lo_slot, int m, int k, cudaStream_t stream) {
+    tcfp12_concat_weight_scales_kernel<<<fp8_grid_size((long long)m * 2 * (k / 128), 256), 256, 0, stream>>>(scales, hi_slot, lo_slot, m, k / 128);
+    cudaCheckLaunch();
+}
+// the activation side's 128 x 128 block scales: `count` copies of its one dequantization factor slot[4].
+// All of them are equal, so their order does not matter, but how many cuBLASLt reads does: with exactly
+// ceil(rows/128) * K/128 of them written, the products at rows = 192 / 256 and K = 256 came out wrong
+// (H100, cuBLASLt 13.1: build/test_tcfp12 and dev/bench/tcfp12_gemm_bench.cu), as if the array's
+// leading dimension were padded; both block counts are rounded up to a multiple of 4 here, with which
+// every case is right.
+inline int tcfp12_concat_act_scale_count(int rows, int k2) { return ceil_div(ceil_div(rows, 128), 4) * 4 * ceil_div(k2 / 128, 4) * 4; }
+__global__ void tcfp12_fill_scale_kernel(float* scales, int count, const float* slot) {
+    const float s = slot[4];
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) scales[i] = s;
+}
+inline void tcfp12_fill_scale(float* scales, int count, const float* slot, cudaStream_t stream) {
+    tcfp12_fill_scale_kernel<<<ceil_div(count, 256), 256, 0, stream>>>(scales, count, slot);
+    cudaCheckLaunch();
+}
+
+// Quantization of a (rows x cols) tensor into both halves of out (rows x 2 cols): out[r] = [q(in[r]) |
+// q(in[r])], q as fp8_quantize (scale: the slot, 1/s at [0]); 8 values per thread, cols % 8 == 0. The
+// telemetry counts (when given) count each value once.
+template <Fp8Kind K, bool COUNT>
+__global__ void tcfp12_quantize_twice_kernel(uint8_t* out, const floatX* in, long long n8, int cols8, const float* scale,
+                                             Fp8Stats stats) {
+    const float s = *scale;
+    uint32_t amax = 0, sat = 0, ftz = 0, count = 0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (long long)gridDim.x * blockDim.x) {
+        uint4 packed = reinterpret_cast<const uint4*>(in)[i];
+        const floatX* v = reinterpret_cast<const floatX*>(&packed);
+        uint16_t pairs[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float a = (float)v[2 * j], b = (float)v[2 * j + 1];
+            pairs[j] = fp8_pack2<K>(a * s, b * s);
+            fp8_account<K, COUNT>(a, s, (uint8_t)(pairs[j] & 0xFF), amax, sat, ftz);
+            fp8_account<K, COUNT>(b, s, (uint8_t)(pairs[j] >> 8), amax, sat, ftz);
+        }
+        count += 8;
+        const uint2 codes = make_uint2(pairs[0] | ((uint32_t)pairs[1] << 16), pairs[2] | ((uint32_t)pairs[3] << 16));
+        const long long r = i / cols8, c = i % cols8;
+        uint2* row = reinterpret_cast<uint2*>(out) + r * 2 * cols8;
+        row[c] = codes;
+        row[cols8 + c] = codes;
+    }
+    if (COUNT) fp8_commit(amax, sat, ftz, count, nullptr, stats);
+}
+template <Fp8Kind K>
+inline void tcfp12_quantize_twice(uint8_t* out, const floatX* in, int rows, int cols, const float* scale, Fp8Stats stats,
+                                  cudaStream_t stream) {
+    const long long n8 = (long long)rows * cols / 8;
+    auto kernel = stats.counts ? tcfp12_quantize_twice_kernel<K, true> : tcfp12_quantize_twice_kernel<K, false>;
+    kernel<<<fp8_grid_size(n8, 256), 256, 0, stream>>>(out, in, n8, cols / 8, scale, stats);
     cudaCheckLaunch();
 }

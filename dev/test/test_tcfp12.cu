@@ -206,12 +206,16 @@ static std::vector<double> host_bf(const floatX* d, size_t n) {
     return v;
 }
 
-static void test_recipe(const char* label, RecipeOptions ro) {
+// concat_mode: the recipe's form of the dual GEMM (Recipe::concat_mode; -1 = the two GEMMs here, since
+// autotuning is off); the K-concatenated form needs channels that are a multiple of 128
+static void test_recipe(const char* label, RecipeOptions ro, int channels = 64, int concat_mode = -1) {
     ModelShape shape;
-    shape.num_layers = 1; shape.channels = 64; shape.num_heads = 1;
+    shape.num_layers = 1; shape.channels = channels; shape.num_heads = 1;
     const int B = 2, T = 96, N = B * T, C0 = shape.channels;
     Recipe r;
     recipe_init(r, ro, shape, B, T);
+    r.concat_mode = concat_mode;
+    if (concat_mode == 1) check(r.concat, "%s: the K-concatenated form is built at %d channels", label, channels);
     // weights of the four linears of the one layer, in BF16
     std::vector<std::vector<float>> w(NUM_LINEAR_KINDS);
     LinearWeights lw;
@@ -314,6 +318,73 @@ static void test_recipe(const char* label, RecipeOptions ro) {
     for (auto p : wd) cudaFree(p);
 }
 
+// The fc projection's backward with the GELU derivative, then the fc layer's backward, as the model runs
+// them: the fused pass (gelu_backward_bias_partials: the derivative, the fc layer's dy column sums and
+// amax in one pass) must give the same bits as gelu_backward and the fc layer reading its dy itself.
+static void test_gelu_chain(const char* label, RecipeOptions ro, int channels) {
+    ModelShape shape;
+    shape.num_layers = 1; shape.channels = channels; shape.num_heads = 1;
+    const int B = 2, T = 96, N = B * T, C = channels, H = 4 * channels;
+    Recipe r;
+    recipe_init(r, ro, shape, B, T);
+    LinearWeights lw;
+    std::vector<floatX*> wd(NUM_LINEAR_KINDS);
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+        const int ic = linear_in_features((LinearKind)k, C), oc = linear_out_features((LinearKind)k, C);
+        wd[k] = to_device(to_bf(bf16_values(oc * ic, 0.02f, 800 + k)));
+        lw.weight[k] = wd[k];
+    }
+    recipe_weights_changed(r, lw, 0);
+    floatX* x = to_device(to_bf(bf16_values(N * C, 0.5f, 901)));      // the fc layer's input
+    floatX* pre = to_device(to_bf(bf16_values(N * H, 1.5f, 902)));    // its pre-activation
+    floatX* h = to_device(to_bf(bf16_values(N * H, 0.3f, 903)));      // the GELU output (the fc projection's input)
+    floatX* dy = to_device(to_bf(bf16_values(N * C, 1e-3f, 904)));   // the fc projection's output gradient
+    floatX *dh, *dx;
+    float *dw_proj, *dw_fc, *db_fc;
+    cudaCheck(cudaMalloc(&dh, (size_t)N * H * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&dx, (size_t)N * C * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&dw_proj, (size_t)H * C * sizeof(float)));
+    cudaCheck(cudaMalloc(&dw_fc, (size_t)H * C * sizeof(float)));
+    cudaCheck(cudaMalloc(&db_fc, (size_t)H * sizeof(float)));
+    std::vector<floatX> out_dh[2], out_dx[2];
+    std::vector<float> out_dw[2], out_db[2];
+    for (int way = 0; way < 2; way++) {
+        cudaCheck(cudaMemset(dw_proj, 0, (size_t)H * C * sizeof(float)));
+        cudaCheck(cudaMemset(dw_fc, 0, (size_t)H * C * sizeof(float)));
+        cudaCheck(cudaMemset(db_fc, 0, (size_t)H * sizeof(float)));
+        // the forward passes first (the recipe keeps their x scales for the FP8 wgrad)
+        floatX *y, *g;
+        cudaCheck(cudaMalloc(&y, (size_t)N * H * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&g, (size_t)N * C * sizeof(floatX)));
+        linear_forward(r, {0, LIN_FC}, y, x, wd[LIN_FC], nullptr, N, C, H, true, 0);
+        linear_forward(r, {0, LIN_FCPROJ}, g, h, wd[LIN_FCPROJ], nullptr, N, H, C, true, 0);
+        if (way == 0) {
+            linear_backward(r, {0, LIN_FCPROJ}, dh, dw_proj, nullptr, dy, h, wd[LIN_FCPROJ], pre, N, H, C, 0);
+        } else {
+            linear_backward(r, {0, LIN_FCPROJ}, dh, dw_proj, nullptr, dy, h, wd[LIN_FCPROJ], nullptr, N, H, C, 0);
+            gelu_backward(dh, pre, (long long)N * H, 0);
+        }
+        linear_backward(r, {0, LIN_FC}, dx, dw_fc, db_fc, dh, x, wd[LIN_FC], nullptr, N, C, H, 0);
+        out_dh[way] = to_host(dh, (size_t)N * H);
+        out_dx[way] = to_host(dx, (size_t)N * C);
+        out_dw[way] = to_host(dw_fc, (size_t)H * C);
+        out_db[way] = to_host(db_fc, (size_t)H);
+        cudaFree(y); cudaFree(g);
+    }
+    auto same = [](const void* a, const void* b, size_t bytes) { return memcmp(a, b, bytes) == 0; };
+    check(same(out_dh[0].data(), out_dh[1].data(), out_dh[0].size() * sizeof(floatX)),
+          "%s: the fused GELU pass writes gelu_backward's bits (fc dy, %d x %d)", label, N, H);
+    check(same(out_db[0].data(), out_db[1].data(), out_db[0].size() * sizeof(float)),
+          "%s: the fc bias gradient from the fused pass's sums equals bias_backward's, bit for bit", label);
+    check(same(out_dx[0].data(), out_dx[1].data(), out_dx[0].size() * sizeof(floatX)),
+          "%s: the fc dgrad with the fused pass's amax (dy scale) equals the unfused one, bit for bit", label);
+    check(same(out_dw[0].data(), out_dw[1].data(), out_dw[0].size() * sizeof(float)),
+          "%s: the fc wgrad equals the unfused one, bit for bit", label);
+    for (auto p : wd) cudaFree(p);
+    cudaFree(x); cudaFree(pre); cudaFree(h); cudaFree(dy); cudaFree(dh); cudaFree(dx);
+    cudaFree(dw_proj); cudaFree(dw_fc); cudaFree(db_fc);
+}
+
 int main() {
     if (!gpu_present()) return 77;
     matmul_init();
@@ -344,6 +415,16 @@ int main() {
     test_recipe("block 32 (emulated), EF", b32);
     RecipeOptions b64 = ro; b64.tcfp_block = 64; b64.tcfp_abd = 1; b64.tcfp_fp8_wgrad = 1;
     test_recipe("block 64 (emulated), ABD, FP8 wgrad", b64);
+    // the K-concatenated form of the dual GEMM (one block-scaled FP8 GEMM of depth 2K), forced, at 128 channels
+    test_recipe("per tensor, EF, K-concatenated", ro, 128, 1);
+    test_recipe("per tensor, EF, two GEMMs at 128 channels", ro, 128, 0);
+    RecipeOptions fw = ro; fw.tcfp_fp8_wgrad = 1;
+    test_recipe("per tensor, FP8 wgrad, K-concatenated", fw, 128, 1);
+    test_recipe("per tensor, ABD, FP8 wgrad, fast accumulation, K-concatenated", fast, 128, 1);
+    // the GELU derivative fused with the fc layer's dy sums
+    test_gelu_chain("per tensor, EF", ro, 64);
+    test_gelu_chain("per tensor, ABD, FP8 wgrad", fast, 128);
+    test_gelu_chain("block 64 (emulated)", b64, 64);
     matmul_free();
     printf("tcfp12 tests: %d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
