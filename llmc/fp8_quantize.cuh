@@ -95,6 +95,22 @@ __device__ __forceinline__ void fp8_commit(uint32_t amax, uint32_t sat, uint32_t
     }
 }
 
+// Eight BF16 values (one 16-byte load) -> their eight codes (8 bytes, first value in the low byte),
+// with their contributions to amax and the counts
+template <Fp8Kind K, bool COUNT>
+__device__ __forceinline__ uint2 fp8_quantize8(uint4 packed, float s, uint32_t& amax, uint32_t& sat, uint32_t& ftz) {
+    const floatX* v = reinterpret_cast<const floatX*>(&packed);
+    uint16_t pairs[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float a = (float)v[2 * j], b = (float)v[2 * j + 1];
+        pairs[j] = fp8_pack2<K>(a * s, b * s);
+        fp8_account<K, COUNT>(a, s, (uint8_t)(pairs[j] & 0xFF), amax, sat, ftz);
+        fp8_account<K, COUNT>(b, s, (uint8_t)(pairs[j] >> 8), amax, sat, ftz);
+    }
+    return make_uint2(pairs[0] | ((uint32_t)pairs[1] << 16), pairs[2] | ((uint32_t)pairs[3] << 16));
+}
+
 // Row-major quantization of n values, 8 per thread (n % 8 == 0, 16-byte aligned input, 8-byte
 // aligned output: the caller checks). scale: device pointer to s. amax_out may be null.
 template <Fp8Kind K, bool COUNT>
@@ -103,18 +119,9 @@ __global__ void fp8_quantize_kernel(uint8_t* out, const floatX* in, long long n8
     const float s = *scale;
     uint32_t amax = 0, sat = 0, ftz = 0, count = 0;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (long long)gridDim.x * blockDim.x) {
-        uint4 packed = reinterpret_cast<const uint4*>(in)[i];
-        const floatX* v = reinterpret_cast<const floatX*>(&packed);
-        uint16_t pairs[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            float a = (float)v[2 * j], b = (float)v[2 * j + 1];
-            pairs[j] = fp8_pack2<K>(a * s, b * s);
-            fp8_account<K, COUNT>(a, s, (uint8_t)(pairs[j] & 0xFF), amax, sat, ftz);
-            fp8_account<K, COUNT>(b, s, (uint8_t)(pairs[j] >> 8), amax, sat, ftz);
-        }
+        const uint2 codes = fp8_quantize8<K, COUNT>(reinterpret_cast<const uint4*>(in)[i], s, amax, sat, ftz);
         count += 8;
-        reinterpret_cast<uint2*>(out)[i] = make_uint2(pairs[0] | ((uint32_t)pairs[1] << 16), pairs[2] | ((uint32_t)pairs[3] << 16));
+        reinterpret_cast<uint2*>(out)[i] = codes;
     }
     fp8_commit(amax, sat, ftz, count, amax_out, stats);
 }

@@ -628,6 +628,18 @@ __device__ __forceinline__ void bias_amax_commit(uint32_t amax, uint32_t* amax_o
     }
 }
 
+// One 16-byte packet of a row into the running column sums (and max |.|) of its 16/sizeof(floatX) columns
+template <bool AMAX>
+__device__ __forceinline__ void bias_accumulate_packet(uint4 packed, float* sum, uint32_t& amax) {
+    const floatX* v = reinterpret_cast<const floatX*>(&packed);
+#pragma unroll
+    for (int k = 0; k < 16 / (int)sizeof(floatX); k++) {
+        const float f = (float)v[k];
+        sum[k] += f;
+        if (AMAX) amax = max(amax, __float_as_uint(f) & 0x7FFFFFFFu);
+    }
+}
+
 template <bool AMAX>
 __global__ void bias_backward_partial_kernel(float* scratch, uint32_t* amax_out, const floatX* dout, int N, int OC) {
     int oc = blockIdx.x * blockDim.x + threadIdx.x;
@@ -661,14 +673,8 @@ __global__ void bias_backward_partial_vec_kernel(float* scratch, uint32_t* amax_
         for (int k = 0; k < PER; k++) sum[k] = 0.0f;
 #pragma unroll 4
         for (int r = r0; r < r1; r++) {
-            uint4 packed = *reinterpret_cast<const uint4*>(dout + (long long)r * OC + oc0);
-            const floatX* v = reinterpret_cast<const floatX*>(&packed);
-#pragma unroll
-            for (int k = 0; k < PER; k++) {
-                const float f = (float)v[k];
-                sum[k] += f;
-                if (AMAX) amax = max(amax, __float_as_uint(f) & 0x7FFFFFFFu);
-            }
+            const uint4 packed = *reinterpret_cast<const uint4*>(dout + (long long)r * OC + oc0);
+            bias_accumulate_packet<AMAX>(packed, sum, amax);
         }
 #pragma unroll
         for (int k = 0; k < PER; k++) scratch[(long long)blockIdx.y * OC + oc0 + k] = sum[k];
@@ -753,12 +759,8 @@ __global__ void gelu_backward_bias_partial_kernel(float* __restrict__ scratch, u
                 floatX* v = reinterpret_cast<floatX*>(&d[u]);
                 const floatX* x = reinterpret_cast<const floatX*>(&p[u]);
 #pragma unroll
-                for (int k = 0; k < PER; k++) {
-                    v[k] = (floatX)((float)v[k] * gelu_derivative((float)x[k]));
-                    const float f = (float)v[k];
-                    sum[k] += f;
-                    if (AMAX) amax = max(amax, __float_as_uint(f) & 0x7FFFFFFFu);
-                }
+                for (int k = 0; k < PER; k++) v[k] = (floatX)((float)v[k] * gelu_derivative((float)x[k]));
+                bias_accumulate_packet<AMAX>(d[u], sum, amax);
                 *reinterpret_cast<uint4*>(dinout + (long long)(r + u) * OC + oc0) = d[u];
             }
         }

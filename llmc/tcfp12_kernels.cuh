@@ -431,18 +431,8 @@ __global__ void tcfp12_quantize_twice_kernel(uint8_t* out, const floatX* in, lon
     const float s = *scale;
     uint32_t amax = 0, sat = 0, ftz = 0, count = 0;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (long long)gridDim.x * blockDim.x) {
-        uint4 packed = reinterpret_cast<const uint4*>(in)[i];
-        const floatX* v = reinterpret_cast<const floatX*>(&packed);
-        uint16_t pairs[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const float a = (float)v[2 * j], b = (float)v[2 * j + 1];
-            pairs[j] = fp8_pack2<K>(a * s, b * s);
-            fp8_account<K, COUNT>(a, s, (uint8_t)(pairs[j] & 0xFF), amax, sat, ftz);
-            fp8_account<K, COUNT>(b, s, (uint8_t)(pairs[j] >> 8), amax, sat, ftz);
-        }
+        const uint2 codes = fp8_quantize8<K, COUNT>(reinterpret_cast<const uint4*>(in)[i], s, amax, sat, ftz);
         count += 8;
-        const uint2 codes = make_uint2(pairs[0] | ((uint32_t)pairs[1] << 16), pairs[2] | ((uint32_t)pairs[3] << 16));
         const long long r = i / cols8, c = i % cols8;
         uint2* row = reinterpret_cast<uint2*>(out) + r * 2 * cols8;
         row[c] = codes;
