@@ -2,6 +2,7 @@
 """The project's speed protocol (doc/protocol.md, "dev/bench") in one command.
 
     python3 dev/bench/bench.py [--sizes d12,d24] [--recipes bf16,fp8] [--out out/bench.md]
+    python3 dev/bench/bench.py --sizes d48 --recipes "bf16,tcfp12,tcfp12:-tabd 1 -tfw 1 -tfa 1"   (a recipe with flags: a row of its own)
 
 For every model size it runs every recipe's trainer (train_gpt_<recipe>) and the PyTorch peer
 (dev/reference/gpt_reference.py: bf16 autocast, SDPA, fused AdamW, torch.compile) on synthetic
@@ -26,6 +27,7 @@ import datetime
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -76,7 +78,8 @@ def build_arg_parser():
                    help="comma list of model descriptors, e.g. d12,d24,d36,d48,gpt3:c768 (default d12)")
     p.add_argument("--recipes", default=None,
                    help="comma list of recipes (default: every train_gpt_<r> target of the Makefile "
-                        f"with r in {','.join(KNOWN_RECIPES)})")
+                        f"with r in {','.join(KNOWN_RECIPES)}); RECIPE:FLAGS runs train_gpt_RECIPE with the "
+                        "trainer flags FLAGS added, as its own row, e.g. 'bf16,tcfp12,tcfp12:-tabd 1 -tfw 1'"),
     p.add_argument("--steps", type=int, default=10, help="timed steps (median over these; protocol: >= 10)")
     p.add_argument("--warmup", type=int, default=5, help="warm-up steps before the timed ones (default 5)")
     p.add_argument("--total-batch", type=int, default=524288, help="tokens per optimizer step (default 524288)")
@@ -444,12 +447,35 @@ def quote_arg(s):
     return s if s and re.fullmatch(r"[\w@%+=:,./-]+", s) else "'" + s.replace("'", "'\\''") + "'"
 
 
-def trainer_command(recipe, size, B, T, total_batch, num_steps, shard, gpus=1):
-    """The trainer's command line; with gpus > 1, one process per GPU through scripts/launch.sh
-    (data parallel, -d is the total batch of all processes, ZeRO-1 by default)."""
+def parse_recipes(text):
+    """--recipes: a comma list of RECIPE or RECIPE:FLAGS (trainer flags added to that row's runs, for a
+    recipe's options: 'tcfp12:-tabd 1 -tfw 1'). Returns (label, recipe, flags) triples in order; the
+    label, which names the row, is the recipe, or 'recipe FLAGS'."""
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        recipe, _, flags = item.partition(":")
+        recipe, flag_list = recipe.strip(), shlex.split(flags)
+        if not re.fullmatch(r"[a-z0-9_]+", recipe):
+            raise ValueError(f"--recipes: '{recipe}' is not a recipe name")
+        label = " ".join([recipe] + flag_list)
+        if any(label == o[0] for o in out):
+            raise ValueError(f"--recipes: '{label}' is listed twice")
+        out.append((label, recipe, flag_list))
+    if not out:
+        raise ValueError("--recipes: no recipe given")
+    return out
+
+
+def trainer_command(recipe, size, B, T, total_batch, num_steps, shard, gpus=1, flags=()):
+    """The trainer's command line, with the row's extra trainer flags at the end; with gpus > 1, one
+    process per GPU through scripts/launch.sh (data parallel, -d is the total batch of all processes,
+    ZeRO-1 by default)."""
     launcher = ["bash", "scripts/launch.sh", str(gpus)] if gpus > 1 else []
     return launcher + [f"./train_gpt_{recipe}", "-e", size, "-b", str(B), "-t", str(T), "-d", str(total_batch),
-            "-x", str(num_steps), "-v", "0", "-s", "0", "-j", "", "-i", shard]
+            "-x", str(num_steps), "-v", "0", "-s", "0", "-j", "", "-i", shard] + list(flags)
 
 
 def peer_command(python, size, B, T, total_batch, warmup, steps, json_out, eager):
@@ -481,13 +507,15 @@ def new_row(size, recipe, kind, B, T, gpus=1):
             "params": None, "L": None, "C": None, "peak_gib": None, "loss_last": None}
 
 
-def run_ours(recipe, size, B, T, args, shard, log_dir, peak, gpus=1):
-    """One trainer run (on `gpus` GPUs); a row with status ok / oom / failed / timeout. With several
-    GPUs the step times and memory are process 0's (a step ends for all at its all-gather)."""
-    row = new_row(size, recipe, "ours", B, T, gpus)
+def run_ours(entry, size, B, T, args, shard, log_dir, peak, gpus=1):
+    """One trainer run of entry = (label, recipe, flags) (on `gpus` GPUs); a row with status ok / oom /
+    failed / timeout. With several GPUs the step times and memory are process 0's (a step ends for all
+    at its all-gather)."""
+    label, recipe, flags = entry
+    row = new_row(size, label, "ours", B, T, gpus)
     n = args.warmup + args.steps
-    cmd = trainer_command(recipe, size, B, T, args.total_batch, n, shard, gpus)
-    log_path = os.path.join(log_dir, f"{safe(size)}_{recipe}_B{B}" + (f"_{gpus}gpus" if gpus > 1 else "") + ".log")
+    cmd = trainer_command(recipe, size, B, T, args.total_batch, n, shard, gpus, flags)
+    log_path = os.path.join(log_dir, f"{safe(size)}_{safe(label)}_B{B}" + (f"_{gpus}gpus" if gpus > 1 else "") + ".log")
     row["log"] = log_path
     rc, text, timed_out = run_logged(cmd, REPO_ROOT, args.timeout, log_path)
     parsed = parse_trainer_output(text)
@@ -783,6 +811,7 @@ def main(argv=None):
     try:
         plan = resolve_plan(args)
         gpus = parse_gpus(args.gpus)
+        recipes = parse_recipes(args.recipes) if args.recipes else [(r, r, []) for r in discover_recipes(REPO_ROOT)]
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -800,11 +829,7 @@ def main(argv=None):
             "warmup": args.warmup, "steps": args.steps, "peak_flops": peak, "gpus": gpus, "argv": argv}
     print(f"GPU: {gpu_line}\ndate: {date}\ncommit: {meta['commit']}", flush=True)
 
-    if args.recipes:
-        recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-    else:
-        recipes = discover_recipes(REPO_ROOT)
-    print(f"recipes: {', '.join(recipes) or '(none)'}; sizes: "
+    print(f"recipes: {', '.join(e[0] for e in recipes) or '(none)'}; sizes: "
           + ", ".join(f"{s} (B={b}, T={t})" for s, b, t in plan)
           + ("" if args.no_peer else f"; peer: {PEER_LABEL}"), flush=True)
 
@@ -829,10 +854,10 @@ def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
 
     if args.dry_run:
         for size, B, T in plan:
-            for r in recipes:
+            for _, r, flags in recipes:
                 for g in meta["gpus"]:
                     print("  " + " ".join(quote_arg(c) for c in trainer_command(
-                        r, size, B, T, args.total_batch, args.warmup + args.steps, shard, g)))
+                        r, size, B, T, args.total_batch, args.warmup + args.steps, shard, g, flags)))
             if not args.no_peer:
                 print("  " + " ".join(quote_arg(c) for c in peer_command(
                     args.peer_python, size, B, T, args.total_batch, args.warmup, args.steps,
@@ -841,7 +866,7 @@ def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
 
     # build every recipe; a failed build is reported in the table, the others go on
     built = {}
-    for r in recipes:
+    for r in dict.fromkeys(e[1] for e in recipes):   # each binary once, in order
         if args.no_build:
             built[r] = (os.path.exists(os.path.join(REPO_ROOT, f"train_gpt_{r}")),
                         f"error: ./train_gpt_{r} not found (--no-build)")
@@ -855,17 +880,18 @@ def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
 
     rows = []
     for size, start_B, T in plan:
-        for r in recipes:
+        for entry in recipes:
+            label, r, _ = entry
             for g in meta["gpus"]:
                 if not built[r][0]:
-                    row = new_row(size, r, "ours", start_B, T, g)
+                    row = new_row(size, label, "ours", start_B, T, g)
                     row["status"] = "not built" if args.no_build else "build failed"
                     row["error"] = error_line(built[r][1])
                     rows.append(row)
                     continue
-                print(f"[{size}] {r}: {g} GPU{'s' if g > 1 else ''}, B={start_B} T={T}", flush=True)
+                print(f"[{size}] {label}: {g} GPU{'s' if g > 1 else ''}, B={start_B} T={T}", flush=True)
                 row = with_halving(start_B, T, args.total_batch // g,
-                                   lambda B, r=r, size=size, T=T, g=g: run_ours(r, size, B, T, args, shard,
+                                   lambda B, e=entry, size=size, T=T, g=g: run_ours(e, size, B, T, args, shard,
                                                                                 log_dir, peak, g))
                 report_row(row)
                 rows.append(row)

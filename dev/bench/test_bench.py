@@ -93,6 +93,25 @@ class TestArguments(unittest.TestCase):
         self.assertEqual(bench.trainer_command("bf16", "d12", 64, 1024, 524288, 15, "/tmp/s.bin", gpus=2),
                          ["bash", "scripts/launch.sh", "2"] + cmd)
 
+    def test_recipe_variants(self):
+        self.assertEqual(bench.parse_recipes("bf16, tcfp12,tcfp12:-tabd 1 -tfw 1"),
+                         [("bf16", "bf16", []), ("tcfp12", "tcfp12", []),
+                          ("tcfp12 -tabd 1 -tfw 1", "tcfp12", ["-tabd", "1", "-tfw", "1"])])
+        for bad in ("", " , ", "bf16,bf16", "tcfp12:-tabd 1,tcfp12: -tabd  1", "../x", "Bf16"):
+            with self.assertRaises(ValueError, msg=bad):
+                bench.parse_recipes(bad)
+        cmd = bench.trainer_command("tcfp12", "d48", 8, 1024, 524288, 15, "/tmp/s.bin", flags=["-tabd", "1"])
+        self.assertEqual(cmd[0], "./train_gpt_tcfp12")
+        self.assertEqual(cmd[-2:], ["-tabd", "1"])
+        self.assertEqual(cmd[:-2], bench.trainer_command("tcfp12", "d48", 8, 1024, 524288, 15, "/tmp/s.bin"))
+        # the variant is its own row: its ratio to bf16 and its 1-GPU scaling are its own
+        rows = [dict(bench.new_row("d12", "bf16", "ours", 64, 1024), status="ok", tok_s=100.0),
+                dict(bench.new_row("d12", "tcfp12", "ours", 64, 1024), status="ok", tok_s=80.0),
+                dict(bench.new_row("d12", "tcfp12 -tabd 1", "ours", 64, 1024), status="ok", tok_s=90.0)]
+        bench.compute_ratios(rows)
+        self.assertEqual([r["vs_bf16"] for r in rows], [1.0, 0.8, 0.9])
+        self.assertEqual([r["vs_1gpu"] for r in rows], [1.0, 1.0, 1.0])
+
     def test_gpus(self):
         self.assertEqual(bench.parse_gpus("2, 1,2"), [1, 2])
         for bad in ("0", "", "1,x", "-1", "1.5"):
