@@ -527,6 +527,12 @@ inline std::string usage() {
         std::string lhs = std::string(f.name) + " " + cli_detail::kind_placeholder(f.kind);
         out += strfmt("  %-15s  %s (default %s)\n", lhs.c_str(), f.help, cli_detail::format_value(f).c_str());
     }
+    out += "\nenvironment variables (read at start):\n"
+           "  LLMC_PROFILE=1|2              per-phase GPU time at the end of the run (2: each GEMM of the BF16 linears too)\n"
+           "  LLMC_TCFP12_CONCAT=0|1        tcfp12: force the two FP8 GEMMs (0) or the one K-concatenated block-scaled GEMM\n"
+           "                                (1, where built) instead of the per-shape timing (doc/tcfp12.md)\n"
+           "  LLMC_NVFP4_EMULATE=1          nvfp4: the emulation even where FP4 tensor cores exist (doc/nvfp4.md)\n"
+           "  LLMC_CUDNN_DETERMINISTIC=0    cuDNN attention builds: cuDNN's non-deterministic backward\n";
     out += "\n";
     out += describe_models();
     return out;
