@@ -379,7 +379,8 @@ __global__ void __launch_bounds__(256) layernorm_backward_registers_kernel(
     }
 }
 
-// The same for 1024 < C <= 32 * CPL (d36's 1280, d48's 1600, up to 2048): 6 * CPL registers would
+// The same for 1024 < C <= 32 * CPL when C % 4 != 0 (C % 4 == 0, as d36's 1280 and d48's 1600, takes the
+// 16-byte kernel below, layernorm_backward_wide4_kernel): 6 * CPL registers would
 // spill, so the warp's dw/db partial sums live in shared memory (each lane updates only its own
 // columns: no conflicts, no atomics) and w is staged there once per block; dy, x and the old dinp are
 // loaded for the whole row before the first use (loading dinp in the last loop instead left each
@@ -431,6 +432,134 @@ inline void layernorm_backward_wide(float* dinp, floatX* dinp_x, float* scratch,
         dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
 }
 
+// The wide kernel with 16-byte accesses (C % 4 == 0, 1024 < C <= 2048; the dispatcher's choice there):
+// lane l owns the float4 chunks of columns 4(l + 32i) .. 4(l + 32i) + 3, as the forward's register
+// kernels, so each row costs a lane N4 loads of dy (8 bytes of BF16), x and the old dinp (16 bytes each),
+// N4 stores of each output, and its shared-memory partial sums move a float4 at a time: a quarter of the
+// scalar wide kernel's instructions, which at d36 (C = 1280) spent more time issuing its 40 scalar
+// shared-memory updates per lane and row than its loads took (2.26 TB/s in the trainer). The per-column
+// sums dw and db are the scalar kernels' bit for bit (the same products, added in the same row order);
+// the row means of g and g * xhat are added in another order (a lane's own columns first), so dinp
+// may differ from theirs in the last bit, and dinp_x (and its column sums) where that bit changes the
+// BF16 rounding.
+template <int N4>
+__global__ void __launch_bounds__(LN_WIDE_THREADS) layernorm_backward_wide4_kernel(
+        float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp, const floatX* w,
+        const float* mean, const float* rstd, int N, int C, float branch_scale) {
+    extern __shared__ float ln_smem[];
+    const int num_warps = gridDim.x * (blockDim.x / WARP_SIZE);
+    const int warp_in_block = threadIdx.x / WARP_SIZE;
+    const int warp_id = blockIdx.x * (blockDim.x / WARP_SIZE) + warp_in_block;
+    const int lane = threadIdx.x % WARP_SIZE;
+    float* wv = ln_smem;                                  // C (C % 4 == 0: every array below stays 16-byte aligned)
+    float* dw_acc = ln_smem + C + (size_t)warp_in_block * 3 * C;
+    float* db_acc = dw_acc + C;
+    float* bb_acc = db_acc + C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) wv[c] = (float)w[c];
+    for (int c = lane * 4; c < C; c += WARP_SIZE * 4) {
+        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+        *reinterpret_cast<float4*>(dw_acc + c) = zero;
+        *reinterpret_cast<float4*>(db_acc + c) = zero;
+        *reinterpret_cast<float4*>(bb_acc + c) = zero;
+    }
+    __syncthreads();
+    for (int row = warp_id; row < N; row += num_warps) {
+        const long long off = (long long)row * C;
+        const float m = mean[row], r = rstd[row];
+        float dy[N4][4], xh[N4][4], old[N4][4];
+#pragma unroll
+        for (int i = 0; i < N4; i++) {
+            const int c = (lane + i * WARP_SIZE) * 4;
+            if (c < C) {
+                floatX d[4];
+                if constexpr (sizeof(floatX) == 2) *reinterpret_cast<uint2*>(d) = *reinterpret_cast<const uint2*>(dout + off + c);
+                else *reinterpret_cast<float4*>(d) = *reinterpret_cast<const float4*>(dout + off + c);
+                const float4 xv = *reinterpret_cast<const float4*>(inp + off + c);
+                const float4 ov = *reinterpret_cast<const float4*>(dinp + off + c);
+#pragma unroll
+                for (int k = 0; k < 4; k++) dy[i][k] = (float)d[k];
+                xh[i][0] = xv.x; xh[i][1] = xv.y; xh[i][2] = xv.z; xh[i][3] = xv.w;
+                old[i][0] = ov.x; old[i][1] = ov.y; old[i][2] = ov.z; old[i][3] = ov.w;
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; k++) { dy[i][k] = 0.0f; xh[i][k] = 0.0f; old[i][k] = 0.0f; }
+            }
+        }
+        float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma unroll
+        for (int i = 0; i < N4; i++) {
+            const int c = (lane + i * WARP_SIZE) * 4;
+            if (c < C) {
+                const float4 wq = *reinterpret_cast<const float4*>(wv + c);
+                const float ws[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    xh[i][k] = (xh[i][k] - m) * r;
+                    const float g = dy[i][k] * ws[k];
+                    sum_g += g;
+                    sum_gx += g * xh[i][k];
+                }
+            }
+        }
+        const float mean_g = warp_sum(sum_g) / C;
+        const float mean_gx = warp_sum(sum_gx) / C;
+#pragma unroll
+        for (int i = 0; i < N4; i++) {
+            const int c = (lane + i * WARP_SIZE) * 4;
+            if (c < C) {
+                const float4 wq = *reinterpret_cast<const float4*>(wv + c);
+                const float ws[4] = {wq.x, wq.y, wq.z, wq.w};
+                float acc[4];
+                floatX bx[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float dx = r * (dy[i][k] * ws[k] - mean_g - xh[i][k] * mean_gx);
+                    acc[k] = old[i][k] + dx;
+                    bx[k] = (floatX)(branch_scale * acc[k]);
+                }
+                *reinterpret_cast<float4*>(dinp + off + c) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+                if constexpr (sizeof(floatX) == 2) *reinterpret_cast<uint2*>(dinp_x + off + c) = *reinterpret_cast<const uint2*>(bx);
+                else *reinterpret_cast<float4*>(dinp_x + off + c) = *reinterpret_cast<const float4*>(bx);
+                float4 a = *reinterpret_cast<float4*>(dw_acc + c);
+                a.x += dy[i][0] * xh[i][0]; a.y += dy[i][1] * xh[i][1]; a.z += dy[i][2] * xh[i][2]; a.w += dy[i][3] * xh[i][3];
+                *reinterpret_cast<float4*>(dw_acc + c) = a;
+                a = *reinterpret_cast<float4*>(db_acc + c);
+                a.x += dy[i][0]; a.y += dy[i][1]; a.z += dy[i][2]; a.w += dy[i][3];
+                *reinterpret_cast<float4*>(db_acc + c) = a;
+                a = *reinterpret_cast<float4*>(bb_acc + c);
+                a.x += (float)bx[0]; a.y += (float)bx[1]; a.z += (float)bx[2]; a.w += (float)bx[3];
+                *reinterpret_cast<float4*>(bb_acc + c) = a;
+            }
+        }
+    }
+    float* dw_row = scratch + (long long)warp_id * 3 * C;
+    for (int c = lane * 4; c < C; c += WARP_SIZE * 4) {
+        *reinterpret_cast<float4*>(dw_row + c) = *reinterpret_cast<const float4*>(dw_acc + c);
+        *reinterpret_cast<float4*>(dw_row + C + c) = *reinterpret_cast<const float4*>(db_acc + c);
+        *reinterpret_cast<float4*>(dw_row + 2 * C + c) = *reinterpret_cast<const float4*>(bb_acc + c);
+    }
+}
+template <int N4>
+inline void layernorm_backward_wide4(float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp,
+                                     const floatX* w, const float* mean, const float* rstd, int N, int C,
+                                     float branch_scale, cudaStream_t stream) {
+    const size_t smem = layernorm_backward_wide_smem(128 * N4);
+    static bool allowed = false; // (> 48 KB of dynamic shared memory needs the opt-in, once per kernel)
+    if (!allowed) {
+        cudaCheck(cudaFuncSetAttribute(layernorm_backward_wide4_kernel<N4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        allowed = true;
+    }
+    const int grid = LN_BACKWARD_WARPS / (LN_WIDE_THREADS / WARP_SIZE);
+    layernorm_backward_wide4_kernel<N4><<<grid, LN_WIDE_THREADS, layernorm_backward_wide_smem(C), stream>>>(
+        dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
+}
+// which kernel the dispatcher runs at C (the tests name it)
+inline const char* layernorm_backward_path(int C) {
+    if (C <= 32 * WARP_SIZE) return "registers";
+    if (C > 64 * WARP_SIZE) return "generic";
+    return C % 4 == 0 ? "16-byte accesses, partial sums in shared memory" : "registers, partial sums in shared memory";
+}
+
 // dw[c] += sum_k scratch[k][c], db and (when given) dbranch_bias likewise: blockIdx.y picks which of
 // the three sums (so the three run on separate SMs). Block (32, 32): x picks the channel, y a residue
 // class of k; the 32 partial sums are then added in a fixed order, so the result is deterministic.
@@ -475,6 +604,18 @@ inline void layernorm_backward(float* dinp, floatX* dinp_x, float* dw, float* db
         layernorm_backward_registers_kernel<24><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
     } else if (C <= 32 * WARP_SIZE) {
         layernorm_backward_registers_kernel<32><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
+    } else if (C <= 64 * WARP_SIZE && C % 4 == 0) {
+        // 16-byte accesses: N4 = ceil(C / 128) float4 chunks per lane
+        switch ((C + 127) / 128) {
+            case 9: layernorm_backward_wide4<9>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream); break;
+            case 10: layernorm_backward_wide4<10>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream); break;
+            case 11: layernorm_backward_wide4<11>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream); break;
+            case 12: layernorm_backward_wide4<12>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream); break;
+            case 13: layernorm_backward_wide4<13>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream); break;
+            case 14: layernorm_backward_wide4<14>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream); break;
+            case 15: layernorm_backward_wide4<15>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream); break;
+            default: layernorm_backward_wide4<16>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream); break;
+        }
     } else if (C <= 40 * WARP_SIZE) {
         layernorm_backward_wide<40>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream);
     } else if (C <= 52 * WARP_SIZE) {

@@ -55,8 +55,16 @@ struct MatmulBatch { int count = 1; long long stride_a = 0, stride_b = 0, stride
 //   EPI_BGRADB:    D = AB (+ beta D) and aux[j] = sum over k of op(B)[k][j], a vector of length n in
 //                  D's type: the bias gradient of a weight-gradient GEMM (B = dout, k = the rows), from
 //                  the same read of dout; the vector is overwritten, never accumulated
-enum MatmulEpilogue { EPI_NONE = 0, EPI_GELU_BIAS = 1, EPI_DGELU = 2, EPI_BGRADB = 3 };
-inline bool epilogue_has_aux_matrix(int e) { return e == EPI_GELU_BIAS || e == EPI_DGELU; }
+//   EPI_DGELU_BGRAD: EPI_DGELU, and vec[i] = sum over j of D[i][j], a vector of length m: the bias gradient
+//                  of the layer whose pre-activation aux is (the fc layer's, from the fc projection's dgrad),
+//                  as FP32 (EPI_DGELU_BGRAD) or in D's type (EPI_DGELU_BGRAD_NARROW). The trainer does not
+//                  use it: cuBLASLt 13.1 on an H100 has no algorithm with the FP32 vector, and the narrow one
+//                  ran 2.7-3.4x the time of the DGELU GEMM (dev/bench/gemm_bench.cu, doc/perf.md)
+enum MatmulEpilogue { EPI_NONE = 0, EPI_GELU_BIAS = 1, EPI_DGELU = 2, EPI_BGRADB = 3, EPI_DGELU_BGRAD = 4,
+                      EPI_DGELU_BGRAD_NARROW = 5 };
+inline bool epilogue_has_aux_matrix(int e) {
+    return e == EPI_GELU_BIAS || e == EPI_DGELU || e == EPI_DGELU_BGRAD || e == EPI_DGELU_BGRAD_NARROW;
+}
 
 struct MatmulKey {
     int m, n, k, transA, transB, has_bias, batch, epilogue;
@@ -120,6 +128,7 @@ inline MatmulPlan* matmul_build_plan(const MatmulKey& key, cublasComputeType_t c
     if (key.epilogue == EPI_GELU_BIAS) epi = key.has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     else if (key.epilogue == EPI_DGELU) epi = CUBLASLT_EPILOGUE_DGELU;
     else if (key.epilogue == EPI_BGRADB) epi = CUBLASLT_EPILOGUE_BGRADB; // its vector: D's type (the default)
+    else if (key.epilogue == EPI_DGELU_BGRAD || key.epilogue == EPI_DGELU_BGRAD_NARROW) epi = CUBLASLT_EPILOGUE_DGELU_BGRAD;
     else if (key.has_bias) epi = CUBLASLT_EPILOGUE_BIAS;
     cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     if (key.device_alpha) {
@@ -156,6 +165,10 @@ inline MatmulPlan* matmul_build_plan(const MatmulKey& key, cublasComputeType_t c
     if (key.has_bias) {
         cudaDataType_t bias_type = CUDA_R_FLOATX;
         cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    }
+    if (key.epilogue == EPI_DGELU_BGRAD) {
+        cudaDataType_t vec_type = CUDA_R_32F;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &vec_type, sizeof(vec_type)));
     }
     if (epilogue_has_aux_matrix(key.epilogue)) {
         // aux has D's shape and leading dimension, in floatX
