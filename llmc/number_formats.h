@@ -421,10 +421,35 @@ LLMC_HD inline uint8_t fp4e2m1_encode_nearest(float x) {
     return (uint8_t)(((u >> 28) & 0x8u) | mag);
 }
 
+// Stochastic rounding with the generic encoder's rule (minifloat_encode): |x| = (q + f) quanta, q
+// whole and f in [0, 1); round up (away from zero) iff rbits < floor(2^32 f). The quantum is 0.5
+// below 2, 1 in [2, 4) and 2 in [4, 8), so t = |x| / quantum is an exact power-of-two scaling and
+// t < 4. For t >= 1 the bits of t below 2^-23 are zero, so v = t * 2^30 converts to an integer exactly:
+// q = v >> 30 and the fraction's 32 bits are v << 2. For t < 1, v = t * 2^32 (truncated, as the
+// generic encoder truncates a fraction that reaches below 2^-32) is the fraction itself. |x| >= 6
+// (inf too) gives 6, as rounding from the top interval [6, 8) saturates there; NaN gives +6 (0x7);
+// a zero keeps its sign. The NVFP4 gradients' hot loop: the generic encoder's per-field arithmetic
+// cost about 40 instructions an element; the CPU tests check this one against it for every float32
+// sign, exponent and top 15 mantissa bits and the random words that decide each rounding.
+LLMC_HD inline uint8_t fp4e2m1_encode_stochastic(float x, uint32_t rbits) {
+    const uint32_t u = float_bits(x), abits = u & 0x7FFFFFFFu;
+    if (abits > 0x7F800000u) return 0x7u;
+    const uint32_t sign = (u >> 28) & 0x8u;
+    const float a = bits_float(abits);
+    if (a >= 6.0f) return (uint8_t)(sign | 0x7u);
+    const float t = a < 2.0f ? rn_mul(a, 2.0f) : (a < 4.0f ? a : rn_mul(a, 0.5f));
+    const bool below_one = t < 1.0f;
+    const uint32_t v = (uint32_t)rn_mul(t, below_one ? 4294967296.0f : 1073741824.0f); // exact (see above)
+    const uint32_t q = below_one ? 0u : v >> 30, frac = below_one ? v : v << 2;
+    const uint32_t base = q + (a < 2.0f ? 0u : (a < 4.0f ? 2u : 4u)); // the code of the value below
+    const uint32_t mag = base + (rbits < frac ? 1u : 0u);
+    return (uint8_t)(sign | (mag > 7u ? 7u : mag));
+}
+
 LLMC_HD inline uint8_t fp4e2m1_encode(float x, Rounding rounding = Rounding::NearestEven,
                                       uint32_t rbits = 0) {
     if (rounding == Rounding::NearestEven) return fp4e2m1_encode_nearest(x);
-    return (uint8_t)minifloat_encode(x, kFP4E2M1, Overflow::Saturate, rounding, rbits);
+    return fp4e2m1_encode_stochastic(x, rbits);
 }
 // The value's float32 bits built directly (no int-to-float conversion, a slow instruction on GPUs):
 // magnitude m >= 2 is 2^((m >> 1) - 1) * (1 + (m & 1) / 2), i.e. exponent field 126 + (m >> 1) and

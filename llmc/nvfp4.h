@@ -371,8 +371,14 @@ LLMC_HD inline uint64_t nvfp4_mix64(uint64_t z) {
 
 // Counter-based stochastic-rounding bits: 32 bits for element `index` under `seed`, the top half of
 // mix64(mix64(seed) ^ index). Stateless, so a kernel thread computes its element's bits directly.
+// The key mix64(seed) is the same for every element of a tensor: a kernel forms it once
+// (nvfp4_sr_key) and takes each element's bits with nvfp4_sr_bits_keyed (one mix64 per element).
+LLMC_HD inline uint64_t nvfp4_sr_key(uint64_t seed) { return nvfp4_mix64(seed); }
+LLMC_HD inline uint32_t nvfp4_sr_bits_keyed(uint64_t key, uint64_t index) {
+    return (uint32_t)(nvfp4_mix64(key ^ index) >> 32);
+}
 LLMC_HD inline uint32_t nvfp4_sr_bits(uint64_t seed, uint64_t index) {
-    return (uint32_t)(nvfp4_mix64(nvfp4_mix64(seed) ^ index) >> 32);
+    return nvfp4_sr_bits_keyed(nvfp4_sr_key(seed), index);
 }
 
 // ---------------------------------------------------------------------------------------------

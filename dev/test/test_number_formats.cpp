@@ -825,6 +825,50 @@ TEST_CASE("number formats: the E2M1 fast paths equal the generic minifloat codec
     CHECK(fails == 0);
 }
 
+TEST_CASE("number formats: the E2M1 stochastic encoder equals the generic one, at every decision boundary") {
+    // Inputs: every sign, exponent and top 12 mantissa bits, with the low 11 bits 0, 1, 0x400 and
+    // 0x7FF (8M patterns: NaNs, infinities, zeros, float32 subnormals among them). For each, the
+    // fraction that decides the rounding, floor(2^32 f), is computed independently in double
+    // (|x| / quantum is exact there), and the random words frac - 1, frac, frac + 1, 0 and 2^32 - 1
+    // go to both encoders: they must agree with each other, and the generic one with the rule
+    // "away from zero iff rbits < frac" (the unbiasedness test of SR is elsewhere).
+    int fails = 0;
+    long long boundaries = 0;
+    const uint32_t lows[] = {0u, 1u, 0x400u, 0x7FFu};
+    for (uint32_t top = 0; top < (1u << 21) && fails < 5; top++) {
+        for (uint32_t low : lows) {
+            const uint32_t u = (top << 11) | low;
+            const float x = llmc::bits_float(u);
+            std::vector<uint32_t> words = {0u, 0xFFFFFFFFu};
+            const double a = std::fabs((double)x);
+            if (std::isfinite(x) && a < 6.0) {
+                const double quantum = a < 2.0 ? 0.5 : (a < 4.0 ? 1.0 : 2.0);
+                const double t = a / quantum;
+                const double frac = std::floor((t - std::floor(t)) * 4294967296.0);
+                const uint32_t f = (uint32_t)frac;
+                words.push_back(f);
+                if (f > 0) words.push_back(f - 1);
+                if (f < 0xFFFFFFFFu) words.push_back(f + 1);
+                boundaries++;
+                // the rule itself, on the generic encoder: up for f - 1, not for f
+                if (f > 0) {
+                    const uint32_t down = llmc::minifloat_encode(x, llmc::kFP4E2M1, Overflow::Saturate, Rounding::Stochastic, f);
+                    const uint32_t up = llmc::minifloat_encode(x, llmc::kFP4E2M1, Overflow::Saturate, Rounding::Stochastic, f - 1);
+                    EXPECT_IN_LOOP((up & 7u) == std::min(7u, (down & 7u) + 1u), "x bits " << u << ": frac " << f
+                                   << " rounds to " << down << " at frac, " << up << " below it");
+                }
+            }
+            for (uint32_t r : words) {
+                const uint32_t want = llmc::minifloat_encode(x, llmc::kFP4E2M1, Overflow::Saturate, Rounding::Stochastic, r);
+                const uint8_t got = llmc::fp4e2m1_encode_stochastic(x, r);
+                EXPECT_IN_LOOP(got == want, "x bits " << u << " rbits " << r << ": fast " << (int)got << " generic " << want);
+            }
+        }
+    }
+    CHECK(boundaries > 3000000);
+    CHECK(fails == 0);
+}
+
 TEST_CASE("number formats: minifloat_round_even equals decode(encode(x)) with saturation, every float that matters") {
     // The formats of the virtual-cast MX fast path and a few more eXmY with moderate biases. The
     // inputs: every sign, exponent and top 11 mantissa bits (the rounding position of a format with
