@@ -430,7 +430,8 @@ LLMC_HD inline uint8_t fp4e2m1_encode_nearest(float x) {
 // (inf too) gives 6, as rounding from the top interval [6, 8) saturates there; NaN gives +6 (0x7);
 // a zero keeps its sign. The NVFP4 gradients' hot loop: the generic encoder's per-field arithmetic
 // cost about 40 instructions an element; the CPU tests check this one against it for every float32
-// sign, exponent and top 15 mantissa bits and the random words that decide each rounding.
+// sign, exponent and top 12 mantissa bits (4 patterns of the low 11) and the random words at each
+// decision boundary.
 LLMC_HD inline uint8_t fp4e2m1_encode_stochastic(float x, uint32_t rbits) {
     const uint32_t u = float_bits(x), abits = u & 0x7FFFFFFFu;
     if (abits > 0x7F800000u) return 0x7u;
