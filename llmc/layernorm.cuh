@@ -417,19 +417,28 @@ __global__ void __launch_bounds__(LN_WIDE_THREADS) layernorm_backward_wide_kerne
         dw_row[c] = dw_acc[c]; dw_row[C + c] = db_acc[c]; dw_row[2 * C + c] = bb_acc[c];
     }
 }
+// Launches one of the wide backward kernels (KERNEL handles C up to MAX_C): LN_BACKWARD_WARPS warps,
+// the shared memory of layernorm_backward_wide_smem(C)
+template <auto KERNEL, int MAX_C>
+inline void layernorm_backward_wide_launch(float* dinp, floatX* dinp_x, float* scratch, const floatX* dout,
+                                           const float* inp, const floatX* w, const float* mean, const float* rstd,
+                                           int N, int C, float branch_scale, cudaStream_t stream) {
+    static bool allowed = false; // (> 48 KB of dynamic shared memory needs the opt-in, once per kernel)
+    if (!allowed) {
+        cudaCheck(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)layernorm_backward_wide_smem(MAX_C)));
+        allowed = true;
+    }
+    const int grid = LN_BACKWARD_WARPS / (LN_WIDE_THREADS / WARP_SIZE);
+    KERNEL<<<grid, LN_WIDE_THREADS, layernorm_backward_wide_smem(C), stream>>>(dinp, dinp_x, scratch, dout, inp, w,
+                                                                              mean, rstd, N, C, branch_scale);
+}
 template <int CPL>
 inline void layernorm_backward_wide(float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp,
                                     const floatX* w, const float* mean, const float* rstd, int N, int C,
                                     float branch_scale, cudaStream_t stream) {
-    const size_t smem = layernorm_backward_wide_smem(32 * CPL);
-    static bool allowed = false; // (> 48 KB of dynamic shared memory needs the opt-in, once per kernel)
-    if (!allowed) {
-        cudaCheck(cudaFuncSetAttribute(layernorm_backward_wide_kernel<CPL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        allowed = true;
-    }
-    const int grid = LN_BACKWARD_WARPS / (LN_WIDE_THREADS / WARP_SIZE);
-    layernorm_backward_wide_kernel<CPL><<<grid, LN_WIDE_THREADS, layernorm_backward_wide_smem(C), stream>>>(
-        dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
+    layernorm_backward_wide_launch<layernorm_backward_wide_kernel<CPL>, 32 * CPL>(dinp, dinp_x, scratch, dout, inp, w,
+                                                                                 mean, rstd, N, C, branch_scale, stream);
 }
 
 // The wide kernel with 16-byte accesses (C % 4 == 0, 1024 < C <= 2048; the dispatcher's choice there):
@@ -543,15 +552,8 @@ template <int N4>
 inline void layernorm_backward_wide4(float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp,
                                      const floatX* w, const float* mean, const float* rstd, int N, int C,
                                      float branch_scale, cudaStream_t stream) {
-    const size_t smem = layernorm_backward_wide_smem(128 * N4);
-    static bool allowed = false; // (> 48 KB of dynamic shared memory needs the opt-in, once per kernel)
-    if (!allowed) {
-        cudaCheck(cudaFuncSetAttribute(layernorm_backward_wide4_kernel<N4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        allowed = true;
-    }
-    const int grid = LN_BACKWARD_WARPS / (LN_WIDE_THREADS / WARP_SIZE);
-    layernorm_backward_wide4_kernel<N4><<<grid, LN_WIDE_THREADS, layernorm_backward_wide_smem(C), stream>>>(
-        dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
+    layernorm_backward_wide_launch<layernorm_backward_wide4_kernel<N4>, 128 * N4>(dinp, dinp_x, scratch, dout, inp, w,
+                                                                                  mean, rstd, N, C, branch_scale, stream);
 }
 // which kernel the dispatcher runs at C (the tests name it)
 inline const char* layernorm_backward_path(int C) {
