@@ -28,6 +28,14 @@
 //                                (Q1.15 counts what passes its hooks): for a kernel that passes a value
 //                                through a hook again after it was counted once (the flash attention's
 //                                second forward pass and its backward recompute the probabilities)
+// Query:
+//   observing()                  (host and device) whether the hooks count what passes them right now
+//                                (a telemetry step); false for Values. A launcher whose kernels apply a
+//                                hook to every element (the flash attention) launches them with Values
+//                                when this is false, so that the kernels of an ordinary step carry no
+//                                counting code: a count is a warp-wide vote and atomics, which inside an
+//                                element loop put a branch and a reconvergence point around every
+//                                element and raise the register pressure of the whole loop.
 // The backward pass treats every hook as the identity (straight-through), apart from the scales.
 // The recipe's own linear layers handle their GEMM outputs themselves (linear_forward).
 #pragma once
@@ -55,4 +63,5 @@ struct IdentityBoundaries {
     LLMC_BD static float gelu_output(float x) { return x; }
     LLMC_BD static float logits(float x) { return x; }
     LLMC_BD static float constrain_weight(float x) { return x; }
+    LLMC_BD static bool observing() { return false; }
 };

@@ -48,12 +48,16 @@
 // P with that same expression, so forward and backward see the same probabilities bit for bit.
 // The hooks see exactly the visible positions (key <= query < T), as in the materialized path. A
 // counting hook (Q1.15 telemetry) counts each value once: the scores in FWD_STATS, the probabilities
-// and outputs in FWD_OUTPUT; where a kernel passes a value through a hook again (the scores in
-// FWD_OUTPUT, the scores and probabilities in the backward) it takes the same hook without the
-// counting (Bd::Values), which also keeps the counting's per-element work off those loops.
+// and outputs in FWD_OUTPUT. The per-tile loops over the scores take the hooks without the counting
+// (Bd::Values), as straight-line code for every position. The forward's launcher runs the kernels
+// instantiated with Bd::Values unless the policy is counting right now (Bd::observing(), a
+// telemetry step): those carry no counting code at all. The counting instantiation passes each
+// visible score (FWD_STATS) or probability (FWD_OUTPUT) through the counting hook in a loop of its
+// own, before the values are computed.
 //
 // Only the BF16 build uses it; the FP32 reference build keeps the materialized path.
 #pragma once
+#include <type_traits>
 #include "cuda_common.h"
 #include "boundaries.h"
 #include "fp8_quantize.cuh" // Fp8Target: the FP8 recipe's E5M2 copy of dqkv
@@ -183,31 +187,69 @@ enum FwdPass { FWD_ONE_PASS = 0, FWD_STATS = 1, FWD_OUTPUT = 2 };
 
 __device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-// a score q.k (the fp32 accumulator) as the softmax reads it under active boundaries (FWD_STATS):
-// BF16 (the score GEMM's storage), then the hook; -inf where the position is not visible (the hook
-// does not see it)
-template <class Bd>
-__device__ __forceinline__ float read_score(float s, bool visible) {
-    static_assert(Bd::ACTIVE, "plain boundaries read the scores as they are (FWD_ONE_PASS)");
-    return visible ? Bd::attention_scores(bf16_round(s)) : -INFINITY;
+// Two floats rounded to BF16 (returned as floats) by one packed conversion: Hopper's conversion
+// instructions run at a small fraction of the FP32 rate, and the Q1.15 attention rounds every score
+// and every probability to BF16 in each of its four kernels, so one conversion per pair of values
+// instead of one per value matters there. Round to nearest even, as __float2bfloat16_rn.
+__device__ __forceinline__ void bf16_round2(float& a, float& b) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);   // .x = a (the low half), .y = b
+    const uint32_t u = *reinterpret_cast<const uint32_t*>(&h);
+    a = __uint_as_float(u << 16);
+    b = __uint_as_float(u & 0xFFFF0000u);
 }
 
-// P[query, key] recomputed from the score s = q.k and nl = -lse[query] * log2(e). Plain:
-// exp(scale * s - lse), in fp32. Active boundaries: the stored probability BF16(softmax_output(p)),
-// p from the score as read_score reads it (the score was counted there: not again here); the
-// probability is counted once, where FWD_OUTPUT forms it (COUNT_PROB), not where the backward
-// recomputes it. 0 where not visible.
-template <class Bd, bool COUNT_PROB = false>
-__device__ __forceinline__ float recompute_prob(float s, float scale_log2, float nl, bool visible) {
+// Two scores q.k (fp32 accumulators) as the softmax reads them under active boundaries (FWD_STATS):
+// BF16 (the score GEMM's storage), then the hook; -inf where the position is not visible. The
+// inner loops take the hooks without counting (Bd::Values) and as straight-line code, the value
+// computed for every position and selected; a telemetry step counts in a loop of its own
+// (count_score, count_prob), each visible value once.
+template <class Bd>
+__device__ __forceinline__ void read_scores2(float& s0, float& s1, bool visible0, bool visible1) {
+    static_assert(Bd::ACTIVE, "plain boundaries read the scores as they are (FWD_ONE_PASS)");
+    using Values = typename Bd::Values;
+    float x0 = s0, x1 = s1;
+    bf16_round2(x0, x1);
+    x0 = Values::attention_scores(x0);
+    x1 = Values::attention_scores(x1);
+    s0 = visible0 ? x0 : -INFINITY;
+    s1 = visible1 ? x1 : -INFINITY;
+}
+
+// P[query, key] of two positions, recomputed from their scores s = q.k and nl = -lse[query] *
+// log2(e). Plain: exp(scale * s - lse), in fp32. Active boundaries: the stored probability
+// BF16(softmax_output(p)), p from the score as read_scores2 reads it. 0 where not visible.
+template <class Bd>
+__device__ __forceinline__ void recompute_probs2(float s0, float s1, float scale_log2, float nl0, float nl1,
+                                                 bool visible0, bool visible1, float& p0, float& p1) {
     if constexpr (Bd::ACTIVE) {
         using Values = typename Bd::Values;
-        if (!visible) return 0.0f;
-        const float p = fast_exp2(fmaf(Values::attention_scores(bf16_round(s)), scale_log2, nl));
-        return bf16_round(COUNT_PROB ? Bd::softmax_output(p) : Values::softmax_output(p));
+        bf16_round2(s0, s1);
+        float q0 = Values::softmax_output(fast_exp2(fmaf(Values::attention_scores(s0), scale_log2, nl0)));
+        float q1 = Values::softmax_output(fast_exp2(fmaf(Values::attention_scores(s1), scale_log2, nl1)));
+        bf16_round2(q0, q1);
+        p0 = visible0 ? q0 : 0.0f;
+        p1 = visible1 ? q1 : 0.0f;
     } else {
-        const float p = fast_exp2(fmaf(s, scale_log2, nl));
-        return visible ? p : 0.0f;
+        const float e0 = fast_exp2(fmaf(s0, scale_log2, nl0)), e1 = fast_exp2(fmaf(s1, scale_log2, nl1));
+        p0 = visible0 ? e0 : 0.0f;
+        p1 = visible1 ? e1 : 0.0f;
     }
+}
+
+// whether the kernels instantiated with Bd count (a counting policy; its Values, or a policy without
+// telemetry, do not)
+template <class Bd>
+__host__ __device__ constexpr bool counts_values() { return !std::is_same<Bd, typename Bd::Values>::value; }
+
+// Telemetry (counting policies only): a visible score through the counting hook (FWD_STATS
+// counts the scores), and a visible probability (FWD_OUTPUT counts the probabilities); the values
+// are the ones read_score and recompute_prob compute
+template <class Bd>
+__device__ __forceinline__ void count_score(float s) { (void)Bd::attention_scores(bf16_round(s)); }
+template <class Bd>
+__device__ __forceinline__ void count_prob(float s, float scale_log2, float nl) {
+    const float p = fast_exp2(fmaf(Bd::Values::attention_scores(bf16_round(s)), scale_log2, nl));
+    (void)Bd::softmax_output(p);
 }
 
 // an output element (att @ v, fp32) as stored: plain, as is; active, BF16 (the GEMM's storage) then
@@ -503,24 +545,56 @@ flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __
             // active boundaries: every visible score (key <= query < T) through the hooks; FWD_STATS
             // keeps the score as read, FWD_OUTPUT turns it into the stored probability
             const bool need_mask = j * KB + KB - 1 > wq_lo || wq_hi >= T;
+            if constexpr (counts_values<Bd>()) {   // telemetry: each visible value counted once, before the loop below
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
+                for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int row = wq_lo + mt * 16 + g + 8 * (e >> 1);
+                    for (int e = 0; e < 4; e++) {
+                        const int row = wq_lo + mt * 16 + g + 8 * (e >> 1);
 #pragma unroll
-                    for (int n = 0; n < KB / 8; n++) {
-                        const int c = j * KB + n * 8 + 2 * t4 + (e & 1);
-                        const bool vis = !need_mask || (c <= row && row < T);
-                        if constexpr (PASS == FWD_STATS) {
-                            s[mt][n][e] = read_score<Bd>(s[mt][n][e], vis);
-                        } else {
-                            s[mt][n][e] = recompute_prob<Bd, true>(s[mt][n][e], scale_log2, nl[mt][e >> 1], vis);
-                            if (probs != nullptr && vis)
-                                probs[((long long)bh * T + row) * T + c] = __float2bfloat16_rn(s[mt][n][e]);
+                        for (int n = 0; n < KB / 8; n++) {
+                            const int c = j * KB + n * 8 + 2 * t4 + (e & 1);
+                            if (need_mask && !(c <= row && row < T)) continue;
+                            if constexpr (PASS == FWD_STATS) count_score<Bd>(s[mt][n][e]);
+                            else count_prob<Bd>(s[mt][n][e], scale_log2, nl[mt][e >> 1]);
+                        }
+                    }
+            }
+            // tiles off the diagonal: a loop without the visibility tests (as in the wgmma kernel)
+            auto through_hooks = [&](auto masked) {
+                constexpr bool MASKED = decltype(masked)::value;
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {   // elements 2h, 2h + 1: one row, columns c, c + 1
+                        const int row = wq_lo + mt * 16 + g + 8 * h;
+#pragma unroll
+                        for (int n = 0; n < KB / 8; n++) {
+                            const int c = j * KB + n * 8 + 2 * t4;
+                            const bool vis0 = !MASKED || (c <= row && row < T), vis1 = !MASKED || (c + 1 <= row && row < T);
+                            float& x0 = s[mt][n][2 * h];
+                            float& x1 = s[mt][n][2 * h + 1];
+                            if constexpr (PASS == FWD_STATS) read_scores2<Bd>(x0, x1, vis0, vis1);
+                            else recompute_probs2<Bd>(x0, x1, scale_log2, nl[mt][h], nl[mt][h], vis0, vis1, x0, x1);
                         }
                     }
                 }
+            };
+            if (need_mask) through_hooks(std::true_type());
+            else through_hooks(std::false_type());
+            if (PASS == FWD_OUTPUT && probs != nullptr) {   // tests: every visible stored probability
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int row = wq_lo + mt * 16 + g + 8 * (e >> 1);
+#pragma unroll
+                        for (int n = 0; n < KB / 8; n++) {
+                            const int c = j * KB + n * 8 + 2 * t4 + (e & 1);
+                            if (!need_mask || (c <= row && row < T))
+                                probs[((long long)bh * T + row) * T + c] = __float2bfloat16_rn(s[mt][n][e]);
+                        }
+                    }
             }
         }
         // online softmax: every row sees key 0 in tile 0, so after tile 0 the maxima are finite
@@ -775,10 +849,12 @@ flash_bwd_dq_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, const bf1
 #pragma unroll
             for (int n = 0; n < KB / 8; n++) {
                 const int c = j * KB + n * 8 + 2 * t4;
-                const float p00 = recompute_prob<Bd>(s[mt][n][0], scale_log2, nl[mt][0], !need_mask || (c <= r0 && v0));
-                const float p01 = recompute_prob<Bd>(s[mt][n][1], scale_log2, nl[mt][0], !need_mask || (c + 1 <= r0 && v0));
-                const float p10 = recompute_prob<Bd>(s[mt][n][2], scale_log2, nl[mt][1], !need_mask || (c <= r1 && v1));
-                const float p11 = recompute_prob<Bd>(s[mt][n][3], scale_log2, nl[mt][1], !need_mask || (c + 1 <= r1 && v1));
+                float p00, p01;
+                recompute_probs2<Bd>(s[mt][n][0], s[mt][n][1], scale_log2, nl[mt][0], nl[mt][0],
+                                     !need_mask || (c <= r0 && v0), !need_mask || (c + 1 <= r0 && v0), p00, p01);
+                float p10, p11;
+                recompute_probs2<Bd>(s[mt][n][2], s[mt][n][3], scale_log2, nl[mt][1], nl[mt][1],
+                                     !need_mask || (c <= r1 && v1), !need_mask || (c + 1 <= r1 && v1), p10, p11);
                 dp[mt][n][0] = p00 * (dp[mt][n][0] - Dr[mt][0]);
                 dp[mt][n][1] = p01 * (dp[mt][n][1] - Dr[mt][0]);
                 dp[mt][n][2] = p10 * (dp[mt][n][2] - Dr[mt][1]);
@@ -944,10 +1020,12 @@ flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, con
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 const int key0 = wk_lo + mt * 16 + g, key1 = key0 + 8;   // this thread's two key rows
-                const float p00 = recompute_prob<Bd>(sT[mt][n][0], scale_log2, nl0, !need_mask || (key0 <= qa && qa < T));   // key0, query c
-                const float p01 = recompute_prob<Bd>(sT[mt][n][1], scale_log2, nl1, !need_mask || (key0 <= qb1 && qb1 < T)); // key0, query c+1
-                const float p10 = recompute_prob<Bd>(sT[mt][n][2], scale_log2, nl0, !need_mask || (key1 <= qa && qa < T));   // key1, query c
-                const float p11 = recompute_prob<Bd>(sT[mt][n][3], scale_log2, nl1, !need_mask || (key1 <= qb1 && qb1 < T)); // key1, query c+1
+                float p00, p01;   // key0, query c; key0, query c+1
+                recompute_probs2<Bd>(sT[mt][n][0], sT[mt][n][1], scale_log2, nl0, nl1,
+                                     !need_mask || (key0 <= qa && qa < T), !need_mask || (key0 <= qb1 && qb1 < T), p00, p01);
+                float p10, p11;   // key1, query c; key1, query c+1
+                recompute_probs2<Bd>(sT[mt][n][2], sT[mt][n][3], scale_log2, nl0, nl1,
+                                     !need_mask || (key1 <= qa && qa < T), !need_mask || (key1 <= qb1 && qb1 < T), p10, p11);
                 sT[mt][n][0] = p00; sT[mt][n][1] = p01; sT[mt][n][2] = p10; sT[mt][n][3] = p11;
                 dpt[mt][n][0] = p00 * (dpt[mt][n][0] - dq.x);
                 dpt[mt][n][1] = p01 * (dpt[mt][n][1] - dq.y);
@@ -1249,18 +1327,48 @@ flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf
             }
         } else {   // active boundaries: as in flash_fwd_kernel
             const bool need_mask = j * FWG_KB + FWG_KB - 1 > w_lo || w_lo + 15 >= T;
+            if constexpr (counts_values<Bd>()) {   // telemetry: each visible value counted once, before the loop below
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int row = e < 2 ? r0 : r1;
+                for (int e = 0; e < 4; e++) {
+                    const int row = e < 2 ? r0 : r1;
 #pragma unroll
-                for (int n = 0; n < 8; n++) {
-                    const int c = j * FWG_KB + n * 8 + 2 * t4 + (e & 1);
-                    const bool vis = !need_mask || (c <= row && row < T);
-                    if constexpr (PASS == FWD_STATS) {
-                        s[4 * n + e] = read_score<Bd>(s[4 * n + e], vis);
-                    } else {
-                        s[4 * n + e] = recompute_prob<Bd, true>(s[4 * n + e], scale_log2, e < 2 ? nl0 : nl1, vis);
-                        if (probs != nullptr && vis) probs[((long long)bh * T + row) * T + c] = __float2bfloat16_rn(s[4 * n + e]);
+                    for (int n = 0; n < 8; n++) {
+                        const int c = j * FWG_KB + n * 8 + 2 * t4 + (e & 1);
+                        if (need_mask && !(c <= row && row < T)) continue;
+                        if constexpr (PASS == FWD_STATS) count_score<Bd>(s[4 * n + e]);
+                        else count_prob<Bd>(s[4 * n + e], scale_log2, e < 2 ? nl0 : nl1);
+                    }
+                }
+            }
+            // the tiles that need no mask (all but the diagonal ones) take a loop without the
+            // visibility tests, whose 32 predicates would otherwise be spilled to registers
+            auto through_hooks = [&](auto masked) {
+                constexpr bool MASKED = decltype(masked)::value;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {   // elements 2h, 2h + 1: one row, columns c, c + 1
+                    const int row = h == 0 ? r0 : r1;
+#pragma unroll
+                    for (int n = 0; n < 8; n++) {
+                        const int c = j * FWG_KB + n * 8 + 2 * t4;
+                        const bool vis0 = !MASKED || (c <= row && row < T), vis1 = !MASKED || (c + 1 <= row && row < T);
+                        float& x0 = s[4 * n + 2 * h];
+                        float& x1 = s[4 * n + 2 * h + 1];
+                        if constexpr (PASS == FWD_STATS) read_scores2<Bd>(x0, x1, vis0, vis1);
+                        else recompute_probs2<Bd>(x0, x1, scale_log2, h == 0 ? nl0 : nl1, h == 0 ? nl0 : nl1, vis0, vis1, x0, x1);
+                    }
+                }
+            };
+            if (need_mask) through_hooks(std::true_type());
+            else through_hooks(std::false_type());
+            if (PASS == FWD_OUTPUT && probs != nullptr) {   // tests: every visible stored probability
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int row = e < 2 ? r0 : r1;
+#pragma unroll
+                    for (int n = 0; n < 8; n++) {
+                        const int c = j * FWG_KB + n * 8 + 2 * t4 + (e & 1);
+                        if (!need_mask || (c <= row && row < T))
+                            probs[((long long)bh * T + row) * T + c] = __float2bfloat16_rn(s[4 * n + e]);
                     }
                 }
             }
@@ -1438,10 +1546,12 @@ flash_bwd_dq_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, flo
 #pragma unroll
         for (int n = 0; n < 8; n++) {
             const int c = j * DQWG_KB + n * 8 + 2 * t4;
-            const float p00 = recompute_prob<Bd>(s[4 * n], scale_log2, nl0, !need_mask || (c <= r0 && v0));
-            const float p01 = recompute_prob<Bd>(s[4 * n + 1], scale_log2, nl0, !need_mask || (c + 1 <= r0 && v0));
-            const float p10 = recompute_prob<Bd>(s[4 * n + 2], scale_log2, nl1, !need_mask || (c <= r1 && v1));
-            const float p11 = recompute_prob<Bd>(s[4 * n + 3], scale_log2, nl1, !need_mask || (c + 1 <= r1 && v1));
+            float p00, p01;
+            recompute_probs2<Bd>(s[4 * n], s[4 * n + 1], scale_log2, nl0, nl0,
+                                 !need_mask || (c <= r0 && v0), !need_mask || (c + 1 <= r0 && v0), p00, p01);
+            float p10, p11;
+            recompute_probs2<Bd>(s[4 * n + 2], s[4 * n + 3], scale_log2, nl1, nl1,
+                                 !need_mask || (c <= r1 && v1), !need_mask || (c + 1 <= r1 && v1), p10, p11);
             dp[4 * n] = p00 * (dp[4 * n] - D0);
             dp[4 * n + 1] = p01 * (dp[4 * n + 1] - D0);
             dp[4 * n + 2] = p10 * (dp[4 * n + 2] - D1);
@@ -1580,10 +1690,12 @@ flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ bias_par
             const float2 dq = *reinterpret_cast<const float2*>(d_s + c);
             const float nl0 = -lq.x * LOG2E, nl1 = -lq.y * LOG2E;
             const int qa = qs + c, qb1 = qa + 1;
-            const float p00 = recompute_prob<Bd>(st_[4 * n], scale_log2, nl0, !need_mask || (key0 <= qa && qa < T));       // key0, query c
-            const float p01 = recompute_prob<Bd>(st_[4 * n + 1], scale_log2, nl1, !need_mask || (key0 <= qb1 && qb1 < T));   // key0, query c+1
-            const float p10 = recompute_prob<Bd>(st_[4 * n + 2], scale_log2, nl0, !need_mask || (key1 <= qa && qa < T));     // key1, query c
-            const float p11 = recompute_prob<Bd>(st_[4 * n + 3], scale_log2, nl1, !need_mask || (key1 <= qb1 && qb1 < T));   // key1, query c+1
+            float p00, p01;   // key0, query c; key0, query c+1
+            recompute_probs2<Bd>(st_[4 * n], st_[4 * n + 1], scale_log2, nl0, nl1,
+                                 !need_mask || (key0 <= qa && qa < T), !need_mask || (key0 <= qb1 && qb1 < T), p00, p01);
+            float p10, p11;   // key1, query c; key1, query c+1
+            recompute_probs2<Bd>(st_[4 * n + 2], st_[4 * n + 3], scale_log2, nl0, nl1,
+                                 !need_mask || (key1 <= qa && qa < T), !need_mask || (key1 <= qb1 && qb1 < T), p10, p11);
             st_[4 * n] = p00; st_[4 * n + 1] = p01; st_[4 * n + 2] = p10; st_[4 * n + 3] = p11;
             dpt[4 * n] = p00 * (dpt[4 * n] - dq.x);
             dpt[4 * n + 1] = p01 * (dpt[4 * n + 1] - dq.y);
@@ -1727,6 +1839,12 @@ void forward_pass_launch(floatX* out, float* lse, const floatX* qkv, int B, int 
 // plain: one pass; active boundaries: the statistics pass, then the output pass (top of the file)
 template <class Bd, int HS>
 void forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, bf16* probs, cudaStream_t stream) {
+    if constexpr (counts_values<Bd>()) {   // the counting kernels only in a telemetry step (top of the file)
+        if (!Bd::observing()) {
+            forward_launch<typename Bd::Values, HS>(out, lse, qkv, B, T, NH, probs, stream);
+            return;
+        }
+    }
     if constexpr (Bd::ACTIVE) {
         forward_pass_launch<Bd, FWD_STATS, HS>(out, lse, qkv, B, T, NH, nullptr, stream);
         forward_pass_launch<Bd, FWD_OUTPUT, HS>(out, lse, qkv, B, T, NH, probs, stream);

@@ -8,6 +8,7 @@
 // dlogits and with active boundaries, Bd::logits(logit_i) is written back, so that the stored logits
 // are the boundary's values (for evaluation, tests and sampling).
 #pragma once
+#include <type_traits>
 #include "cuda_common.h"
 #include "boundaries.h"
 
@@ -80,6 +81,14 @@ inline void fused_classifier(floatX* logits, float* losses, const int* targets, 
     if (Vp % (16 / sizeof(floatX)) != 0) {
         fprintf(stderr, "error: the padded vocabulary %d must be a multiple of %d\n", Vp, (int)(16 / sizeof(floatX)));
         exit(1);
+    }
+    if constexpr (!std::is_same<Bd, typename Bd::Values>::value) {
+        // a counting policy counts only in a telemetry step; otherwise the kernel without the
+        // counting code (boundaries.h, observing())
+        if (!Bd::observing()) {
+            fused_classifier<typename Bd::Values>(logits, losses, targets, dloss, BT, V, Vp, write_dlogits, stream);
+            return;
+        }
     }
     fused_classifier_kernel<Bd><<<BT, 1024, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_dlogits);
     cudaCheckLaunch();

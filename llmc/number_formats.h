@@ -538,32 +538,57 @@ LLMC_HD inline int16_t q115_encode(float x) {
     return (int16_t)round_to_int_even(q_clamp(x) * 32768.0f);
 }
 LLMC_HD inline float q115_decode(int16_t k) { return (float)k * (1.0f / 32768.0f); }
-// The simulate functions compute decode(encode(x)) without leaving FP32: a float -> int -> float
-// round trip runs on the GPU's conversion units (a quarter of the FP32 rate), and the attention
-// applies these functions several times per score. For 0 <= y < 2^23, (y + 2^23) - 2^23 is y
-// rounded to an integer, ties to even, by the FP32 adder itself (the sum lies in [2^23, 2^24), where
-// the spacing of floats is 1). Rounding the magnitude and restoring the sign gives the codec's
-// result; the final + 0 turns the -0 of a negative that rounds to 0 into the codec's +0. Device code
-// uses the _rn intrinsics so that nothing is contracted or reordered (also under --use_fast_math).
-// Both are checked against decode(encode(x)) on the CPU (dev/test/test_number_formats.cpp).
-LLMC_HD inline float round_magnitude_below_2_23(float y) {   // rint(|y|) for |y| < 2^23
+// The simulate functions compute decode(encode(x)) without leaving FP32 and without a branch: the
+// flash attention applies them to every score and probability (several times per score), in loops
+// the compiler can only interleave when they are straight-line code (an early return for NaN made
+// every element a branch with its own reconvergence point: about 25 instructions and no overlap
+// between elements). A float -> int -> float round trip would also run on the conversion units, a
+// quarter of the FP32 rate.
+//
+// Rounding by one addition: floats in [2^k, 2^(k+1)) are spaced 2^(k-23). For a value v with
+// v + M inside one such binade, v + M is computed exactly and rounded once, to the nearest multiple
+// of 2^(k-23) with ties to even (M a multiple of 2^(k-22), so the even multiples of the spacing are
+// those whose last mantissa bit is 0), and (v + M) - M is then exact: v rounded to a multiple of
+// 2^(k-23), ties to even, which is rint(v * 2^(23-k)) * 2^(k-23) bit for bit.
+//   Q1.15: c = x clamped to [-0.999, 0.999]; c + 384 lies in (383, 385), inside [256, 512) where the
+//          spacing is 2^-15. A negative c that rounds to zero gives 384 - 384 = +0, the codec's +0
+//          (an integer code has no -0), so the sign needs no handling.
+//   Q1.31: only below 2^-8 (above, every float is a multiple of 2^-31 already), on the magnitude:
+//          a + 2^-8 lies in [2^-8, 2^-7), spacing 2^-31; the sign is put back after, and a final
+//          + 0 turns the -0 of a negative that rounds to 0 (and of -0 itself) into +0.
+// NaN is selected through at the end (the clamp would have turned it into a number). Device code
+// uses the _rn intrinsics so that nothing is contracted or reordered (also under --use_fast_math,
+// whose flush-to-zero gives the same result here: a subnormal rounds to 0 either way). Both are
+// checked against decode(encode(x)) on the CPU for every BF16 value, a stride through all floats and
+// the neighbourhood of every tie (dev/test/test_number_formats.cpp).
+LLMC_HD inline float add_then_subtract(float v, float big) {   // (v + big) - big, each rounded once
 #ifdef __CUDA_ARCH__
-    return __fsub_rn(__fadd_rn(fabsf(y), 8388608.0f), 8388608.0f);
+    return __fsub_rn(__fadd_rn(v, big), big);
 #else
-    return (std::fabs(y) + 8388608.0f) - 8388608.0f;
+    volatile float sum = v + big; // (volatile: no excess precision or reassociation on the host)
+    return sum - big;
 #endif
 }
-LLMC_HD inline float with_sign_of(float magnitude, float x) {   // +-magnitude, +0 for a zero
+// x clamped to [-0.999, 0.999] by min and max (a NaN becomes a number: callers select it through)
+LLMC_HD inline float q_clamp_minmax(float x) {
+    const float t = Q115_OVERFLOW_THRESHOLD;
 #ifdef __CUDA_ARCH__
-    return __fadd_rn(x < 0.0f ? -magnitude : magnitude, 0.0f);
+    return fminf(fmaxf(x, -t), t);
 #else
-    return (x < 0.0f ? -magnitude : magnitude) + 0.0f;
+    return std::fmin(std::fmax(x, -t), t);
+#endif
+}
+// the NaN test of the simulate functions: one unordered comparison on the device, the bits on the host
+LLMC_HD inline bool is_nan_value(float x) {
+#ifdef __CUDA_ARCH__
+    return isnan(x);
+#else
+    return is_nan_bits(x);
 #endif
 }
 LLMC_HD inline float simulate_q115(float x) {
-    if (is_nan_bits(x)) return x;
-    const float c = q_clamp(x);   // |c * 2^15| <= 32735.2
-    return with_sign_of(round_magnitude_below_2_23(c * 32768.0f), c) * (1.0f / 32768.0f);
+    const float r = add_then_subtract(q_clamp_minmax(x), 384.0f);   // |c * 2^15| <= 32735.2
+    return is_nan_value(x) ? x : r;
 }
 
 LLMC_HD inline int32_t q131_encode(float x) {
@@ -571,22 +596,25 @@ LLMC_HD inline int32_t q131_encode(float x) {
     return round_to_int_even(q_clamp(x) * 2147483648.0f);
 }
 LLMC_HD inline float q131_decode(int32_t k) { return (float)k * (1.0f / 2147483648.0f); }
-// (|c| >= 2^-8: a float there is a multiple of 2^-31 already; below, |c * 2^31| < 2^23)
+// (|c| >= 2^-8: a float there is a multiple of 2^-31 already; below, it rounds to one)
 LLMC_HD inline float simulate_q131(float x) {
-    if (is_nan_bits(x)) return x;
-    const float c = q_clamp(x);
-    if (abs_bits(c) >= 0.00390625f) return c;
-    return with_sign_of(round_magnitude_below_2_23(c * 2147483648.0f), c) * (1.0f / 2147483648.0f);
+    const float c = abs_bits(q_clamp_minmax(x));
+    const float r = c < 0.00390625f ? add_then_subtract(c, 0.00390625f) : c;
+    const float signed_r = bits_float(float_bits(r) | (float_bits(x) & 0x80000000u));
+#ifdef __CUDA_ARCH__
+    const float q = __fadd_rn(signed_r, 0.0f);
+#else
+    const float q = signed_r + 0.0f;
+#endif
+    return is_nan_value(x) ? x : q;
 }
 
-// simulate_q115(simulate_q131(x)): a GEMM output through the FP32 register, then the SF16 store. For
-// a BF16 value (the low 16 bits zero) simulate_q131 changes nothing that simulate_q115 keeps: it is
-// the identity from |x| >= 2^-24 up (a BF16 value there is a multiple of 2^-31) and below that both
-// roads give +0; so the Q1.31 rounding is skipped, and only other floats take it (checked for every
-// BF16 value and a stride through all floats in dev/test/test_number_formats.cpp).
-LLMC_HD inline float simulate_q115_of_q131(float x) {
-    if ((float_bits(x) & 0xFFFFu) == 0u) return simulate_q115(x);
-    return simulate_q115(simulate_q131(x));
-}
+// simulate_q115(simulate_q131(x)): a GEMM output through the FP32 register, then the SF16 store.
+// For a BF16 value (every GEMM output here is stored in BF16 first) it equals simulate_q115(x)
+// bit for bit: simulate_q131 is the identity from |x| >= 2^-24 up (a BF16 value there is a multiple
+// of 2^-31) and below that both roads give +0 (checked for every BF16 value in
+// dev/test/test_number_formats.cpp). The recipe's hooks rely on that and apply simulate_q115 alone
+// (llmc/recipe_q115.h); this function is the general composition, for other floats.
+LLMC_HD inline float simulate_q115_of_q131(float x) { return simulate_q115(simulate_q131(x)); }
 
 } // namespace llmc

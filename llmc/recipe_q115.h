@@ -150,6 +150,13 @@ inline Q115Counters q115_total(const Q115Counters* slots, int which) {
 // Where the hooks count: the recipe's counters during a telemetry step, else null (no counting).
 // Constant memory: no store can alias it, so kernels load it once.
 __constant__ Q115Counters* q115_counters;
+// The host's copy of (q115_counters != nullptr), for launchers that pick their kernels by it
+// (boundaries.h, observing()). q115_point_counters sets both.
+inline bool q115_counting_now = false;
+inline void q115_point_counters(Q115Counters* p, cudaStream_t stream) {
+    cudaCheck(cudaMemcpyToSymbolAsync(q115_counters, &p, sizeof(p), 0, cudaMemcpyHostToDevice, stream));
+    q115_counting_now = p != nullptr;
+}
 
 // Warp-aggregated: one lane of the threads that reach this together adds their counts, into its
 // slot. The amax's atomic is skipped when it would not raise the slot's value (read first, through
@@ -183,11 +190,16 @@ LLMC_BD float q115_boundary(int which, float x) {
 #endif
     return s * q;
 }
-// a forward GEMM's output: simulate_q131 (the FP32 register) then simulate_q115 (the SF16 store)
+// a forward GEMM's output: simulate_q131 (the FP32 register) then simulate_q115 (the SF16 store).
+// x is always the BF16 value the GEMM stored (the post-GEMM kernels read it from memory; the flash
+// attention rounds its scores and outputs to BF16 before the hook; the classifier reads BF16
+// logits), and on a BF16 value simulate_q115 alone gives simulate_q115(simulate_q131(x)) bit for bit
+// (number_formats.h, simulate_q115_of_q131; a power-of-two range keeps xs a BF16 value). So one
+// rounding: these hooks run on every score of the attention several times.
 template <bool OBSERVE = true>
 LLMC_BD float q115_matmul_output(int which, float x) {
     const float s = q115_range(which), xs = x * (1.0f / s);
-    const float q = llmc::simulate_q115_of_q131(xs);
+    const float q = llmc::simulate_q115(xs);
 #if defined(__CUDA_ARCH__)
     if constexpr (OBSERVE) q115_observe(which, xs, q);
 #endif
@@ -222,6 +234,13 @@ struct Q115Boundaries {
     LLMC_BD static float gelu_output(float x) { return q115_boundary(QB_GELU, x); }
     LLMC_BD static float logits(float x) { return q115_matmul_output(QB_LOGITS, x); }
     LLMC_BD static float constrain_weight(float x) { return llmc::q_clamp(x); }
+    LLMC_BD static bool observing() {
+#if defined(__CUDA_ARCH__)
+        return q115_counters != nullptr;
+#else
+        return q115_counting_now;
+#endif
+    }
 };
 // Q115Boundaries' hooks without the telemetry (the readers and constrain_weight count nothing anyway)
 struct Q115BoundaryValues : Q115Boundaries {
@@ -234,24 +253,29 @@ struct Q115BoundaryValues : Q115Boundaries {
     LLMC_BD static float attention_output(float x) { return q115_matmul_output<false>(QB_ATTN_OUT, x); }
     LLMC_BD static float gelu_output(float x) { return q115_boundary<false>(QB_GELU, x); }
     LLMC_BD static float logits(float x) { return q115_matmul_output<false>(QB_LOGITS, x); }
+    LLMC_BD static bool observing() { return false; }
 };
 using RecipeBoundaries = Q115Boundaries;
 
 // ---- kernels -----------------------------------------------------------------------------------
 // A linear's output in place: x = BF16(simulate_q115(simulate_q131(x))). 8 BF16 per thread.
+// OBSERVE: counted (a telemetry step; the launchers pick by q115_counting_now, so that the kernels of
+// an ordinary step carry no counting code).
+template <bool OBSERVE>
 __global__ void q115_matmul_output_kernel(floatX* x, long long n_vec, int which) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_vec) return;
     uint4 packed = reinterpret_cast<const uint4*>(x)[i];
     floatX* v = reinterpret_cast<floatX*>(&packed);
 #pragma unroll
-    for (int k = 0; k < 8; k++) v[k] = (floatX)q115_matmul_output(which, (float)v[k]);
+    for (int k = 0; k < 8; k++) v[k] = (floatX)q115_matmul_output<OBSERVE>(which, (float)v[k]);
     reinterpret_cast<uint4*>(x)[i] = packed;
 }
 
 // The fc output and its GELU: pre_gelu = BF16(matmul_output(pre_gelu)) in place, and
 // gelu_out = BF16(gelu_output(gelu(gelu_input(the stored pre_gelu)))): the GELU reads the stored BF16
 // value, so a recomputed GELU (gelu_forward<Q115Boundaries>, -r >= 1) equals this one bit for bit.
+template <bool OBSERVE>
 __global__ void q115_fc_gelu_kernel(floatX* gelu_out, floatX* pre_gelu, long long n_vec) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_vec) return;
@@ -261,8 +285,8 @@ __global__ void q115_fc_gelu_kernel(floatX* gelu_out, floatX* pre_gelu, long lon
     floatX* g = reinterpret_cast<floatX*>(&out);
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-        v[k] = (floatX)q115_matmul_output(QB_FC, (float)v[k]);
-        g[k] = (floatX)gelu_forward_value<Q115Boundaries>((float)v[k]);
+        v[k] = (floatX)q115_matmul_output<OBSERVE>(QB_FC, (float)v[k]);
+        g[k] = (floatX)gelu_forward_value<std::conditional_t<OBSERVE, Q115Boundaries, Q115BoundaryValues>>((float)v[k]);
     }
     reinterpret_cast<uint4*>(pre_gelu)[i] = packed;
     reinterpret_cast<uint4*>(gelu_out)[i] = out;
@@ -302,8 +326,7 @@ struct Recipe {
 
 inline void q115_set_counting(Recipe& r, bool on, cudaStream_t stream) {
     if (on == r.counting) return;
-    Q115Counters* p = on ? r.counters : nullptr;
-    cudaCheck(cudaMemcpyToSymbolAsync(q115_counters, &p, sizeof(p), 0, cudaMemcpyHostToDevice, stream));
+    q115_point_counters(on ? r.counters : nullptr, stream);
     r.counting = on;
 }
 
@@ -339,8 +362,8 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
     if (shape.channels % 8 != 0) input_error("q115: the model's channels (%d) must be a multiple of 8", shape.channels);
     linear_scratch_init(r.scratch, shape.channels);
     r.counters = (Q115Counters*)cuda_malloc_or_die(Q115_COUNTERS_BYTES, "q115 telemetry");
-    Q115Counters* none = nullptr;
-    cudaCheck(cudaMemcpyToSymbol(q115_counters, &none, sizeof(none)));
+    q115_point_counters(nullptr, 0);
+    cudaCheck(cudaDeviceSynchronize());
     if (o.self_check) q115_self_check();
 }
 
@@ -366,14 +389,16 @@ inline void linear_forward(Recipe&, LinearId id, floatX* out, const floatX* inp,
                            int N, int C, int OC, bool, cudaStream_t stream) {
     plain_linear_forward(out, inp, weight, bias, N, C, OC, stream);
     const long long n_vec = (long long)N * OC / 8; // OC is a multiple of 8 for every model (C % 8 == 0)
-    q115_matmul_output_kernel<<<ceil_div(n_vec, 256), 256, 0, stream>>>(out, n_vec, q115_linear_boundary(id.kind));
+    if (q115_counting_now) q115_matmul_output_kernel<true><<<ceil_div(n_vec, 256), 256, 0, stream>>>(out, n_vec, q115_linear_boundary(id.kind));
+    else q115_matmul_output_kernel<false><<<ceil_div(n_vec, 256), 256, 0, stream>>>(out, n_vec, q115_linear_boundary(id.kind));
     cudaCheckLaunch();
 }
 inline void linear_forward_gelu(Recipe&, LinearId, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
                                 const floatX* weight, const floatX* bias, int N, int C, int OC, bool, cudaStream_t stream) {
     plain_linear_forward(pre_gelu, inp, weight, bias, N, C, OC, stream);
     const long long n_vec = (long long)N * OC / 8;
-    q115_fc_gelu_kernel<<<ceil_div(n_vec, 256), 256, 0, stream>>>(gelu_out, pre_gelu, n_vec);
+    if (q115_counting_now) q115_fc_gelu_kernel<true><<<ceil_div(n_vec, 256), 256, 0, stream>>>(gelu_out, pre_gelu, n_vec);
+    else q115_fc_gelu_kernel<false><<<ceil_div(n_vec, 256), 256, 0, stream>>>(gelu_out, pre_gelu, n_vec);
     cudaCheckLaunch();
 }
 // the backward pass is BF16's (straight-through boundaries)

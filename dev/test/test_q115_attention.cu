@@ -177,7 +177,8 @@ struct MaterializedBuffers {
 };
 
 static void set_counters(Q115Counters* c) {
-    cudaCheck(cudaMemcpyToSymbol(q115_counters, &c, sizeof(c)));
+    q115_point_counters(c, 0);
+    cudaCheck(cudaDeviceSynchronize());
 }
 
 // ---- one case ------------------------------------------------------------------------------------
@@ -355,9 +356,14 @@ static void time_case(int B, int NH, int T, int HS) {
     printf("  Q1.15 flash, counting (-lq step) forward %8.3f\n", c_fwd);
     printf("  plain flash (BF16)  %8.3f %8.3f %8.3f\n", p_fwd, p_bwd, p_fwd + p_bwd);
     printf("  Q1.15 materialized  %8.3f %8.3f %8.3f\n", m_fwd, m_bwd, m_fwd + m_bwd);
-    // (one counter per boundary: ~20x; 64 slots: 4.8x; 4096 slots, H100: 2.5x, the counting's own atomics)
-    check(c_fwd < 3.0 * q_fwd, "B=%d NH=%d T=%d HS=%d: the forward with the telemetry counters on takes %.2fx the forward "
-          "without (bound 3x)", B, NH, T, HS, c_fwd / q_fwd);
+    // The counting forward is its own instantiation (flash_attention.cuh: the ordinary one carries no
+    // counting code), and its cost is the counting's own votes and atomics. H100, against the
+    // uncounted forward: one counter per boundary ~20x, 64 slots 4.8x, 4096 slots 2.5x while the
+    // uncounted forward took 2.9 ms; 6.3x since it takes 1.19 ms (branch-free hooks, 2026-11-25),
+    // the counting unchanged at ~7 ms. The bound catches a regression of the counters (one counter
+    // per boundary would be ~50x now), not the ordinary forward getting faster.
+    check(c_fwd < 8.0 * q_fwd, "B=%d NH=%d T=%d HS=%d: the forward with the telemetry counters on takes %.2fx the forward "
+          "without (bound 8x)", B, NH, T, HS, c_fwd / q_fwd);
     check(q_fwd + q_bwd < m_fwd + m_bwd, "B=%d NH=%d T=%d HS=%d: Q1.15 flash faster than Q1.15 materialized (%.2fx)", B,
           NH, T, HS, (m_fwd + m_bwd) / (q_fwd + q_bwd));
     for (void* p : {(void*)qkv, (void*)dout, (void*)out, (void*)dqkv, (void*)lse, scratch})
