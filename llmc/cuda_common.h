@@ -132,3 +132,15 @@ __device__ __forceinline__ void store_rounded(__nv_bfloat16* dst, float x, uint3
 }
 
 inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+// The current device's number of SMs, queried once per process (each process drives one GPU). The
+// grid-stride kernels size their grids by it: a few blocks per SM, each striding over the rest.
+inline int device_sm_count() {
+    static int sms = 0;
+    if (sms == 0) {
+        int device = 0;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    }
+    return sms;
+}

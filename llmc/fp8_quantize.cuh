@@ -395,8 +395,8 @@ inline long long resident_blocks(Kernel kernel, int threads) {
 }
 
 inline int fp8_grid_size(long long work, int threads) {
-    // enough blocks to fill the GPU several times over; the kernels stride over the rest
-    return (int)std::max<long long>(1, std::min<long long>(ceil_div(work, threads), 132LL * 16));
+    // enough blocks to fill the GPU several times over (16 per SM); the kernels stride over the rest
+    return (int)std::max<long long>(1, std::min<long long>(ceil_div(work, threads), 16LL * device_sm_count()));
 }
 
 template <Fp8Kind K>

@@ -383,7 +383,7 @@ __global__ void __launch_bounds__(VCAST_MX32_THREADS)
 }
 
 inline int vcast_grid(long long work, int threads) {
-    return (int)std::max<long long>(1, std::min<long long>(ceil_div(work, (long long)threads), 132LL * 32));
+    return (int)std::max<long long>(1, std::min<long long>(ceil_div(work, (long long)threads), 32LL * device_sm_count()));
 }
 
 template <int FMT>
@@ -432,7 +432,7 @@ inline int vcast_mx32_launch(floatX* out_rows, floatX* out_cols, float* bias_par
     const int col_blocks = cols / VCAST_MX32_COLS, patches = rows / VCAST_MX32_ROWS;
     // enough blocks for a few waves of 8 blocks per SM, each walking several patches; with bias
     // partials, no more row groups than their scratch holds
-    long long groups = std::min<long long>(patches, ceil_div(132LL * 8 * 4, (long long)col_blocks));
+    long long groups = std::min<long long>(patches, ceil_div(8LL * 4 * device_sm_count(), (long long)col_blocks));
     if (bias_partials) groups = std::max(1LL, std::min(groups, bias_capacity / cols));
     const dim3 grid(col_blocks, (unsigned)groups);
     vcast_mx32_kernel<FMT><<<grid, VCAST_MX32_THREADS, 0, stream>>>(out_rows, out_cols, bias_partials, x, rows, cols, dt,
