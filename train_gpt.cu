@@ -490,8 +490,7 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
         PHASE("fwd: residual + layernorm");
         fused_residual_layernorm_forward<Boundaries>(la.residual2, la.ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N,
                                                      la.residual_in, a.btc_scratch, p.t[P_LN2W] + l * C,
-                                                     p.t[P_LN2B] + l * C, N, C, st, Boundaries::ATTENTION_RESIDUAL_SCALE,
-                                                     ln_target(l, LIN_FC));
+                                                     p.t[P_LN2B] + l * C, N, C, st, ATTENTION_BRANCH, ln_target(l, LIN_FC));
         // MLP block
         PHASE("fwd: linear");
         linear_forward_gelu(rc, {l, LIN_FC}, la.fch_gelu, la.fch, la.ln2, p.t[P_FCW] + (size_t)l * 4 * C * C,
@@ -505,11 +504,10 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
             fused_residual_layernorm_forward<Boundaries>(la.residual3, ln1_next, a.ln1_mean + (l + 1) * N,
                                                          a.ln1_rstd + (l + 1) * N, la.residual2, a.btc_scratch,
                                                          p.t[P_LN1W] + (l + 1) * C, p.t[P_LN1B] + (l + 1) * C, N, C, st,
-                                                         Boundaries::MLP_RESIDUAL_SCALE, ln_target(l + 1, LIN_QKV));
+                                                         MLP_BRANCH, ln_target(l + 1, LIN_QKV));
         } else {
             fused_residual_layernorm_forward<Boundaries>(la.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, la.residual2,
-                                                         a.btc_scratch, p.t[P_LNFW], p.t[P_LNFB], N, C, st,
-                                                         Boundaries::MLP_RESIDUAL_SCALE);
+                                                         a.btc_scratch, p.t[P_LNFW], p.t[P_LNFB], N, C, st, MLP_BRANCH);
         }
     }
     // LM head, tied to the token embedding: logits = lnf wte^T over all Vp rows, one chunk of rows at a

@@ -42,10 +42,13 @@
 // probability is stored through softmax_output after the normalization, and the output through
 // attention_output (as the materialized path, attention.cuh). A probability quantized after the
 // normalization cannot be accumulated online (O is rescaled by the final sum at the end), so the
-// forward makes two passes over the keys: FWD_STATS computes the log-sum-exp of each row (online max
-// and sum, no V), FWD_OUTPUT recomputes the scores and accumulates O = sum_k P V with the final,
-// quantized P = softmax_output(exp2(x * scale * log2(e) - lse * log2(e))). The backward recomputes
-// P with that same expression, so forward and backward see the same probabilities bit for bit.
+// forward makes two passes over the keys: FWD_STATS computes the log-sum-exp of each row (the sum
+// of the exponentials, no V; with a fixed maximum where the boundaries bound the scores, else an
+// online one), FWD_OUTPUT recomputes the scores and accumulates O = sum_k P V with the final,
+// quantized P = softmax_output(exp2(x * scale * log2(e) - lse * log2(e))), rounded to BF16 for the
+// tensor cores. The backward recomputes P with that same expression, so forward and backward see
+// the same probabilities bit for bit (dV from their BF16 values, dS from the fp32 ones: see
+// recompute_probs2).
 // The hooks see exactly the visible positions (key <= query < T), as in the materialized path. A
 // counting hook (Q1.15 telemetry) counts each value once: the scores in FWD_STATS, the probabilities
 // and outputs in FWD_OUTPUT. The per-tile loops over the scores take the hooks without the counting
@@ -216,17 +219,21 @@ __device__ __forceinline__ void read_scores2(float& s0, float& s1, bool visible0
 }
 
 // P[query, key] of two positions, recomputed from their scores s = q.k and nl = -lse[query] *
-// log2(e). Plain: exp(scale * s - lse), in fp32. Active boundaries: the stored probability
-// BF16(softmax_output(p)), p from the score as read_scores2 reads it. 0 where not visible.
+// log2(e). Plain: exp(scale * s - lse), in fp32. Active boundaries: softmax_output(p), p from the
+// score as read_scores2 reads it (the probability the forward stored, a multiple of 2^-15, before
+// the BF16 rounding of its storage). The forward's P V and the backward's P^T dO round it to BF16 on
+// the way to the tensor cores (the stored values, bit for bit); the backward's dS = P * (dP - D)
+// takes the fp32 value, as the plain build takes its fp32 exp (the backward is BF16's, and BF16
+// does not round P there either; the difference, at most 2^-9 relative, is of the order of the BF16
+// rounding that dS gets before its GEMMs). 0 where not visible.
 template <class Bd>
 __device__ __forceinline__ void recompute_probs2(float s0, float s1, float scale_log2, float nl0, float nl1,
                                                  bool visible0, bool visible1, float& p0, float& p1) {
     if constexpr (Bd::ACTIVE) {
         using Values = typename Bd::Values;
         bf16_round2(s0, s1);
-        float q0 = Values::softmax_output(fast_exp2(fmaf(Values::attention_scores(s0), scale_log2, nl0)));
-        float q1 = Values::softmax_output(fast_exp2(fmaf(Values::attention_scores(s1), scale_log2, nl1)));
-        bf16_round2(q0, q1);
+        const float q0 = Values::softmax_output(fast_exp2(fmaf(Values::attention_scores(s0), scale_log2, nl0)));
+        const float q1 = Values::softmax_output(fast_exp2(fmaf(Values::attention_scores(s1), scale_log2, nl1)));
         p0 = visible0 ? q0 : 0.0f;
         p1 = visible1 ? q1 : 0.0f;
     } else {
@@ -236,20 +243,33 @@ __device__ __forceinline__ void recompute_probs2(float s0, float s1, float scale
     }
 }
 
+// The statistics pass (FWD_STATS) under boundaries that bound the scores (Bd::ATTENTION_SCORE_BOUND,
+// Q1.15: |x| <= 0.999) needs no running maximum: M = bound * scale * log2(e) is at least every
+// row's maximum of x * scale * log2(e), so the row sum of exp2(x * scale * log2(e) - M) has terms in
+// [2^(-2M), 1] and lse = (M + log2(sum)) * ln(2). That saves the per-tile max, its shuffles and the
+// rescaling of the sum. The terms stay normal floats while 2M < 126; with the flash head sizes
+// (scale <= 1/8) that holds for every bound up to 256 (Q1.15: 0.999; the range-scaled variant 64).
+template <class Bd, int PASS>
+__host__ __device__ constexpr bool fixed_row_max() {
+    static_assert(Bd::ATTENTION_SCORE_BOUND <= 256.0f, "exp2 of -2M would leave the normal floats");
+    return PASS == FWD_STATS && Bd::ATTENTION_SCORE_BOUND > 0.0f;
+}
+
 // whether the kernels instantiated with Bd count (a counting policy; its Values, or a policy without
 // telemetry, do not)
 template <class Bd>
 __host__ __device__ constexpr bool counts_values() { return !std::is_same<Bd, typename Bd::Values>::value; }
 
-// Telemetry (counting policies only): a visible score through the counting hook (FWD_STATS
-// counts the scores), and a visible probability (FWD_OUTPUT counts the probabilities); the values
-// are the ones read_score and recompute_prob compute
+// Telemetry (counting policies only): a visible score into the thread's tally (FWD_STATS counts
+// the scores), and a visible probability (FWD_OUTPUT counts the probabilities); the values are the
+// ones read_scores2 and recompute_probs2 compute. The tally is committed once, after the key loop.
 template <class Bd>
-__device__ __forceinline__ void count_score(float s) { (void)Bd::attention_scores(bf16_round(s)); }
+using TallyOf = std::conditional_t<counts_values<Bd>(), typename Bd::Tally, NoTally>;
 template <class Bd>
-__device__ __forceinline__ void count_prob(float s, float scale_log2, float nl) {
-    const float p = fast_exp2(fmaf(Bd::Values::attention_scores(bf16_round(s)), scale_log2, nl));
-    (void)Bd::softmax_output(p);
+__device__ __forceinline__ void count_score(TallyOf<Bd>& tally, float s) { tally.score(bf16_round(s)); }
+template <class Bd>
+__device__ __forceinline__ void count_prob(TallyOf<Bd>& tally, float s, float scale_log2, float nl) {
+    tally.prob(fast_exp2(fmaf(Bd::Values::attention_scores(bf16_round(s)), scale_log2, nl)));
 }
 
 // an output element (att @ v, fp32) as stored: plain, as is; active, BF16 (the GEMM's storage) then
@@ -481,7 +501,7 @@ flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
         zero_acc(o[mt]);
-        m[mt][0] = m[mt][1] = -INFINITY;
+        m[mt][0] = m[mt][1] = fixed_row_max<Bd, PASS>() ? Bd::ATTENTION_SCORE_BOUND * scale_log2 : -INFINITY;
         l[mt][0] = l[mt][1] = 0.0f;
         if constexpr (PASS == FWD_OUTPUT) {
 #pragma unroll
@@ -492,6 +512,7 @@ flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __
         }
     }
 
+    TallyOf<Bd> tally;   // telemetry (the counting instantiation): the visible scores or probabilities
     for (int j = 0; j < nkb; j++) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();   // tile j visible to all; every warp is done with tile j-1, whose buffer is refilled next
@@ -555,8 +576,8 @@ flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __
                         for (int n = 0; n < KB / 8; n++) {
                             const int c = j * KB + n * 8 + 2 * t4 + (e & 1);
                             if (need_mask && !(c <= row && row < T)) continue;
-                            if constexpr (PASS == FWD_STATS) count_score<Bd>(s[mt][n][e]);
-                            else count_prob<Bd>(s[mt][n][e], scale_log2, nl[mt][e >> 1]);
+                            if constexpr (PASS == FWD_STATS) count_score<Bd>(tally, s[mt][n][e]);
+                            else count_prob<Bd>(tally, s[mt][n][e], scale_log2, nl[mt][e >> 1]);
                         }
                     }
             }
@@ -600,7 +621,19 @@ flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __
         // online softmax: every row sees key 0 in tile 0, so after tile 0 the maxima are finite
         // (a row whose keys in a later tile are all masked keeps its max: alpha = 1, P = 0). Under
         // active boundaries the rows past T see nothing; their sums become NaN and are never stored.
-        if constexpr (PASS != FWD_OUTPUT) {
+        if constexpr (fixed_row_max<Bd, PASS>()) {   // the bound as the maximum of every row
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+                for (int n = 0; n < KB / 8; n++) {
+                    sum0 += fast_exp2(fmaf(s[mt][n][0], scale_log2, -m[mt][0])) + fast_exp2(fmaf(s[mt][n][1], scale_log2, -m[mt][0]));
+                    sum1 += fast_exp2(fmaf(s[mt][n][2], scale_log2, -m[mt][1])) + fast_exp2(fmaf(s[mt][n][3], scale_log2, -m[mt][1]));
+                }
+                l[mt][0] += sum0;
+                l[mt][1] += sum1;
+            }
+        } else if constexpr (PASS != FWD_OUTPUT) {
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -659,6 +692,7 @@ flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __
         }
     }
 
+    tally.commit();
     // finish: full row sums, O / l, lse = ln(sum exp(scale * q.k)); the output goes through this
     // warp's own rows of the Q tile (its Q is in registers), then out with 16-byte stores.
     // FWD_STATS: lse only; FWD_OUTPUT: O as accumulated (P was final), through the output hook.
@@ -1284,12 +1318,14 @@ flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf
 #pragma unroll
     for (int i = 0; i < 32; i++) { s[i] = 0.0f; o[i] = 0.0f; }
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    if constexpr (fixed_row_max<Bd, PASS>()) m0 = m1 = Bd::ATTENTION_SCORE_BOUND * scale_log2;
     float nl0 = 0.0f, nl1 = 0.0f;                    // FWD_OUTPUT: -lse * log2(e) of rows r0, r1
     if constexpr (PASS == FWD_OUTPUT) {
         nl0 = r0 < T ? -lse[(long long)bh * T + r0] * LOG2E : -INFINITY;
         nl1 = r1 < T ? -lse[(long long)bh * T + r1] * LOG2E : -INFINITY;
     }
 
+    TallyOf<Bd> tally;   // telemetry (the counting instantiation): the visible scores or probabilities
     for (int j = 0; j < nkb; j++) {
         cp_async_wait<FWG_STAGES - 2>();
         fence_proxy_async();
@@ -1335,8 +1371,8 @@ flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf
                     for (int n = 0; n < 8; n++) {
                         const int c = j * FWG_KB + n * 8 + 2 * t4 + (e & 1);
                         if (need_mask && !(c <= row && row < T)) continue;
-                        if constexpr (PASS == FWD_STATS) count_score<Bd>(s[4 * n + e]);
-                        else count_prob<Bd>(s[4 * n + e], scale_log2, e < 2 ? nl0 : nl1);
+                        if constexpr (PASS == FWD_STATS) count_score<Bd>(tally, s[4 * n + e]);
+                        else count_prob<Bd>(tally, s[4 * n + e], scale_log2, e < 2 ? nl0 : nl1);
                     }
                 }
             }
@@ -1373,7 +1409,16 @@ flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf
                 }
             }
         }
-        if constexpr (PASS != FWD_OUTPUT) {   // online softmax (rows past T: as in flash_fwd_kernel)
+        if constexpr (fixed_row_max<Bd, PASS>()) {   // the bound as the maximum of every row
+            float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+            for (int n = 0; n < 8; n++) {
+                sum0 += fast_exp2(fmaf(s[4 * n], scale_log2, -m0)) + fast_exp2(fmaf(s[4 * n + 1], scale_log2, -m0));
+                sum1 += fast_exp2(fmaf(s[4 * n + 2], scale_log2, -m1)) + fast_exp2(fmaf(s[4 * n + 3], scale_log2, -m1));
+            }
+            l0 += sum0;
+            l1 += sum1;
+        } else if constexpr (PASS != FWD_OUTPUT) {   // online softmax (rows past T: as in flash_fwd_kernel)
             float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
             for (int n = 0; n < 8; n++) {
@@ -1422,6 +1467,7 @@ flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf
         }
     }
 
+    tally.commit();
     bf16* rows16 = sQ + (64 * wg + 16 * wq) * LDS;   // this warp's own Q rows (read only by this warp)
     if constexpr (PASS == FWD_OUTPUT) {
         wg_acc_to_tile<Bd>(rows16, o, 1.0f, 1.0f, lane, r0 < T, r1 < T);
@@ -1541,22 +1587,29 @@ flash_bwd_dq_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, flo
 
         // dS = P * (dP - D) in place of dP; the causal mask where the tile reaches past the warp's
         // first row (and, under active boundaries, where the warp has rows past T: flash_bwd_dq_kernel)
+        // The tiles that need no mask (all but the diagonal ones) take a copy of the loop without the
+        // visibility tests (as the forward's through_hooks).
         const bool need_mask = j * DQWG_KB + DQWG_KB - 1 > w_lo || (Bd::ACTIVE && w_lo + 15 >= T);
         const bool v0 = !Bd::ACTIVE || r0 < T, v1 = !Bd::ACTIVE || r1 < T;
+        auto ds_in_place = [&](auto masked) {
+            constexpr bool MASKED = decltype(masked)::value;
 #pragma unroll
-        for (int n = 0; n < 8; n++) {
-            const int c = j * DQWG_KB + n * 8 + 2 * t4;
-            float p00, p01;
-            recompute_probs2<Bd>(s[4 * n], s[4 * n + 1], scale_log2, nl0, nl0,
-                                 !need_mask || (c <= r0 && v0), !need_mask || (c + 1 <= r0 && v0), p00, p01);
-            float p10, p11;
-            recompute_probs2<Bd>(s[4 * n + 2], s[4 * n + 3], scale_log2, nl1, nl1,
-                                 !need_mask || (c <= r1 && v1), !need_mask || (c + 1 <= r1 && v1), p10, p11);
-            dp[4 * n] = p00 * (dp[4 * n] - D0);
-            dp[4 * n + 1] = p01 * (dp[4 * n + 1] - D0);
-            dp[4 * n + 2] = p10 * (dp[4 * n + 2] - D1);
-            dp[4 * n + 3] = p11 * (dp[4 * n + 3] - D1);
-        }
+            for (int n = 0; n < 8; n++) {
+                const int c = j * DQWG_KB + n * 8 + 2 * t4;
+                float p00, p01;
+                recompute_probs2<Bd>(s[4 * n], s[4 * n + 1], scale_log2, nl0, nl0,
+                                     !MASKED || (c <= r0 && v0), !MASKED || (c + 1 <= r0 && v0), p00, p01);
+                float p10, p11;
+                recompute_probs2<Bd>(s[4 * n + 2], s[4 * n + 3], scale_log2, nl1, nl1,
+                                     !MASKED || (c <= r1 && v1), !MASKED || (c + 1 <= r1 && v1), p10, p11);
+                dp[4 * n] = p00 * (dp[4 * n] - D0);
+                dp[4 * n + 1] = p01 * (dp[4 * n + 1] - D0);
+                dp[4 * n + 2] = p10 * (dp[4 * n + 2] - D1);
+                dp[4 * n + 3] = p11 * (dp[4 * n + 3] - D1);
+            }
+        };
+        if (need_mask) ds_in_place(std::true_type());
+        else ds_in_place(std::false_type());
         // dQ += dS K
         uint32_t da[4][4];
 #pragma unroll
@@ -1681,31 +1734,45 @@ flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ bias_par
         reg_fence(st_);
         reg_fence(dpt);
 
-        // P^T and dS^T; masked: key > query, and queries past T (their lse / D were zero-filled)
+        // P^T and dS^T; masked: key > query, and queries past T (their lse / D were zero-filled).
+        // P^T goes to the tensor cores as BF16 pairs (pp[2n] the row key0, pp[2n + 1] the row key1,
+        // columns c, c + 1: the A fragment layout of acc_to_a). Tiles that need no mask take a copy
+        // of the loop without the visibility tests.
         const bool need_mask = (qs < w_hi) || (qs + QB > T);
+        uint32_t pp[16];
+        auto ds_in_place = [&](auto masked) {
+            constexpr bool MASKED = decltype(masked)::value;
 #pragma unroll
-        for (int n = 0; n < 8; n++) {
-            const int c = n * 8 + 2 * t4;
-            const float2 lq = *reinterpret_cast<const float2*>(l_s + c);
-            const float2 dq = *reinterpret_cast<const float2*>(d_s + c);
-            const float nl0 = -lq.x * LOG2E, nl1 = -lq.y * LOG2E;
-            const int qa = qs + c, qb1 = qa + 1;
-            float p00, p01;   // key0, query c; key0, query c+1
-            recompute_probs2<Bd>(st_[4 * n], st_[4 * n + 1], scale_log2, nl0, nl1,
-                                 !need_mask || (key0 <= qa && qa < T), !need_mask || (key0 <= qb1 && qb1 < T), p00, p01);
-            float p10, p11;   // key1, query c; key1, query c+1
-            recompute_probs2<Bd>(st_[4 * n + 2], st_[4 * n + 3], scale_log2, nl0, nl1,
-                                 !need_mask || (key1 <= qa && qa < T), !need_mask || (key1 <= qb1 && qb1 < T), p10, p11);
-            st_[4 * n] = p00; st_[4 * n + 1] = p01; st_[4 * n + 2] = p10; st_[4 * n + 3] = p11;
-            dpt[4 * n] = p00 * (dpt[4 * n] - dq.x);
-            dpt[4 * n + 1] = p01 * (dpt[4 * n + 1] - dq.y);
-            dpt[4 * n + 2] = p10 * (dpt[4 * n + 2] - dq.x);
-            dpt[4 * n + 3] = p11 * (dpt[4 * n + 3] - dq.y);
-        }
+            for (int n = 0; n < 8; n++) {
+                const int c = n * 8 + 2 * t4;
+                const float2 lq = *reinterpret_cast<const float2*>(l_s + c);
+                const float2 dq = *reinterpret_cast<const float2*>(d_s + c);
+                const float nl0 = -lq.x * LOG2E, nl1 = -lq.y * LOG2E;
+                const int qa = qs + c, qb1 = qa + 1;
+                float p00, p01;   // key0, query c; key0, query c+1
+                recompute_probs2<Bd>(st_[4 * n], st_[4 * n + 1], scale_log2, nl0, nl1,
+                                     !MASKED || (key0 <= qa && qa < T), !MASKED || (key0 <= qb1 && qb1 < T), p00, p01);
+                float p10, p11;   // key1, query c; key1, query c+1
+                recompute_probs2<Bd>(st_[4 * n + 2], st_[4 * n + 3], scale_log2, nl0, nl1,
+                                     !MASKED || (key1 <= qa && qa < T), !MASKED || (key1 <= qb1 && qb1 < T), p10, p11);
+                pp[2 * n] = pack_bf16(p00, p01);
+                pp[2 * n + 1] = pack_bf16(p10, p11);
+                dpt[4 * n] = p00 * (dpt[4 * n] - dq.x);
+                dpt[4 * n + 1] = p01 * (dpt[4 * n + 1] - dq.y);
+                dpt[4 * n + 2] = p10 * (dpt[4 * n + 2] - dq.x);
+                dpt[4 * n + 3] = p11 * (dpt[4 * n + 3] - dq.y);
+            }
+        };
+        if (need_mask) ds_in_place(std::true_type());
+        else ds_in_place(std::false_type());
         // dV += P^T dO, dK += dS^T Q (k = query)
         uint32_t pa[4][4], da[4][4];
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) { acc_to_a(pa[kk], st_, kk); acc_to_a(da[kk], dpt, kk); }
+        for (int kk = 0; kk < 4; kk++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) pa[kk][i] = pp[4 * kk + i];
+            acc_to_a(da[kk], dpt, kk);
+        }
         reg_fence(pa);
         reg_fence(da);
         reg_fence(dv);

@@ -7,6 +7,10 @@
 // dominated the BF16 build's error against the reference. LayerNorm outputs are floatX (they feed GEMMs).
 // Boundaries (boundaries.h): the residual add is residual + branch_scale * branch, stored through
 // Bd::residual (its LayerNorm reads the stored value); outputs are stored through Bd::norm_output.
+// The branch (the attention or MLP projection's output) is read through Bd::branch_output, and under
+// active boundaries the value read is stored back into the branch tensor, as BF16 (the residual add
+// then uses that stored value): the recipe's post-GEMM quantization of these two outputs, fused
+// here, where they are read anyway (one pass over the tensor instead of two).
 // Backward, with xhat = (x - mean) * rstd and g = dy * w:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
 //   dw += sum_rows dy * xhat,   db += sum_rows dy
@@ -49,14 +53,20 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, 
 // LayerNorm of it
 template <class Bd>
 __global__ void fused_residual_layernorm_forward_kernel(float* residual, floatX* out, float* mean, float* rstd,
-                                                        const float* a, const floatX* b_in, const floatX* w,
-                                                        const floatX* b, int N, int C, float branch_scale) {
+                                                        const float* a, floatX* b_in, const floatX* w,
+                                                        const floatX* b, int N, int C, float branch_scale, int branch) {
     int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (row >= N) return;
     int lane = threadIdx.x % WARP_SIZE;
     long long off = (long long)row * C;
     for (int c = lane; c < C; c += WARP_SIZE) {
-        residual[off + c] = Bd::residual(a[off + c] + branch_scale * (float)b_in[off + c]);
+        float bv = (float)b_in[off + c];
+        if constexpr (Bd::ACTIVE) {
+            const floatX stored = (floatX)Bd::branch_output(branch, bv);
+            b_in[off + c] = stored;
+            bv = (float)stored;
+        }
+        residual[off + c] = Bd::residual(a[off + c] + branch_scale * bv);
     }
     __syncwarp();
     layernorm_row<Bd>(out + off, mean + row, rstd + row, residual + off, w, b, C, lane);
@@ -141,8 +151,9 @@ __global__ void layernorm_forward_registers_kernel(floatX* out, float* mean, flo
 
 template <class Bd, int N4>
 __global__ void fused_residual_layernorm_registers_kernel(float* residual, floatX* out, float* mean, float* rstd,
-                                                          const float* a, const floatX* b_in, const floatX* w,
-                                                          const floatX* b, int N, int C, float branch_scale, Fp8Target q) {
+                                                          const float* a, floatX* b_in, const floatX* w,
+                                                          const floatX* b, int N, int C, float branch_scale, int branch,
+                                                          Fp8Target q) {
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const uint32_t amax_seen = q.amax && threadIdx.x == 0 ? __ldcg(q.amax) : 0u;
     uint32_t amax = 0;
@@ -158,7 +169,11 @@ __global__ void fused_residual_layernorm_registers_kernel(float* residual, float
                 floatX bv[4];
                 if constexpr (sizeof(floatX) == 2) *reinterpret_cast<uint2*>(bv) = *reinterpret_cast<const uint2*>(b_in + off + c);
                 else *reinterpret_cast<float4*>(bv) = *reinterpret_cast<const float4*>(b_in + off + c);
-                if constexpr (Bd::ACTIVE) {
+                if constexpr (Bd::ACTIVE) {   // the branch through its hook, stored back (BF16: 4 values in 8 bytes)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) bv[k] = (floatX)Bd::branch_output(branch, (float)bv[k]);
+                    static_assert(sizeof(floatX) == 2 || !Bd::ACTIVE, "active boundaries store BF16");
+                    *reinterpret_cast<uint2*>(b_in + off + c) = *reinterpret_cast<const uint2*>(bv);
                     x[i] = make_float4(Bd::residual(av.x + branch_scale * (float)bv[0]), Bd::residual(av.y + branch_scale * (float)bv[1]),
                                        Bd::residual(av.z + branch_scale * (float)bv[2]), Bd::residual(av.w + branch_scale * (float)bv[3]));
                 } else {
@@ -224,22 +239,25 @@ inline void layernorm_forward(floatX* out, float* mean, float* rstd, const float
     cudaCheckLaunch();
 }
 
-// branch_scale: Bd::ATTENTION_RESIDUAL_SCALE or Bd::MLP_RESIDUAL_SCALE (1 in every recipe but legacy Q1.15)
+// branch: which branch b_in is (ATTENTION_BRANCH or MLP_BRANCH): its scale, Bd::ATTENTION_RESIDUAL_SCALE or
+// Bd::MLP_RESIDUAL_SCALE (1 in every recipe but legacy Q1.15), and its boundary (Bd::branch_output; under
+// active boundaries b_in is written: it ends holding the values the residual add used)
 template <class Bd = IdentityBoundaries>
 inline void fused_residual_layernorm_forward(float* residual, floatX* out, float* mean, float* rstd,
-                                             const float* a, const floatX* b_in, const floatX* w,
+                                             const float* a, floatX* b_in, const floatX* w,
                                              const floatX* b, int N, int C, cudaStream_t stream,
-                                             float branch_scale = 1.0f, Fp8Target q = Fp8Target()) {
+                                             ResidualBranch branch, Fp8Target q = Fp8Target()) {
+    const float branch_scale = branch == ATTENTION_BRANCH ? Bd::ATTENTION_RESIDUAL_SCALE : Bd::MLP_RESIDUAL_SCALE;
     layernorm_check_fp8(q, C);
     const int block = 256, rows_per_block = block / WARP_SIZE;
     const int grid = ceil_div(N, rows_per_block);
     const int n4 = layernorm_chunks_per_lane(C);
     if (n4 > 0) {
         LN_DISPATCH_N4(n4, fused_residual_layernorm_registers_kernel, grid, block, stream, residual, out, mean, rstd,
-                       a, b_in, w, b, N, C, branch_scale, q);
+                       a, b_in, w, b, N, C, branch_scale, (int)branch, q);
     } else {
         fused_residual_layernorm_forward_kernel<Bd><<<grid, block, 0, stream>>>(residual, out, mean, rstd, a, b_in, w, b, N, C,
-                                                                                branch_scale);
+                                                                                branch_scale, (int)branch);
     }
     cudaCheckLaunch();
 }

@@ -74,8 +74,9 @@
 //   so simulate_q115 never returns more than 32735/32768 in magnitude (codes +-32736..32767 and
 //   -32768 are decodable but never produced). 0.999f * 2^31 is already an integer
 //   (2145336192), so Q1.31's clamp value is exact. NaN -> code 0 from q115_encode/q131_encode,
-//   but simulate_q115/simulate_q131 pass a NaN through unchanged (so a NaN still reaches the loss
-//   check). +-inf clamps to +-0.999. -0 and negatives that round to 0 give +0 (an integer code has
+//   but the simulate functions keep a NaN a NaN (so it still reaches the loss check):
+//   simulate_q131 returns the input itself, simulate_q115 the NaN 0x7FFFFFFF (Q115_NAN_BITS, what
+//   the device's NaN-propagating min/max give; the host returns the same bits). +-inf clamps to +-0.999. -0 and negatives that round to 0 give +0 (an integer code has
 //   no -0). q131_decode(k) rounds k to float32 (RNE) when |k| has more than 24 significant bits;
 //   codes produced by q131_encode are always exact.
 //
@@ -556,7 +557,8 @@ LLMC_HD inline float q115_decode(int16_t k) { return (float)k * (1.0f / 32768.0f
 //   Q1.31: only below 2^-8 (above, every float is a multiple of 2^-31 already), on the magnitude:
 //          a + 2^-8 lies in [2^-8, 2^-7), spacing 2^-31; the sign is put back after, and a final
 //          + 0 turns the -0 of a negative that rounds to 0 (and of -0 itself) into +0.
-// NaN is selected through at the end (the clamp would have turned it into a number). Device code
+// A NaN: simulate_q115 clamps with NaN-propagating min/max (FMNMX.NAN on the device), so it stays a
+// NaN (0x7FFFFFFF) without a select; simulate_q131 selects the input through at the end. Device code
 // uses the _rn intrinsics so that nothing is contracted or reordered (also under --use_fast_math,
 // whose flush-to-zero gives the same result here: a subnormal rounds to 0 either way). Both are
 // checked against decode(encode(x)) on the CPU for every BF16 value, a stride through all floats and
@@ -569,6 +571,10 @@ LLMC_HD inline float add_then_subtract(float v, float big) {   // (v + big) - bi
     return sum - big;
 #endif
 }
+// The NaN the Q1.15 simulate functions return for a NaN input: 0x7FFFFFFF, the one NVIDIA's
+// NaN-propagating min/max (and every FP32 operation on a NaN) produce, also on the host, so that the
+// host and the device give the same bits (the payload of the input is not kept).
+constexpr uint32_t Q115_NAN_BITS = 0x7FFFFFFFu;
 // x clamped to [-0.999, 0.999] by min and max (a NaN becomes a number: callers select it through)
 LLMC_HD inline float q_clamp_minmax(float x) {
     const float t = Q115_OVERFLOW_THRESHOLD;
@@ -578,7 +584,7 @@ LLMC_HD inline float q_clamp_minmax(float x) {
     return std::fmin(std::fmax(x, -t), t);
 #endif
 }
-// the NaN test of the simulate functions: one unordered comparison on the device, the bits on the host
+// the NaN test of simulate_q131: one unordered comparison on the device, the bits on the host
 LLMC_HD inline bool is_nan_value(float x) {
 #ifdef __CUDA_ARCH__
     return isnan(x);
@@ -586,9 +592,40 @@ LLMC_HD inline bool is_nan_value(float x) {
     return is_nan_bits(x);
 #endif
 }
+// x clamped to [-0.999, 0.999], a NaN to Q115_NAN_BITS: on the device one NaN-propagating max and
+// one min (FMNMX.NAN), so that the NaN needs no comparison and select of its own (the NaN stays a
+// NaN through the additions of add_then_subtract)
+LLMC_HD inline float q_clamp_keep_nan(float x) {
+#ifdef __CUDA_ARCH__
+    const float t = Q115_OVERFLOW_THRESHOLD;
+    float y, r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(y) : "f"(x), "f"(-t));
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(y), "f"(t));
+    return r;
+#else
+    return is_nan_bits(x) ? bits_float(Q115_NAN_BITS) : q_clamp_minmax(x);
+#endif
+}
+// only the upper clamp, for x >= -0.999 (or NaN): the lower one cannot act there
+LLMC_HD inline float q_clamp_above_keep_nan(float x) {
+    const float t = Q115_OVERFLOW_THRESHOLD;
+#ifdef __CUDA_ARCH__
+    float r;
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(t));
+    return r;
+#else
+    return is_nan_bits(x) ? bits_float(Q115_NAN_BITS) : std::fmin(x, t);
+#endif
+}
+// 4 instructions on the device: max, min, add, subtract
 LLMC_HD inline float simulate_q115(float x) {
-    const float r = add_then_subtract(q_clamp_minmax(x), 384.0f);   // |c * 2^15| <= 32735.2
-    return is_nan_value(x) ? x : r;
+    return add_then_subtract(q_clamp_keep_nan(x), 384.0f);   // |c * 2^15| <= 32735.2
+}
+// simulate_q115 of a probability, or of any x >= -0.999 (and NaN): the same bits as simulate_q115
+// there, in 3 instructions (the softmax output, one per attention score and pass; checked on the
+// CPU against simulate_q115 for every BF16 value and a stride through all floats >= -0.999)
+LLMC_HD inline float simulate_q115_of_probability(float x) {
+    return add_then_subtract(q_clamp_above_keep_nan(x), 384.0f);
 }
 
 LLMC_HD inline int32_t q131_encode(float x) {

@@ -6,7 +6,9 @@
 // compute type CUBLAS_COMPUTE_32F_FAST_16BF), while every forward boundary the seed names passes
 // through simulate_q115 (number_formats.h: clamp to +-0.999, x 2^15, round to nearest even, x 2^-15):
 //   matmul outputs    simulate_q131 then simulate_q115 after each forward GEMM: the four linears (a
-//                     post-GEMM kernel below), the attention scores q.k and att @ v, the LM head
+//                     post-GEMM kernel below for qkv and fc; the residual add, for the attention and
+//                     MLP projections: it reads them, quantizes them and stores them back), the
+//                     attention scores q.k and att @ v, the LM head
 //   attention         the expansion scale is 1.0 (the score GEMM's alpha); softmax reads its input
 //                     through simulate_q115, times the usual 1/sqrt(head size), and stores
 //                     simulate_q115(ev * norm). Head sizes 64 and 128 run it in the fused flash
@@ -106,7 +108,7 @@ static const char* Q115_BOUNDARY_NAMES[NUM_Q115_BOUNDARIES] = {
 
 // The range of each boundary: 1 (the seed's Q1.15) unless Q115_RANGE_SCALES. Powers of two, so
 // x / s and s * q are exact.
-LLMC_BD float q115_range(int which) {
+LLMC_BD constexpr float q115_range(int which) {
 #if Q115_RANGE_SCALES
     switch (which) {
         case QB_NORM: case QB_QKV: case QB_ATTN_OUT: case QB_ATTPROJ: case QB_FC: case QB_GELU: case QB_FCPROJ: return 16.0f;
@@ -158,9 +160,22 @@ inline void q115_point_counters(Q115Counters* p, cudaStream_t stream) {
     q115_counting_now = p != nullptr;
 }
 
-// Warp-aggregated: one lane of the threads that reach this together adds their counts, into its
-// slot. The amax's atomic is skipped when it would not raise the slot's value (read first, through
-// L2: the slot's other writers are atomics there), which after the first waves is nearly always.
+// a warp's counts of one boundary into the warp's slot (called by one lane). The amax's atomic is
+// skipped when it would not raise the slot's value (read first, through L2: the slot's other writers
+// are atomics there), which after the first waves is nearly always.
+__device__ __forceinline__ void q115_add_counts(Q115Counters* c, int which, unsigned seen, unsigned clamped,
+                                                unsigned flushed, unsigned amax_bits) {
+    // blocks are 1-D, multiples of 32 threads
+    const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const unsigned slot = (block * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE) % Q115_COUNTER_SLOTS;
+    Q115Counters& s = c[which * Q115_COUNTER_SLOTS + slot];
+    atomicAdd(&s.seen, (unsigned long long)seen);
+    if (clamped) atomicAdd(&s.clamped, (unsigned long long)clamped);
+    if (flushed) atomicAdd(&s.flushed, (unsigned long long)flushed);
+    if (amax_bits > __ldcg(&s.amax_bits)) atomicMax(&s.amax_bits, amax_bits);
+}
+
+// Warp-aggregated: one lane of the threads that reach this together adds their counts.
 __device__ __forceinline__ void q115_observe(int which, float x, float q) {
     Q115Counters* c = q115_counters;
     if (c == nullptr) return;
@@ -168,16 +183,39 @@ __device__ __forceinline__ void q115_observe(int which, float x, float q) {
     const unsigned clamped = __ballot_sync(mask, llmc::abs_bits(x) > llmc::Q115_OVERFLOW_THRESHOLD);
     const unsigned flushed = __ballot_sync(mask, x != 0.0f && q == 0.0f);
     const unsigned amax = __reduce_max_sync(mask, __float_as_uint(llmc::abs_bits(x)));
-    if ((int)(threadIdx.x % WARP_SIZE) == __ffs(mask) - 1) { // blocks are 1-D, multiples of 32 threads
-        const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-        const unsigned slot = (block * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE) % Q115_COUNTER_SLOTS;
-        Q115Counters& s = c[which * Q115_COUNTER_SLOTS + slot];
-        atomicAdd(&s.seen, (unsigned long long)__popc(mask));
-        if (clamped) atomicAdd(&s.clamped, (unsigned long long)__popc(clamped));
-        if (flushed) atomicAdd(&s.flushed, (unsigned long long)__popc(flushed));
-        if (amax > __ldcg(&s.amax_bits)) atomicMax(&s.amax_bits, amax);
-    }
+    if ((int)(threadIdx.x % WARP_SIZE) == __ffs(mask) - 1)
+        q115_add_counts(c, which, __popc(mask), __popc(clamped), __popc(flushed), amax);
 }
+
+// Q115Boundaries::Tally (boundaries.h): a thread's counts of the scores and of the probabilities in
+// registers; commit() sums them over the warp and adds them with one lane. What is counted is what
+// q115_matmul_output (scores) and q115_probability (probabilities) count.
+struct Q115Tally {
+    unsigned seen[2] = {0, 0}, clamped[2] = {0, 0}, flushed[2] = {0, 0}, amax_bits[2] = {0, 0};
+    __device__ __forceinline__ void add(int k, float xs, float q) {
+        seen[k] += 1;
+        clamped[k] += llmc::abs_bits(xs) > llmc::Q115_OVERFLOW_THRESHOLD;
+        flushed[k] += xs != 0.0f && q == 0.0f;
+        amax_bits[k] = max(amax_bits[k], __float_as_uint(llmc::abs_bits(xs)));
+    }
+    __device__ __forceinline__ void score(float x) {
+        const float xs = x * (1.0f / q115_range(QB_SCORES));
+        add(0, xs, llmc::simulate_q115(xs));
+    }
+    __device__ __forceinline__ void prob(float p) { add(1, p, llmc::simulate_q115_of_probability(p)); }
+    __device__ __forceinline__ void commit() {
+        Q115Counters* c = q115_counters;
+        if (c == nullptr) return;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const unsigned n = __reduce_add_sync(0xffffffffu, seen[k]);
+            const unsigned nc = __reduce_add_sync(0xffffffffu, clamped[k]);
+            const unsigned nf = __reduce_add_sync(0xffffffffu, flushed[k]);
+            const unsigned am = __reduce_max_sync(0xffffffffu, amax_bits[k]);
+            if (n > 0 && threadIdx.x % WARP_SIZE == 0) q115_add_counts(c, k == 0 ? QB_SCORES : QB_SOFTMAX, n, nc, nf, am);
+        }
+    }
+};
 
 // a boundary: simulate_q115 (counted on the device unless OBSERVE is false); range *
 // simulate_q115(x / range) in general
@@ -205,6 +243,18 @@ LLMC_BD float q115_matmul_output(int which, float x) {
 #endif
     return s * q;
 }
+// the softmax output: an attention probability (>= 0, or NaN), whose range is always 1, through
+// simulate_q115_of_probability: simulate_q115's bits there without the lower clamp (one instruction
+// fewer per score in each of the flash attention's three passes over the scores)
+static_assert(q115_range(QB_SOFTMAX) == 1.0f, "the probabilities are quantized in Q1.15 itself");
+template <bool OBSERVE = true>
+LLMC_BD float q115_probability(float p) {
+    const float q = llmc::simulate_q115_of_probability(p);
+#if defined(__CUDA_ARCH__)
+    if constexpr (OBSERVE) q115_observe(QB_SOFTMAX, p, q);
+#endif
+    return q;
+}
 // a reader "through simulate_q115" of a value stored at boundary `which`
 LLMC_BD float q115_read(int which, float x) {
     const float s = q115_range(which);
@@ -218,21 +268,28 @@ LLMC_BD float q115_read(int which, float x) {
 struct Q115BoundaryValues;
 struct Q115Boundaries {
     using Values = Q115BoundaryValues; // the same hooks, not counted (boundaries.h)
+    using Tally = Q115Tally;
     static constexpr bool ACTIVE = true;
     static constexpr bool CONSTRAINS_WEIGHTS = Q115_CONSTRAIN_WEIGHTS != 0;
     static constexpr float ATTENTION_RESIDUAL_SCALE = Q115_ATTENTION_RESIDUAL_SCALE;
     static constexpr float MLP_RESIDUAL_SCALE = Q115_MLP_RESIDUAL_SCALE;
     static constexpr float LOGIT_SCALE = Q115_LOGIT_SCALE;
+    // |attention_scores(x)| = range * |simulate_q115(x / range)| <= range * 32735/32768
+    static constexpr float ATTENTION_SCORE_BOUND = llmc::Q115_OVERFLOW_THRESHOLD * q115_range(QB_SCORES);
     LLMC_BD static float embedding(float x) { return q115_boundary(QB_EMBEDDING, x); }
     LLMC_BD static float residual(float x) { return q115_boundary(QB_RESIDUAL, x); }
     LLMC_BD static float norm_output(float x) { return q115_boundary(QB_NORM, x); }
     LLMC_BD static float attention_scores(float x) { return q115_matmul_output(QB_SCORES, x); }
-    LLMC_BD static float softmax_output(float x) { return q115_boundary(QB_SOFTMAX, x); }
+    LLMC_BD static float softmax_output(float x) { return q115_probability(x); }
     LLMC_BD static float attention_output(float x) { return q115_matmul_output(QB_ATTN_OUT, x); }
     // the pre-GELU tensor is the fc GEMM's output, already quantized (and counted) by linear_forward_gelu
     LLMC_BD static float gelu_input(float x) { return q115_read(QB_FC, x); }
     LLMC_BD static float gelu_output(float x) { return q115_boundary(QB_GELU, x); }
     LLMC_BD static float logits(float x) { return q115_matmul_output(QB_LOGITS, x); }
+    // the attention / MLP projection's output: quantized (and stored back) by the residual add that reads it
+    LLMC_BD static float branch_output(int branch, float x) {
+        return q115_matmul_output(branch == ATTENTION_BRANCH ? QB_ATTPROJ : QB_FCPROJ, x);
+    }
     LLMC_BD static float constrain_weight(float x) { return llmc::q_clamp(x); }
     LLMC_BD static bool observing() {
 #if defined(__CUDA_ARCH__)
@@ -249,10 +306,13 @@ struct Q115BoundaryValues : Q115Boundaries {
     LLMC_BD static float residual(float x) { return q115_boundary<false>(QB_RESIDUAL, x); }
     LLMC_BD static float norm_output(float x) { return q115_boundary<false>(QB_NORM, x); }
     LLMC_BD static float attention_scores(float x) { return q115_matmul_output<false>(QB_SCORES, x); }
-    LLMC_BD static float softmax_output(float x) { return q115_boundary<false>(QB_SOFTMAX, x); }
+    LLMC_BD static float softmax_output(float x) { return q115_probability<false>(x); }
     LLMC_BD static float attention_output(float x) { return q115_matmul_output<false>(QB_ATTN_OUT, x); }
     LLMC_BD static float gelu_output(float x) { return q115_boundary<false>(QB_GELU, x); }
     LLMC_BD static float logits(float x) { return q115_matmul_output<false>(QB_LOGITS, x); }
+    LLMC_BD static float branch_output(int branch, float x) {
+        return q115_matmul_output<false>(branch == ATTENTION_BRANCH ? QB_ATTPROJ : QB_FCPROJ, x);
+    }
     LLMC_BD static bool observing() { return false; }
 };
 using RecipeBoundaries = Q115Boundaries;
@@ -384,10 +444,14 @@ inline int q115_linear_boundary(LinearKind k) {
     return k == LIN_QKV ? QB_QKV : k == LIN_ATTPROJ ? QB_ATTPROJ : k == LIN_FC ? QB_FC : QB_FCPROJ;
 }
 
-// out = simulate_q115(simulate_q131(inp W^T + bias)), the GEMM's BF16 output quantized in place
+// out = simulate_q115(simulate_q131(inp W^T + bias)), the GEMM's BF16 output quantized in place. The two
+// projections (attproj, fcproj) leave their output as the GEMM stored it: the residual add, the one
+// kernel that reads it, quantizes it there and stores it back (Q115Boundaries::branch_output,
+// layernorm.cuh), one pass over the tensor instead of two.
 inline void linear_forward(Recipe&, LinearId id, floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
                            int N, int C, int OC, bool, cudaStream_t stream) {
     plain_linear_forward(out, inp, weight, bias, N, C, OC, stream);
+    if (id.kind == LIN_ATTPROJ || id.kind == LIN_FCPROJ) return;
     const long long n_vec = (long long)N * OC / 8; // OC is a multiple of 8 for every model (C % 8 == 0)
     if (q115_counting_now) q115_matmul_output_kernel<true><<<ceil_div(n_vec, 256), 256, 0, stream>>>(out, n_vec, q115_linear_boundary(id.kind));
     else q115_matmul_output_kernel<false><<<ceil_div(n_vec, 256), 256, 0, stream>>>(out, n_vec, q115_linear_boundary(id.kind));

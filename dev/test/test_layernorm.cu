@@ -135,7 +135,7 @@ static void test_width(int N, int C, std::mt19937& rng) {
           "N=%d C=%d (%s) forward: out / mean / rstd rel L2 errors %.2e / %.2e / %.2e (tol 4e-3, 1e-5, 1e-5)", N, C, fpath,
           e_out, e_mean, e_rstd);
     poison(d_out, NC * sizeof(floatX)); poison(d_res, NC * sizeof(float));
-    fused_residual_layernorm_forward(d_res, d_out, d_mean, d_rstd, d_x, d_branch, d_w, d_b, N, C, 0);
+    fused_residual_layernorm_forward(d_res, d_out, d_mean, d_rstd, d_x, d_branch, d_w, d_b, N, C, 0, MLP_BRANCH);
     const auto res = to_host(d_res, NC);
     bool res_exact = true;
     for (size_t i = 0; i < NC; i++) res_exact &= res[i] == (float)ref_res[i];
@@ -157,13 +157,13 @@ static void test_width(int N, int C, std::mt19937& rng) {
         for (int fused = 0; fused < 2; fused++) {
             cudaCheck(cudaMemset(d_amax, 0, 8));
             poison(d_out, NC * sizeof(floatX));
-            if (fused) fused_residual_layernorm_forward(d_res, d_out, d_mean, d_rstd, d_x, d_branch, d_w, d_b, N, C, 0);
+            if (fused) fused_residual_layernorm_forward(d_res, d_out, d_mean, d_rstd, d_x, d_branch, d_w, d_b, N, C, 0, MLP_BRANCH);
             else layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, 0);
             fp8_quantize<Fp8Kind::E4M3>(d_want, d_out, (long long)NC, d_s, d_amax + 1, Fp8Stats(), 0);
             Fp8Target q;
             q.rows = d_q; q.scale = d_s; q.amax = d_amax;
             poison(d_out, NC * sizeof(floatX));
-            if (fused) fused_residual_layernorm_forward(d_res, d_out, d_mean, d_rstd, d_x, d_branch, d_w, d_b, N, C, 0, 1.0f, q);
+            if (fused) fused_residual_layernorm_forward(d_res, d_out, d_mean, d_rstd, d_x, d_branch, d_w, d_b, N, C, 0, MLP_BRANCH, q);
             else layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, 0, q);
             const auto got = to_host(d_q, NC), want = to_host(d_want, NC);
             const auto amax = to_host(d_amax, 2);

@@ -630,9 +630,13 @@ TEST_CASE("number formats: Q1.15 decode, fixed points, clamp, ties, sign symmetr
     }
     CHECK(llmc::q115_encode(1e-6f) == 0);
     CHECK(llmc::simulate_q115(-1e-6f) == 0.0f);
-    // NaN: code 0, but simulate passes it through
+    // NaN: code 0, but simulate keeps it a NaN, always 0x7FFFFFFF (the device's NaN-propagating min/max)
     CHECK(llmc::q115_encode(NAN) == 0);
-    CHECK(std::isnan(llmc::simulate_q115(NAN)));
+    for (uint32_t nan_bits : {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0x7FFFFFFFu, 0xFFFFFFFFu}) {
+        CAPTURE(nan_bits);
+        CHECK(llmc::float_bits(llmc::simulate_q115(llmc::bits_float(nan_bits))) == llmc::Q115_NAN_BITS);
+        CHECK(llmc::float_bits(llmc::simulate_q115_of_probability(llmc::bits_float(nan_bits))) == llmc::Q115_NAN_BITS);
+    }
     // sign symmetry
     std::mt19937 gen(8);
     std::uniform_real_distribution<float> dist(-1.5f, 1.5f);
@@ -723,6 +727,34 @@ TEST_CASE("number formats: simulate_q115 and simulate_q131 equal decode(encode(x
         }
     }
     CHECK(fails == 0);
+}
+
+// the softmax output's shortcut (no lower clamp) is simulate_q115 bit for bit wherever it may be used:
+// every x >= -0.999 (every BF16 value and a stride through all floats there, both zeros, +inf, the
+// neighbourhood of every Q1.15 tie and of the clamp); below -0.999 it is not (the check that the
+// test can fail)
+TEST_CASE("number formats: simulate_q115_of_probability equals simulate_q115 for x >= -0.999") {
+    const float lowest = -llmc::Q115_OVERFLOW_THRESHOLD;
+    int fails = 0, checked = 0;
+    auto check_x = [&](float x) {
+        if (!(x >= lowest) && !std::isnan(x)) return;
+        checked++;
+        EXPECT_IN_LOOP(llmc::float_bits(llmc::simulate_q115_of_probability(x)) == llmc::float_bits(llmc::simulate_q115(x)),
+                       "x " << x << " bits " << llmc::float_bits(x));
+    };
+    for (uint32_t b = 0; b < 65536 && fails < 10; b++) check_x(llmc::bits_float(b << 16));
+    for (uint64_t b = 0; b < (1ull << 32) && fails < 10; b += 241) check_x(llmc::bits_float((uint32_t)b));
+    for (int k = -32735; k <= 32767 && fails < 10; k++) {
+        const float tie = ((float)k + 0.5f) / 32768.0f;
+        float lo = tie, hi = tie;
+        for (int i = 0; i < 3; i++) { lo = std::nextafter(lo, -2.0f); hi = std::nextafter(hi, 2.0f); }
+        for (float x = lo; x <= hi && fails < 10; x = std::nextafter(x, 2.0f)) check_x(x);
+    }
+    for (float x : {lowest, std::nextafter(lowest, 0.0f), llmc::Q115_OVERFLOW_THRESHOLD, 1.0f, INFINITY, 0.0f, -0.0f})
+        check_x(x);
+    CHECK(checked > 10000000);
+    CHECK(fails == 0);
+    CHECK(llmc::simulate_q115_of_probability(-1.0f) != llmc::simulate_q115(-1.0f));
 }
 
 // the shortcut for BF16 inputs is the composition, bit for bit, for every BF16 value (the device's
