@@ -54,9 +54,10 @@
 // and outputs in FWD_OUTPUT. The per-tile loops over the scores take the hooks without the counting
 // (Bd::Values), as straight-line code for every position. The forward's launcher runs the kernels
 // instantiated with Bd::Values unless the policy is counting right now (Bd::observing(), a
-// telemetry step): those carry no counting code at all. The counting instantiation passes each
-// visible score (FWD_STATS) or probability (FWD_OUTPUT) through the counting hook in a loop of its
-// own, before the values are computed.
+// telemetry step): those carry no counting code at all. The counting instantiation adds each
+// visible score (FWD_STATS) or probability (FWD_OUTPUT) to the thread's tally (Bd::Tally, in
+// registers) in a loop of its own, before the values are computed, and commits the tally once after
+// the key loop; the outputs go through the counting hook as they are stored.
 //
 // Only the BF16 build uses it; the FP32 reference build keeps the materialized path.
 #pragma once
