@@ -273,6 +273,26 @@ __device__ __forceinline__ void count_prob(TallyOf<Bd>& tally, float s, float sc
     tally.prob(fast_exp2(fmaf(Bd::Values::attention_scores(bf16_round(s)), scale_log2, nl)));
 }
 
+// fn(mt, n, e) for each score of this thread's fragments whose position is visible (key <= query < T;
+// every position when !need_mask): fragment element e of n-tile n of m-tile mt sits at row
+// row0 + 16 mt + 8 (e >> 1), column col0 + 8 n + (e & 1) (row0 = the thread's first row, g below the
+// warp's first; col0 = the tile's first key + 2 t4). The telemetry and the tests' probability store
+// visit the scores this way.
+template <int MT, int NT, typename Fn>
+__device__ __forceinline__ void for_each_visible(int row0, int col0, int T, bool need_mask, Fn&& fn) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int row = row0 + mt * 16 + 8 * (e >> 1);
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                const int c = col0 + n * 8 + (e & 1);
+                if (!need_mask || (c <= row && row < T)) fn(mt, n, e, row, c);
+            }
+        }
+}
+
 // an output element (att @ v, fp32) as stored: plain, as is; active, BF16 (the GEMM's storage) then
 // attention_output (rows past T are never stored: not seen by the hook)
 template <class Bd>
@@ -568,19 +588,10 @@ flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __
             // keeps the score as read, FWD_OUTPUT turns it into the stored probability
             const bool need_mask = j * KB + KB - 1 > wq_lo || wq_hi >= T;
             if constexpr (counts_values<Bd>()) {   // telemetry: each visible value counted once, before the loop below
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int row = wq_lo + mt * 16 + g + 8 * (e >> 1);
-#pragma unroll
-                        for (int n = 0; n < KB / 8; n++) {
-                            const int c = j * KB + n * 8 + 2 * t4 + (e & 1);
-                            if (need_mask && !(c <= row && row < T)) continue;
-                            if constexpr (PASS == FWD_STATS) count_score<Bd>(tally, s[mt][n][e]);
-                            else count_prob<Bd>(tally, s[mt][n][e], scale_log2, nl[mt][e >> 1]);
-                        }
-                    }
+                for_each_visible<MT, KB / 8>(wq_lo + g, j * KB + 2 * t4, T, need_mask, [&](int mt, int n, int e, int, int) {
+                    if constexpr (PASS == FWD_STATS) count_score<Bd>(tally, s[mt][n][e]);
+                    else count_prob<Bd>(tally, s[mt][n][e], scale_log2, nl[mt][e >> 1]);
+                });
             }
             // tiles off the diagonal: a loop without the visibility tests (as in the wgmma kernel)
             auto through_hooks = [&](auto masked) {
@@ -605,18 +616,9 @@ flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __
             if (need_mask) through_hooks(std::true_type());
             else through_hooks(std::false_type());
             if (PASS == FWD_OUTPUT && probs != nullptr) {   // tests: every visible stored probability
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int row = wq_lo + mt * 16 + g + 8 * (e >> 1);
-#pragma unroll
-                        for (int n = 0; n < KB / 8; n++) {
-                            const int c = j * KB + n * 8 + 2 * t4 + (e & 1);
-                            if (!need_mask || (c <= row && row < T))
-                                probs[((long long)bh * T + row) * T + c] = __float2bfloat16_rn(s[mt][n][e]);
-                        }
-                    }
+                for_each_visible<MT, KB / 8>(wq_lo + g, j * KB + 2 * t4, T, need_mask, [&](int mt, int n, int e, int row, int c) {
+                    probs[((long long)bh * T + row) * T + c] = __float2bfloat16_rn(s[mt][n][e]);
+                });
             }
         }
         // online softmax: every row sees key 0 in tile 0, so after tile 0 the maxima are finite
@@ -1365,17 +1367,10 @@ flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf
         } else {   // active boundaries: as in flash_fwd_kernel
             const bool need_mask = j * FWG_KB + FWG_KB - 1 > w_lo || w_lo + 15 >= T;
             if constexpr (counts_values<Bd>()) {   // telemetry: each visible value counted once, before the loop below
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int row = e < 2 ? r0 : r1;
-#pragma unroll
-                    for (int n = 0; n < 8; n++) {
-                        const int c = j * FWG_KB + n * 8 + 2 * t4 + (e & 1);
-                        if (need_mask && !(c <= row && row < T)) continue;
-                        if constexpr (PASS == FWD_STATS) count_score<Bd>(tally, s[4 * n + e]);
-                        else count_prob<Bd>(tally, s[4 * n + e], scale_log2, e < 2 ? nl0 : nl1);
-                    }
-                }
+                for_each_visible<1, 8>(r0, j * FWG_KB + 2 * t4, T, need_mask, [&](int, int n, int e, int, int) {
+                    if constexpr (PASS == FWD_STATS) count_score<Bd>(tally, s[4 * n + e]);
+                    else count_prob<Bd>(tally, s[4 * n + e], scale_log2, e < 2 ? nl0 : nl1);
+                });
             }
             // the tiles that need no mask (all but the diagonal ones) take a loop without the
             // visibility tests, whose 32 predicates would otherwise be spilled to registers
@@ -1398,16 +1393,9 @@ flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf
             if (need_mask) through_hooks(std::true_type());
             else through_hooks(std::false_type());
             if (PASS == FWD_OUTPUT && probs != nullptr) {   // tests: every visible stored probability
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int row = e < 2 ? r0 : r1;
-#pragma unroll
-                    for (int n = 0; n < 8; n++) {
-                        const int c = j * FWG_KB + n * 8 + 2 * t4 + (e & 1);
-                        if (!need_mask || (c <= row && row < T))
-                            probs[((long long)bh * T + row) * T + c] = __float2bfloat16_rn(s[4 * n + e]);
-                    }
-                }
+                for_each_visible<1, 8>(r0, j * FWG_KB + 2 * t4, T, need_mask, [&](int, int n, int e, int row, int c) {
+                    probs[((long long)bh * T + row) * T + c] = __float2bfloat16_rn(s[4 * n + e]);
+                });
             }
         }
         if constexpr (fixed_row_max<Bd, PASS>()) {   // the bound as the maximum of every row
