@@ -34,6 +34,9 @@ else bad "resumed losses differ:"$'\n'"$want"$'\n'"---"$'\n'"$got"; fi
 if [[ -f dev/reference/out/ref_model.bin ]]; then
     "$TRAINER" -e dev/reference/out/ref_model.bin -b 4 -t 64 -x 2 -v 0 -s 0 > "$work/e.out" 2>&1 \
         && ok "trains from an llm.c model file (-e ref_model.bin)" || bad "-e ref_model.bin failed: $(tail -n 2 "$work/e.out")"
+else
+    echo "[SKIP] training from an llm.c model file (-e): dev/reference/out/ref_model.bin is missing" \
+         "(dev/reference/gpt_reference.py --write-reference writes it; make test does so first)"
 fi
 # a checkpoint of another recipe: refused, unless -cr 1 asks for the conversion
 other=""
