@@ -112,7 +112,8 @@ endif
 all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 build/test_cpu \
      train_gpt2q115cu train_gpt2q115_constrainedcu train_gpt3q115cu train_gpt_q115_scaled \
      build/test_attention build/test_fp8 build/test_nvfp4 build/test_vcast build/test_tcfp12 \
-     build/test_linear build/test_layernorm build/test_q115_attention build/gemm_bench build/tcfp12_gemm_bench
+     build/test_linear build/test_layernorm build/test_q115_attention build/test_gemm_wgmma build/gemm_bench \
+     build/tcfp12_gemm_bench
 
 # one binary per recipe: -DRECIPE_<NAME> picks llmc/recipe_<name>.h (Q1.15: the seed's -DENABLE_Q115)
 Q115_DEFINES := -DENABLE_Q115 -DSF16_TRUE_FORWARD=$(SF16_TRUE_FORWARD)

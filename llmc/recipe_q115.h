@@ -74,6 +74,7 @@
 #include "recipe.h"
 #include "number_formats.h"
 #include "gelu.cuh"
+#include "gemm_wgmma.cuh"
 
 #define RECIPE_NAME "q115"
 #define RECIPE_CHECK_ALIAS "115"
@@ -155,6 +156,10 @@ __constant__ Q115Counters* q115_counters;
 // The host's copy of (q115_counters != nullptr), for launchers that pick their kernels by it
 // (boundaries.h, observing()). q115_point_counters sets both.
 inline bool q115_counting_now = false;
+// Whether the qkv and fc linears quantize in the epilogue of our Hopper GEMM (gemm_wgmma.cuh) where it
+// runs, instead of cuBLASLt's GEMM and a pass over its output. The same values but for the order of
+// the FP32 sums. LLMC_Q115_FUSED_GEMM=0 turns it off (A/B runs; the tests compare both).
+inline bool q115_fused_gemm = true;
 inline void q115_point_counters(Q115Counters* p, cudaStream_t stream) {
     cudaCheck(cudaMemcpyToSymbolAsync(q115_counters, &p, sizeof(p), 0, cudaMemcpyHostToDevice, stream));
     q115_counting_now = p != nullptr;
@@ -352,6 +357,34 @@ __global__ void q115_fc_gelu_kernel(floatX* gelu_out, floatX* pre_gelu, long lon
     reinterpret_cast<uint4*>(gelu_out)[i] = out;
 }
 
+// The same two transforms as epilogues of the Hopper GEMM (gemm_wgmma.cuh), which hands over the fp32
+// sums (with the bias) of two neighbouring outputs: rounded to BF16 first, as the GEMM would have
+// stored them, then exactly what the kernels above do with the stored values. One store instead of a
+// store, a read and a store again.
+template <bool OBSERVE>
+struct Q115OutputEpilogue {
+    static constexpr int OUTPUTS = 1;
+    floatX* out[1];
+    int which;
+    __device__ __forceinline__ void operator()(float v0, float v1, __nv_bfloat162 (&r)[1]) const {
+        const float s0 = __bfloat162float(__float2bfloat16_rn(v0)), s1 = __bfloat162float(__float2bfloat16_rn(v1));
+        r[0] = __floats2bfloat162_rn(q115_matmul_output<OBSERVE>(which, s0), q115_matmul_output<OBSERVE>(which, s1));
+    }
+};
+// out[0] = the quantized fc output (pre-GELU), out[1] = its GELU
+template <bool OBSERVE>
+struct Q115FcGeluEpilogue {
+    static constexpr int OUTPUTS = 2;
+    floatX* out[2];
+    __device__ __forceinline__ void operator()(float v0, float v1, __nv_bfloat162 (&r)[2]) const {
+        using Bd = std::conditional_t<OBSERVE, Q115Boundaries, Q115BoundaryValues>;
+        const float s0 = __bfloat162float(__float2bfloat16_rn(v0)), s1 = __bfloat162float(__float2bfloat16_rn(v1));
+        r[0] = __floats2bfloat162_rn(q115_matmul_output<OBSERVE>(QB_FC, s0), q115_matmul_output<OBSERVE>(QB_FC, s1));
+        r[1] = __floats2bfloat162_rn(gelu_forward_value<Bd>(__bfloat162float(r[0].x)),
+                                     gelu_forward_value<Bd>(__bfloat162float(r[0].y)));
+    }
+};
+
 // Every hook on every BF16 bit pattern (for -Q 115): out[h * 65536 + bits].
 constexpr int Q115_NUM_HOOKS = 10;
 LLMC_BD float q115_hook(int h, float x) {
@@ -421,6 +454,7 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
     // the post-GEMM kernels read 8 BF16 (16 bytes) at a time
     if (shape.channels % 8 != 0) input_error("q115: the model's channels (%d) must be a multiple of 8", shape.channels);
     linear_scratch_init(r.scratch, shape.channels);
+    if (const char* e = getenv("LLMC_Q115_FUSED_GEMM")) q115_fused_gemm = atoi(e) != 0;
     r.counters = (Q115Counters*)cuda_malloc_or_die(Q115_COUNTERS_BYTES, "q115 telemetry");
     q115_point_counters(nullptr, 0);
     cudaCheck(cudaDeviceSynchronize());
@@ -429,10 +463,11 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
 
 inline std::string recipe_describe(const Recipe&) {
     return strfmt("q115: SF16 (Q1.15) boundaries, %s (logit scale %g, residual scales %g/%g)%s%s; BF16 storage, "
-                  "GEMMs and backward",
+                  "GEMMs and backward%s",
                   SF16_TRUE_FORWARD ? "true-forward" : "legacy", Q115_LOGIT_SCALE, Q115_ATTENTION_RESIDUAL_SCALE,
                   Q115_MLP_RESIDUAL_SCALE, Q115_CONSTRAIN_WEIGHTS ? ", weights constrained to +-0.999" : "",
-                  Q115_RANGE_SCALES ? ", RANGE-SCALED boundaries (not the seed's SF16: doc/q115.md)" : "");
+                  Q115_RANGE_SCALES ? ", RANGE-SCALED boundaries (not the seed's SF16: doc/q115.md)" : "",
+                  q115_fused_gemm && gemm_wgmma::available() ? "; qkv/fc quantized in the GEMM epilogue (gemm_wgmma)" : "");
 }
 inline void recipe_weights_changed(Recipe&, const LinearWeights&, cudaStream_t) {}
 inline void recipe_step_end(Recipe&, cudaStream_t) {}
@@ -450,8 +485,18 @@ inline int q115_linear_boundary(LinearKind k) {
 // layernorm.cuh), one pass over the tensor instead of two.
 inline void linear_forward(Recipe&, LinearId id, floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
                            int N, int C, int OC, bool, cudaStream_t stream) {
+    if (id.kind == LIN_ATTPROJ || id.kind == LIN_FCPROJ) {
+        plain_linear_forward(out, inp, weight, bias, N, C, OC, stream);
+        return;
+    }
+    // on Hopper: the quantization in the GEMM's epilogue (gemm_wgmma.cuh), no pass over the output
+    if (q115_fused_gemm && gemm_wgmma::supported(out, inp, weight, bias, N, OC, C)) {
+        const int which = q115_linear_boundary(id.kind);
+        if (q115_counting_now) gemm_wgmma::gemm(inp, weight, bias, N, OC, C, Q115OutputEpilogue<true>{{out}, which}, stream);
+        else gemm_wgmma::gemm(inp, weight, bias, N, OC, C, Q115OutputEpilogue<false>{{out}, which}, stream);
+        return;
+    }
     plain_linear_forward(out, inp, weight, bias, N, C, OC, stream);
-    if (id.kind == LIN_ATTPROJ || id.kind == LIN_FCPROJ) return;
     const long long n_vec = (long long)N * OC / 8; // OC is a multiple of 8 for every model (C % 8 == 0)
     if (q115_counting_now) q115_matmul_output_kernel<true><<<ceil_div(n_vec, 256), 256, 0, stream>>>(out, n_vec, q115_linear_boundary(id.kind));
     else q115_matmul_output_kernel<false><<<ceil_div(n_vec, 256), 256, 0, stream>>>(out, n_vec, q115_linear_boundary(id.kind));
@@ -459,6 +504,11 @@ inline void linear_forward(Recipe&, LinearId id, floatX* out, const floatX* inp,
 }
 inline void linear_forward_gelu(Recipe&, LinearId, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
                                 const floatX* weight, const floatX* bias, int N, int C, int OC, bool, cudaStream_t stream) {
+    if (q115_fused_gemm && gemm_wgmma::supported(pre_gelu, inp, weight, bias, N, OC, C) && ((uintptr_t)gelu_out % 16) == 0) {
+        if (q115_counting_now) gemm_wgmma::gemm(inp, weight, bias, N, OC, C, Q115FcGeluEpilogue<true>{{pre_gelu, gelu_out}}, stream);
+        else gemm_wgmma::gemm(inp, weight, bias, N, OC, C, Q115FcGeluEpilogue<false>{{pre_gelu, gelu_out}}, stream);
+        return;
+    }
     plain_linear_forward(pre_gelu, inp, weight, bias, N, C, OC, stream);
     const long long n_vec = (long long)N * OC / 8;
     if (q115_counting_now) q115_fc_gelu_kernel<true><<<ceil_div(n_vec, 256), 256, 0, stream>>>(gelu_out, pre_gelu, n_vec);

@@ -140,9 +140,10 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
                 echo "== gpu tests ($v): build failed"; failed=$((failed + 1))
             fi
         done
-        # standalone kernel tests: the plain linear layer, LayerNorm, flash attention, each recipe's quantization kernels
-        for k in linear layernorm attention q115_attention fp8 nvfp4 vcast tcfp12; do
-            name="$k kernel tests"; [[ $k == attention || $k == linear || $k == layernorm || $k == q115_attention ]] && name="${k/_/ } tests"
+        # standalone kernel tests: the plain linear layer, LayerNorm, flash attention, the Hopper GEMM with our
+        # epilogues, each recipe's quantization kernels
+        for k in linear layernorm attention q115_attention gemm_wgmma fp8 nvfp4 vcast tcfp12; do
+            name="$k kernel tests"; [[ $k == attention || $k == linear || $k == layernorm || $k == q115_attention || $k == gemm_wgmma ]] && name="${k/_/ } tests"
             if make -s build/test_$k; then
                 ./build/test_$k 2>&1 | tee "$tmp/$k.log"; rc=$?
                 count_suite "$name" $rc "$tmp/$k.log"
@@ -187,7 +188,7 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
         echo "== GPU tests: writing the reference failed"; failed=$((failed + 1))
     fi
 else
-    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16/FP8/NVFP4/VCAST/TCFP12/Q115, linear layer, LayerNorm, Q1.15 attention, FP8, NVFP4, vcast and TCFP-12 kernels, resume, multi-GPU, out-of-memory)"
+    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16/FP8/NVFP4/VCAST/TCFP12/Q115, linear layer, LayerNorm, Q1.15 attention, the Hopper GEMM with our epilogues, FP8, NVFP4, vcast and TCFP-12 kernels, resume, multi-GPU, out-of-memory)"
     skipped=$((skipped + 1))
 fi
 

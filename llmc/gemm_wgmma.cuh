@@ -1,0 +1,332 @@
+// gemm_wgmma.cuh: a BF16 GEMM for Hopper (sm_90a) whose epilogue is ours: out = epilogue(inp W^T + bias).
+//
+// Why: cuBLASLt's epilogues are fixed (bias, GELU, ...). A recipe that must transform every output of a
+// forward GEMM (the Q1.15 recipe quantizes each one, and applies the GELU to the fc output) otherwise
+// needs a pass over the GEMM's output after it, which reads and writes the whole tensor again
+// (dev/bench/q115_quantize_bench.cu: those passes run at the copy bandwidth). Here the transform runs
+// on the accumulators, before the one store.
+//
+// The product (llm.c's forward layout): inp is (M x K) row-major, W is (N x K) row-major (the
+// linear's weight, OC x C), out is (M x N) row-major, bias has N entries:
+//     out[m][n] = epilogue(sum_k inp[m][k] W[n][k] + bias[n])
+// Both operands are "K-major" (the reduction dimension is contiguous), the form wgmma reads from
+// shared memory without a transpose.
+//
+// The kernel: one CTA computes a 128 x 128 tile of out, K in steps of 64, with
+//   - one producer warp (warp 8): its lane 0 loads the (128 x 64) tiles of inp and of W for each
+//     K step with the Tensor Memory Accelerator (cp.async.bulk.tensor), into a ring of STAGES
+//     shared-memory slots, in the 128-byte swizzle that wgmma reads (row r of a 64-column bf16 tile
+//     at byte 128 r, its 16-byte chunk c at chunk c ^ (r % 8); the tile base 1024-byte aligned);
+//   - two consumer warpgroups (warps 0-3, 4-7): warpgroup g computes rows 64g..64g+63 of the tile,
+//     four wgmma.m64n128k16 per K step (the accumulator: 64 fp32 registers a thread).
+// Each slot has two barriers (mbarrier): `full` completes when the TMA has written the slot (the
+// producer arms it with the byte count), `empty` when both warpgroups have finished reading it (one
+// arrival from each); the producer waits on `empty` before it refills a slot. A consumer keeps one
+// batch of wgmma in flight (wait_group 1) and releases the slot of the batch before.
+// 288 threads and 3 x 32 KB of shared memory a CTA, so that two CTAs share an SM: one's epilogue
+// overlaps the other's MMAs. The epilogue stages the output tile in the ring's slots (free by then)
+// and stores whole rows (see OUT_LD).
+//
+// The grid: x = the N tiles, y = the M tiles, so CTAs that run together share their inp rows (read
+// from DRAM about once; W is small enough to stay in L2).
+//
+// Measured (dev/test/test_gemm_wgmma.cu, d12's forward shapes, M = 65536, 2026-11-26): 581-630
+// TFLOP/s on an H200, 1.17-1.22x cuBLASLt's time for the plain GEMM; the Q1.15 qkv linear with its
+// quantization fused 0.82-0.90x the time of cuBLASLt + the separate pass, the fc linear with
+// quantization and GELU 0.88-0.99x (H100 / H200). Tried and slower: storing from the accumulators
+// (4 bytes into each of 8 rows a warp instruction; 487 against 581 TFLOP/s); one CTA an SM with 4 or
+// 6 slots (534, 510); clusters of 2 x 1 and 2 x 2 CTAs sharing operand tiles by TMA multicast (374,
+// 262: the CTAs of a cluster wait on each other's slot releases). What cuBLASLt does better is not
+// established; a persistent kernel (the next tile's loads during the epilogue) and 128 x 256 tiles
+// are the next things to try.
+//
+// Accumulator layout of m64nNk16 (warp w of the warpgroup, lane = 4 g + q): registers 4j..4j+3 hold
+// rows 16w + g and 16w + g + 8, columns 8j + 2q and 8j + 2q + 1 (j = 0..N/8-1), each row's pair in
+// two consecutive registers. The epilogue sees the two fp32 values of a pair.
+//
+// Shapes: M % 128 == 0, N % 128 == 0, K % 64 == 0, pointers 16-byte aligned (gemm_wgmma::supported);
+// every GPT-2/3 forward linear at B*T a multiple of 128. Only device code built for sm_90a has these
+// instructions; elsewhere the kernel traps and gemm_wgmma::available() is false, so callers keep
+// cuBLASLt. The tensor maps are encoded on the host at each call (a few microseconds) through the
+// driver's cuTensorMapEncodeTiled, found with cudaGetDriverEntryPointByVersion (no link against
+// libcuda). The sums run in a different order than cuBLASLt's, so outputs may differ from its in the
+// last BF16 bit (the test bounds both against float64).
+#pragma once
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include "cuda_common.h"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GEMM_WGMMA_DEVICE 1
+#else
+#define GEMM_WGMMA_DEVICE 0
+#endif
+
+namespace gemm_wgmma {
+
+constexpr int BM = 128, BN = 128, BK = 64;
+constexpr int CONSUMER_THREADS = 256, THREADS = CONSUMER_THREADS + 32;
+constexpr int TILE_BYTES = BM * BK * 2;        // one operand tile (128 x 64 bf16): 16 KB
+constexpr int STAGE_BYTES = 2 * TILE_BYTES;    // inp tile + W tile
+// 3 slots in the ring, so that two CTAs share an SM (~98 KB each)
+constexpr int STAGES = 3;
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8; // + alignment + barriers
+
+__device__ int g_built = GEMM_WGMMA_DEVICE;
+
+#if GEMM_WGMMA_DEVICE
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// ---- mbarrier ------------------------------------------------------------------------------------
+__device__ __forceinline__ void bar_init(uint64_t* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// arm `bar` for `bytes` of TMA writes (and count this thread's arrival)
+__device__ __forceinline__ void bar_expect_bytes(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(smem_u32(bar)) : "memory");
+}
+// wait until the phase with this parity has completed
+__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
+    uint32_t done = 0;
+    while (!done) {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    }
+}
+
+// ---- TMA: a (rows x 64) box of a 2-D bf16 tensor at (column c0, row r0) into shared memory ----------
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int r0, uint64_t* bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(r0), "r"(smem_u32(bar)) : "memory");
+}
+
+// ---- wgmma ---------------------------------------------------------------------------------------
+// descriptor of a 128-byte-swizzled, 64-column bf16 tile in shared memory (see the flash attention's
+// sw_desc): start >> 4 in bits 0-13, leading byte offset 1 (unused with this swizzle), stride byte
+// offset 1024 >> 4 (8 rows of 128 bytes), swizzle mode 1 (128 B) in bits 62-63. K step ks (16 columns)
+// starts 32 bytes into each row.
+__device__ __forceinline__ uint64_t tile_desc(const void* tile, int ks) {
+    const uint32_t a = smem_u32(tile) + ks * 32;
+    return (uint64_t)((a & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+#define GW_ACC8(b) "+f"(d[b + 0]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), \
+                   "+f"(d[b + 6]), "+f"(d[b + 7])
+// d (64 x 128 fp32) += A (64 x 16, K-major tile) * B (16 x 128, K-major tile: the rows are B's columns)
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,"
+                 "%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,"
+                 "%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : GW_ACC8(0), GW_ACC8(8), GW_ACC8(16), GW_ACC8(24), GW_ACC8(32), GW_ACC8(40), GW_ACC8(48), GW_ACC8(56)
+                 : "l"(desc_a), "l"(desc_b));
+}
+#undef GW_ACC8
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+__device__ __forceinline__ void acc_fence(float (&d)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+#endif // GEMM_WGMMA_DEVICE
+
+// Epilogue: an object with
+//   static constexpr int OUTPUTS;                 how many (M x N) BF16 tensors it writes (1 or 2)
+//   floatX* out[OUTPUTS];                         where (row-major, leading dimension N)
+//   __device__ void operator()(float v0, float v1, __nv_bfloat162 (&r)[OUTPUTS]) const
+// The kernel calls it for every pair of neighbouring columns of a row with the two fp32 sums (bias
+// included) and stores r[o] into out[o]. The plain one stores the sums as BF16:
+struct StoreBf16 {
+    static constexpr int OUTPUTS = 1;
+    floatX* out[1];
+    __device__ __forceinline__ void operator()(float v0, float v1, __nv_bfloat162 (&r)[1]) const {
+        r[0] = __floats2bfloat162_rn(v0, v1);
+    }
+};
+
+// The output tile goes through shared memory (the ring's slots, free once every K step is done) so
+// that each warp stores whole 256-byte rows, 16 bytes a thread: straight from the accumulators a warp
+// would store 4 bytes into each of 8 rows per instruction. Rows padded by 8 BF16 (16 bytes), so that
+// the accumulator layout's 8 rows x 4 column pairs fall into 32 different banks.
+constexpr int OUT_LD = BN + 8;
+constexpr int OUT_TILE_BYTES = BM * OUT_LD * 2;
+static_assert(2 * OUT_TILE_BYTES <= STAGES * STAGE_BYTES, "two staged output tiles fit in the ring");
+
+template <class Epilogue>
+__global__ void __launch_bounds__(THREADS, 2)
+gemm_kernel(const __grid_constant__ CUtensorMap map_inp, const __grid_constant__ CUtensorMap map_w,
+            const floatX* __restrict__ bias, int K, Epilogue epi) {
+#if GEMM_WGMMA_DEVICE
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // the tiles need 1024-byte alignment (the swizzle pattern repeats every 8 rows of 128 bytes)
+    unsigned char* smem = (unsigned char*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * STAGE_BYTES);
+    uint64_t* empty = full + STAGES;
+    const int n_tile = blockIdx.x, m_tile = blockIdx.y;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int k_steps = K / BK;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            bar_init(&full[s], 1);
+            bar_init(&empty[s], 2);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == CONSUMER_THREADS / 32) {
+        // producer: lane 0 keeps the ring full
+        if (lane == 0) {
+            for (int kt = 0; kt < k_steps; kt++) {
+                const int s = kt % STAGES;
+                if (kt >= STAGES) bar_wait(&empty[s], ((kt / STAGES) + 1) & 1);
+                unsigned char* slot = smem + s * STAGE_BYTES;
+                bar_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load_2d(slot, &map_inp, kt * BK, m_tile * BM, &full[s]);
+                tma_load_2d(slot + TILE_BYTES, &map_w, kt * BK, n_tile * BN, &full[s]);
+            }
+        }
+    } else {
+        // consumers: warpgroup g computes rows 64g..64g+63 of the tile
+        const int g = warp / 4;
+        float d[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++) d[i] = 0.0f;
+        for (int kt = 0; kt < k_steps; kt++) {
+            const int s = kt % STAGES;
+            bar_wait(&full[s], (kt / STAGES) & 1);
+            const unsigned char* slot = smem + s * STAGE_BYTES;
+            const unsigned char* a_tile = slot + g * (64 * BK * 2);
+            const unsigned char* b_tile = slot + TILE_BYTES;
+            acc_fence(d);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < BK / 16; ks++) wgmma_m64n128k16(d, tile_desc(a_tile, ks), tile_desc(b_tile, ks));
+            wgmma_commit();
+            // the batch before this one is done: its slot can be refilled
+            wgmma_wait<1>();
+            acc_fence(d);
+            if (kt > 0 && threadIdx.x % 128 == 0) bar_arrive(&empty[(kt - 1) % STAGES]);
+        }
+        wgmma_wait<0>();
+        acc_fence(d);
+
+        // epilogue: bias, then the caller's transform, into shared memory; then whole rows to global.
+        // The slots are free once both warpgroups are past their last K step (every TMA write landed
+        // before the last `full` barrier completed, and nothing more is loaded).
+        asm volatile("bar.sync 1, %0;\n" :: "n"(CONSUMER_THREADS) : "memory");
+        constexpr int NOUT = Epilogue::OUTPUTS;
+        __nv_bfloat16* staged = reinterpret_cast<__nv_bfloat16*>(smem);
+        const int wq = warp % 4, gq = lane / 4, q = lane % 4;
+        const int r_lo = 64 * g + 16 * wq + gq;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            const int c = 8 * j + 2 * q;
+            float b0 = 0.0f, b1 = 0.0f;
+            if (bias != nullptr) {
+                const __nv_bfloat162 bb = *reinterpret_cast<const __nv_bfloat162*>(bias + n_tile * BN + c);
+                b0 = __bfloat162float(bb.x);
+                b1 = __bfloat162float(bb.y);
+            }
+            __nv_bfloat162 lo[NOUT], hi[NOUT];
+            epi(d[4 * j + 0] + b0, d[4 * j + 1] + b1, lo);
+            epi(d[4 * j + 2] + b0, d[4 * j + 3] + b1, hi);
+#pragma unroll
+            for (int o = 0; o < NOUT; o++) {
+                *reinterpret_cast<__nv_bfloat162*>(staged + o * (OUT_TILE_BYTES / 2) + r_lo * OUT_LD + c) = lo[o];
+                *reinterpret_cast<__nv_bfloat162*>(staged + o * (OUT_TILE_BYTES / 2) + (r_lo + 8) * OUT_LD + c) = hi[o];
+            }
+        }
+        asm volatile("bar.sync 1, %0;\n" :: "n"(CONSUMER_THREADS) : "memory");
+        const int ld = (int)gridDim.x * BN;
+        constexpr int CHUNKS = BM * BN / 8; // 16-byte pieces of one output tile
+#pragma unroll
+        for (int o = 0; o < NOUT; o++) {
+#pragma unroll
+            for (int i = 0; i < CHUNKS / CONSUMER_THREADS; i++) {
+                const int chunk = (int)threadIdx.x + i * CONSUMER_THREADS;
+                const int r = chunk / (BN / 8), c8 = chunk % (BN / 8);
+                const uint4 v = *reinterpret_cast<const uint4*>(staged + o * (OUT_TILE_BYTES / 2) + r * OUT_LD + 8 * c8);
+                *reinterpret_cast<uint4*>(epi.out[o] + ((long long)m_tile * BM + r) * ld + n_tile * BN + 8 * c8) = v;
+            }
+        }
+    }
+#else
+    __trap();
+#endif
+}
+
+// ---- host ----------------------------------------------------------------------------------------
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            p = nullptr;
+        return (PFN_cuTensorMapEncodeTiled_v12000)p;
+    }();
+    return fn;
+}
+
+// whether this build and this GPU run the kernel (sm_90a device code, a Hopper GPU, the driver's
+// tensor-map encoder); read once
+inline bool available() {
+    static int cached = -1;
+    if (cached < 0) {
+        int built = 0, dev = 0, major = 0, minor = 0;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        if (major == 9 && minor == 0) cudaCheck(cudaMemcpyFromSymbol(&built, g_built, sizeof(int)));
+        cached = built && encode_fn() != nullptr ? 1 : 0;
+    }
+    return cached == 1;
+}
+
+inline bool supported(const void* out, const void* inp, const void* w, const void* bias, int M, int N, int K) {
+    auto aligned = [](const void* p) { return ((uintptr_t)p % 16) == 0; };
+    return M % BM == 0 && N % BN == 0 && K % BK == 0 && aligned(out) && aligned(inp) && aligned(w) &&
+           (bias == nullptr || ((uintptr_t)bias % 4) == 0) && available();
+}
+
+// a (rows x cols) row-major bf16 matrix, read in (box_rows x 64) boxes with the 128-byte swizzle
+inline CUtensorMap tensor_map(const floatX* base, int rows, int cols, int box_rows) {
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)cols * sizeof(floatX)};
+    const cuuint32_t box[2] = {(cuuint32_t)BK, (cuuint32_t)box_rows};
+    const cuuint32_t elem_strides[2] = {1, 1};
+    const CUresult r = encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)base, dims, strides, box,
+                                   elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "error: cuTensorMapEncodeTiled failed (%d) for a %d x %d matrix\n", (int)r, rows, cols);
+        exit(EXIT_FAILURE);
+    }
+    return map;
+}
+
+// out = epi(inp (M x K) W^T (W: N x K) + bias); the caller checked supported()
+template <class Epilogue>
+inline void gemm(const floatX* inp, const floatX* w, const floatX* bias, int M, int N, int K, Epilogue epi,
+                 cudaStream_t stream) {
+    static bool configured = false;
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(gemm_kernel<Epilogue>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+        // all of the unified L1 / shared memory as shared memory: two CTAs of ~98 KB per SM
+        cudaCheck(cudaFuncSetAttribute(gemm_kernel<Epilogue>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+        configured = true;
+    }
+    const CUtensorMap map_inp = tensor_map(inp, M, K, BM);
+    const CUtensorMap map_w = tensor_map(w, N, K, BN);
+    gemm_kernel<Epilogue><<<dim3(N / BN, M / BM), THREADS, SMEM_BYTES, stream>>>(map_inp, map_w, bias, K, epi);
+    cudaCheckLaunch();
+}
+
+} // namespace gemm_wgmma
