@@ -65,6 +65,7 @@
 #include "cuda_common.h"
 #include "boundaries.h"
 #include "fp8_quantize.cuh" // Fp8Target: the FP8 recipe's E5M2 copy of dqkv
+#include "wgmma.cuh"        // smem_addr, the swizzled-tile descriptor, the wgmma fences
 
 #if !defined(ENABLE_FP32)
 
@@ -113,10 +114,6 @@ template <> struct Config<128> {
 
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
 
 // 16-byte global -> shared copy; when !valid the destination is zero-filled and nothing is read
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
@@ -1172,13 +1169,7 @@ __device__ __forceinline__ void load_tile_sw(bf16* tile, const bf16* g, int row0
     }
 }
 
-// Shared-memory matrix descriptor of a swizzled tile for one k-step of 16: start address (>> 4) in
-// bits 0-13, leading-dimension byte offset (>> 4) in 16-29 (unused by the 128-byte swizzle with
-// 64-wide tiles; 1 by convention), stride-dimension byte offset (>> 4) in 32-45 = 1024 bytes
-// between groups of 8 rows, base offset 0 (1024-aligned pattern), swizzle mode 1 (128 B) in 62-63.
-__device__ __forceinline__ uint64_t sw_desc(const bf16* start) {
-    return (uint64_t)((smem_addr(start) & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
-}
+// (sw_desc, the descriptor of a swizzled tile: wgmma.cuh)
 // K-major: the k-step ks is columns 16ks..16ks+15, 32 bytes into each row
 __device__ __forceinline__ uint64_t desc_k(const bf16* tile, int ks) { return sw_desc(tile + ks * 16); }
 // MN-major: the k-step ks is rows 16ks..16ks+15 (two 8-row groups, 2048 bytes)
@@ -1212,27 +1203,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t desc_a, uint64
 #undef FA_WG_ACC
 #undef FA_WG_ACC_OPS
 
-// Ordering around the asynchronous MMAs: wgmma_fence() before the first wgmma of a batch (after
-// registers it reads, accumulators or A, were written); commit closes the batch; wait<0> waits for
-// it. The compiler sees a wgmma as an ordinary asm that reads and writes its accumulators, so
-// reg_fence() on each accumulator (an empty volatile asm that "modifies" it) pins writes before the
-// batch and reads after the wait.
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
-template <int N>
-__device__ __forceinline__ void reg_fence(float (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i]) :: "memory");
-}
-template <int N>
-__device__ __forceinline__ void reg_fence(uint32_t (&r)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; i++)
-#pragma unroll
-        for (int x = 0; x < 4; x++) asm volatile("" : "+r"(r[i][x]) :: "memory");
-}
+// (wgmma_fence, wgmma_commit, wgmma_wait, reg_fence: wgmma.cuh)
 // cp.async writes shared memory through the generic proxy, wgmma reads it through the async proxy:
 // each thread fences its landed copies before the barrier that publishes them
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

@@ -55,6 +55,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include "cuda_common.h"
+#include "wgmma.cuh" // smem_addr, sw_desc, the wgmma fences
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define GEMM_WGMMA_DEVICE 1
@@ -75,42 +76,36 @@ constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8; // + al
 __device__ int g_built = GEMM_WGMMA_DEVICE;
 
 #if GEMM_WGMMA_DEVICE
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
 // ---- mbarrier ------------------------------------------------------------------------------------
 __device__ __forceinline__ void bar_init(uint64_t* bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(count) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(smem_addr(bar)), "r"(count) : "memory");
 }
 // arm `bar` for `bytes` of TMA writes (and count this thread's arrival)
 __device__ __forceinline__ void bar_expect_bytes(uint64_t* bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void bar_arrive(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(smem_u32(bar)) : "memory");
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(smem_addr(bar)) : "memory");
 }
 // wait until the phase with this parity has completed
 __device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
     uint32_t done = 0;
     while (!done) {
         asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+                     : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
     }
 }
 
 // ---- TMA: a (rows x 64) box of a 2-D bf16 tensor at (column c0, row r0) into shared memory ----------
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int r0, uint64_t* bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                 :: "r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(r0), "r"(smem_u32(bar)) : "memory");
+                 :: "r"(smem_addr(dst)), "l"((uint64_t)map), "r"(c0), "r"(r0), "r"(smem_addr(bar)) : "memory");
 }
 
 // ---- wgmma ---------------------------------------------------------------------------------------
-// descriptor of a 128-byte-swizzled, 64-column bf16 tile in shared memory (see the flash attention's
-// sw_desc): start >> 4 in bits 0-13, leading byte offset 1 (unused with this swizzle), stride byte
-// offset 1024 >> 4 (8 rows of 128 bytes), swizzle mode 1 (128 B) in bits 62-63. K step ks (16 columns)
-// starts 32 bytes into each row.
+// the descriptor of k-step ks (16 columns, 32 bytes into each row) of a swizzled tile (wgmma.cuh)
 __device__ __forceinline__ uint64_t tile_desc(const void* tile, int ks) {
-    const uint32_t a = smem_u32(tile) + ks * 32;
-    return (uint64_t)((a & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+    return sw_desc(static_cast<const unsigned char*>(tile) + ks * 32);
 }
 #define GW_ACC8(b) "+f"(d[b + 0]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), \
                    "+f"(d[b + 6]), "+f"(d[b + 7])
@@ -125,14 +120,6 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
                  : "l"(desc_a), "l"(desc_b));
 }
 #undef GW_ACC8
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
-__device__ __forceinline__ void acc_fence(float (&d)[64]) {
-#pragma unroll
-    for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i]) :: "memory");
-}
 #endif // GEMM_WGMMA_DEVICE
 
 // Epilogue: an object with
@@ -203,18 +190,18 @@ gemm_kernel(const __grid_constant__ CUtensorMap map_inp, const __grid_constant__
             const unsigned char* slot = smem + s * STAGE_BYTES;
             const unsigned char* a_tile = slot + g * (64 * BK * 2);
             const unsigned char* b_tile = slot + TILE_BYTES;
-            acc_fence(d);
+            reg_fence(d);
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < BK / 16; ks++) wgmma_m64n128k16(d, tile_desc(a_tile, ks), tile_desc(b_tile, ks));
             wgmma_commit();
             // the batch before this one is done: its slot can be refilled
             wgmma_wait<1>();
-            acc_fence(d);
+            reg_fence(d);
             if (kt > 0 && threadIdx.x % 128 == 0) bar_arrive(&empty[(kt - 1) % STAGES]);
         }
         wgmma_wait<0>();
-        acc_fence(d);
+        reg_fence(d);
 
         // epilogue: bias, then the caller's transform, into shared memory; then whole rows to global.
         // The slots are free once both warpgroups are past their last K step (every TMA write landed
