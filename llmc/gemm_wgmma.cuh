@@ -30,15 +30,17 @@
 // The grid: x = the N tiles, y = the M tiles, so CTAs that run together share their inp rows (read
 // from DRAM about once; W is small enough to stay in L2).
 //
-// Measured (dev/test/test_gemm_wgmma.cu, d12's forward shapes, M = 65536, 2026-11-26): 581-630
-// TFLOP/s on an H200, 1.17-1.22x cuBLASLt's time for the plain GEMM; the Q1.15 qkv linear with its
-// quantization fused 0.82-0.90x the time of cuBLASLt + the separate pass, the fc linear with
-// quantization and GELU 0.88-0.99x (H100 / H200). Tried and slower: storing from the accumulators
-// (4 bytes into each of 8 rows a warp instruction; 487 against 581 TFLOP/s); one CTA an SM with 4 or
-// 6 slots (534, 510); clusters of 2 x 1 and 2 x 2 CTAs sharing operand tiles by TMA multicast (374,
-// 262: the CTAs of a cluster wait on each other's slot releases). What cuBLASLt does better is not
-// established; a persistent kernel (the next tile's loads during the epilogue) and 128 x 256 tiles
-// are the next things to try.
+// Measured (dev/test/test_gemm_wgmma.cu, d12's forward shapes, M = 65536, 2026-11-26): 128 x 128 tiles
+// run at 549-630 TFLOP/s (H100 / H200), 1.14-1.34x cuBLASLt's time for the plain GEMM; the Q1.15 qkv
+// linear with its quantization fused takes 0.82-0.90x the time of cuBLASLt + the separate pass, the fc
+// linear with quantization and GELU 0.88-0.99x. Tried and slower: storing from the accumulators
+// (4 bytes into each of 8 rows a warp instruction; 487 against 581 TFLOP/s on an H200); one CTA an SM
+// with 4 or 6 slots of 128 x 128 (534, 510); clusters of 2 x 1 and 2 x 2 CTAs sharing operand tiles by
+// TMA multicast (374, 262: the CTAs of a cluster wait on each other's slot releases). Tile256 (128 x 256,
+// one CTA an SM, H100): the plain GEMM 1.07-1.19x cuBLASLt's time (693 TFLOP/s at fcproj's K = 3072),
+// the fused qkv the same as Tile128 (0.82x), the fused fc + GELU slower (0.95x against 0.89x: the GELU
+// epilogue no longer overlaps another CTA's MMAs), so Tile128 stays the default. A persistent kernel
+// that overlaps one tile's epilogue with the next tile's MMAs is the next thing to try.
 //
 // Accumulator layout of m64nNk16 (warp w of the warpgroup, lane = 4 g + q): registers 4j..4j+3 hold
 // rows 16w + g and 16w + g + 8, columns 8j + 2q and 8j + 2q + 1 (j = 0..N/8-1), each row's pair in
@@ -65,13 +67,28 @@
 
 namespace gemm_wgmma {
 
-constexpr int BM = 128, BN = 128, BK = 64;
+constexpr int BM = 128, BK = 64;
 constexpr int CONSUMER_THREADS = 256, THREADS = CONSUMER_THREADS + 32;
-constexpr int TILE_BYTES = BM * BK * 2;        // one operand tile (128 x 64 bf16): 16 KB
-constexpr int STAGE_BYTES = 2 * TILE_BYTES;    // inp tile + W tile
-// 3 slots in the ring, so that two CTAs share an SM (~98 KB each)
-constexpr int STAGES = 3;
-constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8; // + alignment + barriers
+constexpr int A_TILE_BYTES = BM * BK * 2;      // the inp tile (128 x 64 bf16): 16 KB
+
+// The tile's width and the ring's depth. Tile128 (the default): 128 x 128 tiles, 3 slots of 32 KB, two
+// CTAs an SM. Tile256 (an experiment, timed by the test): 128 x 256 (wgmma m64n256, 128 accumulator
+// registers a thread), 4 slots of 48 KB, one CTA an SM.
+template <int BN_, int STAGES_, int MIN_BLOCKS_>
+struct TileConfig {
+    static constexpr int BN = BN_, STAGES = STAGES_, MIN_BLOCKS = MIN_BLOCKS_;
+    static constexpr int W_TILE_BYTES = BN * BK * 2;
+    static constexpr int STAGE_BYTES = A_TILE_BYTES + W_TILE_BYTES;
+    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8; // + alignment + barriers
+    // the staged output tile (see the epilogue): rows padded by 8 BF16 (16 bytes), so that the
+    // accumulator layout's 8 rows x 4 column pairs fall into 32 different banks
+    static constexpr int OUT_LD = BN + 8;
+    static constexpr int OUT_TILE_BYTES = BM * OUT_LD * 2;
+    static_assert(2 * OUT_TILE_BYTES <= STAGES * STAGE_BYTES, "two staged output tiles fit in the ring");
+};
+using Tile128 = TileConfig<128, 3, 2>;
+using Tile256 = TileConfig<256, 4, 1>;
+constexpr int BN = 128; // the width every supported N is a multiple of
 
 __device__ int g_built = GEMM_WGMMA_DEVICE;
 
@@ -119,6 +136,26 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
                  : GW_ACC8(0), GW_ACC8(8), GW_ACC8(16), GW_ACC8(24), GW_ACC8(32), GW_ACC8(40), GW_ACC8(48), GW_ACC8(56)
                  : "l"(desc_a), "l"(desc_b));
 }
+// d (64 x 256 fp32) += A (64 x 16) * B (16 x 256), both K-major tiles
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,"
+                 "%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,"
+                 "%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,"
+                 "%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,"
+                 "%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,"
+                 "%121,%122,%123,%124,%125,%126,%127"
+                 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : GW_ACC8(0), GW_ACC8(8), GW_ACC8(16), GW_ACC8(24), GW_ACC8(32), GW_ACC8(40), GW_ACC8(48), GW_ACC8(56),
+                   GW_ACC8(64), GW_ACC8(72), GW_ACC8(80), GW_ACC8(88), GW_ACC8(96), GW_ACC8(104), GW_ACC8(112), GW_ACC8(120)
+                 : "l"(desc_a), "l"(desc_b));
+}
+template <int N>
+__device__ __forceinline__ void wgmma_m64nNk16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b) {
+    if constexpr (N == 128) wgmma_m64n128k16(d, desc_a, desc_b);
+    else wgmma_m64n256k16(d, desc_a, desc_b);
+}
 #undef GW_ACC8
 #endif // GEMM_WGMMA_DEVICE
 
@@ -137,18 +174,16 @@ struct StoreBf16 {
 };
 
 // The output tile goes through shared memory (the ring's slots, free once every K step is done) so
-// that each warp stores whole 256-byte rows, 16 bytes a thread: straight from the accumulators a warp
-// would store 4 bytes into each of 8 rows per instruction. Rows padded by 8 BF16 (16 bytes), so that
-// the accumulator layout's 8 rows x 4 column pairs fall into 32 different banks.
-constexpr int OUT_LD = BN + 8;
-constexpr int OUT_TILE_BYTES = BM * OUT_LD * 2;
-static_assert(2 * OUT_TILE_BYTES <= STAGES * STAGE_BYTES, "two staged output tiles fit in the ring");
+// that each warp stores whole rows, 16 bytes a thread: straight from the accumulators a warp would
+// store 4 bytes into each of 8 rows per instruction.
 
-template <class Epilogue>
-__global__ void __launch_bounds__(THREADS, 2)
+template <class Epilogue, class Cfg>
+__global__ void __launch_bounds__(THREADS, Cfg::MIN_BLOCKS)
 gemm_kernel(const __grid_constant__ CUtensorMap map_inp, const __grid_constant__ CUtensorMap map_w,
             const floatX* __restrict__ bias, int K, Epilogue epi) {
 #if GEMM_WGMMA_DEVICE
+    constexpr int BN = Cfg::BN, STAGES = Cfg::STAGES, STAGE_BYTES = Cfg::STAGE_BYTES;
+    constexpr int OUT_LD = Cfg::OUT_LD, OUT_TILE_BYTES = Cfg::OUT_TILE_BYTES;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // the tiles need 1024-byte alignment (the swizzle pattern repeats every 8 rows of 128 bytes)
     unsigned char* smem = (unsigned char*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -175,25 +210,25 @@ gemm_kernel(const __grid_constant__ CUtensorMap map_inp, const __grid_constant__
                 unsigned char* slot = smem + s * STAGE_BYTES;
                 bar_expect_bytes(&full[s], STAGE_BYTES);
                 tma_load_2d(slot, &map_inp, kt * BK, m_tile * BM, &full[s]);
-                tma_load_2d(slot + TILE_BYTES, &map_w, kt * BK, n_tile * BN, &full[s]);
+                tma_load_2d(slot + A_TILE_BYTES, &map_w, kt * BK, n_tile * BN, &full[s]);
             }
         }
     } else {
         // consumers: warpgroup g computes rows 64g..64g+63 of the tile
         const int g = warp / 4;
-        float d[64];
+        float d[BN / 2];
 #pragma unroll
-        for (int i = 0; i < 64; i++) d[i] = 0.0f;
+        for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
         for (int kt = 0; kt < k_steps; kt++) {
             const int s = kt % STAGES;
             bar_wait(&full[s], (kt / STAGES) & 1);
             const unsigned char* slot = smem + s * STAGE_BYTES;
             const unsigned char* a_tile = slot + g * (64 * BK * 2);
-            const unsigned char* b_tile = slot + TILE_BYTES;
+            const unsigned char* b_tile = slot + A_TILE_BYTES;
             reg_fence(d);
             wgmma_fence();
 #pragma unroll
-            for (int ks = 0; ks < BK / 16; ks++) wgmma_m64n128k16(d, tile_desc(a_tile, ks), tile_desc(b_tile, ks));
+            for (int ks = 0; ks < BK / 16; ks++) wgmma_m64nNk16<BN>(d, tile_desc(a_tile, ks), tile_desc(b_tile, ks));
             wgmma_commit();
             // the batch before this one is done: its slot can be refilled
             wgmma_wait<1>();
@@ -300,20 +335,32 @@ inline CUtensorMap tensor_map(const floatX* base, int rows, int cols, int box_ro
 }
 
 // out = epi(inp (M x K) W^T (W: N x K) + bias); the caller checked supported()
-template <class Epilogue>
-inline void gemm(const floatX* inp, const floatX* w, const floatX* bias, int M, int N, int K, Epilogue epi,
-                 cudaStream_t stream) {
+// the tile configuration gemm() launches: 128 (Tile128) or 256 (Tile256, the test's experiment)
+inline int g_tile_n = 128;
+
+template <class Epilogue, class Cfg>
+inline void launch(const floatX* inp, const floatX* w, const floatX* bias, int M, int N, int K, Epilogue epi,
+                   cudaStream_t stream) {
     static bool configured = false;
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(gemm_kernel<Epilogue>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
-        // all of the unified L1 / shared memory as shared memory: two CTAs of ~98 KB per SM
-        cudaCheck(cudaFuncSetAttribute(gemm_kernel<Epilogue>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+        cudaCheck(cudaFuncSetAttribute(gemm_kernel<Epilogue, Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       Cfg::SMEM_BYTES));
+        // all of the unified L1 / shared memory as shared memory
+        cudaCheck(cudaFuncSetAttribute(gemm_kernel<Epilogue, Cfg>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
         configured = true;
     }
     const CUtensorMap map_inp = tensor_map(inp, M, K, BM);
-    const CUtensorMap map_w = tensor_map(w, N, K, BN);
-    gemm_kernel<Epilogue><<<dim3(N / BN, M / BM), THREADS, SMEM_BYTES, stream>>>(map_inp, map_w, bias, K, epi);
+    const CUtensorMap map_w = tensor_map(w, N, K, Cfg::BN);
+    gemm_kernel<Epilogue, Cfg><<<dim3(N / Cfg::BN, M / BM), THREADS, Cfg::SMEM_BYTES, stream>>>(map_inp, map_w, bias, K, epi);
     cudaCheckLaunch();
+}
+
+// out = epi(inp (M x K) W^T (W: N x K) + bias); the caller checked supported()
+template <class Epilogue>
+inline void gemm(const floatX* inp, const floatX* w, const floatX* bias, int M, int N, int K, Epilogue epi,
+                 cudaStream_t stream) {
+    if (g_tile_n == 256 && N % 256 == 0) launch<Epilogue, Tile256>(inp, w, bias, M, N, K, epi, stream);
+    else launch<Epilogue, Tile128>(inp, w, bias, M, N, K, epi, stream);
 }
 
 } // namespace gemm_wgmma

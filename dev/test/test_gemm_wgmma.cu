@@ -208,12 +208,18 @@ int main() {
     }
     matmul_init();
     std::mt19937 rng(1234);
-    test_shape(128, 128, 64, true, 1 << 30, rng);
-    test_shape(256, 256, 192, true, 1 << 30, rng);   // several tiles, more K steps than slots in the ring
-    test_shape(512, 384, 768, false, 1 << 30, rng);
-    test_shape(8192, 2304, 768, true, 64, rng);      // d12's qkv (a slice of the rows against float64)
-    test_shape(8192, 3072, 768, true, 64, rng);      // fc
-    test_shape(8192, 768, 3072, true, 64, rng);      // fcproj
+    for (int tile_n : {128, 256}) { // the default tiles, and the 128 x 256 experiment (gemm_wgmma::Tile256)
+        gemm_wgmma::g_tile_n = tile_n;
+        printf("-- %d x %d tiles\n", gemm_wgmma::BM, tile_n);
+        test_shape(128, 128, 64, true, 1 << 30, rng);
+        test_shape(256, 512, 320, true, 1 << 30, rng);   // several tiles, more K steps than slots in the ring
+        test_shape(512, 384, 768, false, 1 << 30, rng);  // (not a multiple of 256: 128-wide tiles)
+        test_shape(8192, 2304, 768, true, 64, rng);      // d12's qkv (a slice of the rows against float64)
+        test_shape(8192, 3072, 768, true, 64, rng);      // fc
+        test_shape(8192, 768, 3072, true, 64, rng);      // fcproj
+        test_q115_epilogues(1024, 768, 768, rng);
+    }
+    gemm_wgmma::g_tile_n = 128;
     {
         floatX* p = nullptr;
         cudaCheck(cudaMalloc(&p, 1 << 20));
@@ -223,15 +229,18 @@ int main() {
         check(!gemm_wgmma::supported(p + 1, p, p, nullptr, 128, 128, 64), "a misaligned output is reported unsupported");
         cudaCheck(cudaFree(p));
     }
-    test_q115_epilogues(1024, 768, 768, rng);
     test_q115_epilogues(512, 3072, 768, rng);
-    printf("timing on %s (median of 20):\n", prop.name);
-    time_shape("qkv", 65536, 2304, 768);
-    time_shape("fc", 65536, 3072, 768);
-    time_shape("attproj", 65536, 768, 768);
-    time_shape("fcproj", 65536, 768, 3072);
-    time_q115("qkv", 65536, 2304, 768, false);
-    time_q115("fc + GELU", 65536, 3072, 768, true);
+    for (int tile_n : {128, 256}) {
+        gemm_wgmma::g_tile_n = tile_n;
+        printf("timing on %s (median of 20), %d x %d tiles:\n", prop.name, gemm_wgmma::BM, tile_n);
+        time_shape("qkv", 65536, 2304, 768);
+        time_shape("fc", 65536, 3072, 768);
+        time_shape("attproj", 65536, 768, 768);
+        time_shape("fcproj", 65536, 768, 3072);
+        time_q115("qkv", 65536, 2304, 768, false);
+        time_q115("fc + GELU", 65536, 3072, 768, true);
+    }
+    gemm_wgmma::g_tile_n = 128;
     printf("gemm_wgmma tests: %d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
 }
