@@ -334,7 +334,6 @@ inline CUtensorMap tensor_map(const floatX* base, int rows, int cols, int box_ro
     return map;
 }
 
-// out = epi(inp (M x K) W^T (W: N x K) + bias); the caller checked supported()
 // the tile configuration gemm() launches: 128 (Tile128) or 256 (Tile256, the test's experiment)
 inline int g_tile_n = 128;
 
