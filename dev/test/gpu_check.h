@@ -7,6 +7,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <vector>
 #include "llmc/cuda_common.h"
 
@@ -77,3 +78,11 @@ static inline float bf2f(floatX b) { return __bfloat162float(b); }
 static inline floatX f2bf(float f) { return __float2bfloat16(f); }
 static inline uint16_t bfbits(floatX b) { uint16_t u; memcpy(&u, &b, 2); return u; }
 #endif
+
+// n values uniform in [lo, hi), rounded to the storage type
+static inline std::vector<floatX> random_floatx(size_t n, std::mt19937& rng, float lo, float hi) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<floatX> v(n);
+    for (auto& x : v) x = (floatX)u(rng);
+    return v;
+}

@@ -24,10 +24,7 @@
 #include "llmc/recipe_q115.h"
 
 static std::vector<floatX> random_bf16(size_t n, std::mt19937& rng, float scale) {
-    std::uniform_real_distribution<float> u(-scale, scale);
-    std::vector<floatX> v(n);
-    for (auto& x : v) x = f2bf(u(rng));
-    return v;
+    return random_floatx(n, rng, -scale, scale);
 }
 
 // one BF16 ulp of |x| (x a BF16 value)

@@ -26,12 +26,6 @@
 #error "test_layernorm.cu tests the BF16 build"
 #endif
 
-static std::vector<floatX> random_bf16(size_t n, std::mt19937& rng, float lo, float hi) {
-    std::uniform_real_distribution<float> u(lo, hi);
-    std::vector<floatX> v(n);
-    for (auto& x : v) x = f2bf(u(rng));
-    return v;
-}
 static std::vector<float> random_f32(size_t n, std::mt19937& rng, float scale) {
     std::normal_distribution<float> g(0.0f, scale);
     std::vector<float> v(n);
@@ -76,9 +70,9 @@ static void test_width(int N, int C, std::mt19937& rng) {
     std::vector<float> x = random_f32(NC, rng, 1.0f);
     for (int r = 0; r < N; r++)
         for (int c = 0; c < C; c++) x[(size_t)r * C + c] = x[(size_t)r * C + c] * (0.5f + (r % 7)) + 0.1f * (r % 5);
-    auto w = random_bf16(C, rng, 0.5f, 1.5f), b = random_bf16(C, rng, -0.2f, 0.2f);
-    auto branch = random_bf16(NC, rng, -1.0f, 1.0f);
-    auto dout = random_bf16(NC, rng, -1.0f, 1.0f);
+    auto w = random_floatx(C, rng, 0.5f, 1.5f), b = random_floatx(C, rng, -0.2f, 0.2f);
+    auto branch = random_floatx(NC, rng, -1.0f, 1.0f);
+    auto dout = random_floatx(NC, rng, -1.0f, 1.0f);
     std::vector<float> dinp0 = random_f32(NC, rng, 0.5f), dw0 = random_f32(C, rng, 1.0f), db0 = random_f32(C, rng, 1.0f);
     std::vector<float> bb0 = random_f32(C, rng, 1.0f);   // the branch bias gradient it adds into
 
@@ -254,8 +248,8 @@ static void time_width(int N, int C) {
     const size_t NC = (size_t)N * C;
     std::mt19937 rng(7);
     float *x = to_device(random_f32(NC, rng, 1.0f)), *dinp = to_device(random_f32(NC, rng, 0.1f));
-    floatX *dout = to_device(random_bf16(NC, rng, -1.0f, 1.0f)), *w = to_device(random_bf16(C, rng, 0.5f, 1.5f));
-    floatX *b = to_device(random_bf16(C, rng, -0.2f, 0.2f)), *dinp_x, *out;
+    floatX *dout = to_device(random_floatx(NC, rng, -1.0f, 1.0f)), *w = to_device(random_floatx(C, rng, 0.5f, 1.5f));
+    floatX *b = to_device(random_floatx(C, rng, -0.2f, 0.2f)), *dinp_x, *out;
     float *mean, *rstd, *scratch, *dw, *db, *bb;
     cudaCheck(cudaMalloc(&dinp_x, NC * sizeof(floatX))); cudaCheck(cudaMalloc(&out, NC * sizeof(floatX)));
     cudaCheck(cudaMalloc(&mean, N * sizeof(float))); cudaCheck(cudaMalloc(&rstd, N * sizeof(float)));

@@ -24,10 +24,7 @@
 #include "llmc/recipe.h"
 
 static std::vector<floatX> random_bf16(size_t n, std::mt19937& rng, float scale) {
-    std::uniform_real_distribution<float> u(-scale, scale);
-    std::vector<floatX> v(n);
-    for (auto& x : v) x = f2bf(u(rng));
-    return v;
+    return random_floatx(n, rng, -scale, scale);
 }
 static double gelu(double x) { return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
 static double gelu_grad(double x) {
