@@ -158,7 +158,8 @@ __constant__ Q115Counters* q115_counters;
 inline bool q115_counting_now = false;
 // Whether the qkv and fc linears quantize in the epilogue of our Hopper GEMM (gemm_wgmma.cuh) where it
 // runs, instead of cuBLASLt's GEMM and a pass over its output. The same values but for the order of
-// the FP32 sums. LLMC_Q115_FUSED_GEMM=0 turns it off (A/B runs; the tests compare both).
+// the FP32 sums (build/test_gemm_wgmma checks the two transforms bit for bit on the same GEMM output).
+// LLMC_Q115_FUSED_GEMM=0 turns it off (A/B runs).
 inline bool q115_fused_gemm = true;
 inline void q115_point_counters(Q115Counters* p, cudaStream_t stream) {
     cudaCheck(cudaMemcpyToSymbolAsync(q115_counters, &p, sizeof(p), 0, cudaMemcpyHostToDevice, stream));
