@@ -88,7 +88,7 @@ struct TileConfig {
 };
 using Tile128 = TileConfig<128, 3, 2>;
 using Tile256 = TileConfig<256, 4, 1>;
-constexpr int BN = 128; // the width every supported N is a multiple of
+constexpr int N_MULTIPLE = 128; // every supported N is a multiple of this (Tile128's width)
 
 __device__ int g_built = GEMM_WGMMA_DEVICE;
 
@@ -313,7 +313,7 @@ inline bool available() {
 
 inline bool supported(const void* out, const void* inp, const void* w, const void* bias, int M, int N, int K) {
     auto aligned = [](const void* p) { return ((uintptr_t)p % 16) == 0; };
-    return M % BM == 0 && N % BN == 0 && K % BK == 0 && aligned(out) && aligned(inp) && aligned(w) &&
+    return M % BM == 0 && N % N_MULTIPLE == 0 && K % BK == 0 && aligned(out) && aligned(inp) && aligned(w) &&
            (bias == nullptr || ((uintptr_t)bias % 4) == 0) && available();
 }
 
