@@ -1213,7 +1213,8 @@ int main(int argc, char** argv) {
         if (step == start_step) g_profiler.reset(); // the first step warms up
         if (step > start_step) { total_train_seconds += seconds; timed_steps++; }
         const double tok_s = tokens_per_step / seconds;
-        const double mfu = peak > 0 ? 100.0 * flops_per_token * tok_s / peak : -1.0;
+        // tok_s is the whole job's (all processes' tokens); MFU is per GPU, against one GPU's peak
+        const double mfu = peak > 0 ? 100.0 * flops_per_token * tok_s / (peak * mg.world) : -1.0;
         const double avg = timed_steps > 0 ? total_train_seconds / timed_steps : seconds;
         if (!std::isfinite(train_loss)) {
             fprintf(stderr, "error: the loss is %f at step %d; lower -l or check the data\n", train_loss, step + 1);

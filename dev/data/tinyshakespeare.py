@@ -10,6 +10,14 @@ Reads tinyshakespeare.txt from the first of: --data-dir, $LLMC_SHARED_DATA, <rep
 
 Every "\\n\\n"-separated section (a speech) starts with <|endoftext|>, so the model sees document
 boundaries the same way it would in web data.
+
+    python3 dev/data/tinyshakespeare.py --repeat-to 2000000 --out-dir dev/data/tinyshakespeare_2M
+
+writes each split repeated end to end until it holds at least that many tokens. A step of
+scripts/run_gpt2_124M.sh (-d 524288) needs more tokens than the train split has, and a validation
+batch there (B 64 × T 1024 × processes) more than the val split: the repeated shards let that
+script run on this text for speed and scaling measurements. The model then sees each token many
+times per epoch, so its loss is a memorization curve: good for comparing two runs, not for quality.
 """
 import argparse
 import os
@@ -51,12 +59,22 @@ def tokenize(enc, text):
     return enc.encode(marked, allowed_special={"<|endoftext|>"})
 
 
+def repeat_to(tokens, min_tokens):
+    """tokens repeated whole, end to end, the fewest times that give at least min_tokens tokens."""
+    copies = max(1, -(-min_tokens // len(tokens)))
+    return list(tokens) * copies
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", default=None, help="directory with tinyshakespeare.txt, encoder.json, vocab.bpe")
     ap.add_argument("--out-dir", default=os.path.join(dc.REPO_ROOT, "dev", "data", "tinyshakespeare"))
     ap.add_argument("--tokenizer-out", default=os.path.join(dc.REPO_ROOT, "dev", "data", "gpt2_tokenizer.bin"))
+    ap.add_argument("--repeat-to", type=int, default=0, metavar="TOKENS",
+                    help="repeat each split end to end until it holds at least TOKENS tokens (0 = no repetition)")
     args = ap.parse_args()
+    if args.repeat_to < 0:
+        sys.exit(f"error: --repeat-to {args.repeat_to} must be >= 0")
 
     enc = dc.get_gpt2_encoding(args.data_dir)
     text = load_text(args.data_dir, args.out_dir)
@@ -64,10 +82,13 @@ def main():
     if len(tokens) <= VAL_TOKENS:
         sys.exit(f"error: only {len(tokens)} tokens; expected the full tiny-shakespeare text")
     val, train = tokens[:VAL_TOKENS], tokens[VAL_TOKENS:]
+    print(f"tokens: {len(tokens):,} total = {len(val):,} val + {len(train):,} train")
+    if args.repeat_to > 0:
+        val, train = repeat_to(val, args.repeat_to), repeat_to(train, args.repeat_to)
+        print(f"repeated to at least {args.repeat_to:,} tokens: {len(val):,} val, {len(train):,} train")
     dc.write_datafile(os.path.join(args.out_dir, "tiny_shakespeare_val.bin"), val)
     dc.write_datafile(os.path.join(args.out_dir, "tiny_shakespeare_train.bin"), train)
     dc.write_tokenizer(enc, args.tokenizer_out)
-    print(f"tokens: {len(tokens):,} total = {len(val):,} val + {len(train):,} train")
 
 
 if __name__ == "__main__":
