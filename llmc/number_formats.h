@@ -7,7 +7,9 @@
 // unsigned integer; decoders return the exact float32 value of a code. All three small float
 // formats go through ONE generic minifloat encoder/decoder (minifloat_encode / minifloat_decode),
 // parameterized by a MinifloatFormat (exponent bits, mantissa bits, bias, special-value policy),
-// so the later virtual-cast recipe can reuse it for arbitrary eXmY formats.
+// so the later virtual-cast recipe can reuse it for arbitrary eXmY formats. The NVFP4 kernels'
+// hot codecs (E2M1 encode/decode, UE4M3 round-to-nearest encode and decode) have fast paths
+// written on the float's bits; the CPU tests check each against the generic codec.
 //
 // ==================================================================================================
 // Documented choices (the docs copy this block)
@@ -407,19 +409,21 @@ LLMC_HD inline float fp8e5m2_decode(uint8_t code) { return minifloat_decode(code
 // ---------------------------------------------------------------------------------------------
 // FP4 E2M1 (always saturating; code in the low nibble; decode ignores the high nibble)
 
-// Round to nearest even by comparisons against the midpoints of the 8 magnitudes {0, 0.5, 1, 1.5,
-// 2, 3, 4, 6}: a tie goes to the even code (0.25 -> 0, 0.75 -> 1.0, 1.25 -> 1.0, 1.75 -> 2, 2.5 -> 2,
-// 3.5 -> 4, 5 -> 4), above 5 everything (inf too) saturates to 6, NaN gives +6 (code 0x7) as the
-// generic encoder does. The NVFP4 kernels encode every element two or three times (Four Over
-// Six), so this is their hot loop; the CPU tests check it against minifloat_encode over a dense
-// sample of all float32 values.
+// Round to nearest even, branch-free. Below 1 the quantum is 0.5 and the midpoints are 0.25 and
+// 0.75 (ties go to the even codes 0 and 2): the magnitude code is (a > 0.25) + (a >= 0.75). From 1
+// up the values are 2^e (1 + m / 2): adding 2^21 - 1 plus the kept mantissa LSB rounds the float's
+// bits to one mantissa bit (ties to even; a carry moves into the exponent), and the top bits less
+// 126 << 1 are the code (1.0 -> 2, 6.0 -> 7); everything above 5 (inf too) saturates to 7. NaN gives
+// +6 (code 0x7), as the generic encoder does. The NVFP4 kernels encode every element two or three
+// times (Four Over Six), so this is their hot loop; the CPU tests check it against minifloat_encode
+// over a dense sample of all float32 values.
 LLMC_HD inline uint8_t fp4e2m1_encode_nearest(float x) {
     const uint32_t u = float_bits(x), abits = u & 0x7FFFFFFFu;
-    if (abits > 0x7F800000u) return 0x7u;
     const float a = bits_float(abits);
-    const uint32_t mag = (uint32_t)(a > 0.25f) + (uint32_t)(a >= 0.75f) + (uint32_t)(a > 1.25f) +
-                         (uint32_t)(a >= 1.75f) + (uint32_t)(a > 2.5f) + (uint32_t)(a >= 3.5f) + (uint32_t)(a > 5.0f);
-    return (uint8_t)(((u >> 28) & 0x8u) | mag);
+    const uint32_t below_one = (uint32_t)(a > 0.25f) + (uint32_t)(a >= 0.75f);
+    const uint32_t rounded = ((abits + 0x1FFFFFu + ((abits >> 22) & 1u)) >> 22) - (126u << 1); // (wraps below 1: unused)
+    const uint32_t mag = a < 1.0f ? below_one : (rounded < 7u ? rounded : 7u);
+    return (uint8_t)((abits > 0x7F800000u ? 0u : (u >> 28) & 0x8u) | mag);
 }
 
 // Stochastic rounding with the generic encoder's rule (minifloat_encode): |x| = (q + f) quanta, q
@@ -429,23 +433,23 @@ LLMC_HD inline uint8_t fp4e2m1_encode_nearest(float x) {
 // q = v >> 30 and the fraction's 32 bits are v << 2. For t < 1, v = t * 2^32 (truncated, as the
 // generic encoder truncates a fraction that reaches below 2^-32) is the fraction itself. |x| >= 6
 // (inf too) gives 6, as rounding from the top interval [6, 8) saturates there; NaN gives +6 (0x7);
-// a zero keeps its sign. The NVFP4 gradients' hot loop: the generic encoder's per-field arithmetic
-// cost about 40 instructions an element; the CPU tests check this one against it for every float32
-// sign, exponent and top 12 mantissa bits (4 patterns of the low 11) and the random words at each
-// decision boundary.
+// a zero keeps its sign. Branch-free: |x| is clamped to 7 first (NaN too), so every conversion is
+// in range, and the saturating cases are selected at the end. The NVFP4 gradients' hot loop: the
+// generic encoder's per-field arithmetic cost about 40 instructions an element; the CPU tests check
+// this one against it for every float32 sign, exponent and top 12 mantissa bits (4 patterns of the
+// low 11) and the random words at each decision boundary.
 LLMC_HD inline uint8_t fp4e2m1_encode_stochastic(float x, uint32_t rbits) {
     const uint32_t u = float_bits(x), abits = u & 0x7FFFFFFFu;
-    if (abits > 0x7F800000u) return 0x7u;
-    const uint32_t sign = (u >> 28) & 0x8u;
-    const float a = bits_float(abits);
-    if (a >= 6.0f) return (uint8_t)(sign | 0x7u);
+    const bool nan = abits > 0x7F800000u;
+    const float a = nan ? 7.0f : fminf(bits_float(abits), 7.0f);
     const float t = a < 2.0f ? rn_mul(a, 2.0f) : (a < 4.0f ? a : rn_mul(a, 0.5f));
     const bool below_one = t < 1.0f;
     const uint32_t v = (uint32_t)rn_mul(t, below_one ? 4294967296.0f : 1073741824.0f); // exact (see above)
     const uint32_t q = below_one ? 0u : v >> 30, frac = below_one ? v : v << 2;
     const uint32_t base = q + (a < 2.0f ? 0u : (a < 4.0f ? 2u : 4u)); // the code of the value below
-    const uint32_t mag = base + (rbits < frac ? 1u : 0u);
-    return (uint8_t)(sign | (mag > 7u ? 7u : mag));
+    const uint32_t up = base + (rbits < frac ? 1u : 0u);
+    const uint32_t mag = a >= 6.0f ? 7u : (up > 7u ? 7u : up);
+    return (uint8_t)((nan ? 0u : (u >> 28) & 0x8u) | mag);
 }
 
 LLMC_HD inline uint8_t fp4e2m1_encode(float x, Rounding rounding = Rounding::NearestEven,
@@ -465,11 +469,35 @@ LLMC_HD inline float fp4e2m1_decode(uint8_t code) {
 // ---------------------------------------------------------------------------------------------
 // UE4M3 block scales (always saturating; negatives -> 0; decode ignores bit 7)
 
+// Round to nearest even, saturating, by the float's bits (minifloat_encode's result for every input,
+// which the CPU tests check over a dense sample of float32): NaN -> 0x7F; negatives and zeros -> 0;
+// 448 and above (inf too) -> 0x7E, since nothing below 448 rounds above it; below 2^-6 the quantum
+// is 2^-9, so the code is rint(x * 2^9) (exact scaling; 8 is the code of 2^-6 itself); otherwise
+// adding 2^19 - 1 plus the kept mantissa LSB rounds the float's bits to 3 mantissa bits (a carry
+// moves into the exponent), and the top bits less (127 - 7) << 3 are the code. The NVFP4 kernels
+// compute two block scales per 16 values with it; the generic encoder takes ~60 instructions.
+LLMC_HD inline uint8_t ue4m3_encode_nearest(float x) {
+    const uint32_t u = float_bits(x);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint8_t)kUE4M3.nan_code();
+    if ((u >> 31) != 0u) return 0u;
+    if (x >= 448.0f) return 0x7Eu;
+    if (x < 0x1p-6f) return (uint8_t)rn_rint(rn_mul(x, 512.0f));
+    return (uint8_t)(((u + 0x7FFFFu + ((u >> 20) & 1u)) >> 20) - ((127u - 7u) << 3));
+}
 LLMC_HD inline uint8_t ue4m3_encode(float x, Rounding rounding = Rounding::NearestEven,
                                     uint32_t rbits = 0) {
+    if (rounding == Rounding::NearestEven) return ue4m3_encode_nearest(x);
     return (uint8_t)minifloat_encode(x, kUE4M3, Overflow::Saturate, rounding, rbits);
 }
-LLMC_HD inline float ue4m3_decode(uint8_t code) { return minifloat_decode(code, kUE4M3); }
+// The value of a code (bit 7 ignored; 0x7F is NaN), by its bits: exponent field ef >= 1 is
+// 2^(ef - 7) (1 + m / 8); ef = 0 is m 2^-9, built as the ef = 1 value less 2^-6 (exact: both are
+// multiples of 2^-9 below 2^-5). Equals minifloat_decode(code, kUE4M3) for all 256 codes (CPU test).
+LLMC_HD inline float ue4m3_decode(uint8_t code) {
+    const uint32_t mag = code & 0x7Fu, ef = mag >> 3;
+    const float v = bits_float(((ef != 0u ? ef : 1u) + 120u) << 23 | (mag & 7u) << 20);
+    if (mag == 0x7Fu) return bits_float(0x7FC00000u);
+    return ef != 0u ? v : rn_sub(v, 0x1p-6f);
+}
 
 // ---------------------------------------------------------------------------------------------
 // E8M0 scales: 2^(code - 127), 0xFF = NaN. float32's exponent field has the same bias (127), so

@@ -202,7 +202,13 @@ inline void nvfp4_amax(const floatX* x, int rows, int cols, uint32_t* amax_plain
 // Activations and gradients: 1x16 row blocks and/or 16x1 column blocks (with the optional RHT) of
 // a (rows x cols) row-major tensor, from one read of each 16 x 64 patch. rows % 16 == 0 and
 // cols % 64 == 0. 64 threads: thread t owns row block (t / 4, t % 4) and column t of the patch.
-__global__ void __launch_bounds__(NVFP4_PATCH_COLS) nvfp4_quantize_kernel(const floatX* x, int rows, int cols,
+// At least 16 resident blocks of 64 threads per SM: that caps the kernel at 64 registers (ptxas spills
+// 168 bytes a thread to L1) against the 96 it takes unbounded (10 blocks, 31% occupancy). Measured on
+// an H100 (2026-11-26, d12 nvfp4 steps, interleaved): 1995 -> 1930 ms per step. In another call, against
+// 1946-1949 ms with 16 blocks, 20 blocks (48 registers, 840 bytes of spills) gave 1982-1989 ms and 24
+// blocks 2187-2189 ms.
+static const int NVFP4_QUANTIZE_MIN_BLOCKS = 16;
+__global__ void __launch_bounds__(NVFP4_PATCH_COLS, NVFP4_QUANTIZE_MIN_BLOCKS) nvfp4_quantize_kernel(const floatX* x, int rows, int cols,
                                                                           Nvfp4Direction rowd, Nvfp4Direction cold,
                                                                           bool four_over_six, uint16_t signs) {
     __shared__ float tile[kNvfp4Block][NVFP4_PATCH_COLS + 1];

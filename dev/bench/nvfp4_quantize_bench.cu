@@ -3,15 +3,23 @@
 // of each option (Four Over Six, stochastic rounding, the Hadamard transform, the second direction)
 // is visible. Prints ms per call and the effective bandwidth (bytes read + written / time).
 //
-//   make build/nvfp4_quantize_bench && ./build/nvfp4_quantize_bench
+//   make build/nvfp4_quantize_bench && ./build/nvfp4_quantize_bench [VARIANT [COLS [REPS]]]
+// VARIANT: run only the variants whose name contains it (e.g. "(dy)"); COLS: only that width; REPS:
+// timed calls per variant (default 20). With REPS 0 each variant launches once, untimed (for ncu).
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 #include "llmc/nvfp4_quantize.cuh"
 #include "dev/bench/bench_timer.h"
 
-int main() {
+int main(int argc, char** argv) {
+    const char* only = argc > 1 ? argv[1] : nullptr;
+    const int only_cols = argc > 2 ? atoi(argv[2]) : 0;
+    const int reps = argc > 3 ? atoi(argv[3]) : 20;
     const int rows = 65536;
     for (int cols : {768, 3072}) {
+        if (only_cols != 0 && cols != only_cols) continue;
         const size_t n = (size_t)rows * cols;
         std::vector<floatX> h(n);
         uint64_t z = 1;
@@ -39,13 +47,22 @@ int main() {
             {"rows+cols RHT SR 4/6 (dy)", true, true, true, true, true},
         };
         auto time_it = [](auto launch, int reps) { return mean_ms(launch, reps, 1); };
-        const float amax_ms = time_it([&] { nvfp4_amax(x, rows, cols, amax, amax + 1, true, 0x1234, 0); }, 20);
-        printf("%d x %d: amax (plain + rotated) %.3f ms (%.0f GB/s)\n", rows, cols, amax_ms, n * 2 / amax_ms / 1e6);
+        if (reps > 0) {
+            const float amax_ms = time_it([&] { nvfp4_amax(x, rows, cols, amax, amax + 1, true, 0x1234, 0); }, reps);
+            printf("%d x %d: amax (plain + rotated) %.3f ms (%.0f GB/s)\n", rows, cols, amax_ms, n * 2 / amax_ms / 1e6);
+        }
         for (const Variant& v : variants) {
+            if (only != nullptr && strstr(v.name, only) == nullptr) continue;
             Nvfp4Direction rd, cd;
             if (v.rows) { rd.out = a; rd.amax = amax; rd.stochastic = v.sr; rd.seed = 7; }
             if (v.cols) { cd.out = b; cd.amax = amax + 1; cd.rht = v.rht; cd.stochastic = v.sr; cd.seed = 8; }
-            const float ms = time_it([&] { nvfp4_quantize(x, rows, cols, rd, cd, v.fos, 0x1234, 0); }, 20);
+            if (reps <= 0) { // one untimed launch
+                nvfp4_quantize(x, rows, cols, rd, cd, v.fos, 0x1234, 0);
+                cudaCheck(cudaDeviceSynchronize());
+                printf("  %-28s launched once\n", v.name);
+                continue;
+            }
+            const float ms = time_it([&] { nvfp4_quantize(x, rows, cols, rd, cd, v.fos, 0x1234, 0); }, reps);
             const double bytes = n * 2.0 * (1 + (v.rows ? 1 : 0) + (v.cols ? 1 : 0));
             printf("  %-28s %.3f ms (%.0f GB/s)\n", v.name, ms, bytes / ms / 1e6);
         }

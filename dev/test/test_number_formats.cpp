@@ -833,6 +833,41 @@ TEST_CASE("number formats: Q1.15 on BF16 values (the identities llmc/recipe_q115
 
 } // namespace
 
+TEST_CASE("number formats: the UE4M3 fast codec equals the generic minifloat codec") {
+    int fails = 0;
+    for (int code = 0; code < 256; code++) {
+        const float want = llmc::minifloat_decode((uint32_t)code, llmc::kUE4M3), have = llmc::ue4m3_decode((uint8_t)code);
+        EXPECT_IN_LOOP(llmc::float_bits(have) == llmc::float_bits(want) || (want != want && have != have),
+                       "code " << code << ": fast " << have << " generic " << want);
+    }
+    // every 256th float32 bit pattern, plus every pattern within 4096 ulps of each UE4M3 value and
+    // midpoint (where rounding decides), both signs; NaNs, infinities, zeros and float subnormals too
+    auto check_one = [&](uint32_t u) {
+        const float x = llmc::bits_float(u);
+        const uint32_t want = llmc::minifloat_encode(x, llmc::kUE4M3, Overflow::Saturate, Rounding::NearestEven);
+        EXPECT_IN_LOOP(llmc::ue4m3_encode_nearest(x) == want && llmc::ue4m3_encode(x) == want,
+                       "x bits " << u << ": fast " << (int)llmc::ue4m3_encode_nearest(x) << " generic " << want);
+    };
+    for (uint64_t u = 0; u < (1ull << 32) && fails < 5; u += 256) check_one((uint32_t)u);
+    for (uint32_t u : {0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00001u, 0x00000001u, 0x007FFFFFu})
+        check_one(u);
+    int points = 0;
+    for (int code = 0; code <= 0x7E; code++) {
+        const float v = llmc::minifloat_decode((uint32_t)code, llmc::kUE4M3);
+        const float next = code < 0x7E ? llmc::minifloat_decode((uint32_t)code + 1u, llmc::kUE4M3) : 480.0f;
+        for (float p : {v, (float)(((double)v + (double)next) / 2.0)}) {
+            points++;
+            for (int sign = 0; sign < 2; sign++)
+                for (int d = -4096; d <= 4096 && fails < 5; d++) {
+                    const int64_t u = (int64_t)llmc::float_bits(p) + d;
+                    if (u >= 0 && u < 0x7F800000) check_one((uint32_t)u | (sign ? 0x80000000u : 0u));
+                }
+        }
+    }
+    CHECK(points == 254);
+    CHECK(fails == 0);
+}
+
 TEST_CASE("number formats: the E2M1 fast paths equal the generic minifloat codec") {
     // every 256th float32 bit pattern, plus every pattern within 4096 ulps of each E2M1 midpoint
     // and value (the places where rounding decides), both signs
