@@ -56,6 +56,12 @@ run() {
 # every run is made even if one fails; the report covers the recipes whose two runs both finished
 failed=()
 for r in $RECIPES; do run "${r}_${NPROC}gpu" "$NPROC" || failed+=("${r}_${NPROC}gpu"); done
+n_recipes=$(wc -w <<<"$RECIPES")
+n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [[ $ONE_GPU_SIDE_BY_SIDE == 1 && $n_recipes -gt $n_gpus ]]; then
+    echo "ONE_GPU_SIDE_BY_SIDE: $n_recipes recipes but $n_gpus GPUs; the 1-GPU runs go one after another"
+    ONE_GPU_SIDE_BY_SIDE=0
+fi
 if [[ $ONE_GPU_SIDE_BY_SIDE == 1 ]]; then
     i=0; pids=(); names=()
     for r in $RECIPES; do run "${r}_1gpu" 1 $i & pids+=($!); names+=("${r}_1gpu"); i=$((i + 1)); done
