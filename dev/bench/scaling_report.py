@@ -20,32 +20,34 @@ import re
 import statistics
 import sys
 
-STEP_RE = re.compile(r"^step\s+(\d+)/(\d+) \| loss (\S+) \| norm\s+(\S+) \| lr (\S+) \|\s+([0-9.]+) ms \|\s+([0-9.]+) tok/s")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402  (its parser of the trainer's output)
+
+TOKENS_RE = re.compile(r"\((\d+) tokens per step\)")  # the banner's "B, T, accumulation" row
 VAL_RE = re.compile(r"^val loss (\S+) \(step (\d+)")
-MEM_END_RE = re.compile(r"GPU memory in use at the end:\s*([0-9.]+)\s*GiB")
 
 
 def parse_log(path):
-    """{'losses': {step: loss}, 'ms': {step: ms}, 'tok_s': {step: tok/s}, 'val': {step: loss}, 'mem_end': GiB or None}"""
-    run = {"losses": {}, "ms": {}, "tok_s": {}, "val": {}, "mem_end": None}
+    """{'losses': {step: loss}, 'ms': {step: ms}, 'tok_s': {step: tok/s}, 'val': {step: loss}, 'mem_end': GiB or None}:
+    the step lines and the end line through bench.parse_trainer_output, tok/s = the banner's tokens per step / ms."""
     with open(path, "r", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            m = STEP_RE.match(line)
-            if m:
-                s = int(m.group(1))
-                run["losses"][s] = float(m.group(3))
-                run["ms"][s] = float(m.group(6))
-                run["tok_s"][s] = float(m.group(7))
-                continue
-            m = VAL_RE.match(line)
-            if m:
-                run["val"][int(m.group(2))] = float(m.group(1))
-                continue
-            m = MEM_END_RE.search(line)
-            if m:
-                run["mem_end"] = float(m.group(1))
-    if not run["losses"]:
+        text = f.read()
+    out = bench.parse_trainer_output(text)
+    if not out["steps"]:
         raise ValueError(f"{path}: no 'step i/n | loss ...' lines (did the run fail?)")
+    m = TOKENS_RE.search(text)
+    if not m:
+        raise ValueError(f"{path}: no '(N tokens per step)' in the banner")
+    tokens = int(m.group(1))
+    run = {"losses": {}, "ms": {}, "tok_s": {}, "val": {}, "mem_end": out["mem_end_gib"]}
+    for st in out["steps"]:
+        run["losses"][st["step"]] = st["loss"]
+        run["ms"][st["step"]] = st["ms"]
+        run["tok_s"][st["step"]] = tokens / (st["ms"] / 1000.0)
+    for line in text.splitlines():
+        m = VAL_RE.match(line)
+        if m:
+            run["val"][int(m.group(2))] = float(m.group(1))
     return run
 
 

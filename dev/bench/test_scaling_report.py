@@ -16,7 +16,7 @@ import scaling_report as sr  # noqa: E402
 
 def trainer_log(losses, step_ms, tokens_per_step=524288, val=None, mem_end=None):
     """stdout of a run, with train_gpt.cu's step-line, val-line and end-line formats"""
-    lines = ["banner line that the parser ignores"]
+    lines = ["| B, T, accumulation    | %-50s |" % ("64, 1024, 8 (%d tokens per step)" % tokens_per_step)]
     if val is not None:
         lines.append("val loss %.6f (step %d, %d batches)" % (val[1], val[0], 20))
     n = len(losses)
@@ -56,6 +56,11 @@ class ScalingReportTest(unittest.TestCase):
         path = self.write("failed.log", "error: out of memory\n")
         with self.assertRaises(ValueError):
             sr.parse_log(path)
+
+    def test_parse_log_without_the_banner_is_an_error(self):
+        text = trainer_log([10.0, 9.0], [300.0, 260.0]).split("\n", 1)[1] # the banner row dropped
+        with self.assertRaises(ValueError):
+            sr.parse_log(self.write("no_banner.log", text))
 
     def test_parse_smi_keeps_the_largest_sample_per_gpu(self):
         path = self.write("smi.csv", "0, 1024\n1, 2048\n0, 40960\n1, 512\ngarbage line\n2, [N/A]\n")
