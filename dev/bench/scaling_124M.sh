@@ -22,6 +22,9 @@ NPROC=${NPROC:-4}
 RECIPES=${RECIPES:-bf16 fp8}
 STEPS=${STEPS:-200}
 ONE_GPU_SIDE_BY_SIDE=${ONE_GPU_SIDE_BY_SIDE:-0}
+for v in NPROC STEPS; do
+    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "error: $v='${!v}' must be a positive number" >&2; exit 2; }
+done
 mkdir -p "$work"
 export NCCL_NVLS_ENABLE=0 # never NVLink multicast (see scripts/launch.sh)
 
@@ -34,16 +37,17 @@ if ! compgen -G "dev/data/fineweb10B/fineweb_train_*.bin" > /dev/null; then
 fi
 for r in $RECIPES; do make -j"$(nproc)" "train_gpt_$r" > /dev/null; done
 
-# run NAME GPUS [CUDA_VISIBLE_DEVICES]: one run of the script, with nvidia-smi sampling memory meanwhile
+# run RECIPE GPUS [CUDA_VISIBLE_DEVICES]: one run of the script (its logs named <recipe>_<gpus>gpu), with
+# nvidia-smi sampling memory meanwhile
 run() {
-    local name=$1 gpus=$2 devices=${3:-}
+    local recipe=$1 gpus=$2 devices=${3:-} name=${1}_${2}gpu
     if [[ -f $work/$name.log ]] && grep -q '^GPU memory in use at the end' "$work/$name.log"; then
         echo "$name: finished in an earlier invocation; kept"; return 0
     fi
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 > "$work/${name}_smi.csv" &
     local smi=$!
     local rc=0
-    env ${devices:+CUDA_VISIBLE_DEVICES=$devices} RECIPE=${name%%_*} NPROC=$gpus OUT_DIR="$work/ckpt_$name" \
+    env ${devices:+CUDA_VISIBLE_DEVICES=$devices} RECIPE=$recipe NPROC=$gpus OUT_DIR="$work/ckpt_$name" \
         bash scripts/run_gpt2_124M.sh "${data[@]}" -x "$STEPS" > "$work/$name.log" 2>&1 || rc=$?
     kill $smi 2>/dev/null; wait $smi 2>/dev/null || true
     # a 1-GPU run on GPU d: keep that GPU's samples only, renumbered 0 like the run saw it
@@ -55,7 +59,7 @@ run() {
 
 # every run is made even if one fails; the report covers the recipes whose two runs both finished
 failed=()
-for r in $RECIPES; do run "${r}_${NPROC}gpu" "$NPROC" || failed+=("${r}_${NPROC}gpu"); done
+for r in $RECIPES; do run "$r" "$NPROC" || failed+=("${r}_${NPROC}gpu"); done
 n_recipes=$(wc -w <<<"$RECIPES")
 n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 if [[ $ONE_GPU_SIDE_BY_SIDE == 1 && $n_recipes -gt $n_gpus ]]; then
@@ -64,14 +68,14 @@ if [[ $ONE_GPU_SIDE_BY_SIDE == 1 && $n_recipes -gt $n_gpus ]]; then
 fi
 if [[ $ONE_GPU_SIDE_BY_SIDE == 1 ]]; then
     i=0; pids=(); names=()
-    for r in $RECIPES; do run "${r}_1gpu" 1 $i & pids+=($!); names+=("${r}_1gpu"); i=$((i + 1)); done
+    for r in $RECIPES; do run "$r" 1 $i & pids+=($!); names+=("${r}_1gpu"); i=$((i + 1)); done
     for k in "${!pids[@]}"; do wait "${pids[$k]}" || failed+=("${names[$k]}"); done
 else
-    for r in $RECIPES; do run "${r}_1gpu" 1 0 || failed+=("${r}_1gpu"); done
+    for r in $RECIPES; do run "$r" 1 0 || failed+=("${r}_1gpu"); done
 fi
 report=()
 for r in $RECIPES; do
-    [[ " ${failed[*]} " == *" ${r}_"* ]] && continue
+    [[ " ${failed[*]} " == *" ${r}_${NPROC}gpu "* || " ${failed[*]} " == *" ${r}_1gpu "* ]] && continue
     report+=(--run "$r" "$NPROC" "$work/${r}_${NPROC}gpu.log" "$work/${r}_${NPROC}gpu_smi.csv")
     report+=(--run "$r" 1 "$work/${r}_1gpu.log" "$work/${r}_1gpu_smi.csv")
 done

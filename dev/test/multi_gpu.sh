@@ -20,6 +20,8 @@ set -u -o pipefail
 cd "$(dirname "$0")/../.."
 RECIPES=${1:-bf16}
 STEPS=${STEPS:-50}
+P=${NPROC:-2} # processes of the multi-GPU part
+[[ $P =~ ^[1-9][0-9]*$ ]] || { echo "error: NPROC='$P' must be a positive number" >&2; exit 2; }
 passed=0; failed=0
 pass() { echo "[PASS] $*"; passed=$((passed + 1)); }
 fail() { echo "[FAIL] $*"; failed=$((failed + 1)); }
@@ -67,7 +69,6 @@ else
 fi
 
 # ---- NPROC GPUs ---------------------------------------------------------------------------------
-P=${NPROC:-2}
 D=$((2048 * P)) # B 8 x T 256 = 2048 tokens per micro-step: one micro-step per process
 if [[ "$gpus" -lt "$P" || "$P" -lt 2 ]]; then
     echo "skipped: the $P-process tests need $P GPUs (this machine has $gpus)"
