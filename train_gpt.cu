@@ -616,6 +616,11 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
     ParamPointers<float>& g = model->grads;
     Recipe& rc = model->recipe;
 
+    // a LayerNorm backward hands its output, the output gradient of the projection that ends the block
+    // below it, as that linear's quantized gradient where the recipe takes it (FP8: recipe.h)
+    auto ln_backward_target = [&](int layer, LinearKind kind) {
+        return layernorm_backward_gives_fp8(C) ? recipe_fp8_gradient_target(rc, {layer, kind}, N, C, true) : Fp8Target();
+    };
     PHASE("bwd: layernorm");
     cudaCheck(cudaMemsetAsync(a.dresidual, 0, NC * sizeof(float), st));
     // (each LayerNorm backward hands the residual gradient, times the branch scale, to the branch
@@ -624,7 +629,7 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
     // attention projections' backward passes get no dbias)
     layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LNFW], g.t[P_LNFB], a.ln_partials, a.dbtc, a.residual3 + (L - 1) * NC,
                        p.t[P_LNFW], a.lnf_mean, a.lnf_rstd, N, C, st, Boundaries::MLP_RESIDUAL_SCALE,
-                       g.t[P_FCPROJB] + (size_t)(L - 1) * C);
+                       g.t[P_FCPROJB] + (size_t)(L - 1) * C, ln_backward_target(L - 1, LIN_FCPROJ));
     for (int l = L - 1; l >= 0; l--) {
         const LayerActs la = layer_acts(model, l, B, T);
         const floatX* ln1w = p.t[P_LN1W] + l * C;
@@ -646,7 +651,7 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
         PHASE("bwd: layernorm");
         layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN2W] + l * C, g.t[P_LN2B] + l * C, a.ln_partials, a.dbtc, la.residual2,
                            ln2w, a.ln2_mean + l * N, a.ln2_rstd + l * N, N, C, st, Boundaries::ATTENTION_RESIDUAL_SCALE,
-                           g.t[P_ATTPROJB] + (size_t)l * C);
+                           g.t[P_ATTPROJB] + (size_t)l * C, ln_backward_target(l, LIN_ATTPROJ));
         // attention block; dresidual now holds d(la.residual2)
         PHASE("bwd: linear");
         linear_backward(rc, {l, LIN_ATTPROJ}, a.dbtc, g.t[P_ATTPROJW] + (size_t)l * C * C, nullptr,
@@ -662,7 +667,7 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
             // the qkv bias gradient too, where the kernels give its partial sums (the tiles they write anyway),
             // and the qkv layer's output gradient already quantized, where the recipe takes it (FP8)
             Fp8Target dqkv8;
-            if (flash_attention_backward_gives_fp8(HS)) dqkv8 = recipe_fp8_gradient_target(rc, {l, LIN_QKV}, N, 3 * C);
+            if (flash_attention_backward_gives_fp8(HS)) dqkv8 = recipe_fp8_gradient_target(rc, {l, LIN_QKV}, N, 3 * C, false);
             qkv_bias_done = flash_attention_backward<Boundaries>(a.dqkv, a.dbtc, la.qkv, la.atty, la.lse, a.flash_scratch,
                                                                  B, T, NH, HS, st, a.qkv_bias_partials, dqkv8);
             if (qkv_bias_done)
@@ -682,7 +687,8 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
         PHASE("bwd: layernorm");
         layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN1W] + l * C, g.t[P_LN1B] + l * C, a.ln_partials, a.dbtc, la.residual_in,
                            ln1w, a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, st, Boundaries::MLP_RESIDUAL_SCALE,
-                           l > 0 ? g.t[P_FCPROJB] + (size_t)(l - 1) * C : nullptr);
+                           l > 0 ? g.t[P_FCPROJB] + (size_t)(l - 1) * C : nullptr,
+                           l > 0 ? ln_backward_target(l - 1, LIN_FCPROJ) : Fp8Target());
         if (reduce) gpt_reduce_gradients(model, l);
     }
     // dresidual = d(encoded)

@@ -329,10 +329,13 @@ __global__ void layernorm_backward_kernel(float* dinp, floatX* dinp_x, float* sc
 // dy, x and the old dinp of the whole row are loaded before the first use; w_at(i, c) is w[c] (0 past
 // C), and accumulate(i, c, dy, xhat, bx) adds the column's partial sums (bx: the dinp_x value
 // written) where the kernel keeps them (registers or shared memory). Same arithmetic and per-column order as the generic kernel.
+// out8 (may be null): the E5M2 codes of dinp_x * s8 are written there instead of dinp_x (the FP8 recipe's
+// output gradient of the branch's last linear, Fp8Target), and amax8 gets max |dinp_x| of the lane's values.
 template <int CPL, typename WeightAt, typename Accumulate>
 __device__ __forceinline__ void layernorm_backward_row(float* dinp, floatX* dinp_x, const floatX* dout, const float* inp,
                                                        const float* mean, const float* rstd, int row, int lane, int C,
-                                                       float branch_scale, WeightAt w_at, Accumulate accumulate) {
+                                                       float branch_scale, WeightAt w_at, Accumulate accumulate,
+                                                       uint8_t* out8 = nullptr, float s8 = 0.0f, uint32_t* amax8 = nullptr) {
     const long long off = (long long)row * C;
     const float m = mean[row], r = rstd[row];
     float dy[CPL], xh[CPL], old[CPL];
@@ -361,7 +364,14 @@ __device__ __forceinline__ void layernorm_backward_row(float* dinp, floatX* dinp
             float acc = old[i] + dx;
             const floatX bx = (floatX)(branch_scale * acc);
             dinp[off + c] = acc;
-            dinp_x[off + c] = bx;
+            if (out8) {
+                // the code the quantize pass would make of the stored BF16 value (fp8_quantize.cuh)
+                const float a = (float)bx;
+                *amax8 = max(*amax8, llmc::amax_bits(a));
+                out8[off + c] = (uint8_t)(fp8_pack2<Fp8Kind::E5M2>(a * s8, 0.0f) & 0xFFu);
+            } else {
+                dinp_x[off + c] = bx;
+            }
             accumulate(i, c, dy[i], xh[i], (float)bx);
         }
     }
@@ -372,10 +382,15 @@ __device__ __forceinline__ void layernorm_backward_row(float* dinp, floatX* dinp
 // first use) and the dw/db partial sums stay in registers until the warp's last row. The scratch
 // row is written once at the end. Same arithmetic, same summation order per column as the generic
 // kernel above, so the two give identical results.
+// With an active Fp8Target q, the E5M2 codes go to q.rows instead of dinp_x and the amax to *q.amax
+// (as the forward's register kernels: one atomic per block, fp8_commit).
 template <int CPL>
 __global__ void __launch_bounds__(256) layernorm_backward_registers_kernel(
         float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp, const floatX* w,
-        const float* mean, const float* rstd, int N, int C, float branch_scale) {
+        const float* mean, const float* rstd, int N, int C, float branch_scale, Fp8Target q) {
+    const uint32_t amax_seen = q.amax && threadIdx.x == 0 ? __ldcg(q.amax) : 0u;
+    const float s8 = q.rows ? *q.scale : 0.0f;
+    uint32_t amax8 = 0;
     const int num_warps = gridDim.x * (blockDim.x / WARP_SIZE);
     const int warp_id = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
@@ -399,13 +414,14 @@ __global__ void __launch_bounds__(256) layernorm_backward_registers_kernel(
                                     [&](int i, int c) { if constexpr (W_SHARED) return w_s[c]; else return wv[i]; },
                                     [&](int i, int, float d, float xhat, float bx) {
                                         dw_acc[i] += d * xhat; db_acc[i] += d; bb_acc[i] += bx;
-                                    });
+                                    }, q.rows, s8, &amax8);
     float* dw_row = scratch + (long long)warp_id * 3 * C;
 #pragma unroll
     for (int i = 0; i < CPL; i++) {
         int c = lane + i * WARP_SIZE;
         if (c < C) { dw_row[c] = dw_acc[i]; dw_row[C + c] = db_acc[i]; dw_row[2 * C + c] = bb_acc[i]; }
     }
+    if (q.rows) fp8_commit(amax8, 0, 0, 0, q.amax, Fp8Stats(), amax_seen);
 }
 
 // The same for 1024 < C <= 32 * CPL when C % 4 != 0 (C % 4 == 0, as d36's 1280 and d48's 1600, takes the
@@ -422,8 +438,11 @@ inline size_t layernorm_backward_wide_smem(int C) {
 template <int CPL>
 __global__ void __launch_bounds__(LN_WIDE_THREADS) layernorm_backward_wide_kernel(
         float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp, const floatX* w,
-        const float* mean, const float* rstd, int N, int C, float branch_scale) {
+        const float* mean, const float* rstd, int N, int C, float branch_scale, Fp8Target q) {
     extern __shared__ float ln_smem[];
+    const uint32_t amax_seen = q.amax && threadIdx.x == 0 ? __ldcg(q.amax) : 0u;
+    const float s8 = q.rows ? *q.scale : 0.0f;
+    uint32_t amax8 = 0;
     const int num_warps = gridDim.x * (blockDim.x / WARP_SIZE);
     const int warp_in_block = threadIdx.x / WARP_SIZE;
     const int warp_id = blockIdx.x * (blockDim.x / WARP_SIZE) + warp_in_block;
@@ -440,18 +459,19 @@ __global__ void __launch_bounds__(LN_WIDE_THREADS) layernorm_backward_wide_kerne
                                     [&](int, int c) { return c < C ? wv[c] : 0.0f; },
                                     [&](int, int c, float d, float xhat, float bx) {
                                         dw_acc[c] += d * xhat; db_acc[c] += d; bb_acc[c] += bx;
-                                    });
+                                    }, q.rows, s8, &amax8);
     float* dw_row = scratch + (long long)warp_id * 3 * C;
     for (int c = lane; c < C; c += WARP_SIZE) {
         dw_row[c] = dw_acc[c]; dw_row[C + c] = db_acc[c]; dw_row[2 * C + c] = bb_acc[c];
     }
+    if (q.rows) fp8_commit(amax8, 0, 0, 0, q.amax, Fp8Stats(), amax_seen);
 }
 // Launches one of the wide backward kernels (KERNEL handles C up to MAX_C): LN_BACKWARD_WARPS warps,
 // the shared memory of layernorm_backward_wide_smem(C)
 template <auto KERNEL, int MAX_C>
 inline void layernorm_backward_wide_launch(float* dinp, floatX* dinp_x, float* scratch, const floatX* dout,
                                            const float* inp, const floatX* w, const float* mean, const float* rstd,
-                                           int N, int C, float branch_scale, cudaStream_t stream) {
+                                           int N, int C, float branch_scale, cudaStream_t stream, Fp8Target q = Fp8Target()) {
     static bool allowed = false; // (> 48 KB of dynamic shared memory needs the opt-in, once per kernel)
     if (!allowed) {
         cudaCheck(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -460,14 +480,14 @@ inline void layernorm_backward_wide_launch(float* dinp, floatX* dinp_x, float* s
     }
     const int grid = LN_BACKWARD_WARPS / (LN_WIDE_THREADS / WARP_SIZE);
     KERNEL<<<grid, LN_WIDE_THREADS, layernorm_backward_wide_smem(C), stream>>>(dinp, dinp_x, scratch, dout, inp, w,
-                                                                              mean, rstd, N, C, branch_scale);
+                                                                              mean, rstd, N, C, branch_scale, q);
 }
 template <int CPL>
 inline void layernorm_backward_wide(float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp,
                                     const floatX* w, const float* mean, const float* rstd, int N, int C,
-                                    float branch_scale, cudaStream_t stream) {
+                                    float branch_scale, cudaStream_t stream, Fp8Target q = Fp8Target()) {
     layernorm_backward_wide_launch<layernorm_backward_wide_kernel<CPL>, 32 * CPL>(dinp, dinp_x, scratch, dout, inp, w,
-                                                                                 mean, rstd, N, C, branch_scale, stream);
+                                                                                 mean, rstd, N, C, branch_scale, stream, q);
 }
 
 // The wide kernel with 16-byte accesses (C % 4 == 0, 1024 < C <= 2048; the dispatcher's choice there):
@@ -480,11 +500,15 @@ inline void layernorm_backward_wide(float* dinp, floatX* dinp_x, float* scratch,
 // the row means of g and g * xhat are added in another order (a lane's own columns first), so dinp
 // may differ from theirs in the last bit, and dinp_x (and its column sums) where that bit changes the
 // BF16 rounding.
+// (q: the E5M2 output, as the register kernel's)
 template <int N4>
 __global__ void __launch_bounds__(LN_WIDE_THREADS) layernorm_backward_wide4_kernel(
         float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp, const floatX* w,
-        const float* mean, const float* rstd, int N, int C, float branch_scale) {
+        const float* mean, const float* rstd, int N, int C, float branch_scale, Fp8Target q) {
     extern __shared__ float ln_smem[];
+    const uint32_t amax_seen = q.amax && threadIdx.x == 0 ? __ldcg(q.amax) : 0u;
+    const float s8 = q.rows ? *q.scale : 0.0f;
+    uint32_t amax8 = 0;
     const int num_warps = gridDim.x * (blockDim.x / WARP_SIZE);
     const int warp_in_block = threadIdx.x / WARP_SIZE;
     const int warp_id = blockIdx.x * (blockDim.x / WARP_SIZE) + warp_in_block;
@@ -556,8 +580,17 @@ __global__ void __launch_bounds__(LN_WIDE_THREADS) layernorm_backward_wide4_kern
                     bx[k] = (floatX)(branch_scale * acc[k]);
                 }
                 *reinterpret_cast<float4*>(dinp + off + c) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-                if constexpr (sizeof(floatX) == 2) *reinterpret_cast<uint2*>(dinp_x + off + c) = *reinterpret_cast<const uint2*>(bx);
-                else *reinterpret_cast<float4*>(dinp_x + off + c) = *reinterpret_cast<const float4*>(bx);
+                if (q.rows) {
+                    float a[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) { a[k] = (float)bx[k]; amax8 = max(amax8, llmc::amax_bits(a[k])); }
+                    *reinterpret_cast<uint32_t*>(q.rows + off + c) =
+                        fp8_pack2<Fp8Kind::E5M2>(a[0] * s8, a[1] * s8) | ((uint32_t)fp8_pack2<Fp8Kind::E5M2>(a[2] * s8, a[3] * s8) << 16);
+                } else if constexpr (sizeof(floatX) == 2) {
+                    *reinterpret_cast<uint2*>(dinp_x + off + c) = *reinterpret_cast<const uint2*>(bx);
+                } else {
+                    *reinterpret_cast<float4*>(dinp_x + off + c) = *reinterpret_cast<const float4*>(bx);
+                }
                 float4 a = *reinterpret_cast<float4*>(dw_acc + c);
                 a.x += dy[i][0] * xh[i][0]; a.y += dy[i][1] * xh[i][1]; a.z += dy[i][2] * xh[i][2]; a.w += dy[i][3] * xh[i][3];
                 *reinterpret_cast<float4*>(dw_acc + c) = a;
@@ -576,14 +609,17 @@ __global__ void __launch_bounds__(LN_WIDE_THREADS) layernorm_backward_wide4_kern
         *reinterpret_cast<float4*>(dw_row + C + c) = *reinterpret_cast<const float4*>(db_acc + c);
         *reinterpret_cast<float4*>(dw_row + 2 * C + c) = *reinterpret_cast<const float4*>(bb_acc + c);
     }
+    if (q.rows) fp8_commit(amax8, 0, 0, 0, q.amax, Fp8Stats(), amax_seen);
 }
 template <int N4>
 inline void layernorm_backward_wide4(float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp,
                                      const floatX* w, const float* mean, const float* rstd, int N, int C,
-                                     float branch_scale, cudaStream_t stream) {
+                                     float branch_scale, cudaStream_t stream, Fp8Target q = Fp8Target()) {
     layernorm_backward_wide_launch<layernorm_backward_wide4_kernel<N4>, 128 * N4>(dinp, dinp_x, scratch, dout, inp, w,
-                                                                                  mean, rstd, N, C, branch_scale, stream);
+                                                                                  mean, rstd, N, C, branch_scale, stream, q);
 }
+// whether the backward kernels can write E5M2 codes of dinp_x (an Fp8Target): every kernel but the generic one
+inline bool layernorm_backward_gives_fp8(int C) { return C <= 64 * WARP_SIZE; }
 // which kernel the dispatcher runs at C (the tests name it)
 inline const char* layernorm_backward_path(int C) {
     if (C <= 32 * WARP_SIZE) return "registers";
@@ -623,36 +659,42 @@ inline void layernorm_backward_reduce(float* dw, float* db, float* dbranch_bias,
 // scale of the block whose output gradient dinp_x becomes (boundaries.h; 1 in every recipe but legacy
 // Q1.15). dbranch_bias (may be null): += the column sums of dinp_x, the bias gradient of the linear
 // layer that ends that block (FP32 sums of the BF16 values that layer's backward reads).
+// q (FP8 recipe; layernorm_backward_gives_fp8(C)): the E5M2 codes of dinp_x go to q.rows instead of
+// dinp_x (which is then left unwritten; its column sums are still taken), the amax to *q.amax.
 inline void layernorm_backward(float* dinp, floatX* dinp_x, float* dw, float* db, float* scratch, const floatX* dout,
                                const float* inp, const floatX* w, const float* mean, const float* rstd,
                                int N, int C, cudaStream_t stream, float branch_scale = 1.0f,
-                               float* dbranch_bias = nullptr) {
+                               float* dbranch_bias = nullptr, Fp8Target q = Fp8Target()) {
+    if (q.active() && (!layernorm_backward_gives_fp8(C) || (uintptr_t)q.rows % 16 != 0)) {
+        fprintf(stderr, "error: layernorm_backward: no E5M2 output at C = %d (needs C <= 2048) or unaligned\n", C);
+        exit(1);
+    }
     const int block = 256, warps_per_block = block / WARP_SIZE;
     const int grid = LN_BACKWARD_WARPS / warps_per_block;
     if (C <= 12 * WARP_SIZE) {
-        layernorm_backward_registers_kernel<12><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
+        layernorm_backward_registers_kernel<12><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, q);
     } else if (C <= 24 * WARP_SIZE) {
-        layernorm_backward_registers_kernel<24><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
+        layernorm_backward_registers_kernel<24><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, q);
     } else if (C <= 32 * WARP_SIZE) {
-        layernorm_backward_registers_kernel<32><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
+        layernorm_backward_registers_kernel<32><<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, q);
     } else if (C <= 64 * WARP_SIZE && C % 4 == 0) {
         // 16-byte accesses: N4 = ceil(C / 128) float4 chunks per lane
         switch ((C + 127) / 128) {
-            case 9: layernorm_backward_wide4<9>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream); break;
-            case 10: layernorm_backward_wide4<10>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream); break;
-            case 11: layernorm_backward_wide4<11>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream); break;
-            case 12: layernorm_backward_wide4<12>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream); break;
-            case 13: layernorm_backward_wide4<13>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream); break;
-            case 14: layernorm_backward_wide4<14>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream); break;
-            case 15: layernorm_backward_wide4<15>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream); break;
-            default: layernorm_backward_wide4<16>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream); break;
+            case 9: layernorm_backward_wide4<9>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream, q); break;
+            case 10: layernorm_backward_wide4<10>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream, q); break;
+            case 11: layernorm_backward_wide4<11>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream, q); break;
+            case 12: layernorm_backward_wide4<12>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream, q); break;
+            case 13: layernorm_backward_wide4<13>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream, q); break;
+            case 14: layernorm_backward_wide4<14>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream, q); break;
+            case 15: layernorm_backward_wide4<15>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream, q); break;
+            default: layernorm_backward_wide4<16>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream, q); break;
         }
     } else if (C <= 40 * WARP_SIZE) {
-        layernorm_backward_wide<40>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream);
+        layernorm_backward_wide<40>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream, q);
     } else if (C <= 52 * WARP_SIZE) {
-        layernorm_backward_wide<52>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream);
+        layernorm_backward_wide<52>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream, q);
     } else if (C <= 64 * WARP_SIZE) {
-        layernorm_backward_wide<64>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream);
+        layernorm_backward_wide<64>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale, stream, q);
     } else {
         layernorm_backward_kernel<<<grid, block, 0, stream>>>(dinp, dinp_x, scratch, dout, inp, w, mean, rstd, N, C, branch_scale);
     }

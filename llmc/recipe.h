@@ -41,14 +41,18 @@
 //                                               run must agree on, as the maximum over the processes
 //                                               (FP8: the step's amax); taken before recipe_step_end
 //   recipe_log_telemetry(r, log, step)          after its backward pass: the -lq lines for main.log
-//   recipe_fp8_gradient_target(r, id, N, OC)    asked before a kernel that writes linear id's output
-//                                               gradient and could also write its E5M2 codes in both
-//                                               layouts (the flash attention backward, for the qkv
-//                                               layer): where the recipe wants them (Fp8Target), or an
-//                                               inactive target (the default, below). When active, the
-//                                               kernel leaves dout unwritten, and linear_backward of id,
-//                                               the next call, takes the codes instead of quantizing
-//                                               dout (its dbias is then null: the kernel gave the sums)
+//   recipe_fp8_gradient_target(r, id, N, OC, rows_only)
+//                                               asked before a kernel that writes linear id's output
+//                                               gradient and could also write its E5M2 codes: in both
+//                                               layouts (rows_only false: the flash attention backward,
+//                                               for the qkv layer; it also counts for -lq) or row-major
+//                                               only (rows_only true: the LayerNorm backward, for the
+//                                               attention and fc projections; no counts): where the
+//                                               recipe wants them (Fp8Target), or an inactive target
+//                                               (the default, below). When active, the kernel leaves
+//                                               dout unwritten, and linear_backward of id, the next
+//                                               call, takes the codes instead of quantizing dout (its
+//                                               dbias is then null: the kernel gave the sums)
 //   recipe_fp8_input_target(r, id, N, C, training)  the same for a linear's input, asked before the
 //                                               LayerNorm that makes it (qkv: ln1, fc: ln2), which can
 //                                               write E4M3 codes of its output (rows only); when active,
@@ -109,7 +113,7 @@ struct RecipeMaxState {
 // The default of recipe_fp8_gradient_target (see the top): no FP8 codes wanted. A recipe that wants
 // them defines the function for its own Recipe type, which overload resolution prefers.
 template <class R>
-inline Fp8Target recipe_fp8_gradient_target(R&, LinearId, int, int) { return Fp8Target(); }
+inline Fp8Target recipe_fp8_gradient_target(R&, LinearId, int, int, bool) { return Fp8Target(); }
 template <class R>
 inline Fp8Target recipe_fp8_input_target(R&, LinearId, int, int, bool) { return Fp8Target(); }
 

@@ -98,7 +98,9 @@ struct Recipe {
     bool count_stats = false;          // this step's activations and gradients are counted (-lq)
     // the linear whose output gradient a kernel wrote as E5M2 codes into dy8 / dyt8 (with its amax)
     // through recipe_fp8_gradient_target: its linear_backward, the next call, takes them as they are
+    // (and makes dy^T from the rows when the kernel wrote the rows only)
     LinearId dy_given{-1, LIN_QKV};
+    bool dy_given_rows_only = false;
     // the linear whose input the LayerNorm before it wrote as E4M3 codes into x8 (with its amax, when
     // training) through recipe_fp8_input_target: its forward, the next call, takes them and only
     // transposes them for x^T
@@ -388,16 +390,22 @@ inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX
 // The flash attention backward writes the qkv layer's output gradient as E5M2 codes in both layouts
 // (recipe.h), from the BF16 tiles it stages, once that gradient has a scale (the first use calibrates
 // from the BF16 tensor): saves the dy pass over dqkv (d12, B=64: ~24 ms per step) and dqkv's own store.
-inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int OC) {
+// The LayerNorm backward writes the attention and fc projections' output gradient as row-major E5M2
+// codes (rows_only), which linear_backward then transposes for dy^T: 1 byte written by the LayerNorm
+// and 1 + 1 by the transpose per value, against 2 (its BF16 output) + 2 + 2 for the quantize pass.
+// It does not count saturated and flushed values, so telemetry steps keep the quantize pass.
+inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int OC, bool rows_only) {
     Fp8Target t;
     const int t_dy = fp8_tensor(r, id, FP8_DY);
     if (!fp8_applies(r, id, N, linear_in_features(id.kind, r.C), OC) || !r.calibrated[t_dy]) return t;
+    if (rows_only && r.count_stats) return t;
     t.rows = r.dy8;
-    t.cols = r.dyt8;
+    t.cols = rows_only ? nullptr : r.dyt8;
     t.scale = r.scale + t_dy;
     t.amax = r.amax_now + t_dy;
     if (r.count_stats) t.stats = fp8_stats_of(r, t_dy);
     r.dy_given = id;
+    r.dy_given_rows_only = rows_only;
     return t;
 }
 
@@ -406,7 +414,7 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
                             cudaStream_t st) {
     fp8_write_gelu_out(r, st);
     const bool dy_given = fp8_take_given(r.dy_given, id, "E5M2 output gradient");
-    if (dy_given && (dbias || pre_gelu || r.pending_gelu.grad)) {
+    if (dy_given && (dbias || r.pending_gelu.grad)) {
         fprintf(stderr, "error: fp8: a linear whose output gradient arrives quantized gets no bias gradient or GELU here\n");
         exit(1);
     }
@@ -436,6 +444,8 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, r.dyt8, dout, N, OC, sdy.scale, r.amax_now + t_dy,
                                               r.count_stats ? fp8_stats_of(r, t_dy) : Fp8Stats(), st, dbias,
                                               r.col_partials, gelu_pre);
+    } else if (r.dy_given_rows_only) {
+        fp8_transpose(r.dyt8, r.dy8, N, OC, st);
     }
     // wgrad: x^T as the training forward pass saved it (same scale, same codes)
     (void)inp;

@@ -200,6 +200,40 @@ static void test_width(int N, int C, std::mt19937& rng) {
               N, C, path, e_bb);
     }
 
+    // 2b. the FP8 recipe's E5M2 output gradient (Fp8Target, every kernel but the generic one): the codes and
+    // amax of quantizing the BF16 dinp_x (fp8_quantize), bit for bit, dinp_x left unwritten, and dinp, dw,
+    // db and the branch bias gradient (the column sums of the values it would have written) unchanged
+    if (layernorm_backward_gives_fp8(C)) {
+        const float s = 1024.0f; // E5M2: small gradients need a large scale
+        float* d_s = to_device(std::vector<float>{s});
+        uint32_t* d_amax = to_device(std::vector<uint32_t>{0, 0});
+        uint8_t *d_q, *d_want;
+        cudaCheck(cudaMalloc(&d_q, NC)); cudaCheck(cudaMalloc(&d_want, NC));
+        fp8_quantize<Fp8Kind::E5M2>(d_want, d_dinp_x, (long long)NC, d_s, d_amax + 1, Fp8Stats(), 0);
+        float *q_dinp = to_device(dinp0), *q_dw = to_device(dw0), *q_db = to_device(db0), *q_bb = to_device(bb0);
+        floatX* q_dinp_x;
+        cudaCheck(cudaMalloc(&q_dinp_x, NC * sizeof(floatX)));
+        poison(q_dinp_x, NC * sizeof(floatX));
+        Fp8Target q;
+        q.rows = d_q; q.scale = d_s; q.amax = d_amax;
+        layernorm_backward(q_dinp, q_dinp_x, q_dw, q_db, d_scratch, d_dout, d_x, d_w, d_mean, d_rstd, N, C, 0, 1.0f, q_bb, q);
+        const auto got = to_host(d_q, NC), want = to_host(d_want, NC);
+        const auto amax = to_host(d_amax, 2);
+        const auto untouched = to_host(reinterpret_cast<uint16_t*>(q_dinp_x), NC);
+        size_t written = 0;
+        for (uint16_t v : untouched) written += v != 0xFFFF;
+        const bool same = to_host(q_dinp, NC) == dinp && to_host(q_dw, C) == dw && to_host(q_db, C) == db &&
+                          to_host(q_bb, C) == bb;
+        size_t nonzero = 0;
+        for (uint8_t v : got) nonzero += (v & 0x7F) != 0;
+        check(got == want && amax[0] == amax[1] && amax[0] != 0 && written == 0 && same && nonzero > NC / 2,
+              "N=%d C=%d (%s) backward with the E5M2 output: codes and amax = the quantize pass over dinp_x, bit for bit "
+              "(%zu of %zu codes non-zero); dinp_x not written (%zu written); dinp, dw, db, branch bias gradient %s",
+              N, C, path, nonzero, NC, written, same ? "bit-identical" : "DIFFERENT");
+        cudaFree(d_q); cudaFree(d_want); cudaFree(d_s); cudaFree(d_amax); cudaFree(q_dinp); cudaFree(q_dw);
+        cudaFree(q_db); cudaFree(q_bb); cudaFree(q_dinp_x);
+    }
+
     // the generic kernel on the same inputs: the same sums in the same order
     float *g_dinp = to_device(dinp0), *g_dw = to_device(dw0), *g_db = to_device(db0), *g_bb = to_device(bb0);
     layernorm_backward_kernel<<<LN_BACKWARD_WARPS / 8, 256>>>(g_dinp, d_dinp_x, d_scratch, d_dout, d_x, d_w, d_mean, d_rstd,
