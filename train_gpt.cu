@@ -464,7 +464,7 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
     encoder_forward<Boundaries>(a.encoded, model->inputs_dev, p.t[P_WTE], p.t[P_WPE], B, T, C, st);
     // a LayerNorm in front of a linear may write that linear's quantized input instead (FP8: recipe.h)
     auto ln_target = [&](int layer, LinearKind kind) {
-        return layernorm_gives_fp8(C) ? recipe_fp8_input_target(rc, {layer, kind}, N, C, training) : Fp8Target();
+        return layernorm_gives_fp8(C) ? recipe_fp8_input_target(rc, {layer, kind}, N, C, training, st) : Fp8Target();
     };
     layernorm_forward<Boundaries>(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B], N, C, st,
                                   ln_target(0, LIN_QKV));
@@ -619,7 +619,7 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
     // a LayerNorm backward hands its output, the output gradient of the projection that ends the block
     // below it, as that linear's quantized gradient where the recipe takes it (FP8: recipe.h)
     auto ln_backward_target = [&](int layer, LinearKind kind) {
-        return layernorm_backward_gives_fp8(C) ? recipe_fp8_gradient_target(rc, {layer, kind}, N, C, true) : Fp8Target();
+        return layernorm_backward_gives_fp8(C) ? recipe_fp8_gradient_target(rc, {layer, kind}, N, C, true, st) : Fp8Target();
     };
     PHASE("bwd: layernorm");
     cudaCheck(cudaMemsetAsync(a.dresidual, 0, NC * sizeof(float), st));
@@ -667,7 +667,7 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
             // the qkv bias gradient too, where the kernels give its partial sums (the tiles they write anyway),
             // and the qkv layer's output gradient already quantized, where the recipe takes it (FP8)
             Fp8Target dqkv8;
-            if (flash_attention_backward_gives_fp8(HS)) dqkv8 = recipe_fp8_gradient_target(rc, {l, LIN_QKV}, N, 3 * C, false);
+            if (flash_attention_backward_gives_fp8(HS)) dqkv8 = recipe_fp8_gradient_target(rc, {l, LIN_QKV}, N, 3 * C, false, st);
             qkv_bias_done = flash_attention_backward<Boundaries>(a.dqkv, a.dbtc, la.qkv, la.atty, la.lse, a.flash_scratch,
                                                                  B, T, NH, HS, st, a.qkv_bias_partials, dqkv8);
             if (qkv_bias_done)

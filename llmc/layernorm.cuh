@@ -78,7 +78,8 @@ __global__ void fused_residual_layernorm_forward_kernel(float* residual, floatX*
 // 16-byte loads, and normalized from registers. The plain and the fused kernel share the row
 // routine, so a LayerNorm recomputed in backward (-r 2) equals the forward's bit for bit.
 // out8 (may be null): the row's E4M3 codes of out * s8 are written there instead of out (the FP8
-// recipe's input of the next linear, Fp8Target), and amax8 gets max |out| of the lane's values.
+// recipe's input of the next linear, Fp8Target); amax8 (may be null) gets max |out| of the lane's values
+// (out8's, or with out8 null those of the BF16 out written: TCFP-12's fresh scale).
 template <class Bd, int N4>
 __device__ __forceinline__ void layernorm_row_registers(floatX* out, float* mean_out, float* rstd_out,
                                                         const float4 (&x)[N4], const floatX* w, const floatX* b,
@@ -114,7 +115,13 @@ __device__ __forceinline__ void layernorm_row_registers(floatX* out, float* mean
                 for (int k = 0; k < 4; k++) { a[k] = (float)o[k]; *amax8 = max(*amax8, llmc::amax_bits(a[k])); }
                 *reinterpret_cast<uint32_t*>(out8 + c) = fp8_pack2<Fp8Kind::E4M3>(a[0] * s8, a[1] * s8) |
                                                          ((uint32_t)fp8_pack2<Fp8Kind::E4M3>(a[2] * s8, a[3] * s8) << 16);
-            } else if constexpr (sizeof(floatX) == 2) {
+                continue;
+            }
+            if (amax8) {
+#pragma unroll
+                for (int k = 0; k < 4; k++) *amax8 = max(*amax8, llmc::amax_bits((float)o[k]));
+            }
+            if constexpr (sizeof(floatX) == 2) {
                 // 4 outputs in one store (8 bytes for BF16, 16 for FP32)
                 *reinterpret_cast<uint2*>(out + c) = *reinterpret_cast<const uint2*>(o);
             } else {
@@ -128,7 +135,8 @@ __device__ __forceinline__ void layernorm_row_registers(floatX* out, float* mean
 // With an active Fp8Target q (FP8 recipe), the E4M3 codes go to q.rows instead of out, and the block's
 // amax to *q.amax (fp8_commit: one atomic per block, only where it raises the value thread 0 read when
 // the block started; q.amax null: evaluation, nothing recorded). q.cols is not written: the recipe
-// transposes q.rows.
+// transposes q.rows. With q.rows null and q.amax given (TCFP-12), out is written as usual and its amax
+// recorded.
 template <class Bd, int N4>
 __global__ void layernorm_forward_registers_kernel(floatX* out, float* mean, float* rstd, const float* inp,
                                                    const floatX* w, const floatX* b, int N, int C, Fp8Target q) {
@@ -145,9 +153,10 @@ __global__ void layernorm_forward_registers_kernel(floatX* out, float* mean, flo
             x[i] = c < C ? *reinterpret_cast<const float4*>(inp + off + c) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
         layernorm_row_registers<Bd, N4>(out + off, mean + row, rstd + row, x, w, b, C, lane,
-                                        q.rows ? q.rows + off : nullptr, q.rows ? *q.scale : 0.0f, &amax);
+                                        q.rows ? q.rows + off : nullptr, q.rows ? *q.scale : 0.0f,
+                                        q.rows || q.amax ? &amax : nullptr);
     }
-    if (q.rows) fp8_commit(amax, 0, 0, 0, q.amax, Fp8Stats(), amax_seen);
+    if (q.rows || q.amax) fp8_commit(amax, 0, 0, 0, q.amax, Fp8Stats(), amax_seen);
 }
 
 template <class Bd, int N4>
@@ -186,9 +195,10 @@ __global__ void fused_residual_layernorm_registers_kernel(float* residual, float
             }
         }
         layernorm_row_registers<Bd, N4>(out + off, mean + row, rstd + row, x, w, b, C, lane,
-                                        q.rows ? q.rows + off : nullptr, q.rows ? *q.scale : 0.0f, &amax);
+                                        q.rows ? q.rows + off : nullptr, q.rows ? *q.scale : 0.0f,
+                                        q.rows || q.amax ? &amax : nullptr);
     }
-    if (q.rows) fp8_commit(amax, 0, 0, 0, q.amax, Fp8Stats(), amax_seen);
+    if (q.rows || q.amax) fp8_commit(amax, 0, 0, 0, q.amax, Fp8Stats(), amax_seen);
 }
 
 // which register kernel fits C (0 = none: use the generic kernels). Up to 16 float4 chunks per lane
@@ -218,13 +228,14 @@ inline int layernorm_chunks_per_lane(int C) {
 // whether the LayerNorm kernels can write E4M3 codes of their output (an Fp8Target): the register kernels
 inline bool layernorm_gives_fp8(int C) { return layernorm_chunks_per_lane(C) > 0; }
 inline void layernorm_check_fp8(const Fp8Target& q, int C) {
-    if (q.active() && (!layernorm_gives_fp8(C) || (uintptr_t)q.rows % 16 != 0)) {
+    if ((q.active() || q.amax) && (!layernorm_gives_fp8(C) || (uintptr_t)q.rows % 16 != 0)) {
         fprintf(stderr, "error: layernorm: no E4M3 output at C = %d (needs C %% 4 == 0 and C <= 2048) or unaligned\n", C);
         exit(1);
     }
 }
 
-// q (FP8 recipe; layernorm_gives_fp8(C)): the E4M3 codes of the output go to q.rows instead of out
+// q (FP8 recipe; layernorm_gives_fp8(C)): the E4M3 codes of the output go to q.rows instead of out; with
+// q.rows null and q.amax given (TCFP-12), the output's amax goes to *q.amax
 template <class Bd = IdentityBoundaries>
 inline void layernorm_forward(floatX* out, float* mean, float* rstd, const float* inp, const floatX* w,
                               const floatX* b, int N, int C, cudaStream_t stream, Fp8Target q = Fp8Target()) {
@@ -330,7 +341,8 @@ __global__ void layernorm_backward_kernel(float* dinp, floatX* dinp_x, float* sc
 // C), and accumulate(i, c, dy, xhat, bx) adds the column's partial sums (bx: the dinp_x value
 // written) where the kernel keeps them (registers or shared memory). Same arithmetic and per-column order as the generic kernel.
 // out8 (may be null): the E5M2 codes of dinp_x * s8 are written there instead of dinp_x (the FP8 recipe's
-// output gradient of the branch's last linear, Fp8Target), and amax8 gets max |dinp_x| of the lane's values.
+// output gradient of the branch's last linear, Fp8Target); amax8 (may be null) gets max |dinp_x| of the
+// lane's values (with out8 null, of the dinp_x written: TCFP-12's fresh scale).
 template <int CPL, typename WeightAt, typename Accumulate>
 __device__ __forceinline__ void layernorm_backward_row(float* dinp, floatX* dinp_x, const floatX* dout, const float* inp,
                                                        const float* mean, const float* rstd, int row, int lane, int C,
@@ -364,11 +376,10 @@ __device__ __forceinline__ void layernorm_backward_row(float* dinp, floatX* dinp
             float acc = old[i] + dx;
             const floatX bx = (floatX)(branch_scale * acc);
             dinp[off + c] = acc;
+            if (amax8) *amax8 = max(*amax8, llmc::amax_bits((float)bx));
             if (out8) {
                 // the code the quantize pass would make of the stored BF16 value (fp8_quantize.cuh)
-                const float a = (float)bx;
-                *amax8 = max(*amax8, llmc::amax_bits(a));
-                out8[off + c] = (uint8_t)(fp8_pack2<Fp8Kind::E5M2>(a * s8, 0.0f) & 0xFFu);
+                out8[off + c] = (uint8_t)(fp8_pack2<Fp8Kind::E5M2>((float)bx * s8, 0.0f) & 0xFFu);
             } else {
                 dinp_x[off + c] = bx;
             }
@@ -414,14 +425,14 @@ __global__ void __launch_bounds__(256) layernorm_backward_registers_kernel(
                                     [&](int i, int c) { if constexpr (W_SHARED) return w_s[c]; else return wv[i]; },
                                     [&](int i, int, float d, float xhat, float bx) {
                                         dw_acc[i] += d * xhat; db_acc[i] += d; bb_acc[i] += bx;
-                                    }, q.rows, s8, &amax8);
+                                    }, q.rows, s8, q.rows || q.amax ? &amax8 : nullptr);
     float* dw_row = scratch + (long long)warp_id * 3 * C;
 #pragma unroll
     for (int i = 0; i < CPL; i++) {
         int c = lane + i * WARP_SIZE;
         if (c < C) { dw_row[c] = dw_acc[i]; dw_row[C + c] = db_acc[i]; dw_row[2 * C + c] = bb_acc[i]; }
     }
-    if (q.rows) fp8_commit(amax8, 0, 0, 0, q.amax, Fp8Stats(), amax_seen);
+    if (q.rows || q.amax) fp8_commit(amax8, 0, 0, 0, q.amax, Fp8Stats(), amax_seen);
 }
 
 // The same for 1024 < C <= 32 * CPL when C % 4 != 0 (C % 4 == 0, as d36's 1280 and d48's 1600, takes the
@@ -459,12 +470,12 @@ __global__ void __launch_bounds__(LN_WIDE_THREADS) layernorm_backward_wide_kerne
                                     [&](int, int c) { return c < C ? wv[c] : 0.0f; },
                                     [&](int, int c, float d, float xhat, float bx) {
                                         dw_acc[c] += d * xhat; db_acc[c] += d; bb_acc[c] += bx;
-                                    }, q.rows, s8, &amax8);
+                                    }, q.rows, s8, q.rows || q.amax ? &amax8 : nullptr);
     float* dw_row = scratch + (long long)warp_id * 3 * C;
     for (int c = lane; c < C; c += WARP_SIZE) {
         dw_row[c] = dw_acc[c]; dw_row[C + c] = db_acc[c]; dw_row[2 * C + c] = bb_acc[c];
     }
-    if (q.rows) fp8_commit(amax8, 0, 0, 0, q.amax, Fp8Stats(), amax_seen);
+    if (q.rows || q.amax) fp8_commit(amax8, 0, 0, 0, q.amax, Fp8Stats(), amax_seen);
 }
 // Launches one of the wide backward kernels (KERNEL handles C up to MAX_C): LN_BACKWARD_WARPS warps,
 // the shared memory of layernorm_backward_wide_smem(C)
@@ -580,10 +591,14 @@ __global__ void __launch_bounds__(LN_WIDE_THREADS) layernorm_backward_wide4_kern
                     bx[k] = (floatX)(branch_scale * acc[k]);
                 }
                 *reinterpret_cast<float4*>(dinp + off + c) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+                if (q.rows || q.amax) {
+#pragma unroll
+                    for (int k = 0; k < 4; k++) amax8 = max(amax8, llmc::amax_bits((float)bx[k]));
+                }
                 if (q.rows) {
                     float a[4];
 #pragma unroll
-                    for (int k = 0; k < 4; k++) { a[k] = (float)bx[k]; amax8 = max(amax8, llmc::amax_bits(a[k])); }
+                    for (int k = 0; k < 4; k++) a[k] = (float)bx[k];
                     *reinterpret_cast<uint32_t*>(q.rows + off + c) =
                         fp8_pack2<Fp8Kind::E5M2>(a[0] * s8, a[1] * s8) | ((uint32_t)fp8_pack2<Fp8Kind::E5M2>(a[2] * s8, a[3] * s8) << 16);
                 } else if constexpr (sizeof(floatX) == 2) {
@@ -609,7 +624,7 @@ __global__ void __launch_bounds__(LN_WIDE_THREADS) layernorm_backward_wide4_kern
         *reinterpret_cast<float4*>(dw_row + C + c) = *reinterpret_cast<const float4*>(db_acc + c);
         *reinterpret_cast<float4*>(dw_row + 2 * C + c) = *reinterpret_cast<const float4*>(bb_acc + c);
     }
-    if (q.rows) fp8_commit(amax8, 0, 0, 0, q.amax, Fp8Stats(), amax_seen);
+    if (q.rows || q.amax) fp8_commit(amax8, 0, 0, 0, q.amax, Fp8Stats(), amax_seen);
 }
 template <int N4>
 inline void layernorm_backward_wide4(float* dinp, floatX* dinp_x, float* scratch, const floatX* dout, const float* inp,
@@ -660,12 +675,13 @@ inline void layernorm_backward_reduce(float* dw, float* db, float* dbranch_bias,
 // Q1.15). dbranch_bias (may be null): += the column sums of dinp_x, the bias gradient of the linear
 // layer that ends that block (FP32 sums of the BF16 values that layer's backward reads).
 // q (FP8 recipe; layernorm_backward_gives_fp8(C)): the E5M2 codes of dinp_x go to q.rows instead of
-// dinp_x (which is then left unwritten; its column sums are still taken), the amax to *q.amax.
+// dinp_x (which is then left unwritten; its column sums are still taken), the amax to *q.amax; with
+// q.rows null and q.amax given (TCFP-12), dinp_x is written as usual and its amax recorded.
 inline void layernorm_backward(float* dinp, floatX* dinp_x, float* dw, float* db, float* scratch, const floatX* dout,
                                const float* inp, const floatX* w, const float* mean, const float* rstd,
                                int N, int C, cudaStream_t stream, float branch_scale = 1.0f,
                                float* dbranch_bias = nullptr, Fp8Target q = Fp8Target()) {
-    if (q.active() && (!layernorm_backward_gives_fp8(C) || (uintptr_t)q.rows % 16 != 0)) {
+    if ((q.active() || q.amax) && (!layernorm_backward_gives_fp8(C) || (uintptr_t)q.rows % 16 != 0)) {
         fprintf(stderr, "error: layernorm_backward: no E5M2 output at C = %d (needs C <= 2048) or unaligned\n", C);
         exit(1);
     }

@@ -41,7 +41,7 @@
 //                                               run must agree on, as the maximum over the processes
 //                                               (FP8: the step's amax); taken before recipe_step_end
 //   recipe_log_telemetry(r, log, step)          after its backward pass: the -lq lines for main.log
-//   recipe_fp8_gradient_target(r, id, N, OC, rows_only)
+//   recipe_fp8_gradient_target(r, id, N, OC, rows_only, stream)
 //                                               asked before a kernel that writes linear id's output
 //                                               gradient and could also write its E5M2 codes: in both
 //                                               layouts (rows_only false: the flash attention backward,
@@ -52,12 +52,17 @@
 //                                               (the default, below). When active, the kernel leaves
 //                                               dout unwritten, and linear_backward of id, the next
 //                                               call, takes the codes instead of quantizing dout (its
-//                                               dbias is then null: the kernel gave the sums)
-//   recipe_fp8_input_target(r, id, N, C, training)  the same for a linear's input, asked before the
-//                                               LayerNorm that makes it (qkv: ln1, fc: ln2), which can
-//                                               write E4M3 codes of its output (rows only); when active,
-//                                               the LayerNorm leaves its BF16 output unwritten and
-//                                               linear_forward of id, the next call, takes the codes
+//                                               dbias is then null: the kernel gave the sums). A target
+//                                               with no rows but an amax (TCFP-12's fresh scales) asks
+//                                               the kernel to write dout as usual and to record its
+//                                               amax there (the LayerNorm backward only)
+//   recipe_fp8_input_target(r, id, N, C, training, stream)  the same for a linear's input, asked
+//                                               before the LayerNorm that makes it (qkv: ln1, fc: ln2),
+//                                               which can write E4M3 codes of its output (rows only);
+//                                               when active, the LayerNorm leaves its BF16 output
+//                                               unwritten and linear_forward of id, the next call,
+//                                               takes the codes; with no rows but an amax, the
+//                                               LayerNorm writes its output and records its amax
 // and, from inside a step, g_cross_process (below): what a recipe may ask of the other processes
 // before the step ends (FP8: a tensor's first scale, process 0's).
 // and the type RecipeBoundaries: the hooks of llmc/boundaries.h that the model's other kernels apply
@@ -113,9 +118,9 @@ struct RecipeMaxState {
 // The default of recipe_fp8_gradient_target (see the top): no FP8 codes wanted. A recipe that wants
 // them defines the function for its own Recipe type, which overload resolution prefers.
 template <class R>
-inline Fp8Target recipe_fp8_gradient_target(R&, LinearId, int, int, bool) { return Fp8Target(); }
+inline Fp8Target recipe_fp8_gradient_target(R&, LinearId, int, int, bool, cudaStream_t) { return Fp8Target(); }
 template <class R>
-inline Fp8Target recipe_fp8_input_target(R&, LinearId, int, int, bool) { return Fp8Target(); }
+inline Fp8Target recipe_fp8_input_target(R&, LinearId, int, int, bool, cudaStream_t) { return Fp8Target(); }
 
 // input (C) and output (OC) widths of each linear, for channels C
 inline int linear_in_features(LinearKind k, int C) { return k == LIN_FCPROJ ? 4 * C : C; }

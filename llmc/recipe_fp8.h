@@ -281,7 +281,7 @@ inline void fp8_write_gelu_out(Recipe& r, cudaStream_t st) {
 // the input has a scale (the first use calibrates from the BF16 tensor), except on telemetry steps (the
 // quantize pass counts saturated and flushed values; the LayerNorm does not): saves writing the BF16
 // LayerNorm output and the quantize pass over it; x^T is then made from the codes (fp8_transpose).
-inline Fp8Target recipe_fp8_input_target(Recipe& r, LinearId id, int N, int C, bool training) {
+inline Fp8Target recipe_fp8_input_target(Recipe& r, LinearId id, int N, int C, bool training, cudaStream_t) {
     Fp8Target t;
     const int t_x = fp8_tensor(r, id, FP8_X);
     if (!fp8_applies(r, id, N, C, linear_out_features(id.kind, r.C)) || !r.calibrated[t_x] || r.count_stats) return t;
@@ -394,7 +394,7 @@ inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX
 // codes (rows_only), which linear_backward then transposes for dy^T: 1 byte written by the LayerNorm
 // and 1 + 1 by the transpose per value, against 2 (its BF16 output) + 2 + 2 for the quantize pass.
 // It does not count saturated and flushed values, so telemetry steps keep the quantize pass.
-inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int OC, bool rows_only) {
+inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int OC, bool rows_only, cudaStream_t) {
     Fp8Target t;
     const int t_dy = fp8_tensor(r, id, FP8_DY);
     if (!fp8_applies(r, id, N, linear_in_features(id.kind, r.C), OC) || !r.calibrated[t_dy]) return t;

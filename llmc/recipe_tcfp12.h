@@ -83,7 +83,12 @@ struct Recipe {
     float* act_slots = nullptr;
     uint32_t* act_amax = nullptr;
     unsigned long long* act_stats = nullptr;      // per linear and role: values, saturated, flushed
-    uint8_t *x8 = nullptr, *xt8 = nullptr, *dy8 = nullptr, *dyt8 = nullptr; // FP8 scratch
+    uint8_t *x8 = nullptr, *dy8 = nullptr, *dyt8 = nullptr; // FP8 scratch
+    // -tfw 1 (per tensor): x^T of every quantized linear, written by the training forward pass with the
+    // forward's scale (the codes the wgrad GEMM reads), so that the backward reads no BF16 x: (K x N) per
+    // linear at saved_xt_offset
+    uint8_t* saved_xt = nullptr;
+    std::vector<size_t> saved_xt_offset;
     floatX *xq = nullptr, *dyq = nullptr;         // emulated: the quantized values as BF16
     // the K-concatenated form (per tensor, channels % 128 == 0): [W_hi | W_lo] (OC x 2C) per linear at
     // 2 * elem_offset, [W_hi^T | W_lo^T] (C x 2 OC; without ABD), their 1 x 128 block scales (elem / 64
@@ -95,6 +100,10 @@ struct Recipe {
     // the fc projection's backward applied the GELU derivative to the fc layer's dy and took its column
     // partial sums (scratch.bias_partials) and amax in the same pass: the fc layer's call takes them
     LinearId dy_sums_given{-1, LIN_QKV};
+    // the linear whose input's amax the LayerNorm before it recorded (recipe_fp8_input_target), and the
+    // one whose output gradient's amax the LayerNorm backward recorded (recipe_fp8_gradient_target): their
+    // next call takes the amax instead of reading the tensor for it
+    LinearId x_amax_given{-1, LIN_QKV}, dy_amax_given{-1, LIN_QKV};
     long long splits = 0;                         // splits so far (the SRR streams' counter)
     uint64_t srr_seed = 0;
     bool skip_next_split = false;                 // the checkpoint restored the split
@@ -192,8 +201,17 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
         r.x8 = (uint8_t*)cuda_malloc_or_die(widest, "tcfp12 activations");
         r.dy8 = (uint8_t*)cuda_malloc_or_die(widest, "tcfp12 gradients");
         if (o.tcfp_fp8_wgrad) {
-            r.xt8 = (uint8_t*)cuda_malloc_or_die(widest, "tcfp12 activations");
             r.dyt8 = (uint8_t*)cuda_malloc_or_die(widest, "tcfp12 gradients");
+            r.saved_xt_offset.assign(nl, 0);
+            size_t saved = 0;
+            for (int l = 0; l < r.L; l++) {
+                if (!layer_is_quantized(r.options, l, r.L)) continue;
+                for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+                    r.saved_xt_offset[l * NUM_LINEAR_KINDS + k] = saved;
+                    saved += (size_t)B * T * linear_in_features((LinearKind)k, r.C);
+                }
+            }
+            if (saved) r.saved_xt = (uint8_t*)cuda_malloc_or_die(saved, "tcfp12 activations (x^T for backward)");
         }
     }
     r.concat = !r.emulated && r.C % 128 == 0 && r.total_elems > 0;
@@ -295,14 +313,60 @@ inline void recipe_step_end(Recipe&, cudaStream_t) {}
 inline void recipe_begin_micro_step(Recipe&, int) {}
 inline RecipeMaxState recipe_cross_process_max(Recipe&) { return RecipeMaxState(); }
 
-// The BF16 input is read in backward: by the BF16 weight gradient, or to make x^T for the FP8 one
-inline bool recipe_needs_input_in_backward(const Recipe&, LinearId, int) { return true; }
+// The BF16 input is read in backward by the BF16 weight gradient (and by the emulated block modes);
+// an FP8 weight gradient reads the x^T codes its forward saved
+inline bool tcfp12_saves_xt(const Recipe& r, LinearId id, int N) {
+    return r.saved_xt != nullptr && !r.emulated &&
+           tcfp12_applies(r, id, N, linear_in_features(id.kind, r.C), linear_out_features(id.kind, r.C));
+}
+inline bool recipe_needs_input_in_backward(const Recipe& r, LinearId id, int N) { return !tcfp12_saves_xt(r, id, N); }
+inline uint8_t* tcfp12_saved_xt(const Recipe& r, int li) { return r.saved_xt + r.saved_xt_offset[li]; }
 
-// x's fresh scale: its amax, then the slot (1/s at [0], s at [4]); returns the slot
+// Whether a kernel recorded linear id's amax in the slot (Recipe::x_amax_given, ::dy_amax_given), which
+// is then emptied; a slot held for another linear means the model broke the contract of recipe.h
+inline bool tcfp12_take_given(LinearId& slot, LinearId id, const char* what) {
+    const bool given = slot.layer == id.layer && slot.kind == id.kind;
+    if (slot.layer >= 0 && !given) {
+        fprintf(stderr, "error: tcfp12: the %s of layer %d's %s was not taken by the next call\n", what, slot.layer,
+                LINEAR_NAMES[slot.kind]);
+        exit(1);
+    }
+    slot.layer = -1;
+    return given;
+}
+
+// The LayerNorm in front of the qkv and fc layers records the amax of the output it writes (recipe.h: a
+// target with no rows), so that x's fresh scale needs no pass over x of its own (d12, B=64: one read of
+// 2 x N x C BF16 values per layer and micro-step, ~19 GB per step). The same scale, bit for bit: the
+// amax of the same stored BF16 values.
+inline Fp8Target recipe_fp8_input_target(Recipe& r, LinearId id, int N, int C, bool training, cudaStream_t st) {
+    Fp8Target t;
+    if (!tcfp12_applies(r, id, N, C, linear_out_features(id.kind, r.C))) return t;
+    t.amax = tcfp_act_amax(r, tcfp_linear_index(id), TCFP_X, training);
+    cudaCheck(cudaMemsetAsync(t.amax, 0, sizeof(uint32_t), st));
+    r.x_amax_given = id;
+    return t;
+}
+
+// The same for the attention and fc projections' output gradient, which the LayerNorm backward writes
+// (rows_only: the kernels that can write the codes of a row-major tensor only; the flash attention
+// backward's targets stay inactive here)
+inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int OC, bool rows_only, cudaStream_t st) {
+    Fp8Target t;
+    if (!rows_only || !tcfp12_applies(r, id, N, linear_in_features(id.kind, r.C), OC)) return t;
+    t.amax = tcfp_act_amax(r, tcfp_linear_index(id), TCFP_DY, true);
+    cudaCheck(cudaMemsetAsync(t.amax, 0, sizeof(uint32_t), st));
+    r.dy_amax_given = id;
+    return t;
+}
+
+// x's fresh scale: its amax (recorded by the LayerNorm that wrote x, or read here), then the slot
+// (1/s at [0], s at [4]); returns the slot
 inline float* tcfp12_input_scale(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st) {
     const int li = tcfp_linear_index(id);
     float* slot = tcfp_act_slot(r, li, TCFP_X, training);
-    tcfp12_fresh_scale(slot, tcfp_act_amax(r, li, TCFP_X, training), inp, (long long)N * C, false, st);
+    if (tcfp12_take_given(r.x_amax_given, id, "input amax")) tcfp12_scale_from_amax(slot, tcfp_act_amax(r, li, TCFP_X, training), false, st);
+    else tcfp12_fresh_scale(slot, tcfp_act_amax(r, li, TCFP_X, training), inp, (long long)N * C, false, st);
     return slot;
 }
 
@@ -345,10 +409,17 @@ inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu
         return;
     }
     const Fp8Stats stats = training ? tcfp_act_stats(r, li, TCFP_X) : Fp8Stats();
-    auto quantize_rows = [&](Fp8Stats s) { fp8_quantize<Fp8Kind::E4M3>(r.x8, inp, (long long)N * C, xs, nullptr, s, st); };
+    // (-tfw 1, training: x^T for the backward's FP8 wgrad from the same read as the rows, or from a read of
+    // its own next to the K-concatenated codes)
+    uint8_t* xt = training && tcfp12_saves_xt(r, id, N) ? tcfp12_saved_xt(r, li) : nullptr;
+    auto quantize_rows = [&](Fp8Stats s) {
+        if (xt) fp8_quantize_transpose<Fp8Kind::E4M3>(r.x8, xt, inp, N, C, xs, nullptr, s, st);
+        else fp8_quantize<Fp8Kind::E4M3>(r.x8, inp, (long long)N * C, xs, nullptr, s, st);
+    };
     auto quantize_cat = [&](Fp8Stats s) {
         tcfp12_quantize_twice<Fp8Kind::E4M3>(r.xcat, inp, N, C, xs, s, st);
         tcfp12_fill_scale(r.xcat_scales, tcfp12_concat_act_scale_count(N, 2 * C), xs, st);
+        if (xt) fp8_quantize_transpose<Fp8Kind::E4M3>(nullptr, xt, inp, N, C, xs, nullptr, Fp8Stats(), st);
     };
     const bool fast = r.options.tcfp_fast_accum != 0; // the W_lo GEMM always accumulates fast: its terms are ~16x smaller
     Fp8Operand x{r.x8, CUDA_R_8F_E4M3, xs + 4};
@@ -424,7 +495,13 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         exit(1);
     }
     r.dy_sums_given.layer = -1;
+    const bool amax_given = tcfp12_take_given(r.dy_amax_given, id, "output gradient amax");
+    if (amax_given && (dbias || sums_given)) {
+        fprintf(stderr, "error: tcfp12: a linear whose output gradient's amax was recorded gets no bias gradient here\n");
+        exit(1);
+    }
     if (sums_given) tcfp12_dy_scale_from_partials(dys, dy_amax, dbias, r.scratch.bias_partials, OC, st);
+    else if (amax_given) tcfp12_scale_from_amax(dys, dy_amax, true, st);
     else tcfp12_dy_scale_and_bias(dys, dy_amax, dbias, r.scratch.bias_partials, dout, N, OC, st);
     if (r.emulated) {
         const size_t off = r.elem_offset[li];
@@ -477,9 +554,8 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         else quantize_rows(stats);
         PHASE("tcfp12: gemm wgrad");
         if (fp8_wgrad) {
-            // x^T with the forward's scale: the same codes the forward GEMM read
-            fp8_quantize_transpose<Fp8Kind::E4M3>(nullptr, r.xt8, inp, N, C, xs, nullptr, Fp8Stats(), st);
-            Fp8Operand xt{r.xt8, CUDA_R_8F_E4M3, xs + 4}, dyt{r.dyt8, CUDA_R_8F_E5M2, dys + 4};
+            // x^T as the training forward pass saved it: the forward's scale, the codes its GEMM read
+            Fp8Operand xt{tcfp12_saved_xt(r, li), CUDA_R_8F_E4M3, xs + 4}, dyt{r.dyt8, CUDA_R_8F_E5M2, dys + 4};
             if (!matmul_fp8(dweight, true, xt, dyt, nullptr, C, OC, N, 1.0f, false, st)) tcfp12_no_gemm("weight gradient", C, OC, N);
         } else {
             plain_linear_backward_dw(dweight, dout, inp, N, C, OC, st);

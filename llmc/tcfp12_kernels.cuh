@@ -317,6 +317,12 @@ __global__ void tcfp12_act_scale_kernel(float* slot, const uint32_t* amax_bits, 
     slot[4] = llmc::tcfp12_scale(code);
 }
 
+// x's scale slot from an amax another kernel recorded
+inline void tcfp12_scale_from_amax(float* slot, const uint32_t* amax, bool e5m2, cudaStream_t stream) {
+    tcfp12_act_scale_kernel<<<1, 1, 0, stream>>>(slot, amax, e5m2);
+    cudaCheckLaunch();
+}
+
 // amax of x (n values) into *amax (zeroed here), then x's scale slot
 inline void tcfp12_fresh_scale(float* slot, uint32_t* amax, const floatX* x, long long n, bool e5m2, cudaStream_t stream) {
     cudaCheck(cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream));

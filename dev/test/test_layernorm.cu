@@ -170,6 +170,28 @@ static void test_width(int N, int C, std::mt19937& rng) {
                   written);
         }
         cudaFree(d_q); cudaFree(d_want); cudaFree(d_s); cudaFree(d_amax);
+        // 1c. a target with no rows but an amax (TCFP-12's fresh scales): the BF16 output as without it, bit for
+        // bit, and its amax (tensor_amax over that output)
+        uint32_t* d_amax2 = to_device(std::vector<uint32_t>{0, 0});
+        floatX* d_out2;
+        cudaCheck(cudaMalloc(&d_out2, NC * sizeof(floatX)));
+        for (int fused = 0; fused < 2; fused++) {
+            cudaCheck(cudaMemset(d_amax2, 0, 8));
+            if (fused) fused_residual_layernorm_forward(d_res, d_out, d_mean, d_rstd, d_x, d_branch, d_w, d_b, N, C, 0, MLP_BRANCH);
+            else layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, 0);
+            tensor_amax(d_amax2 + 1, d_out, (long long)NC, 0);
+            Fp8Target q;
+            q.amax = d_amax2;
+            poison(d_out2, NC * sizeof(floatX));
+            if (fused) fused_residual_layernorm_forward(d_res, d_out2, d_mean, d_rstd, d_x, d_branch, d_w, d_b, N, C, 0, MLP_BRANCH, q);
+            else layernorm_forward(d_out2, d_mean, d_rstd, d_x, d_w, d_b, N, C, 0, q);
+            const auto amax = to_host(d_amax2, 2);
+            const bool same = to_host(reinterpret_cast<uint16_t*>(d_out2), NC) == to_host(reinterpret_cast<uint16_t*>(d_out), NC);
+            check(same && amax[0] == amax[1] && amax[0] != 0,
+                  "N=%d C=%d (%s) %s forward recording its amax only: the BF16 output bit-identical (%s), amax %s tensor_amax's",
+                  N, C, fpath, fused ? "fused residual" : "plain", same ? "yes" : "no", amax[0] == amax[1] ? "=" : "!=");
+        }
+        cudaFree(d_amax2); cudaFree(d_out2);
     }
 
     // 2. backward, dispatched, from the float64 mean / rstd rounded to FP32
@@ -232,6 +254,25 @@ static void test_width(int N, int C, std::mt19937& rng) {
               N, C, path, nonzero, NC, written, same ? "bit-identical" : "DIFFERENT");
         cudaFree(d_q); cudaFree(d_want); cudaFree(d_s); cudaFree(d_amax); cudaFree(q_dinp); cudaFree(q_dw);
         cudaFree(q_db); cudaFree(q_bb); cudaFree(q_dinp_x);
+        // 2c. a target with no rows but an amax (TCFP-12): dinp_x written as without it and its amax recorded;
+        // dinp, dw, db, the branch bias gradient unchanged
+        uint32_t* a_amax = to_device(std::vector<uint32_t>{0, 0});
+        tensor_amax(a_amax + 1, d_dinp_x, (long long)NC, 0);
+        float *a_dinp = to_device(dinp0), *a_dw = to_device(dw0), *a_db = to_device(db0), *a_bb = to_device(bb0);
+        floatX* a_dinp_x;
+        cudaCheck(cudaMalloc(&a_dinp_x, NC * sizeof(floatX)));
+        poison(a_dinp_x, NC * sizeof(floatX));
+        Fp8Target qa;
+        qa.amax = a_amax;
+        layernorm_backward(a_dinp, a_dinp_x, a_dw, a_db, d_scratch, d_dout, d_x, d_w, d_mean, d_rstd, N, C, 0, 1.0f, a_bb, qa);
+        const auto aa = to_host(a_amax, 2);
+        const bool same_x = to_host(reinterpret_cast<uint16_t*>(a_dinp_x), NC) == to_host(reinterpret_cast<uint16_t*>(d_dinp_x), NC);
+        const bool same_rest = to_host(a_dinp, NC) == dinp && to_host(a_dw, C) == dw && to_host(a_db, C) == db && to_host(a_bb, C) == bb;
+        check(same_x && same_rest && aa[0] == aa[1] && aa[0] != 0,
+              "N=%d C=%d (%s) backward recording its amax only: dinp_x bit-identical (%s), dinp, dw, db, branch bias "
+              "gradient bit-identical (%s), amax %s tensor_amax's", N, C, path, same_x ? "yes" : "no", same_rest ? "yes" : "no",
+              aa[0] == aa[1] ? "=" : "!=");
+        cudaFree(a_amax); cudaFree(a_dinp); cudaFree(a_dw); cudaFree(a_db); cudaFree(a_bb); cudaFree(a_dinp_x);
     }
 
     // the generic kernel on the same inputs: the same sums in the same order
