@@ -180,6 +180,11 @@ build/%_quantize_bench: dev/bench/%_quantize_bench.cu dev/bench/bench_timer.h $(
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 
+# the NVFP4 kernels on extreme values, looking for faults (dev/bench/nvfp4_stress.cu)
+build/nvfp4_stress: dev/bench/nvfp4_stress.cu $(HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
+
 # cuDNN's attention (USE_CUDNN=1 only): its own object, since the frontend headers take a minute to compile
 build/cudnn_attention.o: llmc/cudnn_attention.cpp llmc/cudnn_attention.h
 	@mkdir -p build
