@@ -28,9 +28,15 @@ typedef __nv_bfloat16 floatX;
 // ---------------------------------------------------------------------------------------------
 // Error checking: a failing CUDA or cuBLAS call is a bug or a broken device, not user input, so
 // it prints where it happened and exits.
+// A kernel that faults is reported by whichever CUDA call comes next (often a synchronize far from
+// the kernel), so for those errors the message says how to find the launch itself.
 inline void cuda_check_impl(cudaError_t err, const char* file, int line) {
     if (err != cudaSuccess) {
         fprintf(stderr, "error: CUDA call failed at %s:%d: %s\n", file, line, cudaGetErrorString(err));
+        if (err == cudaErrorLaunchFailure || err == cudaErrorIllegalAddress || err == cudaErrorMisalignedAddress ||
+            err == cudaErrorIllegalInstruction || err == cudaErrorHardwareStackError || err == cudaErrorAssert)
+            fprintf(stderr, "       (a kernel launched before this call failed; run with CUDA_LAUNCH_BLOCKING=1 to stop at "
+                            "the launch itself)\n");
         exit(1);
     }
 }
