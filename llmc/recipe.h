@@ -72,6 +72,7 @@
 // that how often a run validates never changes its training numbers.
 #pragma once
 #include <string>
+#include <vector>
 #include "cuda_common.h"
 #include "matmul.cuh"
 #include "gelu.cuh"
@@ -126,6 +127,37 @@ inline Fp8Target recipe_fp8_input_target(R&, LinearId, int, int, bool, cudaStrea
 inline int linear_in_features(LinearKind k, int C) { return k == LIN_FCPROJ ? 4 * C : C; }
 inline int linear_out_features(LinearKind k, int C) {
     return k == LIN_QKV ? 3 * C : k == LIN_FC ? 4 * C : C;
+}
+
+// Lays out one buffer per quantized linear (the layers -sqf/-sql keep in BF16 get none) of a model with
+// L layers of C channels: offset[i] for linear i = layer * 4 + kind, bytes_of(K, OC) its size (K = its
+// input features, OC = its output features); returns the total.
+template <typename BytesOf>
+inline size_t quantized_linears_layout(const RecipeOptions& o, int L, int C, std::vector<size_t>& offset, BytesOf bytes_of) {
+    offset.assign((size_t)L * NUM_LINEAR_KINDS, 0);
+    size_t total = 0;
+    for (int l = 0; l < L; l++) {
+        if (!layer_is_quantized(o, l, L)) continue;
+        for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+            offset[l * NUM_LINEAR_KINDS + k] = total;
+            total += bytes_of(linear_in_features((LinearKind)k, C), linear_out_features((LinearKind)k, C));
+        }
+    }
+    return total;
+}
+
+// A recipe's note that a kernel already made something for linear `id` (quantized codes, an amax),
+// which that linear's next call takes: whether `slot` holds id, emptying it. A slot held for another
+// linear means the model broke the contract at the top of this file: an error naming both.
+inline bool take_given_for(LinearId& slot, LinearId id, const char* recipe, const char* what) {
+    const bool given = slot.layer == id.layer && slot.kind == id.kind;
+    if (slot.layer >= 0 && !given) {
+        fprintf(stderr, "error: %s: the %s of layer %d's %s was not taken by the next call\n", recipe, what, slot.layer,
+                LINEAR_NAMES[slot.kind]);
+        exit(1);
+    }
+    slot.layer = -1;
+    return given;
 }
 
 // The weights of every linear: weight[k] points at layer 0's (OC x C) matrix of kind k; layer l's

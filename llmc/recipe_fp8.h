@@ -112,22 +112,6 @@ inline int fp8_tensor(const Recipe& r, LinearId id, Fp8Role role) {
 }
 inline int fp8_linear_index(LinearId id) { return id.layer * NUM_LINEAR_KINDS + id.kind; }
 
-// Lays out one buffer per quantized linear (the layers -sqf/-sql keep in BF16 get none): offset[i]
-// for linear i = layer * 4 + kind, bytes_of(K, OC) its size; returns the total.
-template <typename BytesOf>
-inline size_t fp8_per_linear_layout(const Recipe& r, std::vector<size_t>& offset, BytesOf bytes_of) {
-    offset.assign(r.num_linears, 0);
-    size_t total = 0;
-    for (int l = 0; l < r.L; l++) {
-        if (!layer_is_quantized(r.options, l, r.L)) continue;
-        for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
-            offset[l * NUM_LINEAR_KINDS + k] = total;
-            total += bytes_of(linear_in_features((LinearKind)k, r.C), linear_out_features((LinearKind)k, r.C));
-        }
-    }
-    return total;
-}
-
 inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T) {
     r.options = o;
     resolve_skip_defaults(r.options, 0, 0);
@@ -150,8 +134,10 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
     r.calibrated.assign(nt, 0);
     r.steps_pushed = 0;
     // per quantized linear: its FP8 weights (W and W^T) and the x^T its forward saves for backward
-    const size_t weight_bytes = fp8_per_linear_layout(r, r.weight_offset, [&](int K, int OC) { return 2 * (size_t)K * OC; });
-    const size_t saved_bytes = fp8_per_linear_layout(r, r.saved_xt_offset, [&](int K, int) { return (size_t)B * T * K; });
+    const size_t weight_bytes =
+        quantized_linears_layout(r.options, r.L, r.C, r.weight_offset, [&](int K, int OC) { return 2 * (size_t)K * OC; });
+    const size_t saved_bytes =
+        quantized_linears_layout(r.options, r.L, r.C, r.saved_xt_offset, [&](int K, int) { return (size_t)B * T * K; });
     r.weights8 = weight_bytes ? (uint8_t*)cuda_malloc_or_die(weight_bytes, "fp8 weights") : nullptr;
     r.saved_xt = saved_bytes ? (uint8_t*)cuda_malloc_or_die(saved_bytes, "fp8 activations (x^T for backward)") : nullptr;
     const size_t widest = (size_t)B * T * 4 * r.C;
@@ -292,18 +278,8 @@ inline Fp8Target recipe_fp8_input_target(Recipe& r, LinearId id, int N, int C, b
     return t;
 }
 
-// Whether another kernel wrote linear id's codes into the slot (Recipe::x_given, ::dy_given), which is
-// then emptied; a slot held for another linear means the model broke the contract of recipe.h.
-inline bool fp8_take_given(LinearId& slot, LinearId id, const char* what) {
-    const bool given = slot.layer == id.layer && slot.kind == id.kind;
-    if (slot.layer >= 0 && !given) {
-        fprintf(stderr, "error: fp8: the %s of layer %d's %s was not taken by the next call\n", what, slot.layer,
-                LINEAR_NAMES[slot.kind]);
-        exit(1);
-    }
-    slot.layer = -1;
-    return given;
-}
+// Whether another kernel wrote linear id's codes into the slot (Recipe::x_given, ::dy_given)
+inline bool fp8_take_given(LinearId& slot, LinearId id, const char* what) { return take_given_for(slot, id, "fp8", what); }
 
 // x (N x C) -> r.x8 with x's scale, and in training also x^T for the backward pass (one read of x);
 // returns the dequantization factor. With gelu_of_input, `inp` is a GELU's input and x = gelu(inp)

@@ -149,15 +149,8 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
     cudaCheck(cudaMemset(r.amax, 0, nl * NUM_NV_ROLES * sizeof(uint32_t)));
     cudaCheck(cudaMemset(r.alpha, 0, nl * NUM_NV_GEMMS * NV_ALPHA_STRIDE * sizeof(float)));
     cudaCheck(cudaMemset(r.stats, 0, nl * NUM_NV_ROLES * NVFP4_STATS * sizeof(double)));
-    r.weight_offset.assign(nl, 0);
-    size_t total = 0;
-    for (int l = 0; l < r.L; l++) {
-        if (!layer_is_quantized(r.options, l, r.L)) continue;
-        for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
-            r.weight_offset[l * NUM_LINEAR_KINDS + k] = total;
-            total += (size_t)linear_in_features((LinearKind)k, r.C) * linear_out_features((LinearKind)k, r.C);
-        }
-    }
+    const size_t total = quantized_linears_layout(r.options, r.L, r.C, r.weight_offset,
+                                                  [](int K, int OC) { return (size_t)K * OC; });
     const int N = B * T;
     const size_t widest = (size_t)N * 4 * r.C;
     r.native = nvfp4_native_possible(r, N, r.native_note);

@@ -202,15 +202,8 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
         r.dy8 = (uint8_t*)cuda_malloc_or_die(widest, "tcfp12 gradients");
         if (o.tcfp_fp8_wgrad) {
             r.dyt8 = (uint8_t*)cuda_malloc_or_die(widest, "tcfp12 gradients");
-            r.saved_xt_offset.assign(nl, 0);
-            size_t saved = 0;
-            for (int l = 0; l < r.L; l++) {
-                if (!layer_is_quantized(r.options, l, r.L)) continue;
-                for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
-                    r.saved_xt_offset[l * NUM_LINEAR_KINDS + k] = saved;
-                    saved += (size_t)B * T * linear_in_features((LinearKind)k, r.C);
-                }
-            }
+            const size_t saved = quantized_linears_layout(r.options, r.L, r.C, r.saved_xt_offset,
+                                                          [&](int K, int) { return (size_t)B * T * K; });
             if (saved) r.saved_xt = (uint8_t*)cuda_malloc_or_die(saved, "tcfp12 activations (x^T for backward)");
         }
     }
@@ -322,18 +315,8 @@ inline bool tcfp12_saves_xt(const Recipe& r, LinearId id, int N) {
 inline bool recipe_needs_input_in_backward(const Recipe& r, LinearId id, int N) { return !tcfp12_saves_xt(r, id, N); }
 inline uint8_t* tcfp12_saved_xt(const Recipe& r, int li) { return r.saved_xt + r.saved_xt_offset[li]; }
 
-// Whether a kernel recorded linear id's amax in the slot (Recipe::x_amax_given, ::dy_amax_given), which
-// is then emptied; a slot held for another linear means the model broke the contract of recipe.h
-inline bool tcfp12_take_given(LinearId& slot, LinearId id, const char* what) {
-    const bool given = slot.layer == id.layer && slot.kind == id.kind;
-    if (slot.layer >= 0 && !given) {
-        fprintf(stderr, "error: tcfp12: the %s of layer %d's %s was not taken by the next call\n", what, slot.layer,
-                LINEAR_NAMES[slot.kind]);
-        exit(1);
-    }
-    slot.layer = -1;
-    return given;
-}
+// Whether a kernel recorded linear id's amax in the slot (Recipe::x_amax_given, ::dy_amax_given)
+inline bool tcfp12_take_given(LinearId& slot, LinearId id, const char* what) { return take_given_for(slot, id, "tcfp12", what); }
 
 // The LayerNorm in front of the qkv and fc layers records the amax of the output it writes (recipe.h: a
 // target with no rows), so that x's fresh scale needs no pass over x of its own (d12, B=64: one read of
