@@ -287,6 +287,32 @@ inline void nvfp4_quantize(const floatX* x, int rows, int cols, const Nvfp4Direc
 }
 
 // ---------------------------------------------------------------------------------------------
+// The emulated wgrad's scaling: dw += alpha * p, with alpha = g_x * g_dy read from device memory and p the
+// unscaled BF16 GEMM's FP32 product (one rounding for the product with alpha, one for the sum, as a
+// GEMM's alpha * acc + beta * C epilogue). n % 4 == 0.
+// Why not alpha in the GEMM (cuBLASLt's pointer mode DEVICE, as the forward and dgrad GEMMs do): with
+// several processes time-sharing one GPU, the wgrad GEMM that cuBLASLt picked for that form
+// (nvjet_sm90_tss_128x128_64x6_2x4_h_bx_NTT, FP32 output with beta = 1 from device memory) stopped with an
+// illegal instruction at an mbarrier arrive, about once per 1,200 steps (doc/nvfp4.md, "Launch failures when several NVFP4 runs share one GPU").
+__global__ void nvfp4_scaled_accumulate_kernel(float* dw, const float* p, const float* alpha, long long n4) {
+    const float a = *alpha;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += (long long)gridDim.x * blockDim.x) {
+        const float4 v = reinterpret_cast<const float4*>(p)[i];
+        float4 d = reinterpret_cast<float4*>(dw)[i];
+        d.x = __fmaf_rn(a, v.x, d.x);
+        d.y = __fmaf_rn(a, v.y, d.y);
+        d.z = __fmaf_rn(a, v.z, d.z);
+        d.w = __fmaf_rn(a, v.w, d.w);
+        reinterpret_cast<float4*>(dw)[i] = d;
+    }
+}
+
+inline void nvfp4_scaled_accumulate(float* dw, const float* p, const float* alpha, long long n, cudaStream_t stream) {
+    nvfp4_scaled_accumulate_kernel<<<fp8_grid_size(n / 4, 256), 256, 0, stream>>>(dw, p, alpha, n / 4);
+    cudaCheckLaunch();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Weights: 16x16 tiles of a (rows x cols) row-major W (rows % 16 == 0, cols % 16 == 0), round to
 // nearest even. A block of 32 threads stages a 16 x 512 strip in shared memory; each thread runs
 // nvfp4_quantize_tile16x16 on one tile (Four Over Six's tile error is a fixed sequential sum, so

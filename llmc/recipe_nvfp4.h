@@ -15,7 +15,9 @@
 // Emulation (nvfp4_quantize.cuh): the quantize kernels write e2m1 * ue4m3 per element, exact in
 // BF16, and the BF16 GEMM multiplies by alpha = g_a * g_b read from device memory. The products are
 // then those of an FP4 tensor core; only the FP32 accumulation order differs. The bias, GELU and
-// GELU-derivative epilogues apply to the scaled product, as in the plain linear.
+// GELU-derivative epilogues apply to the scaled product, as in the plain linear. The wgrad GEMM
+// writes its unscaled FP32 product to scratch and a small kernel adds alpha times it to dW
+// (nvfp4_scaled_accumulate: a cuBLASLt kernel of the device-alpha form faulted on a shared GPU).
 //
 // Native FP4 GEMMs (Blackwell, compute capability 10.0 and newer; chosen at run time). The quantize
 // kernels write the operands as packed E2M1 codes with tiled UE4M3 scales (nvfp4_quantize.cuh) and
@@ -77,6 +79,7 @@ struct Recipe {
     double* stats = nullptr;              // per linear and role: NVFP4_STATS
     // scratch (N x 4C each): x for the forward GEMM and then for wgrad; dy for dgrad; dy for wgrad
     floatX *xq = nullptr, *dyq = nullptr, *dyq_wgrad = nullptr;
+    float* wgrad_product = nullptr;       // the emulated wgrad GEMM's unscaled FP32 product (4C x C)
     // native FP4 GEMMs (Blackwell): the operands as packed codes + tiled scales, instead of xq / dyq /
     // dyq_wgrad / weights_q. x's buffer holds x for the forward GEMM, then x^T for wgrad, as xq does.
     bool native = false;
@@ -159,6 +162,7 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
         r.xq = (floatX*)cuda_malloc_or_die(widest * sizeof(floatX), "nvfp4 activations");
         r.dyq = (floatX*)cuda_malloc_or_die(widest * sizeof(floatX), "nvfp4 gradients");
         r.dyq_wgrad = (floatX*)cuda_malloc_or_die(widest * sizeof(floatX), "nvfp4 gradients");
+        r.wgrad_product = (float*)cuda_malloc_or_die((size_t)4 * r.C * r.C * sizeof(float), "nvfp4 wgrad product");
     } else {
         // the widest operand of each buffer: K = 4C or N, rows N or 4C (N and C are multiples of 128,
         // so no tiled scale array has padding)
@@ -355,8 +359,9 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
                                      pre_gelu ? EPI_DGELU : EPI_NONE, (void*)pre_gelu), "dgrad");
         return;
     }
-    matmul_alpha_on_device(dweight, r.xq, r.dyq_wgrad, nullptr, C, OC, N, false, true, nv_alpha(r, id, NV_WGRAD), true,
-                           true, st);
+    // the product with alpha = 1 from the host, then dW += alpha * product (nvfp4_scaled_accumulate says why)
+    matmul(r.wgrad_product, r.xq, r.dyq_wgrad, nullptr, C, OC, N, false, true, 1.0f, 0.0f, true, st);
+    nvfp4_scaled_accumulate(dweight, r.wgrad_product, nv_alpha(r, id, NV_WGRAD), (long long)C * OC, st);
     PHASE("nvfp4: gemm dgrad");
     if (pre_gelu) {
         matmul_alpha_on_device(dinp, nv_weight(r, id), r.dyq, nullptr, C, N, OC, false, false, nv_alpha(r, id, NV_DGRAD),
