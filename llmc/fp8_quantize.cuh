@@ -370,10 +370,10 @@ __global__ void __launch_bounds__(256) fp8_transpose_kernel(uint8_t* __restrict_
 }
 
 // max |x| over n values into *amax_out (atomicMax on the bits; the caller zeroes it first)
-__global__ void amax_kernel(uint32_t* amax_out, const floatX* in, long long n) {
+__global__ void amax_kernel(uint32_t* amax_out, const floatX* in, long long n, bool gelu_of_input) {
     uint32_t amax = 0;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        amax = max(amax, llmc::amax_bits((float)in[i]));
+        amax = max(amax, llmc::amax_bits(gelu_of_input ? (float)(floatX)gelu_value((float)in[i]) : (float)in[i]));
     for (int o = 16; o > 0; o >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     if ((threadIdx.x & 31) == 0 && amax) atomicMax(amax_out, amax);
 }
@@ -446,14 +446,21 @@ inline void fp8_transpose(uint8_t* out_t, const uint8_t* in, int rows, int cols,
 
 // The same with 16-byte loads (8 values per thread and iteration) and one atomic per block: the
 // recipes that scale afresh (tcfp12) run it before every quantization, so it must run at memory speed.
-__global__ void __launch_bounds__(256) amax_vec_kernel(uint32_t* amax_out, const floatX* in, long long n8) {
+// gelu_of_input: the amax of gelu(in) rounded to floatX, as gelu_forward stores it (TCFP-12's fc
+// projection input, which the fc layer leaves unwritten; fp8_quantize_transpose's gelu_of_input).
+__global__ void __launch_bounds__(256) amax_vec_kernel(uint32_t* amax_out, const floatX* in, long long n8, bool gelu_of_input) {
     __shared__ uint32_t warp_max[8];
     uint32_t amax = 0;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (long long)gridDim.x * blockDim.x) {
         uint4 packed = reinterpret_cast<const uint4*>(in)[i];
         const floatX* v = reinterpret_cast<const floatX*>(&packed);
+        if (gelu_of_input) {
 #pragma unroll
-        for (int j = 0; j < 8; j++) amax = max(amax, llmc::amax_bits((float)v[j]));
+            for (int j = 0; j < 8; j++) amax = max(amax, llmc::amax_bits((float)(floatX)gelu_value((float)v[j])));
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) amax = max(amax, llmc::amax_bits((float)v[j]));
+        }
     }
     for (int o = 16; o > 0; o >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = amax;
@@ -464,11 +471,11 @@ __global__ void __launch_bounds__(256) amax_vec_kernel(uint32_t* amax_out, const
     }
 }
 
-inline void tensor_amax(uint32_t* amax_out, const floatX* in, long long n, cudaStream_t stream) {
+inline void tensor_amax(uint32_t* amax_out, const floatX* in, long long n, cudaStream_t stream, bool gelu_of_input = false) {
     if (n % 8 == 0 && (uintptr_t)in % 16 == 0) {
-        amax_vec_kernel<<<fp8_grid_size(n / 8, 256), 256, 0, stream>>>(amax_out, in, n / 8);
+        amax_vec_kernel<<<fp8_grid_size(n / 8, 256), 256, 0, stream>>>(amax_out, in, n / 8, gelu_of_input);
     } else {
-        amax_kernel<<<fp8_grid_size(n, 256), 256, 0, stream>>>(amax_out, in, n);
+        amax_kernel<<<fp8_grid_size(n, 256), 256, 0, stream>>>(amax_out, in, n, gelu_of_input);
     }
     cudaCheckLaunch();
 }

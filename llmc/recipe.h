@@ -78,6 +78,7 @@
 #include "gelu.cuh"
 #include "fp8_quantize.cuh"
 #include "checkpoint.h"
+#include "profiler.h"
 #include "boundaries.h"
 #include "recipe_options.h"
 
@@ -159,6 +160,30 @@ inline bool take_given_for(LinearId& slot, LinearId id, const char* recipe, cons
     slot.layer = -1;
     return given;
 }
+
+// An fc layer's GELU output left unwritten for the fc projection's forward, which runs next and
+// quantizes gelu(pre) itself, rounded to floatX as gelu_forward stores it (the FP8 and TCFP-12 recipes,
+// where nothing else reads that N x 4C tensor): saves writing and re-reading it. The recipe's other
+// calls write it first (write), so a reader never sees it unwritten.
+struct PendingGeluOut {
+    floatX* out = nullptr;       // the GELU output, not yet written (null: nothing pending)
+    const floatX* pre = nullptr; // the GELU's input, the fc layer's pre-activation
+    long long n = 0;
+    int layer = -1;
+    void leave(floatX* gelu_out, const floatX* pre_gelu, long long count, int fc_layer) {
+        out = gelu_out; pre = pre_gelu; n = count; layer = fc_layer;
+    }
+    // whether linear id, reading inp, is the fc projection this output was left for
+    bool is_for(LinearId id, const floatX* inp) const { return out != nullptr && out == inp && layer == id.layer && id.kind == LIN_FCPROJ; }
+    // taken over by its fc projection: returns the pre-activation to read instead
+    const floatX* take() { out = nullptr; return pre; }
+    void write(cudaStream_t st) {
+        if (!out) return;
+        PHASE("gelu (for a BF16 reader)");
+        gelu_forward(out, pre, n, st);
+        out = nullptr;
+    }
+};
 
 // The weights of every linear: weight[k] points at layer 0's (OC x C) matrix of kind k; layer l's
 // follows at l * OC * C (the checkpoint's layout).

@@ -73,17 +73,11 @@ struct Recipe {
     float* eval_scale = nullptr;       // [0] = s, [FP8_INV_STRIDE] = 1 / s
     uint32_t* eval_amax = nullptr;
     float* col_partials = nullptr;     // ceil(N / 64) x 4C: the bias gradient's per-tile column sums
-    // The fc layer's GELU output is left unwritten by its forward: its GEMM writes the pre-activation
-    // (bias in the epilogue), and the fc projection's quantize pass, which runs next, reads that and
-    // applies the GELU itself (rounded to BF16 as gelu_forward stores it, then quantized). Saves writing
-    // and re-reading the N x 4C BF16 GELU output, which nothing else reads in the FP8 layers (their
-    // backward takes x^T from the forward). Any other recipe call first writes it (fp8_write_gelu_out).
-    struct {
-        floatX* out = nullptr;       // the GELU output, not yet written
-        const floatX* pre = nullptr; // the GELU's input
-        long long n = 0;
-        int layer = -1;
-    } pending_gelu_out;
+    // The fc layer's GELU output is left unwritten by its forward (recipe.h): its GEMM writes the
+    // pre-activation (bias in the epilogue), and the fc projection's quantize pass, which runs next,
+    // reads that and applies the GELU itself. Nothing else reads it in the FP8 layers (their backward
+    // takes x^T from the forward). Any other recipe call first writes it (fp8_write_gelu_out).
+    PendingGeluOut pending_gelu_out;
     // The GELU derivative between the fc projection's input gradient and the fc layer's output
     // gradient is applied by the fc layer's dy quantization pass, not by gelu_backward: the fc
     // projection's backward leaves d(gelu output) in its dinp and notes it here; the fc layer's
@@ -256,12 +250,7 @@ inline void recipe_step_end(Recipe& r, cudaStream_t st) {
 inline uint8_t* fp8_saved_xt(const Recipe& r, LinearId id) { return r.saved_xt + r.saved_xt_offset[fp8_linear_index(id)]; }
 
 // writes the GELU output an fc layer's forward left pending (Recipe::pending_gelu_out), if any
-inline void fp8_write_gelu_out(Recipe& r, cudaStream_t st) {
-    if (!r.pending_gelu_out.out) return;
-    PHASE("fp8: gelu (for a BF16 reader)");
-    gelu_forward(r.pending_gelu_out.out, r.pending_gelu_out.pre, r.pending_gelu_out.n, st);
-    r.pending_gelu_out.out = nullptr;
-}
+inline void fp8_write_gelu_out(Recipe& r, cudaStream_t st) { r.pending_gelu_out.write(st); }
 
 // The LayerNorm in front of the qkv and fc layers writes their E4M3 input codes itself (recipe.h), once
 // the input has a scale (the first use calibrates from the BF16 tensor), except on telemetry steps (the
@@ -315,13 +304,11 @@ inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* in
                            const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
     // the fc projection reads its input, the GELU output that the fc layer left unwritten, from the
     // pre-activation (once its scale exists: a first calibration reads the GELU output itself)
-    const bool gelu_of_input = r.pending_gelu_out.out == inp && r.pending_gelu_out.layer == id.layer &&
-                               id.kind == LIN_FCPROJ && fp8_applies(r, id, N, C, OC) &&
+    const bool gelu_of_input = r.pending_gelu_out.is_for(id, inp) && fp8_applies(r, id, N, C, OC) &&
                                (r.calibrated[fp8_tensor(r, id, FP8_X)] != 0);
     const floatX* x_source = inp;
     if (gelu_of_input) {
-        x_source = r.pending_gelu_out.pre;
-        r.pending_gelu_out.out = nullptr;
+        x_source = r.pending_gelu_out.take();
     } else {
         fp8_write_gelu_out(r, st);
     }
@@ -357,10 +344,7 @@ inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX
         fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the forward pass (m=%d n=%d k=%d)\n", OC, N, C);
         exit(1);
     }
-    r.pending_gelu_out.out = gelu_out;
-    r.pending_gelu_out.pre = pre_gelu;
-    r.pending_gelu_out.n = (long long)N * OC;
-    r.pending_gelu_out.layer = id.layer;
+    r.pending_gelu_out.leave(gelu_out, pre_gelu, (long long)N * OC, id.layer);
 }
 
 // The flash attention backward writes the qkv layer's output gradient as E5M2 codes in both layouts

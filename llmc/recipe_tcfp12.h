@@ -104,6 +104,12 @@ struct Recipe {
     // one whose output gradient's amax the LayerNorm backward recorded (recipe_fp8_gradient_target): their
     // next call takes the amax instead of reading the tensor for it
     LinearId x_amax_given{-1, LIN_QKV}, dy_amax_given{-1, LIN_QKV};
+    // The fc layer's GELU output left unwritten (recipe.h) where only the fc projection's forward reads
+    // it: with -tfw 1 in training (the backward's FP8 wgrad takes the x^T codes saved by that forward)
+    // and in evaluation. The fc GEMMs write the pre-activation with the bias only (no GELU_AUX_BIAS
+    // epilogue and its second N x 4C output); the fc projection takes the amax of gelu(pre) and
+    // quantizes gelu(pre). Any other recipe call writes the GELU output first (tcfp12_write_gelu_out).
+    PendingGeluOut pending_gelu_out;
     long long splits = 0;                         // splits so far (the SRR streams' counter)
     uint64_t srr_seed = 0;
     bool skip_next_split = false;                 // the checkpoint restored the split
@@ -344,13 +350,26 @@ inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int O
 }
 
 // x's fresh scale: its amax (recorded by the LayerNorm that wrote x, or read here), then the slot
-// (1/s at [0], s at [4]); returns the slot
-inline float* tcfp12_input_scale(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st) {
+// (1/s at [0], s at [4]); returns the slot. With gelu_of_input, x = gelu(inp) (Recipe::pending_gelu_out).
+inline float* tcfp12_input_scale(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st,
+                                 bool gelu_of_input = false) {
     const int li = tcfp_linear_index(id);
     float* slot = tcfp_act_slot(r, li, TCFP_X, training);
     if (tcfp12_take_given(r.x_amax_given, id, "input amax")) tcfp12_scale_from_amax(slot, tcfp_act_amax(r, li, TCFP_X, training), false, st);
-    else tcfp12_fresh_scale(slot, tcfp_act_amax(r, li, TCFP_X, training), inp, (long long)N * C, false, st);
+    else tcfp12_fresh_scale(slot, tcfp_act_amax(r, li, TCFP_X, training), inp, (long long)N * C, false, st, gelu_of_input);
     return slot;
+}
+
+// writes the GELU output an fc layer's forward left pending (Recipe::pending_gelu_out), if any
+inline void tcfp12_write_gelu_out(Recipe& r, cudaStream_t st) { r.pending_gelu_out.write(st); }
+
+// Whether the fc layer `id` (N tokens) leaves its GELU output to the fc projection's forward: that
+// linear runs in TCFP-12 with FP8 codes (not the emulated block modes) and, in training, saves its x^T
+// codes for the backward, so that nothing reads the BF16 GELU output
+inline bool tcfp12_leaves_gelu_out(const Recipe& r, LinearId id, int N, bool training) {
+    const LinearId proj{id.layer, LIN_FCPROJ};
+    return id.kind == LIN_FC && !r.emulated && tcfp12_applies(r, proj, N, 4 * r.C, r.C) &&
+           (!training || tcfp12_saves_xt(r, proj, N));
 }
 
 [[noreturn]] inline void tcfp12_no_gemm(const char* what, int m, int n, int k) {
@@ -379,11 +398,25 @@ inline bool tcfp12_use_concat(const Recipe& r, const MatmulKey& key, cudaStream_
 inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu, const floatX* inp, const floatX* bias,
                            int N, int C, int OC, bool training, cudaStream_t st) {
     const int li = tcfp_linear_index(id);
+    // the fc projection whose input, the GELU output, the fc layer left unwritten: x = gelu(pre)
+    const bool gelu_of_input = r.pending_gelu_out.is_for(id, inp);
+    if (gelu_of_input) {
+        inp = r.pending_gelu_out.take();
+    } else {
+        tcfp12_write_gelu_out(r, st);
+    }
+    // the fc layer that leaves its GELU output to the fc projection: its GEMMs write pre_gelu + bias
+    const bool leave_gelu = pre_gelu && tcfp12_leaves_gelu_out(r, id, N, training);
+    if (leave_gelu) {
+        r.pending_gelu_out.leave(out, pre_gelu, (long long)N * OC, id.layer);
+        out = pre_gelu;
+        pre_gelu = nullptr;
+    }
     PHASE("tcfp12: quantize x");
-    float* xs = tcfp12_input_scale(r, id, inp, N, C, training, st);
+    float* xs = tcfp12_input_scale(r, id, inp, N, C, training, st, gelu_of_input);
     const MatmulEpilogue epi = pre_gelu ? EPI_GELU_BIAS : EPI_NONE;
     if (r.emulated) {
-        // x -> the exact BF16 values of its FP8 codes
+        // x -> the exact BF16 values of its FP8 codes (never gelu_of_input: tcfp12_leaves_gelu_out)
         tcfp12_fake_quantize<Fp8Kind::E4M3>(r.xq, inp, (long long)N * C, xs, st);
         PHASE("tcfp12: gemm forward");
         const size_t off = r.elem_offset[li];
@@ -396,13 +429,16 @@ inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu
     // its own next to the K-concatenated codes)
     uint8_t* xt = training && tcfp12_saves_xt(r, id, N) ? tcfp12_saved_xt(r, li) : nullptr;
     auto quantize_rows = [&](Fp8Stats s) {
-        if (xt) fp8_quantize_transpose<Fp8Kind::E4M3>(r.x8, xt, inp, N, C, xs, nullptr, s, st);
+        if (xt || gelu_of_input)
+            fp8_quantize_transpose<Fp8Kind::E4M3>(r.x8, xt, inp, N, C, xs, nullptr, s, st, nullptr, nullptr, nullptr, gelu_of_input);
         else fp8_quantize<Fp8Kind::E4M3>(r.x8, inp, (long long)N * C, xs, nullptr, s, st);
     };
     auto quantize_cat = [&](Fp8Stats s) {
-        tcfp12_quantize_twice<Fp8Kind::E4M3>(r.xcat, inp, N, C, xs, s, st);
+        tcfp12_quantize_twice<Fp8Kind::E4M3>(r.xcat, inp, N, C, xs, s, st, gelu_of_input);
         tcfp12_fill_scale(r.xcat_scales, tcfp12_concat_act_scale_count(N, 2 * C), xs, st);
-        if (xt) fp8_quantize_transpose<Fp8Kind::E4M3>(nullptr, xt, inp, N, C, xs, nullptr, Fp8Stats(), st);
+        if (xt)
+            fp8_quantize_transpose<Fp8Kind::E4M3>(nullptr, xt, inp, N, C, xs, nullptr, Fp8Stats(), st, nullptr, nullptr, nullptr,
+                                                  gelu_of_input);
     };
     const bool fast = r.options.tcfp_fast_accum != 0; // the W_lo GEMM always accumulates fast: its terms are ~16x smaller
     Fp8Operand x{r.x8, CUDA_R_8F_E4M3, xs + 4};
@@ -442,7 +478,11 @@ inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu
 
 inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* weight,
                            const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
-    if (!tcfp12_applies(r, id, N, C, OC)) { plain_linear_forward(out, inp, weight, bias, N, C, OC, st); return; }
+    if (!tcfp12_applies(r, id, N, C, OC)) {
+        tcfp12_write_gelu_out(r, st);
+        plain_linear_forward(out, inp, weight, bias, N, C, OC, st);
+        return;
+    }
     tcfp12_forward(r, id, out, nullptr, inp, bias, N, C, OC, training, st);
 }
 
@@ -450,6 +490,7 @@ inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX
                                 const floatX* weight, const floatX* bias, int N, int C, int OC, bool training,
                                 cudaStream_t st) {
     if (!tcfp12_applies(r, id, N, C, OC)) {
+        tcfp12_write_gelu_out(r, st);
         plain_linear_forward_gelu(gelu_out, pre_gelu, inp, weight, bias, N, C, OC, st);
         return;
     }
@@ -459,6 +500,7 @@ inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX
 inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
                             const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
                             cudaStream_t st) {
+    tcfp12_write_gelu_out(r, st);
     if (!tcfp12_applies(r, id, N, C, OC)) {
         plain_linear_backward(dweight, dbias, dinp, dout, inp, weight, pre_gelu, r.scratch, N, C, OC, st);
         return;

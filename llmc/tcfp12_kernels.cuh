@@ -323,10 +323,12 @@ inline void tcfp12_scale_from_amax(float* slot, const uint32_t* amax, bool e5m2,
     cudaCheckLaunch();
 }
 
-// amax of x (n values) into *amax (zeroed here), then x's scale slot
-inline void tcfp12_fresh_scale(float* slot, uint32_t* amax, const floatX* x, long long n, bool e5m2, cudaStream_t stream) {
+// amax of x (n values) into *amax (zeroed here), then x's scale slot; with gelu_of_input, of gelu(x)
+// as gelu_forward stores it (tensor_amax)
+inline void tcfp12_fresh_scale(float* slot, uint32_t* amax, const floatX* x, long long n, bool e5m2, cudaStream_t stream,
+                               bool gelu_of_input = false) {
     cudaCheck(cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream));
-    tensor_amax(amax, x, n, stream);
+    tensor_amax(amax, x, n, stream, gelu_of_input);
     tcfp12_act_scale_kernel<<<1, 1, 0, stream>>>(slot, amax, e5m2);
     cudaCheckLaunch();
 }
@@ -433,11 +435,17 @@ inline void tcfp12_fill_scale(float* scales, int count, const float* slot, cudaS
 // telemetry counts (when given) count each value once.
 template <Fp8Kind K, bool COUNT>
 __global__ void tcfp12_quantize_twice_kernel(uint8_t* out, const floatX* in, long long n8, int cols8, const float* scale,
-                                             Fp8Stats stats) {
+                                             Fp8Stats stats, bool gelu_of_input) {
     const float s = *scale;
     uint32_t amax = 0, sat = 0, ftz = 0, count = 0;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (long long)gridDim.x * blockDim.x) {
-        const uint2 codes = fp8_quantize8<K, COUNT>(reinterpret_cast<const uint4*>(in)[i], s, amax, sat, ftz);
+        uint4 packed = reinterpret_cast<const uint4*>(in)[i];
+        if (gelu_of_input) { // gelu(in) as gelu_forward stores it (fp8_quantize_transpose's gelu_of_input)
+            floatX* e = reinterpret_cast<floatX*>(&packed);
+#pragma unroll
+            for (int j = 0; j < 8; j++) e[j] = (floatX)gelu_value((float)e[j]);
+        }
+        const uint2 codes = fp8_quantize8<K, COUNT>(packed, s, amax, sat, ftz);
         count += 8;
         const long long r = i / cols8, c = i % cols8;
         uint2* row = reinterpret_cast<uint2*>(out) + r * 2 * cols8;
@@ -448,9 +456,9 @@ __global__ void tcfp12_quantize_twice_kernel(uint8_t* out, const floatX* in, lon
 }
 template <Fp8Kind K>
 inline void tcfp12_quantize_twice(uint8_t* out, const floatX* in, int rows, int cols, const float* scale, Fp8Stats stats,
-                                  cudaStream_t stream) {
+                                  cudaStream_t stream, bool gelu_of_input = false) {
     const long long n8 = (long long)rows * cols / 8;
     auto kernel = stats.counts ? tcfp12_quantize_twice_kernel<K, true> : tcfp12_quantize_twice_kernel<K, false>;
-    kernel<<<fp8_grid_size(n8, 256), 256, 0, stream>>>(out, in, n8, cols / 8, scale, stats);
+    kernel<<<fp8_grid_size(n8, 256), 256, 0, stream>>>(out, in, n8, cols / 8, scale, stats, gelu_of_input);
     cudaCheckLaunch();
 }

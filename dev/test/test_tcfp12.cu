@@ -299,6 +299,11 @@ static void test_recipe(const char* label, RecipeOptions ro, int channels = 64, 
         e = rel_l2(y, y_true);
         check(e < 0.06, "%s: forward against the unquantized product: rel L2 %.3f (E4M3 x, near-exact W)", what.c_str(), e);
         linear_forward_gelu(r, id, out, pre, xd, wd[k], bd, N, C, OC, true, 0);
+        // (with an FP8 wgrad the fc layer leaves its GELU output to the fc projection's forward: written
+        // here for the check, as any other recipe call would)
+        check((r.pending_gelu_out.out == out) == tcfp12_leaves_gelu_out(r, id, N, true),
+              "%s: the GELU output is left unwritten exactly where the fc projection takes it over", what.c_str());
+        tcfp12_write_gelu_out(r, 0);
         const std::vector<double> g = host_bf(out, (size_t)N * OC), p = host_bf(pre, (size_t)N * OC);
         std::vector<double> g_ref(y_ref.size());
         for (size_t i = 0; i < g_ref.size(); i++) g_ref[i] = gelu_tanh(y_ref[i]);
@@ -385,6 +390,67 @@ static void test_gelu_chain(const char* label, RecipeOptions ro, int channels) {
     cudaFree(dw_proj); cudaFree(dw_fc); cudaFree(db_fc);
 }
 
+// The fc layer's GELU output left to the fc projection's forward (Recipe::pending_gelu_out: -tfw 1 in
+// training, and evaluation): the fc projection's output, its E4M3 codes (rows, or both K-halves) and x^T
+// codes where saved, and its input amax, bit for bit those of writing the GELU output first
+// (gelu_forward) and quantizing that. expect_left: whether this setting leaves the GELU output.
+static void test_gelu_forward_chain(const char* label, RecipeOptions ro, int channels, int concat_mode, bool training,
+                                    bool expect_left) {
+    ModelShape shape;
+    shape.num_layers = 1; shape.channels = channels; shape.num_heads = 1;
+    const int B = 2, T = 96, N = B * T, C = channels, H = 4 * channels;
+    Recipe r;
+    recipe_init(r, ro, shape, B, T);
+    r.concat_mode = concat_mode;
+    LinearWeights lw;
+    std::vector<floatX*> wd(NUM_LINEAR_KINDS);
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+        const int ic = linear_in_features((LinearKind)k, C), oc = linear_out_features((LinearKind)k, C);
+        wd[k] = to_device(to_bf(bf16_values(oc * ic, 0.02f, 810 + k)));
+        lw.weight[k] = wd[k];
+    }
+    recipe_weights_changed(r, lw, 0);
+    floatX* x = to_device(to_bf(bf16_values(N * C, 1.0f, 911)));     // the fc layer's input
+    floatX* bias = to_device(to_bf(bf16_values(H, 0.1f, 912)));
+    floatX *h, *pre, *y;
+    cudaCheck(cudaMalloc(&h, (size_t)N * H * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&pre, (size_t)N * H * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&y, (size_t)N * C * sizeof(floatX)));
+    const LinearId fc{0, LIN_FC}, proj{0, LIN_FCPROJ};
+    const int li = tcfp_linear_index(proj);
+    const bool cat = concat_mode == 1 && r.concat, saves_xt = training && tcfp12_saves_xt(r, proj, N);
+    std::vector<floatX> ys[2];
+    std::vector<uint8_t> codes[2], xt[2];
+    std::vector<uint32_t> amax[2];
+    bool left = false, consumed = false;
+    for (int way = 0; way < 2; way++) {
+        cudaCheck(cudaMemset(h, 0xFF, (size_t)N * H * sizeof(floatX))); // NaN: a read of an unwritten GELU output shows
+        linear_forward_gelu(r, fc, h, pre, x, wd[LIN_FC], bias, N, C, H, training, 0);
+        if (way == 0) left = r.pending_gelu_out.out == h;
+        else tcfp12_write_gelu_out(r, 0); // the GELU output written first: the plain path
+        linear_forward(r, proj, y, h, wd[LIN_FCPROJ], nullptr, N, H, C, training, 0);
+        if (way == 0) consumed = r.pending_gelu_out.out == nullptr;
+        cudaCheck(cudaDeviceSynchronize());
+        ys[way] = to_host(y, (size_t)N * C);
+        if (r.emulated) { // (the block modes: x as the BF16 values of its codes)
+            const std::vector<floatX> q = to_host(r.xq, (size_t)N * H);
+            codes[way].assign((const uint8_t*)q.data(), (const uint8_t*)q.data() + q.size() * sizeof(floatX));
+        } else {
+            codes[way] = cat ? to_host(r.xcat, (size_t)N * 2 * H) : to_host(r.x8, (size_t)N * H);
+        }
+        if (saves_xt) xt[way] = to_host(tcfp12_saved_xt(r, li), (size_t)N * H);
+        amax[way] = to_host(tcfp_act_amax(r, li, TCFP_X, training), 1);
+    }
+    check(left == expect_left && consumed, "%s: the fc layer %s its GELU output to the fc projection", label,
+          expect_left ? "leaves" : "does not leave");
+    check(memcmp(ys[0].data(), ys[1].data(), ys[0].size() * sizeof(floatX)) == 0 && codes[0] == codes[1] &&
+              xt[0] == xt[1] && amax[0] == amax[1] && amax[0][0] != 0u,
+          "%s: the fc projection quantizing GELU(pre) itself = gelu_forward + the plain passes, bit for bit (output, "
+          "%s codes%s, amax)", label, cat ? "K-concatenated" : "row", saves_xt ? ", x^T codes" : "");
+    for (auto p : wd) cudaFree(p);
+    cudaFree(x); cudaFree(bias); cudaFree(h); cudaFree(pre); cudaFree(y);
+}
+
 int main() {
     if (!gpu_present()) return 77;
     matmul_init();
@@ -425,6 +491,13 @@ int main() {
     test_gelu_chain("per tensor, EF", ro, 64);
     test_gelu_chain("per tensor, ABD, FP8 wgrad", fast, 128);
     test_gelu_chain("block 64 (emulated)", b64, 64);
+    // the fc layer's GELU output left to the fc projection's forward
+    test_gelu_forward_chain("per tensor, ABD, FP8 wgrad, fast accumulation, training", fast, 64, -1, true, true);
+    test_gelu_forward_chain("per tensor, FP8 wgrad, K-concatenated, training", fw, 128, 1, true, true);
+    test_gelu_forward_chain("per tensor, EF, evaluation", ro, 64, -1, false, true);
+    test_gelu_forward_chain("per tensor, EF, K-concatenated, evaluation", ro, 128, 1, false, true);
+    test_gelu_forward_chain("per tensor, EF (BF16 wgrad), training", ro, 64, -1, true, false);
+    test_gelu_forward_chain("block 64 (emulated), FP8 wgrad, training", b64, 64, -1, true, false);
     matmul_free();
     printf("tcfp12 tests: %d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
