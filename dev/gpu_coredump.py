@@ -20,6 +20,10 @@ Usage, on the machine that ran the program:
     CUDA_COREDUMP_GENERATION_FLAGS=skip_nonrelocated_elf_images,skip_global_memory,skip_shared_memory,skip_local_memory \\
         ./train_gpt_nvfp4 ...
     python3 dev/gpu_coredump.py /tmp/core_1234 [--sass]
+or both in one:
+    python3 dev/gpu_coredump.py --sass --run ./train_gpt_nvfp4 ...
+which runs the command with those variables (cores in a fresh temporary folder, kept when written),
+passes its exit status on, and reads whatever cores it left.
 --sass disassembles the faulting function (cuobjdump from the CUDA toolkit, on the image taken out of
 the core) and prints the instructions around the fault.
 """
@@ -245,12 +249,47 @@ def describe(faults, sass=False):
     return "\n".join(out)
 
 
-def main():
+# what --run sets: a core per process on a GPU exception, without the memory images (only the tables and
+# the loaded code are read here), and no host core
+COREDUMP_ENV = {
+    "CUDA_ENABLE_COREDUMP_ON_EXCEPTION": "1",
+    "CUDA_ENABLE_CPU_COREDUMP_ON_EXCEPTION": "0",
+    "CUDA_COREDUMP_GENERATION_FLAGS": "skip_nonrelocated_elf_images,skip_global_memory,skip_shared_memory,skip_local_memory",
+}
+
+
+def run_with_coredumps(command, folder):
+    """Runs command (a list) with GPU core dumps on, written into folder; returns (exit status, cores)."""
+    env = dict(os.environ, CUDA_COREDUMP_FILE=os.path.join(folder, "core_%p"), **COREDUMP_ENV)
+    try:
+        rc = subprocess.call(command, env=env)
+    except OSError as e:
+        print("error: cannot run %s: %s" % (command[0], e))
+        return 127, []
+    cores = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.startswith("core_"))
+    return rc, cores
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("cores", nargs="+", help="GPU core dump files")
+    ap.add_argument("cores", nargs="*", help="GPU core dump files")
     ap.add_argument("--sass", action="store_true", help="disassemble the faulting function around the fault")
-    args = ap.parse_args()
-    rc = 0
+    ap.add_argument("--run", nargs=argparse.REMAINDER, metavar="COMMAND",
+                    help="run COMMAND with GPU core dumps on, then read the cores it wrote (the rest of the line)")
+    args = ap.parse_args(argv)
+    if args.run:
+        folder = tempfile.mkdtemp(prefix="gpu_cores_")
+        rc, cores = run_with_coredumps(args.run, folder)
+        if not cores:
+            os.rmdir(folder)
+            print("gpu_coredump: %s exited with status %d; no GPU core was written" % (args.run[0], rc))
+            return rc
+        print("gpu_coredump: %s exited with status %d; GPU cores in %s" % (args.run[0], rc, folder))
+        args.cores = cores
+    elif not args.cores:
+        ap.error("give core files, or --run COMMAND")
+    else:
+        rc = 0
     for path in args.cores:
         print("== %s" % path)
         try:

@@ -36,8 +36,8 @@ inline void cuda_check_impl(cudaError_t err, const char* file, int line) {
         if (err == cudaErrorLaunchFailure || err == cudaErrorIllegalAddress || err == cudaErrorMisalignedAddress ||
             err == cudaErrorIllegalInstruction || err == cudaErrorHardwareStackError || err == cudaErrorAssert)
             fprintf(stderr, "       (a kernel launched before this call failed; run with CUDA_LAUNCH_BLOCKING=1 to stop at "
-                            "the launch itself, or with CUDA_ENABLE_COREDUMP_ON_EXCEPTION=1 and read the GPU core with "
-                            "python3 dev/gpu_coredump.py: it names the kernel and the instruction)\n");
+                            "the launch itself, or rerun under python3 dev/gpu_coredump.py --sass --run COMMAND: it names the "
+                            "kernel and the instruction from a GPU core dump)\n");
         exit(1);
     }
 }

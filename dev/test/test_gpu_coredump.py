@@ -108,5 +108,44 @@ class CoreDumpTest(unittest.TestCase):
             faults_of(b"not an elf file at all")
 
 
+class RunTest(unittest.TestCase):
+    """--run: the command gets the core-dump variables, its exit status is passed on, its cores are read."""
+
+    def run_main(self, argv):
+        import contextlib
+        import io
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = gc.main(argv)
+        return rc, out.getvalue()
+
+    def test_a_faulting_command_s_core_is_read(self):
+        with tempfile.NamedTemporaryFile(delete=False) as f:
+            f.write(core([(0x9040, 0, 14)]))
+            src = f.name
+        # a stand-in for a faulting GPU program: it writes a core where the variables say, then fails
+        script = ("import os, shutil, sys; assert os.environ['CUDA_ENABLE_COREDUMP_ON_EXCEPTION'] == '1'; "
+                  "shutil.copy(sys.argv[1], os.environ['CUDA_COREDUMP_FILE'].replace('%p', str(os.getpid()))); sys.exit(3)")
+        try:
+            rc, out = self.run_main(["--run", sys.executable, "-c", script, src])
+        finally:
+            os.unlink(src)
+        self.assertEqual(rc, 3)
+        self.assertIn("exited with status 3", out)
+        self.assertIn("kern_b +0x40", out)
+        self.assertIn("warp illegal address", out)
+        folder = out.split("GPU cores in ")[1].split()[0]
+        for name in os.listdir(folder):
+            os.unlink(os.path.join(folder, name))
+        os.rmdir(folder)
+
+    def test_a_command_without_a_core(self):
+        rc, out = self.run_main(["--run", sys.executable, "-c", "import sys; sys.exit(5)"])
+        self.assertEqual(rc, 5)
+        self.assertIn("no GPU core was written", out)
+        rc, out = self.run_main(["--run", sys.executable, "-c", "pass"])
+        self.assertEqual(rc, 0)
+
+
 if __name__ == "__main__":
     unittest.main()
