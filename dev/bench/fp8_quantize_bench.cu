@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
         report("copy (cudaMemcpy, BF16 -> BF16)", 4 * n, time_it([&] {
                    cudaCheck(cudaMemcpyAsync(copy, x, (size_t)n * sizeof(floatX), cudaMemcpyDeviceToDevice));
                }));
+        report("amax (tensor_amax)", 2 * n, time_it([&] { tensor_amax(amax, x, (long long)n, 0); }));
         report("x: E4M3 + transposed", 4 * n, time_it([&] {
                    fp8_quantize_transpose<Fp8Kind::E4M3>(q, qt, x, rows, cols, scale, amax, Fp8Stats(), 0);
                }));
@@ -65,6 +66,10 @@ int main(int argc, char** argv) {
         report("x: E4M3 row-major only (evaluation)", 3 * n, time_it([&] {
                    fp8_quantize<Fp8Kind::E4M3>(q, x, (long long)n, scale, nullptr, Fp8Stats(), 0);
                }));
+        report("gelu(x): E4M3 + transposed", 4 * n, time_it([&] {
+                   fp8_quantize_transpose<Fp8Kind::E4M3>(q, qt, x, rows, cols, scale, amax, Fp8Stats(), 0, nullptr, nullptr,
+                                                         nullptr, true);
+               }));
         report("dy: E5M2 + transposed + column sums", 4 * n, time_it([&] {
                    fp8_quantize_transpose<Fp8Kind::E5M2>(q, qt, x, rows, cols, scale, amax, Fp8Stats(), 0, sums, partials);
                }));
@@ -72,6 +77,7 @@ int main(int argc, char** argv) {
                    fp8_quantize_transpose<Fp8Kind::E5M2>(q, qt, x, rows, cols, scale, amax, Fp8Stats(), 0, sums, partials,
                                                          pre);
                }));
+        report("codes transpose (fp8_transpose)", 2 * n, time_it([&] { fp8_transpose(qt, q, rows, cols, 0); }));
     }
     return 0;
 }
