@@ -115,7 +115,8 @@ __device__ __forceinline__ uint2 fp8_quantize8(uint4 packed, float s, uint32_t& 
 // aligned output: the caller checks). scale: device pointer to s. amax_out may be null.
 template <Fp8Kind K, bool COUNT>
 __global__ void fp8_quantize_kernel(uint8_t* out, const floatX* in, long long n8, const float* scale,
-                                    uint32_t* amax_out, Fp8Stats stats) {
+                                    uint32_t* amax_out, Fp8Stats stats, const int* run_only_if) {
+    if (run_only_if && *run_only_if == 0) return; // (a second, conditional pass: see fp8_quantize)
     const float s = *scale;
     uint32_t amax = 0, sat = 0, ftz = 0, count = 0;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (long long)gridDim.x * blockDim.x) {
@@ -220,9 +221,11 @@ __global__ void __launch_bounds__(256, 4) fp8_quantize_transpose_kernel(uint8_t*
                                                                      const floatX* __restrict__ in, int rows, int cols,
                                                                      const float* scale, uint32_t* amax_out, Fp8Stats stats,
                                                                      float* __restrict__ col_partials,
-                                                                     const floatX* __restrict__ gelu_pre, bool gelu_of_input) {
+                                                                     const floatX* __restrict__ gelu_pre, bool gelu_of_input,
+                                                                     const int* run_only_if) {
     __shared__ uint32_t tile_t[2][FP8_TILE * FP8_TILE_T_STRIDE];
     __shared__ float warp_sums[2][8][FP8_TILE];
+    if (run_only_if && *run_only_if == 0) return; // (a second, conditional pass: see fp8_quantize_transpose)
     const float s = *scale;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int br = 4 * (tid / 16), bc = 4 * (tid % 16); // this thread's 4 x 4 block in the tile
@@ -399,37 +402,41 @@ inline int fp8_grid_size(long long work, int threads) {
     return (int)std::max<long long>(1, std::min<long long>(ceil_div(work, threads), 16LL * device_sm_count()));
 }
 
+// run_only_if (may be null): a device flag; the pass does nothing unless it is non-zero (a redone pass
+// after a speculative one, recipe_tcfp12.h's speculative fresh scales), decided on the GPU with no sync.
 template <Fp8Kind K>
 inline void fp8_quantize(uint8_t* out, const floatX* in, long long n, const float* scale, uint32_t* amax_out,
-                         Fp8Stats stats, cudaStream_t stream) {
+                         Fp8Stats stats, cudaStream_t stream, const int* run_only_if = nullptr) {
     const bool count = stats.counts != nullptr;
     if (n % 8 == 0 && (uintptr_t)in % 16 == 0 && (uintptr_t)out % 8 == 0) {
         auto kernel = count ? fp8_quantize_kernel<K, true> : fp8_quantize_kernel<K, false>;
-        kernel<<<fp8_grid_size(n / 8, 256), 256, 0, stream>>>(out, in, n / 8, scale, amax_out, stats);
+        kernel<<<fp8_grid_size(n / 8, 256), 256, 0, stream>>>(out, in, n / 8, scale, amax_out, stats, run_only_if);
     } else {
         // unaligned: the tile kernel treats the tensor as one row
         auto kernel = count ? fp8_quantize_transpose_kernel<K, true> : fp8_quantize_transpose_kernel<K, false>;
         kernel<<<fp8_grid_size(ceil_div(n, FP8_TILE), 1), 256, 0, stream>>>(out, nullptr, in, 1, (int)n, scale, amax_out,
-                                                                           stats, nullptr, nullptr, false);
+                                                                           stats, nullptr, nullptr, false, run_only_if);
     }
     cudaCheckLaunch();
 }
 
 // out (rows x cols, may be null) and out_t (cols x rows, may be null) from in (rows x cols); with
-// col_sums (and col_partials: ceil(rows / 64) * cols floats of scratch), col_sums[c] += sum of
-// column c of the input (the bias gradient, from the same read). With gelu_pre, the input is first
-// multiplied by gelu'(gelu_pre); with gelu_of_input, the tensor quantized is gelu(in) (see the kernel).
+// col_partials (ceil(rows / 64) * cols floats), the column sums of the input per 64-row tile (the bias
+// gradient's partial sums, from the same read), and with col_sums as well, col_sums[c] += their total.
+// With gelu_pre, the input is first multiplied by gelu'(gelu_pre); with gelu_of_input, the tensor
+// quantized is gelu(in) (see the kernel). run_only_if: as fp8_quantize's.
 template <Fp8Kind K>
 inline void fp8_quantize_transpose(uint8_t* out, uint8_t* out_t, const floatX* in, int rows, int cols,
                                    const float* scale, uint32_t* amax_out, Fp8Stats stats, cudaStream_t stream,
                                    float* col_sums = nullptr, float* col_partials = nullptr,
-                                   const floatX* gelu_pre = nullptr, bool gelu_of_input = false) {
+                                   const floatX* gelu_pre = nullptr, bool gelu_of_input = false,
+                                   const int* run_only_if = nullptr) {
     const long long tiles = (long long)ceil_div(cols, FP8_TILE) * ceil_div(rows, FP8_TILE);
     auto kernel = stats.counts ? fp8_quantize_transpose_kernel<K, true> : fp8_quantize_transpose_kernel<K, false>;
     // as many blocks as are resident at once (each walks over tiles, prefetching the next)
     const int grid = (int)std::min<long long>(tiles, resident_blocks(kernel, 256));
-    kernel<<<grid, 256, 0, stream>>>(out, out_t, in, rows, cols, scale, amax_out, stats, col_sums ? col_partials : nullptr,
-                                     gelu_pre, gelu_of_input);
+    kernel<<<grid, 256, 0, stream>>>(out, out_t, in, rows, cols, scale, amax_out, stats, col_partials, gelu_pre,
+                                     gelu_of_input, run_only_if);
     cudaCheckLaunch();
     if (col_sums) {
         // the per-tile rows added in a fixed order (matmul.cuh; not one thread per column walking them all)

@@ -403,7 +403,7 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         sdy = fp8_scale_for(r, t_dy, dout, (long long)N * OC, true, st);
         fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, r.dyt8, dout, N, OC, sdy.scale, r.amax_now + t_dy,
                                               r.count_stats ? fp8_stats_of(r, t_dy) : Fp8Stats(), st, dbias,
-                                              r.col_partials, gelu_pre);
+                                              dbias ? r.col_partials : nullptr, gelu_pre);
     } else if (r.dy_given_rows_only) {
         fp8_transpose(r.dyt8, r.dy8, N, OC, st);
     }

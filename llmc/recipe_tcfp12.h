@@ -31,6 +31,19 @@
 // BF16 (exact: at most 4 significant bits each), and BF16 GEMMs form the same products (up to
 // FP32 accumulation order). Correct numbers, BF16 speed or below: doc/tcfp12.md.
 //
+// Speculative fresh scales (training with FP8 codes, not on -lq steps; LLMC_TCFP12_SPECULATE=0 turns them
+// off). A fresh scale needs the tensor's amax before any code is written: where the kernel that made the
+// tensor did not record it (the attention output, the GELU output, the qkv and fc layers' output
+// gradients), that costs a read of the tensor of its own. Instead, the quantize pass runs with the scale the
+// same tensor had at its last use (the previous micro-step's) and records the amax as it goes; a one-thread
+// kernel then sets the fresh scale from that amax and, only where it differs from the one used, raises a
+// device flag under which the same pass runs again (fp8_quantize's run_only_if: its blocks return at once
+// when the flag is down). The codes, the scale and the amax are those of the two-pass order in every case,
+// bit for bit (build/test_tcfp12); the redone passes are counted in the telemetry (redo:). With an FP8
+// wgrad, the fc layer's output gradient goes further: the fc projection's backward quantizes dL/d(GELU
+// output) * gelu'(pre) straight to the fc layer's E5M2 codes (rows and transposed, with the amax and the
+// bias gradient's column sums), as FP8-hybrid does, so the BF16 gradient is never written.
+//
 // Which layers: the four linears of layers [-sqf, L - -sql) (default: all); embeddings, LM head,
 // attention and norms stay BF16; master weights and AdamW stay FP32.
 //
@@ -110,6 +123,15 @@ struct Recipe {
     // epilogue and its second N x 4C output); the fc projection takes the amax of gelu(pre) and
     // quantizes gelu(pre). Any other recipe call writes the GELU output first (tcfp12_write_gelu_out).
     PendingGeluOut pending_gelu_out;
+    // speculative fresh scales (the top of the file): the flag of the conditional second pass, and per
+    // linear and role the speculative passes and how many of them ran again, since the last -lq line
+    bool speculate = true;                        // LLMC_TCFP12_SPECULATE=0: an amax pass before every quantization
+    int* redo_flag = nullptr;
+    unsigned long long* spec_counts = nullptr;
+    float* dy_partials = nullptr;                 // ceil(N / 64) x 4C: dy's column sums per 64-row tile
+    // the fc layer's dy as E5M2 codes (r.dy8, r.dyt8), its scale, amax and column sums (dy_partials), made by
+    // the fc projection's backward: the fc layer's call takes them
+    LinearId dy_codes_given{-1, LIN_QKV};
     long long splits = 0;                         // splits so far (the SRR streams' counter)
     uint64_t srr_seed = 0;
     bool skip_next_split = false;                 // the checkpoint restored the split
@@ -127,6 +149,9 @@ inline float* tcfp_act_slot(const Recipe& r, int li, TcfpActRole role, bool trai
 }
 inline uint32_t* tcfp_act_amax(const Recipe& r, int li, TcfpActRole role, bool training) {
     return r.act_amax + (training ? (size_t)li * NUM_TCFP_ACT_ROLES + role : (size_t)r.num_linears * NUM_TCFP_ACT_ROLES + role);
+}
+inline unsigned long long* tcfp_spec_counts(const Recipe& r, int li, TcfpActRole role) {
+    return r.spec_counts + ((size_t)li * NUM_TCFP_ACT_ROLES + role) * 2;
 }
 inline Fp8Stats tcfp_act_stats(const Recipe& r, int li, TcfpActRole role) {
     Fp8Stats s;
@@ -213,6 +238,18 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
             if (saved) r.saved_xt = (uint8_t*)cuda_malloc_or_die(saved, "tcfp12 activations (x^T for backward)");
         }
     }
+    r.redo_flag = (int*)cuda_malloc_or_die(sizeof(int), "tcfp12 flag");
+    r.spec_counts = (unsigned long long*)cuda_malloc_or_die((size_t)nl * NUM_TCFP_ACT_ROLES * 2 * sizeof(unsigned long long),
+                                                            "tcfp12 telemetry");
+    cudaCheck(cudaMemset(r.spec_counts, 0, (size_t)nl * NUM_TCFP_ACT_ROLES * 2 * sizeof(unsigned long long)));
+    if (const char* e = getenv("LLMC_TCFP12_SPECULATE")) {
+        if (strcmp(e, "0") && strcmp(e, "1")) input_error("LLMC_TCFP12_SPECULATE must be 0 (an amax pass before every quantization) or 1 (speculative fresh scales), got '%s'", e);
+        r.speculate = atoi(e) != 0;
+    }
+    if (!r.emulated) {
+        r.dy_partials = (float*)cuda_malloc_or_die((size_t)ceil_div((long long)B * T, FP8_TILE) * 4 * r.C * sizeof(float),
+                                                   "tcfp12 bias gradient partial sums");
+    }
     r.concat = !r.emulated && r.C % 128 == 0 && r.total_elems > 0;
     if (const char* e = getenv("LLMC_TCFP12_CONCAT")) {
         if (strcmp(e, "0") && strcmp(e, "1")) input_error("LLMC_TCFP12_CONCAT must be 0 (two GEMMs) or 1 (one K-concatenated GEMM), got '%s'", e);
@@ -239,13 +276,14 @@ inline std::string recipe_describe(const Recipe& r) {
     const RecipeOptions& o = r.options;
     const int q0 = o.skip_first, q1 = r.L - o.skip_last;
     std::string layers = q1 > q0 ? strfmt("layers %d-%d in TCFP-12", q0, q1 - 1) : std::string("no layer in TCFP-12");
-    return strfmt("tcfp12: %s; W_hi + W_lo E4M3 (%s), x E4M3 / dy E5M2 fresh power-of-two scales, %s wgrad; %s, "
+    return strfmt("tcfp12: %s; W_hi + W_lo E4M3 (%s), x E4M3 / dy E5M2 fresh power-of-two scales%s, %s wgrad; %s, "
                   "-sqf %d -sql %d", llmc::tcfp12_describe(r.split).c_str(),
                   r.emulated ? "block scales emulated exactly on BF16 tensor cores"
                              : strfmt("%s%s", o.tcfp_fast_accum ? "two FP8 GEMMs, fast accumulation" : "two FP8 GEMMs",
                                       !r.concat ? "" : r.concat_mode == 0 ? " (LLMC_TCFP12_CONCAT=0)"
                                                      : r.concat_mode == 1 ? ", one K-concatenated where cuBLASLt has it (LLMC_TCFP12_CONCAT=1)"
                                                                           : " or one K-concatenated, the faster per shape").c_str(),
+                  r.emulated ? "" : r.speculate ? " (speculative)" : " (LLMC_TCFP12_SPECULATE=0)",
                   o.tcfp_fp8_wgrad ? "FP8" : "BF16", layers.c_str(), o.skip_first, o.skip_last);
 }
 
@@ -349,15 +387,33 @@ inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int O
     return t;
 }
 
-// x's fresh scale: its amax (recorded by the LayerNorm that wrote x, or read here), then the slot
-// (1/s at [0], s at [4]); returns the slot. With gelu_of_input, x = gelu(inp) (Recipe::pending_gelu_out).
-inline float* tcfp12_input_scale(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st,
-                                 bool gelu_of_input = false) {
-    const int li = tcfp_linear_index(id);
-    float* slot = tcfp_act_slot(r, li, TCFP_X, training);
-    if (tcfp12_take_given(r.x_amax_given, id, "input amax")) tcfp12_scale_from_amax(slot, tcfp_act_amax(r, li, TCFP_X, training), false, st);
-    else tcfp12_fresh_scale(slot, tcfp_act_amax(r, li, TCFP_X, training), inp, (long long)N * C, false, st, gelu_of_input);
-    return slot;
+// Whether a quantization of this call may run speculatively (the top of the file): training (evaluation
+// shares one scale slot among all linears, so the last use predicts nothing), FP8 codes (the emulated
+// block modes write BF16 values), and not on a telemetry step (the redone pass would count twice)
+inline bool tcfp12_speculates(const Recipe& r, bool training) {
+    return training && r.speculate && !r.emulated && !r.count_stats;
+}
+
+// Runs quantize(amax_out, run_only_if), the quantization of one tensor with the scale in slot: once when
+// the scale is known (spec false), or speculatively: with the slot's scale, recording the amax into *amax
+// (zeroed by the caller), then the fresh scale from it (tcfp12_check_scale) and the same pass again only
+// if that scale differs (under Recipe::redo_flag). The second call gets no amax to record (it is known).
+template <class Quantize>
+inline void tcfp12_quantize_speculative(Recipe& r, bool spec, float* slot, uint32_t* amax, bool e5m2,
+                                        unsigned long long* counts, cudaStream_t st, Quantize quantize) {
+    if (!spec) {
+        quantize((uint32_t*)nullptr, (const int*)nullptr);
+        return;
+    }
+    quantize(amax, (const int*)nullptr);
+    tcfp12_check_scale(slot, amax, e5m2, r.redo_flag, counts, st);
+    quantize((uint32_t*)nullptr, (const int*)r.redo_flag);
+}
+
+// Whether the fc projection's backward makes the fc layer's dy codes itself (the top of the file): the
+// fc layer's wgrad must read codes (an FP8 wgrad) and its dgrad the rows (ABD, or no K-concatenated form)
+inline bool tcfp12_fc_dy_as_codes(const Recipe& r) {
+    return tcfp12_speculates(r, true) && r.options.tcfp_fp8_wgrad && (r.split.abd || !r.concat);
 }
 
 // writes the GELU output an fc layer's forward left pending (Recipe::pending_gelu_out), if any
@@ -413,7 +469,15 @@ inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu
         pre_gelu = nullptr;
     }
     PHASE("tcfp12: quantize x");
-    float* xs = tcfp12_input_scale(r, id, inp, N, C, training, st, gelu_of_input);
+    // x's fresh scale: from the amax the LayerNorm that wrote x recorded, or speculated (checked after the
+    // quantization below), or from a pass over x for its amax first. With gelu_of_input, x = gelu(inp).
+    float* xs = tcfp_act_slot(r, li, TCFP_X, training);
+    uint32_t* xamax = tcfp_act_amax(r, li, TCFP_X, training);
+    const bool amax_given = tcfp12_take_given(r.x_amax_given, id, "input amax");
+    const bool spec = !amax_given && tcfp12_speculates(r, training);
+    if (amax_given) tcfp12_scale_from_amax(xs, xamax, false, st);
+    else if (spec) cudaCheck(cudaMemsetAsync(xamax, 0, sizeof(uint32_t), st));
+    else tcfp12_fresh_scale(xs, xamax, inp, (long long)N * C, false, st, gelu_of_input);
     const MatmulEpilogue epi = pre_gelu ? EPI_GELU_BIAS : EPI_NONE;
     if (r.emulated) {
         // x -> the exact BF16 values of its FP8 codes (never gelu_of_input: tcfp12_leaves_gelu_out)
@@ -428,13 +492,17 @@ inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu
     // (-tfw 1, training: x^T for the backward's FP8 wgrad from the same read as the rows, or from a read of
     // its own next to the K-concatenated codes)
     uint8_t* xt = training && tcfp12_saves_xt(r, id, N) ? tcfp12_saved_xt(r, li) : nullptr;
-    auto quantize_rows = [&](Fp8Stats s) {
+    // (amax: where to record x's amax, or null; run_if: tcfp12_quantize_speculative's flag, or null)
+    auto quantize_rows = [&](Fp8Stats s, uint32_t* amax, const int* run_if) {
         if (xt || gelu_of_input)
-            fp8_quantize_transpose<Fp8Kind::E4M3>(r.x8, xt, inp, N, C, xs, nullptr, s, st, nullptr, nullptr, nullptr, gelu_of_input);
-        else fp8_quantize<Fp8Kind::E4M3>(r.x8, inp, (long long)N * C, xs, nullptr, s, st);
+            fp8_quantize_transpose<Fp8Kind::E4M3>(r.x8, xt, inp, N, C, xs, amax, s, st, nullptr, nullptr, nullptr, gelu_of_input,
+                                                  run_if);
+        else fp8_quantize<Fp8Kind::E4M3>(r.x8, inp, (long long)N * C, xs, amax, s, st, run_if);
     };
-    auto quantize_cat = [&](Fp8Stats s) {
-        tcfp12_quantize_twice<Fp8Kind::E4M3>(r.xcat, inp, N, C, xs, s, st, gelu_of_input);
+    auto quantize_cat = [&](Fp8Stats s, uint32_t* amax, const int* run_if) {
+        tcfp12_quantize_twice<Fp8Kind::E4M3>(r.xcat, inp, N, C, xs, s, st, gelu_of_input, amax, run_if);
+    };
+    auto cat_scales_and_xt = [&]() { // (after the scale is final)
         tcfp12_fill_scale(r.xcat_scales, tcfp12_concat_act_scale_count(N, 2 * C), xs, st);
         if (xt)
             fp8_quantize_transpose<Fp8Kind::E4M3>(nullptr, xt, inp, N, C, xs, nullptr, Fp8Stats(), st, nullptr, nullptr, nullptr,
@@ -466,11 +534,18 @@ inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu
             tcfp12_no_gemm("forward (K-concatenated)", OC, N, 2 * C);
     };
     const MatmulKey key = matmul_fp8_block_scaled_key(OC, N, 2 * C, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, bias != nullptr, epi);
-    const bool use_concat = tcfp12_use_concat(r, key, st, [&]() { quantize_rows(Fp8Stats()); two_gemms(); },
-                                              [&]() { quantize_cat(Fp8Stats()); concat_gemm(); });
-    // (the codes the timing made were not counted: the real ones now)
-    if (use_concat) quantize_cat(stats);
-    else quantize_rows(stats);
+    const bool use_concat = tcfp12_use_concat(r, key, st, [&]() { quantize_rows(Fp8Stats(), nullptr, nullptr); two_gemms(); },
+                                              [&]() { quantize_cat(Fp8Stats(), nullptr, nullptr); cat_scales_and_xt(); concat_gemm(); });
+    // (the codes the timing made, with whatever scale the slot held, were not counted: the real ones now)
+    unsigned long long* counts = tcfp_spec_counts(r, li, TCFP_X);
+    if (use_concat) {
+        tcfp12_quantize_speculative(r, spec, xs, xamax, false, counts, st,
+                                    [&](uint32_t* amax, const int* run_if) { quantize_cat(stats, amax, run_if); });
+        cat_scales_and_xt();
+    } else {
+        tcfp12_quantize_speculative(r, spec, xs, xamax, false, counts, st,
+                                    [&](uint32_t* amax, const int* run_if) { quantize_rows(stats, amax, run_if); });
+    }
     PHASE("tcfp12: gemm forward");
     if (use_concat) concat_gemm();
     else two_gemms();
@@ -511,8 +586,10 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
     uint32_t* dy_amax = tcfp_act_amax(r, li, TCFP_DY, true);
     const float* xs = tcfp_act_slot(r, li, TCFP_X, true); // the forward pass's x scale
     PHASE("tcfp12: quantize dy + bias grad");
-    // dy's amax and the bias gradient from one read (or from the fc projection's GELU pass, which made
-    // this dy: Recipe::dy_sums_given), then the quantization
+    // What earlier passes gave: the fc layer's dy codes (made by the fc projection's backward with an FP8
+    // wgrad: Recipe::dy_codes_given), or its column sums and amax (the fc projection's GELU pass:
+    // Recipe::dy_sums_given), or the amax (the LayerNorm backward that wrote dy: Recipe::dy_amax_given)
+    const bool codes_given = tcfp12_take_given(r.dy_codes_given, id, "output gradient codes");
     const bool sums_given = r.dy_sums_given.layer == id.layer && r.dy_sums_given.kind == id.kind;
     if (r.dy_sums_given.layer >= 0 && !sums_given) {
         fprintf(stderr, "error: tcfp12: the output gradient sums of layer %d's %s were not taken by the next call\n",
@@ -525,10 +602,11 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         fprintf(stderr, "error: tcfp12: a linear whose output gradient's amax was recorded gets no bias gradient here\n");
         exit(1);
     }
-    if (sums_given) tcfp12_dy_scale_from_partials(dys, dy_amax, dbias, r.scratch.bias_partials, OC, st);
-    else if (amax_given) tcfp12_scale_from_amax(dys, dy_amax, true, st);
-    else tcfp12_dy_scale_and_bias(dys, dy_amax, dbias, r.scratch.bias_partials, dout, N, OC, st);
     if (r.emulated) {
+        // dy's amax and the bias gradient from one read (or from what the fc projection's GELU pass gave)
+        if (sums_given) tcfp12_dy_scale_from_partials(dys, dy_amax, dbias, r.scratch.bias_partials, OC, st);
+        else if (amax_given) tcfp12_scale_from_amax(dys, dy_amax, true, st);
+        else tcfp12_dy_scale_and_bias(dys, dy_amax, dbias, r.scratch.bias_partials, dout, N, OC, st);
         const size_t off = r.elem_offset[li];
         tcfp12_fake_quantize<Fp8Kind::E5M2>(r.dyq, dout, (long long)N * OC, dys, st);
         PHASE("tcfp12: gemm wgrad");
@@ -545,9 +623,13 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         // dy in E5M2: rows for the two dgrad GEMMs (or both halves of the K-concatenated one), and dy^T
         // for an FP8 wgrad (with the rows from the same read, or on its own read)
         const Fp8Stats stats = tcfp_act_stats(r, li, TCFP_DY);
-        auto quantize_rows = [&](Fp8Stats s) {
-            if (fp8_wgrad) fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, r.dyt8, dout, N, OC, dys, nullptr, s, st);
-            else fp8_quantize<Fp8Kind::E5M2>(r.dy8, dout, (long long)N * OC, dys, nullptr, s, st);
+        // (amax: where to record dy's amax, or null; partials: dy's column sums per 64-row tile, or null;
+        // run_if: tcfp12_quantize_speculative's flag, or null)
+        auto quantize_rows = [&](Fp8Stats s, uint32_t* amax, float* partials, const int* run_if) {
+            if (fp8_wgrad || partials)
+                fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, fp8_wgrad ? r.dyt8 : nullptr, dout, N, OC, dys, amax, s, st, nullptr,
+                                                      partials, nullptr, false, run_if);
+            else fp8_quantize<Fp8Kind::E5M2>(r.dy8, dout, (long long)N * OC, dys, amax, s, st, run_if);
         };
         auto quantize_cat = [&](Fp8Stats s) { // (dy^T, for an FP8 wgrad, on a read of its own)
             tcfp12_quantize_twice<Fp8Kind::E5M2>(r.dycat, dout, N, OC, dys, s, st);
@@ -567,16 +649,38 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
                                          r.dycat, CUDA_R_8F_E5M2, r.dycat_scales, nullptr, C, N, 2 * OC, st))
                 tcfp12_no_gemm("input gradient (K-concatenated)", C, N, 2 * OC);
         };
-        // (ABD reads W_hi alone: one GEMM, nothing to concatenate)
+        // The dgrad's form first (ABD reads W_hi alone: one GEMM, nothing to concatenate; the codes the fc
+        // projection made are rows: tcfp12_fc_dy_as_codes). Its timing, on the first call of a shape, runs
+        // with whatever scale the slot holds.
         bool use_concat = false;
-        if (!abd) {
+        if (!abd && !codes_given) {
             const MatmulKey key = matmul_fp8_block_scaled_key(C, N, 2 * OC, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, false, EPI_NONE);
-            use_concat = tcfp12_use_concat(r, key, st, [&]() { quantize_rows(Fp8Stats()); two_gemms(); },
+            use_concat = tcfp12_use_concat(r, key, st, [&]() { quantize_rows(Fp8Stats(), nullptr, nullptr, nullptr); two_gemms(); },
                                            [&]() { quantize_cat(Fp8Stats()); concat_gemm(); });
         }
-        // (the codes the timing made were not counted: the real ones now)
-        if (use_concat) quantize_cat(stats);
-        else quantize_rows(stats);
+        // then dy's scale and codes, and the bias gradient
+        const bool spec = !codes_given && !sums_given && !amax_given && !use_concat && tcfp12_speculates(r, true);
+        if (codes_given) {
+            if (dbias) bias_backward_reduce(dbias, r.dy_partials, OC, ceil_div(N, FP8_TILE), st);
+        } else if (spec) {
+            // speculative: codes, amax and the column sums from one read of dy (the sums do not depend on the
+            // scale: the second pass, if any, leaves them)
+            cudaCheck(cudaMemsetAsync(dy_amax, 0, sizeof(uint32_t), st));
+            float* partials = dbias ? r.dy_partials : nullptr;
+            tcfp12_quantize_speculative(r, true, dys, dy_amax, true, tcfp_spec_counts(r, li, TCFP_DY), st,
+                                        [&](uint32_t* amax, const int* run_if) {
+                                            quantize_rows(Fp8Stats(), amax, run_if ? nullptr : partials, run_if);
+                                        });
+            if (dbias) bias_backward_reduce(dbias, r.dy_partials, OC, ceil_div(N, FP8_TILE), st);
+        } else {
+            // dy's amax and the bias gradient from one read (or from what an earlier pass gave), then the codes
+            if (sums_given) tcfp12_dy_scale_from_partials(dys, dy_amax, dbias, r.scratch.bias_partials, OC, st);
+            else if (amax_given) tcfp12_scale_from_amax(dys, dy_amax, true, st);
+            else tcfp12_dy_scale_and_bias(dys, dy_amax, dbias, r.scratch.bias_partials, dout, N, OC, st);
+            // (the codes the timing made were not counted: the real ones now)
+            if (use_concat) quantize_cat(stats);
+            else quantize_rows(stats, nullptr, nullptr, nullptr);
+        }
         PHASE("tcfp12: gemm wgrad");
         if (fp8_wgrad) {
             // x^T as the training forward pass saved it: the forward's scale, the codes its GEMM read
@@ -590,11 +694,29 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         else two_gemms();
     }
     if (!pre_gelu) return;
+    const LinearId fc{id.layer, LIN_FC};
+    if (id.kind == LIN_FCPROJ && tcfp12_applies(r, fc, N, OC, C) && tcfp12_fc_dy_as_codes(r)) {
+        // the fc layer's dy = bf16(dinp * gelu'(pre_gelu)), as gelu_backward would store it, straight to the
+        // E5M2 codes (rows and transposed) the fc layer's GEMMs read, with its amax and column sums, under a
+        // speculative scale; this linear's dy codes are dead by now, so the fc layer's take their place
+        PHASE("tcfp12: quantize dy + bias grad");
+        const int lf = tcfp_linear_index(fc);
+        float* fc_slot = tcfp_act_slot(r, lf, TCFP_DY, true);
+        uint32_t* fc_amax = tcfp_act_amax(r, lf, TCFP_DY, true);
+        cudaCheck(cudaMemsetAsync(fc_amax, 0, sizeof(uint32_t), st));
+        tcfp12_quantize_speculative(r, true, fc_slot, fc_amax, true, tcfp_spec_counts(r, lf, TCFP_DY), st,
+                                    [&](uint32_t* amax, const int* run_if) {
+                                        fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, r.dyt8, dinp, N, C, fc_slot, amax, Fp8Stats(),
+                                                                              st, nullptr, run_if ? nullptr : r.dy_partials,
+                                                                              pre_gelu, false, run_if);
+                                    });
+        r.dy_codes_given = fc;
+        return;
+    }
     PHASE("tcfp12: gelu backward");
     // the fc layer's dy = dinp * gelu'(pre_gelu): when its linear_backward (the next call) quantizes it,
     // this pass also takes the column sums (its bias gradient) and the amax (its scale) of the result,
     // so that the fc layer need not read dy once more for them
-    const LinearId fc{id.layer, LIN_FC};
     if (id.kind == LIN_FCPROJ && tcfp12_applies(r, fc, N, OC, C)) {
         uint32_t* fc_amax = tcfp_act_amax(r, tcfp_linear_index(fc), TCFP_DY, true);
         cudaCheck(cudaMemsetAsync(fc_amax, 0, sizeof(uint32_t), st));
@@ -695,12 +817,14 @@ inline bool recipe_begin_step(Recipe& r, int step) {
 
 // Per quantized linear, the weight split and the two quantized operands:
 //   s:STEP lq:l3.fc.w amax:... lo_amax:... hi_scale:... lo_scale:... lo_zero:... err:... sat:...
-//   s:STEP lq:l3.fc.x amax:... scale:... sat:... ftz:...       (and .dy)
+//   s:STEP lq:l3.fc.x amax:... scale:... sat:... ftz:... spec:... redo:...   (and .dy)
 // Weights: hi_scale / lo_scale are the tensor's scales (per block: those of the block holding the
 // largest value and the largest residual), lo_zero the fraction of W_lo codes that are zero, err
 // the relative split error sqrt(sum EF'^2 / sum W_eff^2), sat the fraction clipped (W_hi or W_lo).
 // x and dy: the last micro-step's amax and scale; counts over the step's micro-steps (the emulated
-// block modes do not count them: sat and ftz read 0 there).
+// block modes do not count them: sat and ftz read 0 there); spec, the speculative quantizations since
+// the previous telemetry line (telemetry steps run none), and redo, the fraction of them that ran again
+// because the fresh scale differed from the speculated one.
 inline void recipe_log_telemetry(Recipe& r, FILE* log, int step) {
     const int nl = r.num_linears;
     cudaCheck(cudaDeviceSynchronize());
@@ -708,6 +832,8 @@ inline void recipe_log_telemetry(Recipe& r, FILE* log, int step) {
     auto amax = tcfp12_download(r.act_amax, (size_t)nl * NUM_TCFP_ACT_ROLES);
     auto slots = tcfp12_download(r.act_slots, (size_t)nl * NUM_TCFP_ACT_ROLES * TCFP_SCALE_SLOT);
     auto counts = tcfp12_download(r.act_stats, (size_t)nl * NUM_TCFP_ACT_ROLES * 3);
+    auto spec = tcfp12_download(r.spec_counts, (size_t)nl * NUM_TCFP_ACT_ROLES * 2);
+    cudaCheck(cudaMemset(r.spec_counts, 0, (size_t)nl * NUM_TCFP_ACT_ROLES * 2 * sizeof(unsigned long long)));
     for (int l = 0; l < r.L; l++) {
         if (!layer_is_quantized(r.options, l, r.L)) continue;
         for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
@@ -733,8 +859,9 @@ inline void recipe_log_telemetry(Recipe& r, FILE* log, int step) {
                 const double cnt = c[0] ? (double)c[0] : 1.0;
                 float am;
                 memcpy(&am, &amax[i], 4);
-                fprintf(log, "s:%d lq:l%d.%s.%s amax:%.6e scale:%.6e sat:%.6e ftz:%.6e\n", step, l, LINEAR_NAMES[k],
-                        TCFP_ACT_NAMES[role], am, slots[i * TCFP_SCALE_SLOT], c[1] / cnt, c[2] / cnt);
+                fprintf(log, "s:%d lq:l%d.%s.%s amax:%.6e scale:%.6e sat:%.6e ftz:%.6e spec:%llu redo:%.6e\n", step, l,
+                        LINEAR_NAMES[k], TCFP_ACT_NAMES[role], am, slots[i * TCFP_SCALE_SLOT], c[1] / cnt, c[2] / cnt,
+                        spec[i * 2], spec[i * 2] ? (double)spec[i * 2 + 1] / spec[i * 2] : 0.0);
             }
         }
     }

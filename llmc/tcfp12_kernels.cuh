@@ -317,6 +317,30 @@ __global__ void tcfp12_act_scale_kernel(float* slot, const uint32_t* amax_bits, 
     slot[4] = llmc::tcfp12_scale(code);
 }
 
+// Speculative fresh scales (recipe_tcfp12.h): a pass has just quantized with the scale the slot held (the
+// one this tensor had at its last use) and recorded the tensor's amax. The slot gets the scale of that amax,
+// as tcfp12_act_scale_kernel sets it, and *redo whether it differs from the one the pass used: the pass then
+// runs again under the flag (fp8_quantize's run_only_if), so the codes are always those of the fresh scale.
+// counts (may be null): [0] += 1 (a speculative pass), [1] += *redo (it had to run again).
+__global__ void tcfp12_act_scale_check_kernel(float* slot, const uint32_t* amax_bits, bool e5m2, int* redo,
+                                              unsigned long long* counts) {
+    const uint8_t code = tcfp12_act_scale_code(llmc::bits_float(*amax_bits), e5m2);
+    const float inv = llmc::tcfp12_inv_scale(code), s = llmc::tcfp12_scale(code);
+    const int changed = llmc::float_bits(slot[0]) != llmc::float_bits(inv) || llmc::float_bits(slot[4]) != llmc::float_bits(s);
+    slot[0] = inv;
+    slot[4] = s;
+    *redo = changed;
+    if (counts) {
+        counts[0] += 1;
+        counts[1] += (unsigned long long)changed;
+    }
+}
+inline void tcfp12_check_scale(float* slot, const uint32_t* amax, bool e5m2, int* redo, unsigned long long* counts,
+                               cudaStream_t stream) {
+    tcfp12_act_scale_check_kernel<<<1, 1, 0, stream>>>(slot, amax, e5m2, redo, counts);
+    cudaCheckLaunch();
+}
+
 // x's scale slot from an amax another kernel recorded
 inline void tcfp12_scale_from_amax(float* slot, const uint32_t* amax, bool e5m2, cudaStream_t stream) {
     tcfp12_act_scale_kernel<<<1, 1, 0, stream>>>(slot, amax, e5m2);
@@ -435,7 +459,9 @@ inline void tcfp12_fill_scale(float* scales, int count, const float* slot, cudaS
 // telemetry counts (when given) count each value once.
 template <Fp8Kind K, bool COUNT>
 __global__ void tcfp12_quantize_twice_kernel(uint8_t* out, const floatX* in, long long n8, int cols8, const float* scale,
-                                             Fp8Stats stats, bool gelu_of_input) {
+                                             uint32_t* amax_out, Fp8Stats stats, bool gelu_of_input,
+                                             const int* run_only_if) {
+    if (run_only_if && *run_only_if == 0) return; // (fp8_quantize's conditional second pass)
     const float s = *scale;
     uint32_t amax = 0, sat = 0, ftz = 0, count = 0;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (long long)gridDim.x * blockDim.x) {
@@ -452,13 +478,17 @@ __global__ void tcfp12_quantize_twice_kernel(uint8_t* out, const floatX* in, lon
         row[c] = codes;
         row[cols8 + c] = codes;
     }
-    if (COUNT) fp8_commit(amax, sat, ftz, count, nullptr, stats);
+    if (COUNT || amax_out) fp8_commit(amax, sat, ftz, count, amax_out, stats);
 }
+// amax_out (may be null): max |x| of the values quantized, atomicMax on the bits (the caller zeroes it);
+// run_only_if: as fp8_quantize's
 template <Fp8Kind K>
 inline void tcfp12_quantize_twice(uint8_t* out, const floatX* in, int rows, int cols, const float* scale, Fp8Stats stats,
-                                  cudaStream_t stream, bool gelu_of_input = false) {
+                                  cudaStream_t stream, bool gelu_of_input = false, uint32_t* amax_out = nullptr,
+                                  const int* run_only_if = nullptr) {
     const long long n8 = (long long)rows * cols / 8;
     auto kernel = stats.counts ? tcfp12_quantize_twice_kernel<K, true> : tcfp12_quantize_twice_kernel<K, false>;
-    kernel<<<fp8_grid_size(n8, 256), 256, 0, stream>>>(out, in, n8, cols / 8, scale, stats, gelu_of_input);
+    kernel<<<fp8_grid_size(n8, 256), 256, 0, stream>>>(out, in, n8, cols / 8, scale, amax_out, stats, gelu_of_input,
+                                                       run_only_if);
     cudaCheckLaunch();
 }

@@ -332,6 +332,9 @@ static void test_gelu_chain(const char* label, RecipeOptions ro, int channels) {
     const int B = 2, T = 96, N = B * T, C = channels, H = 4 * channels;
     Recipe r;
     recipe_init(r, ro, shape, B, T);
+    // (the amax passes first: with speculative scales and an FP8 wgrad the fc projection writes the fc
+    // layer's dy codes instead, which test_speculative_scales covers)
+    r.speculate = false;
     LinearWeights lw;
     std::vector<floatX*> wd(NUM_LINEAR_KINDS);
     for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
@@ -451,6 +454,133 @@ static void test_gelu_forward_chain(const char* label, RecipeOptions ro, int cha
     cudaFree(x); cudaFree(bias); cudaFree(h); cudaFree(pre); cudaFree(y);
 }
 
+// Speculative fresh scales (recipe_tcfp12.h): a recipe that speculates and one that runs the amax passes
+// first (Recipe::speculate false) give the same bits for every output, gradient, scale and amax of the four
+// linears of a layer run as the model runs them, on three calls: the first misses (the slots are empty),
+// the second hits (the same data), the third misses again (the data 8x larger: a new power of two). The
+// bias gradients, whose column sums come from other passes, agree to float rounding. The speculating
+// recipe counts one speculative pass per tensor and call, and a second pass on exactly the misses.
+static void test_speculative_scales(const char* label, RecipeOptions ro, int channels, int concat_mode) {
+    ModelShape shape;
+    shape.num_layers = 1; shape.channels = channels; shape.num_heads = 1;
+    const int B = 2, T = 96, N = B * T, C = channels, H = 4 * channels;
+    LinearWeights lw;
+    std::vector<floatX*> wd(NUM_LINEAR_KINDS), bd(NUM_LINEAR_KINDS);
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+        const int ic = linear_in_features((LinearKind)k, C), oc = linear_out_features((LinearKind)k, C);
+        wd[k] = to_device(to_bf(bf16_values(oc * ic, 0.02f, 820 + k)));
+        bd[k] = to_device(to_bf(bf16_values(oc, 0.1f, 830 + k)));
+        lw.weight[k] = wd[k];
+    }
+    Recipe rs[2];
+    for (int way = 0; way < 2; way++) {
+        recipe_init(rs[way], ro, shape, B, T);
+        rs[way].concat_mode = concat_mode;
+        rs[way].speculate = way == 0;
+        recipe_weights_changed(rs[way], lw, 0);
+    }
+    const int OCs[NUM_LINEAR_KINDS] = {3 * C, C, H, C}; // qkv, attproj, fc, fcproj
+    const int ICs[NUM_LINEAR_KINDS] = {C, C, C, H};
+    floatX *xin, *h, *pre, *d_h;
+    cudaCheck(cudaMalloc(&xin, (size_t)N * C * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&h, (size_t)N * H * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&pre, (size_t)N * H * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d_h, (size_t)N * H * sizeof(floatX)));
+    std::vector<floatX*> out(NUM_LINEAR_KINDS), dy(NUM_LINEAR_KINDS), dx(NUM_LINEAR_KINDS);
+    std::vector<float*> dw(NUM_LINEAR_KINDS), db(NUM_LINEAR_KINDS);
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+        cudaCheck(cudaMalloc(&out[k], (size_t)N * OCs[k] * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&dy[k], (size_t)N * OCs[k] * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&dx[k], (size_t)N * ICs[k] * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&dw[k], (size_t)OCs[k] * ICs[k] * sizeof(float)));
+        cudaCheck(cudaMalloc(&db[k], (size_t)OCs[k] * sizeof(float)));
+    }
+    const std::vector<float> x_host = bf16_values(N * C, 1.0f, 840);
+    std::vector<std::vector<float>> dy_host(NUM_LINEAR_KINDS);
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) dy_host[k] = bf16_values(N * OCs[k], 1e-3f, 850 + k);
+    const char* call_names[3] = {"first call (miss)", "same data (hit)", "data x8 (miss)"};
+    for (int call = 0; call < 3; call++) {
+        const float scale = call == 2 ? 8.0f : 1.0f; // (a power of two: the BF16 inputs stay exact)
+        std::vector<float> xs = x_host;
+        for (auto& v : xs) v *= scale;
+        const std::vector<floatX> xs_bf = to_bf(xs);
+        std::vector<std::vector<uint8_t>> got[2]; // per way: every output's bytes, in one order
+        std::vector<std::vector<float>> bias[2];
+        for (int way = 0; way < 2; way++) {
+            Recipe& r = rs[way];
+            cudaCheck(cudaMemcpy(xin, xs_bf.data(), xs_bf.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+            for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+                std::vector<float> d = dy_host[k];
+                for (auto& v : d) v *= scale;
+                const std::vector<floatX> d_bf = to_bf(d);
+                cudaCheck(cudaMemcpy(dy[k], d_bf.data(), d_bf.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+                cudaCheck(cudaMemset(dw[k], 0, (size_t)OCs[k] * ICs[k] * sizeof(float)));
+                cudaCheck(cudaMemset(db[k], 0, (size_t)OCs[k] * sizeof(float)));
+            }
+            // the model's order: forward qkv, attproj, fc (GELU), fcproj; backward fcproj, fc, attproj, qkv
+            linear_forward(r, {0, LIN_QKV}, out[LIN_QKV], xin, wd[LIN_QKV], bd[LIN_QKV], N, C, 3 * C, true, 0);
+            linear_forward(r, {0, LIN_ATTPROJ}, out[LIN_ATTPROJ], xin, wd[LIN_ATTPROJ], bd[LIN_ATTPROJ], N, C, C, true, 0);
+            linear_forward_gelu(r, {0, LIN_FC}, h, pre, xin, wd[LIN_FC], bd[LIN_FC], N, C, H, true, 0);
+            linear_forward(r, {0, LIN_FCPROJ}, out[LIN_FCPROJ], h, wd[LIN_FCPROJ], bd[LIN_FCPROJ], N, H, C, true, 0);
+            linear_backward(r, {0, LIN_FCPROJ}, d_h, dw[LIN_FCPROJ], db[LIN_FCPROJ], dy[LIN_FCPROJ], h, wd[LIN_FCPROJ], pre,
+                            N, H, C, 0);
+            linear_backward(r, {0, LIN_FC}, dx[LIN_FC], dw[LIN_FC], db[LIN_FC], d_h, xin, wd[LIN_FC], nullptr, N, C, H, 0);
+            linear_backward(r, {0, LIN_ATTPROJ}, dx[LIN_ATTPROJ], dw[LIN_ATTPROJ], db[LIN_ATTPROJ], dy[LIN_ATTPROJ], xin,
+                            wd[LIN_ATTPROJ], nullptr, N, C, C, 0);
+            linear_backward(r, {0, LIN_QKV}, dx[LIN_QKV], dw[LIN_QKV], db[LIN_QKV], dy[LIN_QKV], xin, wd[LIN_QKV], nullptr,
+                            N, C, 3 * C, 0);
+            cudaCheck(cudaDeviceSynchronize());
+            auto add = [&](const void* d, size_t bytes) {
+                std::vector<uint8_t> b(bytes);
+                cudaCheck(cudaMemcpy(b.data(), d, bytes, cudaMemcpyDeviceToHost));
+                got[way].push_back(b);
+            };
+            for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+                add(out[k], (size_t)N * OCs[k] * sizeof(floatX));
+                if (k != LIN_FC) add(dx[k], (size_t)N * ICs[k] * sizeof(floatX)); // (fc's dx: below, with the others)
+                add(dw[k], (size_t)OCs[k] * ICs[k] * sizeof(float));
+                for (int role = 0; role < NUM_TCFP_ACT_ROLES; role++) {
+                    add(tcfp_act_slot(r, k, (TcfpActRole)role, true), TCFP_SCALE_SLOT * sizeof(float));
+                    add(tcfp_act_amax(r, k, (TcfpActRole)role, true), sizeof(uint32_t));
+                }
+                bias[way].push_back(to_host(db[k], (size_t)OCs[k]));
+            }
+            add(dx[LIN_FC], (size_t)N * C * sizeof(floatX));
+            add(pre, (size_t)N * H * sizeof(floatX));
+        }
+        size_t bad = 0;
+        for (size_t i = 0; i < got[0].size(); i++) bad += got[0][i] != got[1][i];
+        check(bad == 0, "%s, %s: speculative scales = the amax passes first, bit for bit (outputs, dx, dW, scales, amax; "
+              "%zu of %zu tensors differ)", label, call_names[call], bad, got[0].size());
+        double worst = 0.0;
+        for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+            double num = 0, den = 0;
+            for (int i = 0; i < OCs[k]; i++) {
+                const double a = bias[0][k][i], b = bias[1][k][i];
+                num += (a - b) * (a - b); den += b * b;
+            }
+            worst = std::max(worst, std::sqrt(num / std::max(den, 1e-300)));
+        }
+        check(worst < 1e-5, "%s, %s: the bias gradients agree (worst rel L2 %.2e)", label, call_names[call], worst);
+        const std::vector<unsigned long long> c =
+            to_host(rs[0].spec_counts, (size_t)rs[0].num_linears * NUM_TCFP_ACT_ROLES * 2);
+        int speculated = 0;
+        bool counted = true;
+        const unsigned long long misses = call == 0 ? 1 : call == 1 ? 1 : 2;
+        for (size_t i = 0; i + 1 < c.size(); i += 2) {
+            if (c[i] == 0) continue;
+            speculated += 1;
+            counted = counted && c[i] == (unsigned long long)(call + 1) && c[i + 1] == misses;
+        }
+        check(counted && speculated >= 4, "%s, %s: %d tensors speculated, each once per call, redone exactly on the misses",
+              label, call_names[call], speculated);
+    }
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+        cudaFree(wd[k]); cudaFree(bd[k]); cudaFree(out[k]); cudaFree(dy[k]); cudaFree(dx[k]); cudaFree(dw[k]); cudaFree(db[k]);
+    }
+    cudaFree(xin); cudaFree(h); cudaFree(pre); cudaFree(d_h);
+}
+
 int main() {
     if (!gpu_present()) return 77;
     matmul_init();
@@ -498,6 +628,10 @@ int main() {
     test_gelu_forward_chain("per tensor, EF, K-concatenated, evaluation", ro, 128, 1, false, true);
     test_gelu_forward_chain("per tensor, EF (BF16 wgrad), training", ro, 64, -1, true, false);
     test_gelu_forward_chain("block 64 (emulated), FP8 wgrad, training", b64, 64, -1, true, false);
+    // speculative fresh scales against the amax passes first
+    test_speculative_scales("per tensor, ABD, FP8 wgrad, fast accumulation", fast, 64, -1);
+    test_speculative_scales("per tensor, FP8 wgrad, K-concatenated", fw, 128, 1);
+    test_speculative_scales("per tensor, EF (BF16 wgrad), two GEMMs", ro, 128, 0);
     matmul_free();
     printf("tcfp12 tests: %d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
