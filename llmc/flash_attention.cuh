@@ -396,6 +396,27 @@ __device__ __forceinline__ void tile_column_sums64(float* out, const bf16* tile,
 // otherwise (fp8_pack2, the same saturating conversion): the two agree bit for bit (build/test_attention).
 // The tile's amax goes to the tensor's with one atomic per CTA, and only where it would raise it
 // (fp8_commit; an atomic per warp and tile on one address serialized: +30 ms per d12 step in a first version).
+// The amax alone of such a tile (Fp8Target::amax_only, TCFP-12's fresh scales), where the kernel stores the
+// BF16 tile as usual: one atomic per CTA, where it would raise the tensor's (fp8_commit). By the 128 threads,
+// after a barrier.
+__device__ __forceinline__ void tile_amax(const Fp8Target& t, const bf16* tile, int nvalid, int tid) {
+    constexpr int LDS = Tile<64>::LDS;
+    const uint32_t amax_seen = tid == 0 ? __ldcg(t.amax) : 0u;
+    const int half = tid & 1, line = tid >> 1;
+    uint32_t amax = 0;
+    if (line < nvalid) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const uint4 v = *reinterpret_cast<const uint4*>(tile + line * LDS + 32 * half + 8 * q);
+            const bf16* x = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+            for (int j = 0; j < 8; j++) amax = max(amax, llmc::amax_bits(__bfloat162float(x[j])));
+        }
+    }
+    fp8_commit(amax, 0u, 0u, 0u, t.amax, Fp8Stats(), amax_seen);
+    __syncthreads(); // fp8_commit's sums may be reused by the next call
+}
+
 #define E5M2_CODES_T_STRIDE 80
 #define E5M2_CODES_T_BYTES (64 * E5M2_CODES_T_STRIDE)
 __device__ __forceinline__ void tile_to_e5m2(const Fp8Target& t, const bf16* tile, uint8_t* codes_t, long long grow0,
@@ -1590,12 +1611,14 @@ flash_bwd_dq_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, flo
     if (!dqkv8.active())   // (with the FP8 copy, dqkv itself is not stored: nobody reads it)
         tile_rows_to_global<16, HS>(dqkv + ((long long)b * T + w_lo) * stride + (long long)h * HS, stride, rows16,
                                     T - w_lo, lane);
-    if (bias_part != nullptr || dqkv8.active()) __syncthreads();
+    if (bias_part != nullptr || dqkv8.active() || dqkv8.amax_only()) __syncthreads();
     if (bias_part != nullptr)   // this block's column sums of dq (the q part of the qkv bias gradient)
         tile_column_sums64(bias_part + ((long long)b * gridDim.x + q0 / 64) * 3 * C + (long long)h * HS, sQ, T - q0, tid);
     static_assert(64 * LDS * sizeof(bf16) >= E5M2_CODES_T_BYTES, "the dO tile holds the staged codes");
     if (dqkv8.active())   // (sdO, read by the loop only, stages the codes)
         tile_to_e5m2(dqkv8, sQ, reinterpret_cast<uint8_t*>(sdO), (long long)b * T + q0, h * HS, T - q0, n_rows, 3 * C, tid);
+    else if (dqkv8.amax_only())
+        tile_amax(dqkv8, sQ, T - q0, tid);
 #else
     __trap();
 #endif
@@ -1762,7 +1785,7 @@ flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ bias_par
         tile_rows_to_global<16, HS>(dk_g, stride, kst + 16 * warp * LDS, T - w_lo, lane);
         tile_rows_to_global<16, HS>(dk_g + C, stride, vst + 16 * warp * LDS, T - w_lo, lane);
     }
-    if (bias_part != nullptr || dqkv8.active()) __syncthreads();
+    if (bias_part != nullptr || dqkv8.active() || dqkv8.amax_only()) __syncthreads();
     if (bias_part != nullptr) {   // this block's column sums of dk and dv (the k and v parts of the qkv bias gradient)
         float* part = bias_part + ((long long)b * gridDim.x + blockIdx.x) * 3 * C + C + (long long)h * HS;
         tile_column_sums64(part, kst, T - k0, tid);
@@ -1774,6 +1797,9 @@ flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ bias_par
         uint8_t* codes_t = reinterpret_cast<uint8_t*>(sdO);
         tile_to_e5m2(dqkv8, kst, codes_t, (long long)b * T + k0, C + h * HS, T - k0, n_rows, 3 * C, tid);
         tile_to_e5m2(dqkv8, vst, codes_t, (long long)b * T + k0, 2 * C + h * HS, T - k0, n_rows, 3 * C, tid);
+    } else if (dqkv8.amax_only()) {
+        tile_amax(dqkv8, kst, T - k0, tid);
+        tile_amax(dqkv8, vst, T - k0, tid);
     }
 #else
     __trap();
@@ -1979,7 +2005,8 @@ inline int flash_attention_bias_partial_rows(int B, int T) { return B * ceil_div
 // wrote them (the wgmma kernels, HS = 64 on sm_90a, do; otherwise the caller sums dqkv itself).
 // dqkv8 (FP8 recipe; only where flash_attention_backward_gives_fp8(HS)): the E5M2 codes of dqkv in
 // both layouts, its amax and counts (Fp8Target, tile_to_e5m2), written from the staged tiles in place
-// of dqkv itself, which is then left unwritten.
+// of dqkv itself, which is then left unwritten. With its amax alone (Fp8Target::amax_only, TCFP-12):
+// dqkv written as usual and its amax recorded (tile_amax).
 inline bool flash_attention_backward_gives_fp8(int HS) { return flash_detail::backward_has_bias_partials(HS); }
 
 template <class Bd = IdentityBoundaries>
@@ -1990,6 +2017,10 @@ inline bool flash_attention_backward(floatX* dqkv, const floatX* dout, const flo
     flash_detail::check_args(dqkv, dout, qkv, T, HS, "flash_attention_backward");
     flash_detail::check_args(out, out, out, T, HS, "flash_attention_backward");
     flash_detail::check_heads(B, NH, "flash_attention_backward");
+    if (dqkv8.amax_only() && !flash_attention_backward_gives_fp8(HS)) {
+        fprintf(stderr, "error: flash_attention_backward: no amax output at head size %d on this build / GPU\n", HS);
+        exit(1);
+    }
     if (dqkv8.active() && (!flash_attention_backward_gives_fp8(HS) || (NH * HS) % 16 != 0 ||
                            (uintptr_t)dqkv8.rows % 16 != 0 || (uintptr_t)dqkv8.cols % 16 != 0)) {
         fprintf(stderr, "error: flash_attention_backward: no FP8 output at head size %d on this build / GPU, "

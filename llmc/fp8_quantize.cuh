@@ -30,7 +30,8 @@ struct Fp8Stats {
 // Where a kernel that produces a tensor also writes its FP8 codes in the two layouts the FP8 GEMMs read
 // (the flash attention backward for the qkv layer's output gradient, see recipe.h): row-major rows
 // (n x m), its transpose cols (m x n), the scale s of q = fp8(x * s), the tensor's amax (atomicMax on
-// the bits) and, on telemetry steps, its counts.
+// the bits) and, on telemetry steps, its counts. With amax alone (rows null: amax_only), the kernel
+// writes its usual output and records that output's amax (a recipe with fresh scales, TCFP-12).
 struct Fp8Target {
     uint8_t* rows = nullptr; // null: no FP8 output wanted
     uint8_t* cols = nullptr;
@@ -38,6 +39,7 @@ struct Fp8Target {
     uint32_t* amax = nullptr;
     Fp8Stats stats;
     __host__ __device__ bool active() const { return rows != nullptr; }
+    __host__ __device__ bool amax_only() const { return rows == nullptr && amax != nullptr; }
 };
 
 template <Fp8Kind K>

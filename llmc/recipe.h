@@ -55,7 +55,7 @@
 //                                               dbias is then null: the kernel gave the sums). A target
 //                                               with no rows but an amax (TCFP-12's fresh scales) asks
 //                                               the kernel to write dout as usual and to record its
-//                                               amax there (the LayerNorm backward only)
+//                                               amax there (Fp8Target::amax_only; both kernels)
 //   recipe_fp8_input_target(r, id, N, C, training, stream)  the same for a linear's input, asked
 //                                               before the LayerNorm that makes it (qkv: ln1, fc: ln2),
 //                                               which can write E4M3 codes of its output (rows only);

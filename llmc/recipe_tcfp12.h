@@ -128,6 +128,7 @@ struct Recipe {
     bool speculate = true;                        // LLMC_TCFP12_SPECULATE=0: an amax pass before every quantization
     int* redo_flag = nullptr;
     unsigned long long* spec_counts = nullptr;
+    float* spec_ratio = nullptr;                  // per linear and role: tcfp12_predict_scale's ratio
     float* dy_partials = nullptr;                 // ceil(N / 64) x 4C: dy's column sums per 64-row tile
     // the fc layer's dy as E5M2 codes (r.dy8, r.dyt8), its scale, amax and column sums (dy_partials), made by
     // the fc projection's backward: the fc layer's call takes them
@@ -152,6 +153,9 @@ inline uint32_t* tcfp_act_amax(const Recipe& r, int li, TcfpActRole role, bool t
 }
 inline unsigned long long* tcfp_spec_counts(const Recipe& r, int li, TcfpActRole role) {
     return r.spec_counts + ((size_t)li * NUM_TCFP_ACT_ROLES + role) * 2;
+}
+inline float* tcfp_spec_ratio(const Recipe& r, int li, TcfpActRole role) {
+    return r.spec_ratio + (size_t)li * NUM_TCFP_ACT_ROLES + role;
 }
 inline Fp8Stats tcfp_act_stats(const Recipe& r, int li, TcfpActRole role) {
     Fp8Stats s;
@@ -242,6 +246,8 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
     r.spec_counts = (unsigned long long*)cuda_malloc_or_die((size_t)nl * NUM_TCFP_ACT_ROLES * 2 * sizeof(unsigned long long),
                                                             "tcfp12 telemetry");
     cudaCheck(cudaMemset(r.spec_counts, 0, (size_t)nl * NUM_TCFP_ACT_ROLES * 2 * sizeof(unsigned long long)));
+    r.spec_ratio = (float*)cuda_malloc_or_die((size_t)nl * NUM_TCFP_ACT_ROLES * sizeof(float), "tcfp12 scales");
+    cudaCheck(cudaMemset(r.spec_ratio, 0, (size_t)nl * NUM_TCFP_ACT_ROLES * sizeof(float)));
     if (const char* e = getenv("LLMC_TCFP12_SPECULATE")) {
         if (strcmp(e, "0") && strcmp(e, "1")) input_error("LLMC_TCFP12_SPECULATE must be 0 (an amax pass before every quantization) or 1 (speculative fresh scales), got '%s'", e);
         r.speculate = atoi(e) != 0;
@@ -375,12 +381,13 @@ inline Fp8Target recipe_fp8_input_target(Recipe& r, LinearId id, int N, int C, b
     return t;
 }
 
-// The same for the attention and fc projections' output gradient, which the LayerNorm backward writes
-// (rows_only: the kernels that can write the codes of a row-major tensor only; the flash attention
-// backward's targets stay inactive here)
+// The same for the attention and fc projections' output gradient, which the LayerNorm backward writes, and
+// for the qkv layer's, which the flash attention backward writes (its amax from the dq, dk, dv tiles it
+// stages: Fp8Target::amax_only); rows_only tells the two apart, and does not matter here
 inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int OC, bool rows_only, cudaStream_t st) {
+    (void)rows_only;
     Fp8Target t;
-    if (!rows_only || !tcfp12_applies(r, id, N, linear_in_features(id.kind, r.C), OC)) return t;
+    if (!tcfp12_applies(r, id, N, linear_in_features(id.kind, r.C), OC)) return t;
     t.amax = tcfp_act_amax(r, tcfp_linear_index(id), TCFP_DY, true);
     cudaCheck(cudaMemsetAsync(t.amax, 0, sizeof(uint32_t), st));
     r.dy_amax_given = id;
@@ -398,15 +405,19 @@ inline bool tcfp12_speculates(const Recipe& r, bool training) {
 // the scale is known (spec false), or speculatively: with the slot's scale, recording the amax into *amax
 // (zeroed by the caller), then the fresh scale from it (tcfp12_check_scale) and the same pass again only
 // if that scale differs (under Recipe::redo_flag). The second call gets no amax to record (it is known).
+// ratio, ref_amax (may be null): guess the scale from ref_amax, the amax of a gradient measured just before
+// (tcfp12_predict_scale), instead of keeping the last use's.
 template <class Quantize>
 inline void tcfp12_quantize_speculative(Recipe& r, bool spec, float* slot, uint32_t* amax, bool e5m2,
-                                        unsigned long long* counts, cudaStream_t st, Quantize quantize) {
+                                        unsigned long long* counts, cudaStream_t st, Quantize quantize,
+                                        float* ratio = nullptr, const uint32_t* ref_amax = nullptr) {
     if (!spec) {
         quantize((uint32_t*)nullptr, (const int*)nullptr);
         return;
     }
+    if (ratio) tcfp12_predict_scale(slot, ratio, ref_amax, e5m2, st);
     quantize(amax, (const int*)nullptr);
-    tcfp12_check_scale(slot, amax, e5m2, r.redo_flag, counts, st);
+    tcfp12_check_scale(slot, amax, e5m2, r.redo_flag, counts, st, ratio, ref_amax);
     quantize((uint32_t*)nullptr, (const int*)r.redo_flag);
 }
 
@@ -667,10 +678,16 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
             // scale: the second pass, if any, leaves them)
             cudaCheck(cudaMemsetAsync(dy_amax, 0, sizeof(uint32_t), st));
             float* partials = dbias ? r.dy_partials : nullptr;
+            // (the qkv layer's guess: from the attention projection's dy amax, measured before the attention
+            // backward made this dy, times the ratio of the two last time)
+            const LinearId proj{id.layer, LIN_ATTPROJ};
+            const bool guess = id.kind == LIN_QKV && tcfp12_applies(r, proj, N, r.C, r.C);
             tcfp12_quantize_speculative(r, true, dys, dy_amax, true, tcfp_spec_counts(r, li, TCFP_DY), st,
                                         [&](uint32_t* amax, const int* run_if) {
                                             quantize_rows(Fp8Stats(), amax, run_if ? nullptr : partials, run_if);
-                                        });
+                                        },
+                                        guess ? tcfp_spec_ratio(r, li, TCFP_DY) : nullptr,
+                                        guess ? tcfp_act_amax(r, tcfp_linear_index(proj), TCFP_DY, true) : nullptr);
             if (dbias) bias_backward_reduce(dbias, r.dy_partials, OC, ceil_div(N, FP8_TILE), st);
         } else {
             // dy's amax and the bias gradient from one read (or from what an earlier pass gave), then the codes
@@ -704,12 +721,14 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         float* fc_slot = tcfp_act_slot(r, lf, TCFP_DY, true);
         uint32_t* fc_amax = tcfp_act_amax(r, lf, TCFP_DY, true);
         cudaCheck(cudaMemsetAsync(fc_amax, 0, sizeof(uint32_t), st));
+        // (the guess: from this linear's dy amax, known by now, times the ratio of the two last time)
         tcfp12_quantize_speculative(r, true, fc_slot, fc_amax, true, tcfp_spec_counts(r, lf, TCFP_DY), st,
                                     [&](uint32_t* amax, const int* run_if) {
                                         fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, r.dyt8, dinp, N, C, fc_slot, amax, Fp8Stats(),
                                                                               st, nullptr, run_if ? nullptr : r.dy_partials,
                                                                               pre_gelu, false, run_if);
-                                    });
+                                    },
+                                    tcfp_spec_ratio(r, lf, TCFP_DY), dy_amax);
         r.dy_codes_given = fc;
         return;
     }

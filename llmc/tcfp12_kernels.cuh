@@ -322,9 +322,11 @@ __global__ void tcfp12_act_scale_kernel(float* slot, const uint32_t* amax_bits, 
 // as tcfp12_act_scale_kernel sets it, and *redo whether it differs from the one the pass used: the pass then
 // runs again under the flag (fp8_quantize's run_only_if), so the codes are always those of the fresh scale.
 // counts (may be null): [0] += 1 (a speculative pass), [1] += *redo (it had to run again).
+// ratio, ref_amax (may be null): the predictor of tcfp12_predict_scale, whose ratio becomes amax / ref_amax.
 __global__ void tcfp12_act_scale_check_kernel(float* slot, const uint32_t* amax_bits, bool e5m2, int* redo,
-                                              unsigned long long* counts) {
-    const uint8_t code = tcfp12_act_scale_code(llmc::bits_float(*amax_bits), e5m2);
+                                              unsigned long long* counts, float* ratio, const uint32_t* ref_amax) {
+    const float amax = llmc::bits_float(*amax_bits);
+    const uint8_t code = tcfp12_act_scale_code(amax, e5m2);
     const float inv = llmc::tcfp12_inv_scale(code), s = llmc::tcfp12_scale(code);
     const int changed = llmc::float_bits(slot[0]) != llmc::float_bits(inv) || llmc::float_bits(slot[4]) != llmc::float_bits(s);
     slot[0] = inv;
@@ -334,10 +336,32 @@ __global__ void tcfp12_act_scale_check_kernel(float* slot, const uint32_t* amax_
         counts[0] += 1;
         counts[1] += (unsigned long long)changed;
     }
+    if (ratio) {
+        const float ref = llmc::bits_float(*ref_amax);
+        *ratio = ref > 0.0f && ref < INFINITY && amax < INFINITY ? amax / ref : 0.0f;
+    }
 }
 inline void tcfp12_check_scale(float* slot, const uint32_t* amax, bool e5m2, int* redo, unsigned long long* counts,
-                               cudaStream_t stream) {
-    tcfp12_act_scale_check_kernel<<<1, 1, 0, stream>>>(slot, amax, e5m2, redo, counts);
+                               cudaStream_t stream, float* ratio = nullptr, const uint32_t* ref_amax = nullptr) {
+    tcfp12_act_scale_check_kernel<<<1, 1, 0, stream>>>(slot, amax, e5m2, redo, counts, ratio, ref_amax);
+    cudaCheckLaunch();
+}
+
+// A better guess than the last use's scale for a gradient whose size moves with another one measured just
+// before it (the fc layer's dy with the fc projection's, the qkv layer's with the attention projection's:
+// from one micro-step to the next the gradients grow and shrink together): the slot gets the scale of
+// ratio * ref_amax, ratio = amax / ref_amax as the last check found them. Nothing happens while ratio is 0
+// (no history yet, or a non-finite amax), and the slot keeps the last use's scale. A guess only: the check
+// after the pass makes the result exact whatever it guessed.
+__global__ void tcfp12_predict_scale_kernel(float* slot, const float* ratio, const uint32_t* ref_amax, bool e5m2) {
+    const float q = *ratio;
+    if (!(q > 0.0f)) return;
+    const uint8_t code = tcfp12_act_scale_code(q * llmc::bits_float(*ref_amax), e5m2);
+    slot[0] = llmc::tcfp12_inv_scale(code);
+    slot[4] = llmc::tcfp12_scale(code);
+}
+inline void tcfp12_predict_scale(float* slot, const float* ratio, const uint32_t* ref_amax, bool e5m2, cudaStream_t stream) {
+    tcfp12_predict_scale_kernel<<<1, 1, 0, stream>>>(slot, ratio, ref_amax, e5m2);
     cudaCheckLaunch();
 }
 

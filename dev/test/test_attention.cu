@@ -314,6 +314,23 @@ static void test_case(int B, int NH, int T, int HS, uint32_t seed, bool compare_
               "%s backward with the FP8 copy: E5M2 codes (both layouts), amax, counts (%llu values, %llu flushed) = the "
               "quantize pass over the plain dqkv, bit for bit; dqkv itself not written (%zu written)", tag, counts[0],
               counts[2], written);
+        // the amax alone (Fp8Target::amax_only, TCFP-12's fresh scales): dqkv written as the plain run
+        // wrote it, bit for bit, and its amax recorded
+        Fp8Target ta;
+        ta.amax = d_amax;
+        cudaCheck(cudaMemset(d_amax, 0, 8));
+        cudaCheck(cudaMemset(d_dqkv, 0xFF, n_qkv * 2));
+        flash_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_scratch, B, T, NH, HS, 0, d_part, ta);
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<uint16_t> dqkv5(n_qkv);
+        cudaCheck(cudaMemcpy(dqkv5.data(), d_dqkv, n_qkv * 2, cudaMemcpyDeviceToHost));
+        uint32_t amax1_bits;
+        memcpy(&amax1_bits, &amax1, 4);
+        const uint32_t got_amax = to_host(d_amax, 1)[0];
+        float got_amax_f;
+        memcpy(&got_amax_f, &got_amax, 4);
+        check(dqkv5 == dqkv1 && got_amax == amax1_bits, "%s backward with the amax alone: dqkv = the plain run's, bit for "
+              "bit; amax %g = max |dqkv| %g", tag, (double)got_amax_f, (double)amax1);
         for (void* p : {(void*)d_rows, (void*)d_cols, (void*)r_rows, (void*)r_cols, (void*)d_s, (void*)d_amax,
                         (void*)d_counts, (void*)d_part, (void*)d_ref})
             cudaCheck(cudaFree(p));

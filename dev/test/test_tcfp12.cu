@@ -564,16 +564,22 @@ static void test_speculative_scales(const char* label, RecipeOptions ro, int cha
         check(worst < 1e-5, "%s, %s: the bias gradients agree (worst rel L2 %.2e)", label, call_names[call], worst);
         const std::vector<unsigned long long> c =
             to_host(rs[0].spec_counts, (size_t)rs[0].num_linears * NUM_TCFP_ACT_ROLES * 2);
+        // (the qkv layer's dy guesses its scale from the attention projection's dy, times the last ratio of the
+        // two, tcfp12_predict_scale: both grow 8x exactly, so the third call is no miss for it. The fc layer's
+        // dy guesses from the fc projection's, but its GELU derivative moves with the 8x input and the bias:
+        // either may happen there.)
         int speculated = 0;
         bool counted = true;
-        const unsigned long long misses = call == 0 ? 1 : call == 1 ? 1 : 2;
         for (size_t i = 0; i + 1 < c.size(); i += 2) {
             if (c[i] == 0) continue;
+            const int k = (int)(i / 2) / NUM_TCFP_ACT_ROLES, role = (int)(i / 2) % NUM_TCFP_ACT_ROLES;
+            const unsigned long long misses = call < 2 || (role == TCFP_DY && k == LIN_QKV) ? 1 : 2;
+            const bool either = call == 2 && role == TCFP_DY && k == LIN_FC;
             speculated += 1;
-            counted = counted && c[i] == (unsigned long long)(call + 1) && c[i + 1] == misses;
+            counted = counted && c[i] == (unsigned long long)(call + 1) && (c[i + 1] == misses || (either && c[i + 1] == 1));
         }
-        check(counted && speculated >= 4, "%s, %s: %d tensors speculated, each once per call, redone exactly on the misses",
-              label, call_names[call], speculated);
+        check(counted && speculated >= 4, "%s, %s: %d tensors speculated, each once per call, redone exactly on the misses "
+              "(the qkv layer's guessed dy: only on the first call)", label, call_names[call], speculated);
     }
     for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
         cudaFree(wd[k]); cudaFree(bd[k]); cudaFree(out[k]); cudaFree(dy[k]); cudaFree(dx[k]); cudaFree(dw[k]); cudaFree(db[k]);
