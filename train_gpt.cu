@@ -466,8 +466,16 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
     auto ln_target = [&](int layer, LinearKind kind) {
         return layernorm_gives_fp8(C) ? recipe_fp8_input_target(rc, {layer, kind}, N, C, training, st) : Fp8Target();
     };
+    // ... and may ask for it once more, from the residual stream it stored (TCFP-12: where the scale it guessed
+    // was not the fresh one; the kernel then runs under a device flag)
+    auto ln_redo = [&](int layer, LinearKind kind, floatX* out, float* mean, float* rstd, const float* residual,
+                       const floatX* w, const floatX* b) {
+        const Fp8Target t = recipe_fp8_input_redo(rc, {layer, kind}, st);
+        if (t.active()) layernorm_forward<Boundaries>(out, mean, rstd, residual, w, b, N, C, st, t);
+    };
     layernorm_forward<Boundaries>(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B], N, C, st,
                                   ln_target(0, LIN_QKV));
+    ln_redo(0, LIN_QKV, a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B]);
     for (int l = 0; l < L; l++) {
         const LayerActs la = layer_acts(model, l, B, T);
         // attention block
@@ -491,6 +499,7 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
         fused_residual_layernorm_forward<Boundaries>(la.residual2, la.ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N,
                                                      la.residual_in, a.btc_scratch, p.t[P_LN2W] + l * C,
                                                      p.t[P_LN2B] + l * C, N, C, st, ATTENTION_BRANCH, ln_target(l, LIN_FC));
+        ln_redo(l, LIN_FC, la.ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, la.residual2, p.t[P_LN2W] + l * C, p.t[P_LN2B] + l * C);
         // MLP block
         PHASE("fwd: linear");
         linear_forward_gelu(rc, {l, LIN_FC}, la.fch_gelu, la.fch, la.ln2, p.t[P_FCW] + (size_t)l * 4 * C * C,
@@ -505,6 +514,8 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
                                                          a.ln1_rstd + (l + 1) * N, la.residual2, a.btc_scratch,
                                                          p.t[P_LN1W] + (l + 1) * C, p.t[P_LN1B] + (l + 1) * C, N, C, st,
                                                          MLP_BRANCH, ln_target(l + 1, LIN_QKV));
+            ln_redo(l + 1, LIN_QKV, ln1_next, a.ln1_mean + (l + 1) * N, a.ln1_rstd + (l + 1) * N, la.residual3,
+                    p.t[P_LN1W] + (l + 1) * C, p.t[P_LN1B] + (l + 1) * C);
         } else {
             fused_residual_layernorm_forward<Boundaries>(la.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, la.residual2,
                                                          a.btc_scratch, p.t[P_LNFW], p.t[P_LNFB], N, C, st, MLP_BRANCH);

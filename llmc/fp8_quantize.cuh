@@ -38,6 +38,7 @@ struct Fp8Target {
     const float* scale = nullptr;
     uint32_t* amax = nullptr;
     Fp8Stats stats;
+    const int* run_only_if = nullptr; // (the LayerNorm forward) a device flag: the kernel does nothing unless it is set
     __host__ __device__ bool active() const { return rows != nullptr; }
     __host__ __device__ bool amax_only() const { return rows == nullptr && amax != nullptr; }
 };

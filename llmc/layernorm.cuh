@@ -136,10 +136,11 @@ __device__ __forceinline__ void layernorm_row_registers(floatX* out, float* mean
 // amax to *q.amax (fp8_commit: one atomic per block, only where it raises the value thread 0 read when
 // the block started; q.amax null: evaluation, nothing recorded). q.cols is not written: the recipe
 // transposes q.rows. With q.rows null and q.amax given (TCFP-12), out is written as usual and its amax
-// recorded.
+// recorded. With q.run_only_if (TCFP-12's speculative scale, redone), the kernel runs only if the flag is set.
 template <class Bd, int N4>
 __global__ void layernorm_forward_registers_kernel(floatX* out, float* mean, float* rstd, const float* inp,
                                                    const floatX* w, const floatX* b, int N, int C, Fp8Target q) {
+    if (q.run_only_if && *q.run_only_if == 0) return;
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     const uint32_t amax_seen = q.amax && threadIdx.x == 0 ? __ldcg(q.amax) : 0u;

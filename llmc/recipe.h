@@ -63,6 +63,11 @@
 //                                               unwritten and linear_forward of id, the next call,
 //                                               takes the codes; with no rows but an amax, the
 //                                               LayerNorm writes its output and records its amax
+//   recipe_fp8_input_redo(r, id, stream)        asked right after that LayerNorm: a target with
+//                                               run_only_if set (TCFP-12's speculative scale) asks
+//                                               for the LayerNorm over the residual it stored once
+//                                               more, which runs only under that device flag; an
+//                                               inactive target (the default) asks for nothing
 // and, from inside a step, g_cross_process (below): what a recipe may ask of the other processes
 // before the step ends (FP8: a tensor's first scale, process 0's).
 // and the type RecipeBoundaries: the hooks of llmc/boundaries.h that the model's other kernels apply
@@ -123,6 +128,8 @@ template <class R>
 inline Fp8Target recipe_fp8_gradient_target(R&, LinearId, int, int, bool, cudaStream_t) { return Fp8Target(); }
 template <class R>
 inline Fp8Target recipe_fp8_input_target(R&, LinearId, int, int, bool, cudaStream_t) { return Fp8Target(); }
+template <class R>
+inline Fp8Target recipe_fp8_input_redo(R&, LinearId, cudaStream_t) { return Fp8Target(); }
 
 // input (C) and output (OC) widths of each linear, for channels C
 inline int linear_in_features(LinearKind k, int C) { return k == LIN_FCPROJ ? 4 * C : C; }

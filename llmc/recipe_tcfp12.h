@@ -133,6 +133,10 @@ struct Recipe {
     // the fc layer's dy as E5M2 codes (r.dy8, r.dyt8), its scale, amax and column sums (dy_partials), made by
     // the fc projection's backward: the fc layer's call takes them
     LinearId dy_codes_given{-1, LIN_QKV};
+    // the qkv or fc layer's input as E4M3 codes (r.x8) written by the LayerNorm before it under a speculative
+    // scale (recipe_fp8_input_target), checked and redone if need be by recipe_fp8_input_redo (x_codes_checked)
+    LinearId x_codes_given{-1, LIN_QKV};
+    bool x_codes_checked = false;
     long long splits = 0;                         // splits so far (the SRR streams' counter)
     uint64_t srr_seed = 0;
     bool skip_next_split = false;                 // the checkpoint restored the split
@@ -161,6 +165,13 @@ inline Fp8Stats tcfp_act_stats(const Recipe& r, int li, TcfpActRole role) {
     Fp8Stats s;
     if (r.count_stats) s.counts = r.act_stats + ((size_t)li * NUM_TCFP_ACT_ROLES + role) * 3;
     return s;
+}
+
+// Whether a quantization of this call may run speculatively (the top of the file): training (evaluation
+// shares one scale slot among all linears, so the last use predicts nothing), FP8 codes (the emulated
+// block modes write BF16 values), and not on a telemetry step (the redone pass would count twice)
+inline bool tcfp12_speculates(const Recipe& r, bool training) {
+    return training && r.speculate && !r.emulated && !r.count_stats;
 }
 
 // FP8 GEMMs need 16-byte leading dimensions, the blocks whole rows of groups
@@ -372,12 +383,44 @@ inline bool tcfp12_take_given(LinearId& slot, LinearId id, const char* what) { r
 // target with no rows), so that x's fresh scale needs no pass over x of its own (d12, B=64: one read of
 // 2 x N x C BF16 values per layer and micro-step, ~19 GB per step). The same scale, bit for bit: the
 // amax of the same stored BF16 values.
+//
+// With speculative scales (tcfp12_speculates) and an FP8 wgrad (nothing reads the BF16 x after the forward
+// GEMMs: the backward takes the saved x^T codes), the LayerNorm writes x's E4M3 codes instead, under the scale
+// x had at its last use, and its amax; recipe_fp8_input_redo, right after it, checks that scale and has the
+// LayerNorm run again where it was not the fresh one. Per value the LayerNorm then writes 1 byte instead of 2,
+// and the linear transposes codes (1 + 1 bytes) instead of quantizing x (2 + 1 + 1).
+inline bool tcfp12_input_as_codes(const Recipe& r, LinearId id, int N, bool training) {
+    return tcfp12_speculates(r, training) && tcfp12_saves_xt(r, id, N);
+}
 inline Fp8Target recipe_fp8_input_target(Recipe& r, LinearId id, int N, int C, bool training, cudaStream_t st) {
     Fp8Target t;
     if (!tcfp12_applies(r, id, N, C, linear_out_features(id.kind, r.C))) return t;
-    t.amax = tcfp_act_amax(r, tcfp_linear_index(id), TCFP_X, training);
+    const int li = tcfp_linear_index(id);
+    t.amax = tcfp_act_amax(r, li, TCFP_X, training);
     cudaCheck(cudaMemsetAsync(t.amax, 0, sizeof(uint32_t), st));
-    r.x_amax_given = id;
+    if (tcfp12_input_as_codes(r, id, N, training)) {
+        t.rows = r.x8;
+        t.scale = tcfp_act_slot(r, li, TCFP_X, true); // ([0]: 1/s, the factor the codes are made with)
+        r.x_codes_given = id;
+        r.x_codes_checked = false;
+    } else {
+        r.x_amax_given = id;
+    }
+    return t;
+}
+
+// After that LayerNorm: the fresh scale from the amax it recorded, and the LayerNorm again (under the flag,
+// with the fresh scale) where the guess differed
+inline Fp8Target recipe_fp8_input_redo(Recipe& r, LinearId id, cudaStream_t st) {
+    Fp8Target t;
+    if (r.x_codes_given.layer != id.layer || r.x_codes_given.kind != id.kind || r.x_codes_checked) return t;
+    const int li = tcfp_linear_index(id);
+    float* slot = tcfp_act_slot(r, li, TCFP_X, true);
+    tcfp12_check_scale(slot, tcfp_act_amax(r, li, TCFP_X, true), false, r.redo_flag, tcfp_spec_counts(r, li, TCFP_X), st);
+    r.x_codes_checked = true;
+    t.rows = r.x8;
+    t.scale = slot;
+    t.run_only_if = r.redo_flag;
     return t;
 }
 
@@ -392,13 +435,6 @@ inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int O
     cudaCheck(cudaMemsetAsync(t.amax, 0, sizeof(uint32_t), st));
     r.dy_amax_given = id;
     return t;
-}
-
-// Whether a quantization of this call may run speculatively (the top of the file): training (evaluation
-// shares one scale slot among all linears, so the last use predicts nothing), FP8 codes (the emulated
-// block modes write BF16 values), and not on a telemetry step (the redone pass would count twice)
-inline bool tcfp12_speculates(const Recipe& r, bool training) {
-    return training && r.speculate && !r.emulated && !r.count_stats;
 }
 
 // Runs quantize(amax_out, run_only_if), the quantization of one tensor with the scale in slot: once when
@@ -481,12 +517,20 @@ inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu
     }
     PHASE("tcfp12: quantize x");
     // x's fresh scale: from the amax the LayerNorm that wrote x recorded, or speculated (checked after the
-    // quantization below), or from a pass over x for its amax first. With gelu_of_input, x = gelu(inp).
+    // quantization below), or from a pass over x for its amax first. With gelu_of_input, x = gelu(inp). Or the
+    // LayerNorm wrote x's codes and its scale is checked already (recipe_fp8_input_redo).
     float* xs = tcfp_act_slot(r, li, TCFP_X, training);
     uint32_t* xamax = tcfp_act_amax(r, li, TCFP_X, training);
+    const bool codes_given = tcfp12_take_given(r.x_codes_given, id, "input codes");
+    if (codes_given && !r.x_codes_checked) {
+        fprintf(stderr, "error: tcfp12: the E4M3 input the LayerNorm wrote for layer %d's %s was not checked "
+                        "(recipe_fp8_input_redo after the LayerNorm)\n", id.layer, LINEAR_NAMES[id.kind]);
+        exit(1);
+    }
     const bool amax_given = tcfp12_take_given(r.x_amax_given, id, "input amax");
-    const bool spec = !amax_given && tcfp12_speculates(r, training);
-    if (amax_given) tcfp12_scale_from_amax(xs, xamax, false, st);
+    const bool spec = !amax_given && !codes_given && tcfp12_speculates(r, training);
+    if (codes_given) {}
+    else if (amax_given) tcfp12_scale_from_amax(xs, xamax, false, st);
     else if (spec) cudaCheck(cudaMemsetAsync(xamax, 0, sizeof(uint32_t), st));
     else tcfp12_fresh_scale(xs, xamax, inp, (long long)N * C, false, st, gelu_of_input);
     const MatmulEpilogue epi = pre_gelu ? EPI_GELU_BIAS : EPI_NONE;
@@ -515,10 +559,14 @@ inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu
     };
     auto cat_scales_and_xt = [&]() { // (after the scale is final)
         tcfp12_fill_scale(r.xcat_scales, tcfp12_concat_act_scale_count(N, 2 * C), xs, st);
-        if (xt)
+        if (xt && codes_given) fp8_transpose(xt, r.x8, N, C, st);
+        else if (xt)
             fp8_quantize_transpose<Fp8Kind::E4M3>(nullptr, xt, inp, N, C, xs, nullptr, Fp8Stats(), st, nullptr, nullptr, nullptr,
                                                   gelu_of_input);
     };
+    // (the LayerNorm's codes: x^T and the K-concatenated copy made from them; the BF16 x was not written)
+    auto rows_from_codes = [&]() { if (xt) fp8_transpose(xt, r.x8, N, C, st); };
+    auto cat_from_codes = [&]() { tcfp12_concat_codes(r.xcat, r.x8, r.x8, N, C, st); };
     const bool fast = r.options.tcfp_fast_accum != 0; // the W_lo GEMM always accumulates fast: its terms are ~16x smaller
     Fp8Operand x{r.x8, CUDA_R_8F_E4M3, xs + 4};
     Fp8Operand wlo{r.lo + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_lo_slot(r, li) + 4};
@@ -545,11 +593,21 @@ inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu
             tcfp12_no_gemm("forward (K-concatenated)", OC, N, 2 * C);
     };
     const MatmulKey key = matmul_fp8_block_scaled_key(OC, N, 2 * C, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, bias != nullptr, epi);
-    const bool use_concat = tcfp12_use_concat(r, key, st, [&]() { quantize_rows(Fp8Stats(), nullptr, nullptr); two_gemms(); },
-                                              [&]() { quantize_cat(Fp8Stats(), nullptr, nullptr); cat_scales_and_xt(); concat_gemm(); });
+    const bool use_concat =
+        codes_given ? tcfp12_use_concat(r, key, st, [&]() { rows_from_codes(); two_gemms(); },
+                                        [&]() { cat_from_codes(); cat_scales_and_xt(); concat_gemm(); })
+                    : tcfp12_use_concat(r, key, st, [&]() { quantize_rows(Fp8Stats(), nullptr, nullptr); two_gemms(); },
+                                        [&]() { quantize_cat(Fp8Stats(), nullptr, nullptr); cat_scales_and_xt(); concat_gemm(); });
     // (the codes the timing made, with whatever scale the slot held, were not counted: the real ones now)
     unsigned long long* counts = tcfp_spec_counts(r, li, TCFP_X);
-    if (use_concat) {
+    if (codes_given) {
+        if (use_concat) {
+            cat_from_codes();
+            cat_scales_and_xt();
+        } else {
+            rows_from_codes();
+        }
+    } else if (use_concat) {
         tcfp12_quantize_speculative(r, spec, xs, xamax, false, counts, st,
                                     [&](uint32_t* amax, const int* run_if) { quantize_cat(stats, amax, run_if); });
         cat_scales_and_xt();

@@ -23,6 +23,7 @@
 #include <vector>
 #include "dev/test/gpu_check.h"
 #include "llmc/recipe_tcfp12.h"
+#include "llmc/layernorm.cuh"
 
 using llmc::strfmt;
 using llmc::Tcfp12Options;
@@ -587,6 +588,93 @@ static void test_speculative_scales(const char* label, RecipeOptions ro, int cha
     cudaFree(xin); cudaFree(h); cudaFree(pre); cudaFree(d_h);
 }
 
+// The qkv layer's input written by the LayerNorm as E4M3 codes under a speculative scale
+// (recipe_fp8_input_target, then recipe_fp8_input_redo and the LayerNorm once more under the flag), against
+// the LayerNorm writing BF16 and the linear quantizing it (Recipe::speculate false): the same forward output,
+// weight gradient (from the saved x^T codes), input scale and amax, bit for bit, on a first call (a miss),
+// the same data (a hit) and LayerNorm weights 8x larger (a miss); the BF16 output is never read.
+static void test_layernorm_input_codes(const char* label, RecipeOptions ro, int channels, int concat_mode) {
+    ModelShape shape;
+    shape.num_layers = 1; shape.channels = channels; shape.num_heads = 1;
+    const int B = 2, T = 96, N = B * T, C = channels, OC = 3 * C;
+    const LinearId id{0, LIN_QKV};
+    LinearWeights lw;
+    std::vector<floatX*> wd(NUM_LINEAR_KINDS);
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+        const int ic = linear_in_features((LinearKind)k, C), oc = linear_out_features((LinearKind)k, C);
+        wd[k] = to_device(to_bf(bf16_values(oc * ic, 0.02f, 860 + k)));
+        lw.weight[k] = wd[k];
+    }
+    Recipe rs[2];
+    for (int way = 0; way < 2; way++) {
+        recipe_init(rs[way], ro, shape, B, T);
+        rs[way].concat_mode = concat_mode;
+        rs[way].speculate = way == 0;
+        recipe_weights_changed(rs[way], lw, 0);
+    }
+    check(tcfp12_input_as_codes(rs[0], id, N, true) && !tcfp12_input_as_codes(rs[1], id, N, true),
+          "%s: the LayerNorm writes the qkv input's codes exactly where the recipe speculates", label);
+    std::vector<float> resid_h = bf16_values(N * C, 1.0f, 870);
+    for (size_t i = 0; i < resid_h.size(); i++) resid_h[i] += 0.25f * (float)(i % 7);
+    float* resid = to_device(resid_h);
+    floatX *bq = to_device(to_bf(bf16_values(OC, 0.1f, 871))), *dy = to_device(to_bf(bf16_values(N * OC, 1e-3f, 872)));
+    floatX *ln, *out, *dx;
+    float *mean, *rstd, *dw, *db;
+    cudaCheck(cudaMalloc(&ln, (size_t)N * C * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&out, (size_t)N * OC * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&dx, (size_t)N * C * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&mean, N * sizeof(float)));
+    cudaCheck(cudaMalloc(&rstd, N * sizeof(float)));
+    cudaCheck(cudaMalloc(&dw, (size_t)OC * C * sizeof(float)));
+    cudaCheck(cudaMalloc(&db, OC * sizeof(float)));
+    const char* call_names[3] = {"first call (miss)", "same data (hit)", "LayerNorm weights x8 (miss)"};
+    for (int call = 0; call < 3; call++) {
+        const float wscale = call == 2 ? 8.0f : 1.0f;
+        std::vector<float> lnw = bf16_values(C, 0.2f, 873), lnb = bf16_values(C, 0.1f, 874);
+        for (int c = 0; c < C; c++) { lnw[c] = (1.0f + lnw[c]) * wscale; lnb[c] *= wscale; }
+        floatX *w = to_device(to_bf(lnw)), *b = to_device(to_bf(lnb));
+        std::vector<std::vector<uint8_t>> got[2];
+        for (int way = 0; way < 2; way++) {
+            Recipe& r = rs[way];
+            cudaCheck(cudaMemset(ln, 0xFF, (size_t)N * C * sizeof(floatX))); // NaN: a read of an unwritten x shows
+            cudaCheck(cudaMemset(dw, 0, (size_t)OC * C * sizeof(float)));
+            cudaCheck(cudaMemset(db, 0, OC * sizeof(float)));
+            layernorm_forward(ln, mean, rstd, resid, w, b, N, C, 0, recipe_fp8_input_target(r, id, N, C, true, 0));
+            const Fp8Target redo = recipe_fp8_input_redo(r, id, 0);
+            check(redo.active() == (way == 0), "%s, %s: a redo target exactly where the LayerNorm wrote codes", label,
+                  call_names[call]);
+            if (redo.active()) layernorm_forward(ln, mean, rstd, resid, w, b, N, C, 0, redo);
+            linear_forward(r, id, out, ln, wd[LIN_QKV], bq, N, C, OC, true, 0);
+            linear_backward(r, id, dx, dw, db, dy, ln, wd[LIN_QKV], nullptr, N, C, OC, 0);
+            cudaCheck(cudaDeviceSynchronize());
+            auto add = [&](const void* d, size_t bytes) {
+                std::vector<uint8_t> v(bytes);
+                cudaCheck(cudaMemcpy(v.data(), d, bytes, cudaMemcpyDeviceToHost));
+                got[way].push_back(v);
+            };
+            add(out, (size_t)N * OC * sizeof(floatX));
+            add(dx, (size_t)N * C * sizeof(floatX));
+            add(dw, (size_t)OC * C * sizeof(float));
+            add(tcfp_act_slot(r, 0, TCFP_X, true), TCFP_SCALE_SLOT * sizeof(float));
+            add(tcfp_act_amax(r, 0, TCFP_X, true), sizeof(uint32_t));
+            add(mean, N * sizeof(float));
+            add(rstd, N * sizeof(float));
+        }
+        size_t bad = 0;
+        for (size_t i = 0; i < got[0].size(); i++) bad += got[0][i] != got[1][i];
+        const std::vector<unsigned long long> c = to_host(tcfp_spec_counts(rs[0], 0, TCFP_X), 2);
+        const unsigned long long misses = call == 0 ? 1 : call == 1 ? 1 : 2;
+        check(bad == 0 && c[0] == (unsigned long long)(call + 1) && c[1] == misses,
+              "%s, %s: the LayerNorm's speculative E4M3 codes = the BF16 LayerNorm + the quantize pass, bit for bit "
+              "(output, dx, dW from x^T, scale, amax, mean, rstd: %zu of %zu differ); %llu checks, %llu redone", label,
+              call_names[call], bad, got[0].size(), c[0], c[1]);
+        cudaFree(w); cudaFree(b);
+    }
+    for (auto p : wd) cudaFree(p);
+    cudaFree(resid); cudaFree(bq); cudaFree(dy); cudaFree(ln); cudaFree(out); cudaFree(dx); cudaFree(mean); cudaFree(rstd);
+    cudaFree(dw); cudaFree(db);
+}
+
 int main() {
     if (!gpu_present()) return 77;
     matmul_init();
@@ -638,6 +726,8 @@ int main() {
     test_speculative_scales("per tensor, ABD, FP8 wgrad, fast accumulation", fast, 64, -1);
     test_speculative_scales("per tensor, FP8 wgrad, K-concatenated", fw, 128, 1);
     test_speculative_scales("per tensor, EF (BF16 wgrad), two GEMMs", ro, 128, 0);
+    test_layernorm_input_codes("LayerNorm codes, per tensor, ABD, FP8 wgrad, fast accumulation", fast, 64, -1);
+    test_layernorm_input_codes("LayerNorm codes, per tensor, FP8 wgrad, K-concatenated", fw, 128, 1);
     matmul_free();
     printf("tcfp12 tests: %d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
