@@ -114,9 +114,13 @@ if [[ "$(basename "$TRAINER")" == *_tcfp12 ]]; then
     "$TRAINER" "${args[@]}" -x 4 -v 0 -lq 2 -o "$work/t" > "$work/t.out" 2>&1 || bad "-lq run failed: $(tail -n 2 "$work/t.out")"
     # d6: 6 layers x 4 linears: the weight split and x, dy, at steps 0 and 2
     nw=$(grep -cE '^s:[02] lq:l[0-5]\.(qkv|attproj|fc|fcproj)\.w amax:[0-9.e+-]+ lo_amax:[0-9.e+-]+ hi_scale:[0-9.e+-]+ lo_scale:[0-9.e+-]+ lo_zero:[0-9.e+-]+ err:[0-9.e+-]+ sat:[0-9.e+-]+$' "$work/t/main.log")
-    na=$(grep -cE '^s:[02] lq:l[0-5]\.(qkv|attproj|fc|fcproj)\.(x|dy) amax:[0-9.e+-]+ scale:[0-9.e+-]+ sat:[0-9.e+-]+ ftz:[0-9.e+-]+$' "$work/t/main.log")
+    na=$(grep -cE '^s:[02] lq:l[0-5]\.(qkv|attproj|fc|fcproj)\.(x|dy) amax:[0-9.e+-]+ scale:[0-9.e+-]+ sat:[0-9.e+-]+ ftz:[0-9.e+-]+ spec:[0-9]+ redo:[0-9.e+-]+$' "$work/t/main.log")
     [[ $nw -eq 48 && $na -eq 96 ]] && ok "-lq 2 logs the split of 24 weights and 48 operands at steps 0 and 2" \
         || bad "-lq 2 logged $nw weight and $na operand lines, expected 48 and 96"
+    # speculative fresh scales: step 1 (no telemetry) quantized the two projections' inputs speculatively
+    ns=$(grep -cE '^s:2 lq:l[0-5]\.(attproj|fcproj)\.x .* spec:[1-9][0-9]* redo:' "$work/t/main.log")
+    [[ $ns -eq 12 ]] && ok "the step-2 telemetry counts the speculative passes of step 1 (12 projection inputs)" \
+        || bad "$ns of 12 projection inputs logged speculative passes at step 2"
     # the split error of a BF16 weight: W_hi + W_lo hold it to well under 1% (E4M3 alone: ~3%)
     awk '/ lq:.*\.w / { split($8, e, ":"); if (!(e[2] > 0.0 && e[2] < 0.01)) bad++ } END { exit bad > 0 }' "$work/t/main.log" \
         && ok "every weight's relative split error lies in (0, 1%)" || bad "split errors out of range: $(grep ' lq:.*\.w ' "$work/t/main.log" | head -n 2)"
