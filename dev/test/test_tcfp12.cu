@@ -207,6 +207,18 @@ static std::vector<double> host_bf(const floatX* d, size_t n) {
     return v;
 }
 
+// The four weight matrices of a one-layer model of `channels` channels, BF16 on the device (values
+// bf16_values(..., 0.02, seed0 + kind)), also set in lw
+static std::vector<floatX*> layer_weights(int channels, int seed0, LinearWeights& lw) {
+    std::vector<floatX*> wd(NUM_LINEAR_KINDS);
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+        const int ic = linear_in_features((LinearKind)k, channels), oc = linear_out_features((LinearKind)k, channels);
+        wd[k] = to_device(to_bf(bf16_values(oc * ic, 0.02f, seed0 + k)));
+        lw.weight[k] = wd[k];
+    }
+    return wd;
+}
+
 // concat_mode: the recipe's form of the dual GEMM (Recipe::concat_mode; -1 = the two GEMMs here, since
 // autotuning is off); the K-concatenated form needs channels that are a multiple of 128
 static void test_recipe(const char* label, RecipeOptions ro, int channels = 64, int concat_mode = -1) {
@@ -337,12 +349,7 @@ static void test_gelu_chain(const char* label, RecipeOptions ro, int channels) {
     // layer's dy codes instead, which test_speculative_scales covers)
     r.speculate = false;
     LinearWeights lw;
-    std::vector<floatX*> wd(NUM_LINEAR_KINDS);
-    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
-        const int ic = linear_in_features((LinearKind)k, C), oc = linear_out_features((LinearKind)k, C);
-        wd[k] = to_device(to_bf(bf16_values(oc * ic, 0.02f, 800 + k)));
-        lw.weight[k] = wd[k];
-    }
+    const std::vector<floatX*> wd = layer_weights(C, 800, lw);
     recipe_weights_changed(r, lw, 0);
     floatX* x = to_device(to_bf(bf16_values(N * C, 0.5f, 901)));      // the fc layer's input
     floatX* pre = to_device(to_bf(bf16_values(N * H, 1.5f, 902)));    // its pre-activation
@@ -407,12 +414,7 @@ static void test_gelu_forward_chain(const char* label, RecipeOptions ro, int cha
     recipe_init(r, ro, shape, B, T);
     r.concat_mode = concat_mode;
     LinearWeights lw;
-    std::vector<floatX*> wd(NUM_LINEAR_KINDS);
-    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
-        const int ic = linear_in_features((LinearKind)k, C), oc = linear_out_features((LinearKind)k, C);
-        wd[k] = to_device(to_bf(bf16_values(oc * ic, 0.02f, 810 + k)));
-        lw.weight[k] = wd[k];
-    }
+    const std::vector<floatX*> wd = layer_weights(C, 810, lw);
     recipe_weights_changed(r, lw, 0);
     floatX* x = to_device(to_bf(bf16_values(N * C, 1.0f, 911)));     // the fc layer's input
     floatX* bias = to_device(to_bf(bf16_values(H, 0.1f, 912)));
@@ -466,13 +468,9 @@ static void test_speculative_scales(const char* label, RecipeOptions ro, int cha
     shape.num_layers = 1; shape.channels = channels; shape.num_heads = 1;
     const int B = 2, T = 96, N = B * T, C = channels, H = 4 * channels;
     LinearWeights lw;
-    std::vector<floatX*> wd(NUM_LINEAR_KINDS), bd(NUM_LINEAR_KINDS);
-    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
-        const int ic = linear_in_features((LinearKind)k, C), oc = linear_out_features((LinearKind)k, C);
-        wd[k] = to_device(to_bf(bf16_values(oc * ic, 0.02f, 820 + k)));
-        bd[k] = to_device(to_bf(bf16_values(oc, 0.1f, 830 + k)));
-        lw.weight[k] = wd[k];
-    }
+    const std::vector<floatX*> wd = layer_weights(C, 820, lw);
+    std::vector<floatX*> bd(NUM_LINEAR_KINDS);
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) bd[k] = to_device(to_bf(bf16_values(linear_out_features((LinearKind)k, C), 0.1f, 830 + k)));
     Recipe rs[2];
     for (int way = 0; way < 2; way++) {
         recipe_init(rs[way], ro, shape, B, T);
@@ -599,12 +597,7 @@ static void test_layernorm_input_codes(const char* label, RecipeOptions ro, int 
     const int B = 2, T = 96, N = B * T, C = channels, OC = 3 * C;
     const LinearId id{0, LIN_QKV};
     LinearWeights lw;
-    std::vector<floatX*> wd(NUM_LINEAR_KINDS);
-    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
-        const int ic = linear_in_features((LinearKind)k, C), oc = linear_out_features((LinearKind)k, C);
-        wd[k] = to_device(to_bf(bf16_values(oc * ic, 0.02f, 860 + k)));
-        lw.weight[k] = wd[k];
-    }
+    const std::vector<floatX*> wd = layer_weights(C, 860, lw);
     Recipe rs[2];
     for (int way = 0; way < 2; way++) {
         recipe_init(rs[way], ro, shape, B, T);
