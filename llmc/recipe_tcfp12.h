@@ -33,8 +33,9 @@
 //
 // Speculative fresh scales (training with FP8 codes, not on -lq steps; LLMC_TCFP12_SPECULATE=0 turns them
 // off). A fresh scale needs the tensor's amax before any code is written: where the kernel that made the
-// tensor did not record it (the attention output, the GELU output, the qkv and fc layers' output
-// gradients), that costs a read of the tensor of its own. Instead, the quantize pass runs with the scale the
+// tensor did not record it (the attention output, the GELU output, the fc layer's output gradient; the
+// LayerNorms and the flash attention backward record theirs), that costs a read of the tensor of its own.
+// Instead, the quantize pass runs with the scale the
 // same tensor had at its last use (the previous micro-step's) and records the amax as it goes; a one-thread
 // kernel then sets the fresh scale from that amax and, only where it differs from the one used, raises a
 // device flag under which the same pass runs again (fp8_quantize's run_only_if: its blocks return at once
@@ -42,7 +43,9 @@
 // bit for bit (build/test_tcfp12); the redone passes are counted in the telemetry (redo:). With an FP8
 // wgrad, the fc layer's output gradient goes further: the fc projection's backward quantizes dL/d(GELU
 // output) * gelu'(pre) straight to the fc layer's E5M2 codes (rows and transposed, with the amax and the
-// bias gradient's column sums), as FP8-hybrid does, so the BF16 gradient is never written.
+// bias gradient's column sums), as FP8-hybrid does, so the BF16 gradient is never written; and the
+// LayerNorms in front of the qkv and fc layers write their E4M3 input under the speculative scale instead of
+// their BF16 output, run again over the stored residual stream where it missed (recipe_fp8_input_redo).
 //
 // Which layers: the four linears of layers [-sqf, L - -sql) (default: all); embeddings, LM head,
 // attention and norms stay BF16; master weights and AdamW stay FP32.
