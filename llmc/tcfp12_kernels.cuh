@@ -310,11 +310,15 @@ LLMC_HD inline uint8_t tcfp12_act_scale_code(float amax, bool e5m2) {
     return llmc::tcfp12_scale_code(e5m2 ? amax * 0.0078125f : amax);
 }
 
-// slot[0] = 1/s (to quantize with), slot[4] = s (to dequantize with), from the amax bits
-__global__ void tcfp12_act_scale_kernel(float* slot, const uint32_t* amax_bits, bool e5m2) {
-    const uint8_t code = tcfp12_act_scale_code(llmc::bits_float(*amax_bits), e5m2);
+// slot[0] = 1/s (to quantize with), slot[4] = s (to dequantize with), for the scale code `code`
+__device__ __forceinline__ void tcfp12_set_slot(float* slot, uint8_t code) {
     slot[0] = llmc::tcfp12_inv_scale(code);
     slot[4] = llmc::tcfp12_scale(code);
+}
+
+// the slot from the amax bits
+__global__ void tcfp12_act_scale_kernel(float* slot, const uint32_t* amax_bits, bool e5m2) {
+    tcfp12_set_slot(slot, tcfp12_act_scale_code(llmc::bits_float(*amax_bits), e5m2));
 }
 
 // Speculative fresh scales (recipe_tcfp12.h): a pass has just quantized with the scale the slot held (the
@@ -327,10 +331,9 @@ __global__ void tcfp12_act_scale_check_kernel(float* slot, const uint32_t* amax_
                                               unsigned long long* counts, float* ratio, const uint32_t* ref_amax) {
     const float amax = llmc::bits_float(*amax_bits);
     const uint8_t code = tcfp12_act_scale_code(amax, e5m2);
-    const float inv = llmc::tcfp12_inv_scale(code), s = llmc::tcfp12_scale(code);
-    const int changed = llmc::float_bits(slot[0]) != llmc::float_bits(inv) || llmc::float_bits(slot[4]) != llmc::float_bits(s);
-    slot[0] = inv;
-    slot[4] = s;
+    const int changed = llmc::float_bits(slot[0]) != llmc::float_bits(llmc::tcfp12_inv_scale(code)) ||
+                        llmc::float_bits(slot[4]) != llmc::float_bits(llmc::tcfp12_scale(code));
+    tcfp12_set_slot(slot, code);
     *redo = changed;
     if (counts) {
         counts[0] += 1;
@@ -356,9 +359,7 @@ inline void tcfp12_check_scale(float* slot, const uint32_t* amax, bool e5m2, int
 __global__ void tcfp12_predict_scale_kernel(float* slot, const float* ratio, const uint32_t* ref_amax, bool e5m2) {
     const float q = *ratio;
     if (!(q > 0.0f)) return;
-    const uint8_t code = tcfp12_act_scale_code(q * llmc::bits_float(*ref_amax), e5m2);
-    slot[0] = llmc::tcfp12_inv_scale(code);
-    slot[4] = llmc::tcfp12_scale(code);
+    tcfp12_set_slot(slot, tcfp12_act_scale_code(q * llmc::bits_float(*ref_amax), e5m2));
 }
 inline void tcfp12_predict_scale(float* slot, const float* ratio, const uint32_t* ref_amax, bool e5m2, cudaStream_t stream) {
     tcfp12_predict_scale_kernel<<<1, 1, 0, stream>>>(slot, ratio, ref_amax, e5m2);
