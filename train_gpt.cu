@@ -632,6 +632,12 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
     auto ln_backward_target = [&](int layer, LinearKind kind) {
         return layernorm_backward_gives_fp8(C) ? recipe_fp8_gradient_target(rc, {layer, kind}, N, C, true, st) : Fp8Target();
     };
+    // ... and may ask for those codes once more, from the residual gradient it stored (TCFP-12: where the scale
+    // it guessed was not the fresh one; the kernel then runs under a device flag), before anything adds to it
+    auto ln_backward_redo = [&](int layer, LinearKind kind, float branch_scale) {
+        const Fp8Target t = recipe_fp8_gradient_redo(rc, {layer, kind}, st);
+        if (t.active()) layernorm_backward_codes_again(t, a.dresidual, N, C, branch_scale, st);
+    };
     PHASE("bwd: layernorm");
     cudaCheck(cudaMemsetAsync(a.dresidual, 0, NC * sizeof(float), st));
     // (each LayerNorm backward hands the residual gradient, times the branch scale, to the branch
@@ -641,6 +647,7 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
     layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LNFW], g.t[P_LNFB], a.ln_partials, a.dbtc, a.residual3 + (L - 1) * NC,
                        p.t[P_LNFW], a.lnf_mean, a.lnf_rstd, N, C, st, Boundaries::MLP_RESIDUAL_SCALE,
                        g.t[P_FCPROJB] + (size_t)(L - 1) * C, ln_backward_target(L - 1, LIN_FCPROJ));
+    ln_backward_redo(L - 1, LIN_FCPROJ, Boundaries::MLP_RESIDUAL_SCALE);
     for (int l = L - 1; l >= 0; l--) {
         const LayerActs la = layer_acts(model, l, B, T);
         const floatX* ln1w = p.t[P_LN1W] + l * C;
@@ -663,6 +670,7 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
         layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN2W] + l * C, g.t[P_LN2B] + l * C, a.ln_partials, a.dbtc, la.residual2,
                            ln2w, a.ln2_mean + l * N, a.ln2_rstd + l * N, N, C, st, Boundaries::ATTENTION_RESIDUAL_SCALE,
                            g.t[P_ATTPROJB] + (size_t)l * C, ln_backward_target(l, LIN_ATTPROJ));
+        ln_backward_redo(l, LIN_ATTPROJ, Boundaries::ATTENTION_RESIDUAL_SCALE);
         // attention block; dresidual now holds d(la.residual2)
         PHASE("bwd: linear");
         linear_backward(rc, {l, LIN_ATTPROJ}, a.dbtc, g.t[P_ATTPROJW] + (size_t)l * C * C, nullptr,
@@ -700,6 +708,7 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
                            ln1w, a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, st, Boundaries::MLP_RESIDUAL_SCALE,
                            l > 0 ? g.t[P_FCPROJB] + (size_t)(l - 1) * C : nullptr,
                            l > 0 ? ln_backward_target(l - 1, LIN_FCPROJ) : Fp8Target());
+        if (l > 0) ln_backward_redo(l - 1, LIN_FCPROJ, Boundaries::MLP_RESIDUAL_SCALE);
         if (reduce) gpt_reduce_gradients(model, l);
     }
     // dresidual = d(encoded)

@@ -718,3 +718,49 @@ inline void layernorm_backward(float* dinp, floatX* dinp_x, float* dw, float* db
     cudaCheckLaunch();
     layernorm_backward_reduce(dw, db, dbranch_bias, scratch, C, stream);
 }
+
+// The E5M2 codes of a LayerNorm backward's dinp_x once more, from the residual gradient dinp it stored
+// (TCFP-12's speculative fresh scales: the backward wrote q.rows with a guessed scale, and the fresh one,
+// known only once its amax is, differed). Each code is made as the backward kernels make it: the stored
+// FP32 sum, times branch_scale, rounded to floatX, times the scale *q.scale, to E5M2 (saturating). So the
+// codes equal those of a backward run with the fresh scale, bit for bit. Must run before anything adds
+// to dinp again. Runs only while *q.run_only_if is non-zero (decided on the GPU, no host sync); nothing
+// else is written (the column sums and the amax do not depend on the scale). 8 values per thread where
+// the row width allows 16-byte loads and 8-byte stores.
+__global__ void __launch_bounds__(256) layernorm_backward_codes_kernel(uint8_t* codes, const float* dinp, long long n,
+                                                                       float branch_scale, const float* scale,
+                                                                       const int* run_only_if, bool vec8) {
+    if (*run_only_if == 0) return;
+    const float s8 = *scale;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    auto code_of = [&](float acc) {
+        const float bx = (float)(floatX)(branch_scale * acc);
+        return (uint8_t)(fp8_pack2<Fp8Kind::E5M2>(bx * s8, 0.0f) & 0xFFu);
+    };
+    if (vec8) {
+        for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n / 8; i += stride) {
+            const float4 a = reinterpret_cast<const float4*>(dinp)[2 * i];
+            const float4 b = reinterpret_cast<const float4*>(dinp)[2 * i + 1];
+            const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            uint32_t word[2] = {0u, 0u};
+#pragma unroll
+            for (int k = 0; k < 8; k++) word[k / 4] |= (uint32_t)code_of(v[k]) << (8 * (k % 4));
+            reinterpret_cast<uint2*>(codes)[i] = make_uint2(word[0], word[1]);
+        }
+    } else {
+        for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) codes[i] = code_of(dinp[i]);
+    }
+}
+inline void layernorm_backward_codes_again(const Fp8Target& q, const float* dinp, int N, int C, float branch_scale,
+                                           cudaStream_t stream) {
+    if (!q.active() || !q.scale || !q.run_only_if) {
+        fprintf(stderr, "error: layernorm_backward_codes_again: needs the codes, their scale and the flag\n");
+        exit(1);
+    }
+    const long long n = (long long)N * C;
+    const bool vec8 = n % 8 == 0 && (uintptr_t)dinp % 16 == 0 && (uintptr_t)q.rows % 8 == 0;
+    const long long work = vec8 ? n / 8 : n;
+    const int grid = (int)std::max<long long>(1, std::min<long long>(ceil_div(work, 256LL), 16LL * device_sm_count()));
+    layernorm_backward_codes_kernel<<<grid, 256, 0, stream>>>(q.rows, dinp, n, branch_scale, q.scale, q.run_only_if, vec8);
+    cudaCheckLaunch();
+}

@@ -56,6 +56,12 @@
 //                                               with no rows but an amax (TCFP-12's fresh scales) asks
 //                                               the kernel to write dout as usual and to record its
 //                                               amax there (Fp8Target::amax_only; both kernels)
+//   recipe_fp8_gradient_redo(r, id, stream)     asked right after that LayerNorm backward (rows_only):
+//                                               a target with run_only_if set (TCFP-12's speculative
+//                                               scale) asks for its codes once more, from the residual
+//                                               gradient it stored (layernorm_backward_codes_again),
+//                                               which runs only under that device flag; an inactive
+//                                               target (the default) asks for nothing
 //   recipe_fp8_input_target(r, id, N, C, training, stream)  the same for a linear's input, asked
 //                                               before the LayerNorm that makes it (qkv: ln1, fc: ln2),
 //                                               which can write E4M3 codes of its output (rows only);
@@ -126,6 +132,8 @@ struct RecipeMaxState {
 // them defines the function for its own Recipe type, which overload resolution prefers.
 template <class R>
 inline Fp8Target recipe_fp8_gradient_target(R&, LinearId, int, int, bool, cudaStream_t) { return Fp8Target(); }
+template <class R>
+inline Fp8Target recipe_fp8_gradient_redo(R&, LinearId, cudaStream_t) { return Fp8Target(); }
 template <class R>
 inline Fp8Target recipe_fp8_input_target(R&, LinearId, int, int, bool, cudaStream_t) { return Fp8Target(); }
 template <class R>

@@ -45,7 +45,9 @@
 // output) * gelu'(pre) straight to the fc layer's E5M2 codes (rows and transposed, with the amax and the
 // bias gradient's column sums), as FP8-hybrid does, so the BF16 gradient is never written; and the
 // LayerNorms in front of the qkv and fc layers write their E4M3 input under the speculative scale instead of
-// their BF16 output, run again over the stored residual stream where it missed (recipe_fp8_input_redo).
+// their BF16 output, run again over the stored residual stream where it missed (recipe_fp8_input_redo); and
+// the LayerNorm backward writes the attention and fc projections' E5M2 dy instead of its BF16 output, made
+// again from the FP32 residual gradient it stored where it missed (recipe_fp8_gradient_redo).
 //
 // Which layers: the four linears of layers [-sqf, L - -sql) (default: all); embeddings, LM head,
 // attention and norms stay BF16; master weights and AdamW stay FP32.
@@ -136,6 +138,11 @@ struct Recipe {
     // the fc layer's dy as E5M2 codes (r.dy8, r.dyt8), its scale, amax and column sums (dy_partials), made by
     // the fc projection's backward: the fc layer's call takes them
     LinearId dy_codes_given{-1, LIN_QKV};
+    // ... or the attention or fc projection's dy as row-major E5M2 codes (r.dy8), written by the LayerNorm
+    // backward under a speculative scale (recipe_fp8_gradient_target), checked and redone if need be by
+    // recipe_fp8_gradient_redo (dy_codes_checked); the projection's call transposes them for its wgrad
+    // (dy_codes_guessed: the scale was guessed from another projection's dy, tcfp12_projection_dy_reference)
+    bool dy_codes_rows_only = false, dy_codes_checked = true, dy_codes_guessed = false;
     // the qkv or fc layer's input as E4M3 codes (r.x8) written by the LayerNorm before it under a speculative
     // scale (recipe_fp8_input_target), checked and redone if need be by recipe_fp8_input_redo (x_codes_checked)
     LinearId x_codes_given{-1, LIN_QKV};
@@ -427,16 +434,78 @@ inline Fp8Target recipe_fp8_input_redo(Recipe& r, LinearId id, cudaStream_t st) 
     return t;
 }
 
-// The same for the attention and fc projections' output gradient, which the LayerNorm backward writes, and
-// for the qkv layer's, which the flash attention backward writes (its amax from the dq, dk, dv tiles it
-// stages: Fp8Target::amax_only); rows_only tells the two apart, and does not matter here
+// Whether the LayerNorm backward writes the attention or fc projection's dy as E5M2 codes (rows_only, below)
+// under a speculative scale: as tcfp12_fc_dy_as_codes, since the projection's wgrad must read codes (an FP8
+// wgrad) and its dgrad the rows (ABD, or no K-concatenated form)
+inline bool tcfp12_projection_dy_as_codes(const Recipe& r, LinearId id, int N) {
+    return (id.kind == LIN_ATTPROJ || id.kind == LIN_FCPROJ) && tcfp12_speculates(r, true) && r.options.tcfp_fp8_wgrad &&
+           (r.split.abd || !r.concat) && tcfp12_applies(r, id, N, linear_in_features(id.kind, r.C), r.C);
+}
+
+// The reference of that guess (recipe_fp8_gradient_target, below): the projection whose dy the LayerNorm
+// backward handed over just before, in the same micro-step, where there is one in TCFP-12
+inline bool tcfp12_projection_dy_reference(const Recipe& r, LinearId id, int N, LinearId& ref) {
+    ref = id.kind == LIN_ATTPROJ ? LinearId{id.layer, LIN_FCPROJ} : LinearId{id.layer + 1, LIN_ATTPROJ};
+    return ref.layer < r.L && tcfp12_applies(r, ref, N, linear_in_features(ref.kind, r.C), r.C);
+}
+
+// The same for the attention and fc projections' output gradient, which the LayerNorm backward writes
+// (rows_only), and for the qkv layer's, which the flash attention backward writes (its amax from the dq, dk,
+// dv tiles it stages: Fp8Target::amax_only).
+//
+// The LayerNorm backward records the amax of the BF16 dy it writes. Where tcfp12_projection_dy_as_codes, it
+// writes dy's E5M2 codes instead, under a guessed scale, and the amax; recipe_fp8_gradient_redo, right after
+// it, checks that scale and has the codes made again from the FP32 residual gradient the kernel stored, where
+// the guess missed (layernorm_backward_codes_again). Per value: 1 byte written by the LayerNorm and 1 + 1 by
+// the transpose, against 2 (BF16 dy) + 2 + 1 + 1 for the quantize pass. The guess: the projection's dy is the
+// residual stream's gradient at the block's output, one branch further down from the last one the LayerNorm
+// backward handed over (the fc projection's of the same layer, for the attention projection; the attention
+// projection's of the layer above, for an fc projection), so its amax is that one's times the ratio of the two
+// at the last check (tcfp12_predict_scale); the last fc projection (after the final LayerNorm) keeps its last
+// use's scale.
 inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int OC, bool rows_only, cudaStream_t st) {
-    (void)rows_only;
     Fp8Target t;
     if (!tcfp12_applies(r, id, N, linear_in_features(id.kind, r.C), OC)) return t;
-    t.amax = tcfp_act_amax(r, tcfp_linear_index(id), TCFP_DY, true);
+    const int li = tcfp_linear_index(id);
+    t.amax = tcfp_act_amax(r, li, TCFP_DY, true);
     cudaCheck(cudaMemsetAsync(t.amax, 0, sizeof(uint32_t), st));
+    if (rows_only && tcfp12_projection_dy_as_codes(r, id, N)) {
+        LinearId ref;
+        float* slot = tcfp_act_slot(r, li, TCFP_DY, true);
+        r.dy_codes_guessed = tcfp12_projection_dy_reference(r, id, N, ref);
+        if (r.dy_codes_guessed)
+            tcfp12_predict_scale(slot, tcfp_spec_ratio(r, li, TCFP_DY), tcfp_act_amax(r, tcfp_linear_index(ref), TCFP_DY, true),
+                                 true, st);
+        t.rows = r.dy8;
+        t.scale = slot; // ([0]: 1/s, the factor the codes are made with)
+        r.dy_codes_given = id;
+        r.dy_codes_rows_only = true;
+        r.dy_codes_checked = false;
+        return t;
+    }
     r.dy_amax_given = id;
+    return t;
+}
+
+// After that LayerNorm backward: the fresh scale from the amax it recorded (and the guess's ratio), and the codes
+// again (under the flag, with the fresh scale) where the guess differed
+inline Fp8Target recipe_fp8_gradient_redo(Recipe& r, LinearId id, cudaStream_t st) {
+    Fp8Target t;
+    if (r.dy_codes_given.layer != id.layer || r.dy_codes_given.kind != id.kind || !r.dy_codes_rows_only ||
+        r.dy_codes_checked)
+        return t;
+    const int li = tcfp_linear_index(id);
+    LinearId ref;
+    tcfp12_projection_dy_reference(r, id, r.B * r.T, ref);
+    const bool guessed = r.dy_codes_guessed;
+    float* slot = tcfp_act_slot(r, li, TCFP_DY, true);
+    tcfp12_check_scale(slot, tcfp_act_amax(r, li, TCFP_DY, true), true, r.redo_flag, tcfp_spec_counts(r, li, TCFP_DY), st,
+                       guessed ? tcfp_spec_ratio(r, li, TCFP_DY) : nullptr,
+                       guessed ? tcfp_act_amax(r, tcfp_linear_index(ref), TCFP_DY, true) : nullptr);
+    r.dy_codes_checked = true;
+    t.rows = r.dy8;
+    t.scale = slot;
+    t.run_only_if = r.redo_flag;
     return t;
 }
 
@@ -732,7 +801,16 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         }
         // then dy's scale and codes, and the bias gradient
         const bool spec = !codes_given && !sums_given && !amax_given && !use_concat && tcfp12_speculates(r, true);
-        if (codes_given) {
+        if (codes_given && r.dy_codes_rows_only) {
+            // (the LayerNorm backward's rows: its column sums were this linear's bias gradient already)
+            if (!r.dy_codes_checked || dbias || !fp8_wgrad) {
+                fprintf(stderr, "error: tcfp12: the E5M2 output gradient the LayerNorm backward wrote for layer %d's %s was "
+                                "not checked (recipe_fp8_gradient_redo after it), or a bias gradient is asked here\n",
+                        id.layer, LINEAR_NAMES[id.kind]);
+                exit(1);
+            }
+            fp8_transpose(r.dyt8, r.dy8, N, OC, st);
+        } else if (codes_given) {
             if (dbias) bias_backward_reduce(dbias, r.dy_partials, OC, ceil_div(N, FP8_TILE), st);
         } else if (spec) {
             // speculative: codes, amax and the column sums from one read of dy (the sums do not depend on the
@@ -791,6 +869,7 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
                                     },
                                     tcfp_spec_ratio(r, lf, TCFP_DY), dy_amax);
         r.dy_codes_given = fc;
+        r.dy_codes_rows_only = false;
         return;
     }
     PHASE("tcfp12: gelu backward");

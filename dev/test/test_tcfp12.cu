@@ -668,6 +668,179 @@ static void test_layernorm_input_codes(const char* label, RecipeOptions ro, int 
     cudaFree(dw); cudaFree(db);
 }
 
+// The attention and fc projections' output gradient written by the LayerNorm backward as E5M2 codes under a
+// speculative scale (recipe_fp8_gradient_target, then recipe_fp8_gradient_redo and layernorm_backward_codes_again
+// under the flag), against the LayerNorm backward writing BF16 and the linear quantizing it (Recipe::speculate
+// false). One layer, in the model's order: the final LayerNorm's backward hands the fc projection its dy (no
+// guess: it keeps its last use's scale), the fc projection and fc layer run backward, the second LayerNorm's
+// backward hands the attention projection its dy (guessed from the fc projection's times the last ratio), then
+// the attention projection and the qkv layer. Every output, dx, dW, the residual gradient, the LayerNorms' and
+// the projections' bias gradients, scale and amax agree bit for bit, on a first call (a miss), the same data
+// (a hit) and the gradients 8x larger (a miss for the fc projection; the guessed one moves with its reference).
+// with_codes: whether the options let the LayerNorm write codes (an FP8 wgrad, and ABD or no K-concatenated form).
+static void test_layernorm_gradient_codes(const char* label, RecipeOptions ro, int channels, int concat_mode, bool with_codes) {
+    ModelShape shape;
+    shape.num_layers = 1; shape.channels = channels; shape.num_heads = 1;
+    const int B = 2, T = 96, N = B * T, C = channels, H = 4 * channels;
+    const LinearId attproj{0, LIN_ATTPROJ}, fcproj{0, LIN_FCPROJ};
+    LinearWeights lw;
+    const std::vector<floatX*> wd = layer_weights(C, 880, lw);
+    std::vector<floatX*> bd(NUM_LINEAR_KINDS);
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) bd[k] = to_device(to_bf(bf16_values(linear_out_features((LinearKind)k, C), 0.1f, 890 + k)));
+    Recipe rs[2];
+    for (int way = 0; way < 2; way++) {
+        recipe_init(rs[way], ro, shape, B, T);
+        rs[way].concat_mode = concat_mode;
+        rs[way].speculate = way == 0;
+        recipe_weights_changed(rs[way], lw, 0);
+    }
+    check(tcfp12_projection_dy_as_codes(rs[0], attproj, N) == with_codes &&
+          tcfp12_projection_dy_as_codes(rs[0], fcproj, N) == with_codes &&
+          !tcfp12_projection_dy_as_codes(rs[1], attproj, N) && !tcfp12_projection_dy_as_codes(rs[0], {0, LIN_FC}, N),
+          "%s: the LayerNorm backward writes the projections' dy codes exactly where the recipe speculates with an FP8 "
+          "wgrad (%s here)", label, with_codes ? "codes" : "no codes");
+    const int OCs[NUM_LINEAR_KINDS] = {3 * C, C, H, C}; // qkv, attproj, fc, fcproj
+    const int ICs[NUM_LINEAR_KINDS] = {C, C, C, H};
+    floatX *xin, *h, *pre, *d_h, *ln, *dres_x, *lnw, *lnb, *dln[2];
+    float *resid, *mean, *rstd, *dres, *scratch, *lndw, *lndb;
+    cudaCheck(cudaMalloc(&xin, (size_t)N * C * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&h, (size_t)N * H * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&pre, (size_t)N * H * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d_h, (size_t)N * H * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&ln, (size_t)N * C * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&dres_x, (size_t)N * C * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&dln[0], (size_t)N * C * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&dln[1], (size_t)N * C * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&mean, N * sizeof(float)));
+    cudaCheck(cudaMalloc(&rstd, N * sizeof(float)));
+    cudaCheck(cudaMalloc(&dres, (size_t)N * C * sizeof(float)));
+    cudaCheck(cudaMalloc(&scratch, layernorm_backward_scratch_floats(C) * sizeof(float)));
+    cudaCheck(cudaMalloc(&lndw, 2 * C * sizeof(float)));
+    cudaCheck(cudaMalloc(&lndb, 2 * C * sizeof(float)));
+    std::vector<float> resid_h = bf16_values(N * C, 1.0f, 895);
+    for (size_t i = 0; i < resid_h.size(); i++) resid_h[i] += 0.25f * (float)(i % 5);
+    resid = to_device(resid_h);
+    lnw = to_device(to_bf(bf16_values(C, 0.2f, 896)));
+    lnb = to_device(to_bf(bf16_values(C, 0.1f, 897)));
+    layernorm_forward(ln, mean, rstd, resid, lnw, lnb, N, C, 0); // (mean and rstd for the backward)
+    std::vector<floatX*> out(NUM_LINEAR_KINDS), dx(NUM_LINEAR_KINDS);
+    std::vector<float*> dw(NUM_LINEAR_KINDS), db(NUM_LINEAR_KINDS);
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+        cudaCheck(cudaMalloc(&out[k], (size_t)N * OCs[k] * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&dx[k], (size_t)N * ICs[k] * sizeof(floatX)));
+        cudaCheck(cudaMalloc(&dw[k], (size_t)OCs[k] * ICs[k] * sizeof(float)));
+        cudaCheck(cudaMalloc(&db[k], (size_t)OCs[k] * sizeof(float)));
+    }
+    const std::vector<floatX> x_bf = to_bf(bf16_values(N * C, 1.0f, 898));
+    const std::vector<float> dres0 = bf16_values(N * C, 1e-3f, 899);
+    const std::vector<float> dln0[2] = {bf16_values(N * C, 1e-3f, 900), bf16_values(N * C, 1e-3f, 901)};
+    const char* call_names[3] = {"first call (miss)", "same data (hit)", "gradients x8 (miss)"};
+    for (int call = 0; call < 3; call++) {
+        const float scale = call == 2 ? 8.0f : 1.0f; // (a power of two: every gradient scales exactly)
+        std::vector<std::vector<uint8_t>> got[2];
+        std::vector<std::vector<float>> bias[2];
+        for (int way = 0; way < 2; way++) {
+            Recipe& r = rs[way];
+            cudaCheck(cudaMemcpy(xin, x_bf.data(), x_bf.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+            std::vector<float> d = dres0;
+            for (auto& v : d) v *= scale;
+            cudaCheck(cudaMemcpy(dres, d.data(), d.size() * sizeof(float), cudaMemcpyHostToDevice));
+            for (int j = 0; j < 2; j++) {
+                std::vector<float> e = dln0[j];
+                for (auto& v : e) v *= scale;
+                const std::vector<floatX> e_bf = to_bf(e);
+                cudaCheck(cudaMemcpy(dln[j], e_bf.data(), e_bf.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+            }
+            for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+                cudaCheck(cudaMemset(dw[k], 0, (size_t)OCs[k] * ICs[k] * sizeof(float)));
+                cudaCheck(cudaMemset(db[k], 0, (size_t)OCs[k] * sizeof(float)));
+            }
+            cudaCheck(cudaMemset(lndw, 0, 2 * C * sizeof(float)));
+            cudaCheck(cudaMemset(lndb, 0, 2 * C * sizeof(float)));
+            linear_forward(r, {0, LIN_QKV}, out[LIN_QKV], xin, wd[LIN_QKV], bd[LIN_QKV], N, C, 3 * C, true, 0);
+            linear_forward(r, attproj, out[LIN_ATTPROJ], xin, wd[LIN_ATTPROJ], bd[LIN_ATTPROJ], N, C, C, true, 0);
+            linear_forward_gelu(r, {0, LIN_FC}, h, pre, xin, wd[LIN_FC], bd[LIN_FC], N, C, H, true, 0);
+            linear_forward(r, fcproj, out[LIN_FCPROJ], h, wd[LIN_FCPROJ], bd[LIN_FCPROJ], N, H, C, true, 0);
+            // backward; dres_x is NaN before each LayerNorm backward: a read of an unwritten dy shows
+            for (int j = 0; j < 2; j++) {
+                const LinearId proj = j == 0 ? fcproj : attproj;
+                cudaCheck(cudaMemset(dres_x, 0xFF, (size_t)N * C * sizeof(floatX)));
+                const Fp8Target t = recipe_fp8_gradient_target(r, proj, N, C, true, 0);
+                check(t.active() == (with_codes && way == 0), "%s, %s: codes asked of the LayerNorm backward exactly where "
+                      "they should be (%s)", label, call_names[call], LINEAR_NAMES[proj.kind]);
+                layernorm_backward(dres, dres_x, lndw + j * C, lndb + j * C, scratch, dln[j], resid, lnw, mean, rstd, N, C, 0,
+                                   1.0f, db[proj.kind], t);
+                const Fp8Target redo = recipe_fp8_gradient_redo(r, proj, 0);
+                check(redo.active() == t.active(), "%s, %s: a redo target exactly where the LayerNorm backward wrote codes",
+                      label, call_names[call]);
+                if (redo.active()) layernorm_backward_codes_again(redo, dres, N, C, 1.0f, 0);
+                if (j == 0) {
+                    linear_backward(r, fcproj, d_h, dw[LIN_FCPROJ], nullptr, dres_x, h, wd[LIN_FCPROJ], pre, N, H, C, 0);
+                    linear_backward(r, {0, LIN_FC}, dx[LIN_FC], dw[LIN_FC], db[LIN_FC], d_h, xin, wd[LIN_FC], nullptr, N, C, H, 0);
+                } else {
+                    linear_backward(r, attproj, dx[LIN_ATTPROJ], dw[LIN_ATTPROJ], nullptr, dres_x, xin, wd[LIN_ATTPROJ], nullptr,
+                                    N, C, C, 0);
+                    linear_backward(r, {0, LIN_QKV}, dx[LIN_QKV], dw[LIN_QKV], db[LIN_QKV], out[LIN_QKV], xin, wd[LIN_QKV],
+                                    nullptr, N, C, 3 * C, 0);
+                }
+            }
+            cudaCheck(cudaDeviceSynchronize());
+            auto add = [&](const void* p, size_t bytes) {
+                std::vector<uint8_t> v(bytes);
+                cudaCheck(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost));
+                got[way].push_back(v);
+            };
+            for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+                add(out[k], (size_t)N * OCs[k] * sizeof(floatX));
+                if (k != LIN_FC) add(dx[k], (size_t)N * ICs[k] * sizeof(floatX));
+                add(dw[k], (size_t)OCs[k] * ICs[k] * sizeof(float));
+                // (the projections' bias gradients come from the LayerNorm backward both ways; the qkv and fc
+                // layers' are summed in another order by the speculative passes: compared below, to rounding)
+                if (k == LIN_ATTPROJ || k == LIN_FCPROJ) add(db[k], (size_t)OCs[k] * sizeof(float));
+                else bias[way].push_back(to_host(db[k], (size_t)OCs[k]));
+                for (int role = 0; role < NUM_TCFP_ACT_ROLES; role++) {
+                    add(tcfp_act_slot(r, k, (TcfpActRole)role, true), TCFP_SCALE_SLOT * sizeof(float));
+                    add(tcfp_act_amax(r, k, (TcfpActRole)role, true), sizeof(uint32_t));
+                }
+            }
+            add(dx[LIN_FC], (size_t)N * C * sizeof(floatX));
+            add(dres, (size_t)N * C * sizeof(float));
+            add(lndw, 2 * C * sizeof(float));
+            add(lndb, 2 * C * sizeof(float));
+        }
+        size_t bad = 0;
+        for (size_t i = 0; i < got[0].size(); i++) bad += got[0][i] != got[1][i];
+        check(bad == 0, "%s, %s: the LayerNorm backward's speculative E5M2 codes = its BF16 output + the quantize pass, bit "
+              "for bit (outputs, dx, dW, bias gradients, residual gradient, LayerNorm dw / db, scales, amax: %zu of %zu "
+              "differ)", label, call_names[call], bad, got[0].size());
+        double worst = 0.0;
+        for (size_t k = 0; k < bias[0].size(); k++) {
+            double num = 0, den = 0;
+            for (size_t i = 0; i < bias[0][k].size(); i++) {
+                const double u = bias[0][k][i], v = bias[1][k][i];
+                num += (u - v) * (u - v); den += v * v;
+            }
+            worst = std::max(worst, std::sqrt(num / std::max(den, 1e-300)));
+        }
+        check(worst < 1e-5, "%s, %s: the qkv and fc bias gradients agree (worst rel L2 %.2e)", label, call_names[call], worst);
+        if (with_codes) {
+            const std::vector<unsigned long long> f = to_host(tcfp_spec_counts(rs[0], LIN_FCPROJ, TCFP_DY), 2);
+            const std::vector<unsigned long long> a = to_host(tcfp_spec_counts(rs[0], LIN_ATTPROJ, TCFP_DY), 2);
+            const unsigned long long n = call + 1, fc_misses = call == 0 ? 1 : call == 1 ? 1 : 2;
+            check(f[0] == n && f[1] == fc_misses && a[0] == n && a[1] == 1,
+                  "%s, %s: each projection's dy checked once per call; the fc projection's (the last use's scale) redone "
+                  "on the misses (%llu of %llu), the attention projection's (guessed) only on the first call (%llu of %llu)",
+                  label, call_names[call], f[1], f[0], a[1], a[0]);
+        }
+    }
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+        cudaFree(wd[k]); cudaFree(bd[k]); cudaFree(out[k]); cudaFree(dx[k]); cudaFree(dw[k]); cudaFree(db[k]);
+    }
+    for (void* p : {(void*)xin, (void*)h, (void*)pre, (void*)d_h, (void*)ln, (void*)dres_x, (void*)lnw, (void*)lnb, (void*)dln[0],
+                    (void*)dln[1], (void*)resid, (void*)mean, (void*)rstd, (void*)dres, (void*)scratch, (void*)lndw, (void*)lndb})
+        cudaFree(p);
+}
+
 int main() {
     if (!gpu_present()) return 77;
     matmul_init();
@@ -721,6 +894,10 @@ int main() {
     test_speculative_scales("per tensor, EF (BF16 wgrad), two GEMMs", ro, 128, 0);
     test_layernorm_input_codes("LayerNorm codes, per tensor, ABD, FP8 wgrad, fast accumulation", fast, 64, -1);
     test_layernorm_input_codes("LayerNorm codes, per tensor, FP8 wgrad, K-concatenated", fw, 128, 1);
+    test_layernorm_gradient_codes("LayerNorm backward codes, per tensor, ABD, FP8 wgrad, fast accumulation", fast, 64, -1, true);
+    test_layernorm_gradient_codes("LayerNorm backward codes, per tensor, ABD, FP8 wgrad, K-concatenated", fast, 128, 1, true);
+    test_layernorm_gradient_codes("LayerNorm backward, per tensor, FP8 wgrad, K-concatenated (no codes)", fw, 128, 1, false);
+    test_layernorm_gradient_codes("LayerNorm backward, per tensor, EF, BF16 wgrad (no codes)", ro, 64, -1, false);
     matmul_free();
     printf("tcfp12 tests: %d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;
