@@ -219,6 +219,40 @@ static std::vector<floatX*> layer_weights(int channels, int seed0, LinearWeights
     return wd;
 }
 
+// the four linears' BF16 biases, bf16_values(out features, 0.1, seed0 + kind)
+static std::vector<floatX*> layer_biases(int channels, int seed0) {
+    std::vector<floatX*> bd(NUM_LINEAR_KINDS);
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++)
+        bd[k] = to_device(to_bf(bf16_values(linear_out_features((LinearKind)k, channels), 0.1f, seed0 + k)));
+    return bd;
+}
+
+// The two recipes the speculative-scale tests compare, on the same weights: rs[0] speculates, rs[1] takes the
+// amax passes first (Recipe::speculate)
+static void init_speculating_and_not(Recipe (&rs)[2], const RecipeOptions& ro, const ModelShape& shape, int B, int T,
+                                     int concat_mode, const LinearWeights& lw) {
+    for (int way = 0; way < 2; way++) {
+        recipe_init(rs[way], ro, shape, B, T);
+        rs[way].concat_mode = concat_mode;
+        rs[way].speculate = way == 0;
+        recipe_weights_changed(rs[way], lw, 0);
+    }
+}
+
+// the largest relative L2 difference between a[k] and b[k] over the vectors k (bias gradients summed in two orders)
+static double worst_rel_l2(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+    double worst = 0.0;
+    for (size_t k = 0; k < a.size(); k++) {
+        double num = 0, den = 0;
+        for (size_t i = 0; i < a[k].size(); i++) {
+            const double u = a[k][i], v = b[k][i];
+            num += (u - v) * (u - v); den += v * v;
+        }
+        worst = std::max(worst, std::sqrt(num / std::max(den, 1e-300)));
+    }
+    return worst;
+}
+
 // concat_mode: the recipe's form of the dual GEMM (Recipe::concat_mode; -1 = the two GEMMs here, since
 // autotuning is off); the K-concatenated form needs channels that are a multiple of 128
 static void test_recipe(const char* label, RecipeOptions ro, int channels = 64, int concat_mode = -1) {
@@ -469,15 +503,9 @@ static void test_speculative_scales(const char* label, RecipeOptions ro, int cha
     const int B = 2, T = 96, N = B * T, C = channels, H = 4 * channels;
     LinearWeights lw;
     const std::vector<floatX*> wd = layer_weights(C, 820, lw);
-    std::vector<floatX*> bd(NUM_LINEAR_KINDS);
-    for (int k = 0; k < NUM_LINEAR_KINDS; k++) bd[k] = to_device(to_bf(bf16_values(linear_out_features((LinearKind)k, C), 0.1f, 830 + k)));
+    const std::vector<floatX*> bd = layer_biases(C, 830);
     Recipe rs[2];
-    for (int way = 0; way < 2; way++) {
-        recipe_init(rs[way], ro, shape, B, T);
-        rs[way].concat_mode = concat_mode;
-        rs[way].speculate = way == 0;
-        recipe_weights_changed(rs[way], lw, 0);
-    }
+    init_speculating_and_not(rs, ro, shape, B, T, concat_mode, lw);
     const int OCs[NUM_LINEAR_KINDS] = {3 * C, C, H, C}; // qkv, attproj, fc, fcproj
     const int ICs[NUM_LINEAR_KINDS] = {C, C, C, H};
     floatX *xin, *h, *pre, *d_h;
@@ -551,15 +579,7 @@ static void test_speculative_scales(const char* label, RecipeOptions ro, int cha
         for (size_t i = 0; i < got[0].size(); i++) bad += got[0][i] != got[1][i];
         check(bad == 0, "%s, %s: speculative scales = the amax passes first, bit for bit (outputs, dx, dW, scales, amax; "
               "%zu of %zu tensors differ)", label, call_names[call], bad, got[0].size());
-        double worst = 0.0;
-        for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
-            double num = 0, den = 0;
-            for (int i = 0; i < OCs[k]; i++) {
-                const double a = bias[0][k][i], b = bias[1][k][i];
-                num += (a - b) * (a - b); den += b * b;
-            }
-            worst = std::max(worst, std::sqrt(num / std::max(den, 1e-300)));
-        }
+        const double worst = worst_rel_l2(bias[0], bias[1]);
         check(worst < 1e-5, "%s, %s: the bias gradients agree (worst rel L2 %.2e)", label, call_names[call], worst);
         const std::vector<unsigned long long> c =
             to_host(rs[0].spec_counts, (size_t)rs[0].num_linears * NUM_TCFP_ACT_ROLES * 2);
@@ -599,12 +619,7 @@ static void test_layernorm_input_codes(const char* label, RecipeOptions ro, int 
     LinearWeights lw;
     const std::vector<floatX*> wd = layer_weights(C, 860, lw);
     Recipe rs[2];
-    for (int way = 0; way < 2; way++) {
-        recipe_init(rs[way], ro, shape, B, T);
-        rs[way].concat_mode = concat_mode;
-        rs[way].speculate = way == 0;
-        recipe_weights_changed(rs[way], lw, 0);
-    }
+    init_speculating_and_not(rs, ro, shape, B, T, concat_mode, lw);
     check(tcfp12_input_as_codes(rs[0], id, N, true) && !tcfp12_input_as_codes(rs[1], id, N, true),
           "%s: the LayerNorm writes the qkv input's codes exactly where the recipe speculates", label);
     std::vector<float> resid_h = bf16_values(N * C, 1.0f, 870);
@@ -685,15 +700,9 @@ static void test_layernorm_gradient_codes(const char* label, RecipeOptions ro, i
     const LinearId attproj{0, LIN_ATTPROJ}, fcproj{0, LIN_FCPROJ};
     LinearWeights lw;
     const std::vector<floatX*> wd = layer_weights(C, 880, lw);
-    std::vector<floatX*> bd(NUM_LINEAR_KINDS);
-    for (int k = 0; k < NUM_LINEAR_KINDS; k++) bd[k] = to_device(to_bf(bf16_values(linear_out_features((LinearKind)k, C), 0.1f, 890 + k)));
+    const std::vector<floatX*> bd = layer_biases(C, 890);
     Recipe rs[2];
-    for (int way = 0; way < 2; way++) {
-        recipe_init(rs[way], ro, shape, B, T);
-        rs[way].concat_mode = concat_mode;
-        rs[way].speculate = way == 0;
-        recipe_weights_changed(rs[way], lw, 0);
-    }
+    init_speculating_and_not(rs, ro, shape, B, T, concat_mode, lw);
     check(tcfp12_projection_dy_as_codes(rs[0], attproj, N) == with_codes &&
           tcfp12_projection_dy_as_codes(rs[0], fcproj, N) == with_codes &&
           !tcfp12_projection_dy_as_codes(rs[1], attproj, N) && !tcfp12_projection_dy_as_codes(rs[0], {0, LIN_FC}, N),
@@ -813,15 +822,7 @@ static void test_layernorm_gradient_codes(const char* label, RecipeOptions ro, i
         check(bad == 0, "%s, %s: the LayerNorm backward's speculative E5M2 codes = its BF16 output + the quantize pass, bit "
               "for bit (outputs, dx, dW, bias gradients, residual gradient, LayerNorm dw / db, scales, amax: %zu of %zu "
               "differ)", label, call_names[call], bad, got[0].size());
-        double worst = 0.0;
-        for (size_t k = 0; k < bias[0].size(); k++) {
-            double num = 0, den = 0;
-            for (size_t i = 0; i < bias[0][k].size(); i++) {
-                const double u = bias[0][k][i], v = bias[1][k][i];
-                num += (u - v) * (u - v); den += v * v;
-            }
-            worst = std::max(worst, std::sqrt(num / std::max(den, 1e-300)));
-        }
+        const double worst = worst_rel_l2(bias[0], bias[1]);
         check(worst < 1e-5, "%s, %s: the qkv and fc bias gradients agree (worst rel L2 %.2e)", label, call_names[call], worst);
         if (with_codes) {
             const std::vector<unsigned long long> f = to_host(tcfp_spec_counts(rs[0], LIN_FCPROJ, TCFP_DY), 2);
