@@ -18,7 +18,7 @@
 //
 //   global scale  g = amax / (448 * 6)            amax = max |x| over the tensor
 //   block scale   s = ue4m3_encode((block_amax / 6) / g)          (round to nearest even)
-//   element       q = fp4e2m1_encode(x / (ue4m3_decode(s) * g))   (nearest even, or stochastic)
+//   element       q = fp4e2m1_encode(x * r),  r = 1 / (ue4m3_decode(s) * g)   (nearest even, or stochastic)
 //   dequantize    x' = (e2m1(q) * ue4m3(s)) * g
 //
 // g maps the tensor's largest value to the top of the two-level range: the block holding amax gets
@@ -27,7 +27,12 @@
 //
 // Arithmetic (bit-exact host vs device): every float operation above is one IEEE binary32 operation
 // rounded to nearest even, in exactly the order written: t = (block_amax / 6) / g; d = s * g;
-// y = x / d; x' = (e2m1 * s) * g, where e2m1 * s is exact (2 and 4 significant bits, within range).
+// r = 1 / d; y = x * r; x' = (e2m1 * s) * g, where e2m1 * s is exact (2 and 4 significant bits, within
+// range). The element's quotient is x times the block's reciprocal, one multiplication, not x / d: that is
+// how Transformer Engine's NVFP4 quantizers form it (one reciprocal per block), and a correctly rounded
+// division per element (a subroutine with a slow path on the GPU) cost the emulation about a tenth of its
+// quantize kernels' instructions. y can differ from RN(x / d) by one unit in the last place, which moves
+// an element across an E2M1 rounding boundary only when x / d lies within that unit of it.
 // On the device the helpers rn_mul/add/sub/div (number_formats.h) use the __f*_rn intrinsics, which --use_fast_math
 // does not approximate and the compiler never fuses into FMAs; on the host they are plain operators
 // (x86-64 SSE, no FP contraction with the default flags; a host build with -mfma needs
@@ -148,14 +153,19 @@ LLMC_HD inline uint8_t nvfp4_scale_code(float block_amax, float global, float ma
     return ue4m3_encode(t);
 }
 
-// The E2M1 code (low nibble) of x in a block with scale code scale_code: fp4e2m1_encode(x / (s * g))
-// with s = ue4m3_decode(scale_code). A zero scale gives a signed zero code (0x0 or 0x8); a NaN scale
-// gives 0x7. rbits: the 32 random bits for Rounding::Stochastic (ignored for NearestEven).
+// The reciprocal of a block's divisor, r = 1 / (s * g), s = ue4m3_decode(scale_code) > 0 (or NaN): the
+// block's elements are quantized from x * r (the top of the file). s * g is a normal float (g >= 2^-96,
+// s >= 2^-9, s * g <= block_amax / 6 up to the rounding of s), so r is a finite normal float too.
+LLMC_HD inline float nvfp4_block_reciprocal(float s, float global) { return rn_div(1.0f, rn_mul(s, global)); }
+
+// The E2M1 code (low nibble) of x in a block with scale code scale_code: fp4e2m1_encode(x * r) with
+// r = nvfp4_block_reciprocal(ue4m3_decode(scale_code), g). A zero scale gives a signed zero code (0x0 or
+// 0x8); a NaN scale gives 0x7. rbits: the 32 random bits for Rounding::Stochastic (ignored for NearestEven).
 LLMC_HD inline uint8_t nvfp4_encode(float x, uint8_t scale_code, float global,
                                     Rounding rounding = Rounding::NearestEven, uint32_t rbits = 0) {
     const float s = ue4m3_decode(scale_code);
     if (s == 0.0f) return (float_bits(x) >> 31) != 0u ? 0x8u : 0x0u;
-    const float y = rn_div(x, rn_mul(s, global));
+    const float y = rn_mul(x, nvfp4_block_reciprocal(s, global));
     return fp4e2m1_encode(y, rounding, rbits);
 }
 
@@ -192,7 +202,7 @@ LLMC_HD inline float nvfp4_block16_amax(const float* x) {
 }
 
 // Encode a block's 16 values under scale_code: codes[i] = nvfp4_encode(x[i], scale_code, global,
-// rounding, rbits[i]) (rbits may be null for round-to-nearest-even), with the divisor s * g formed
+// rounding, rbits[i]) (rbits may be null for round-to-nearest-even), with the reciprocal r formed
 // once for the block.
 LLMC_HD inline void nvfp4_block16_encode(const float* x, uint8_t scale_code, float global, Rounding rounding,
                                          const uint32_t* rbits, uint8_t* codes) {
@@ -201,9 +211,9 @@ LLMC_HD inline void nvfp4_block16_encode(const float* x, uint8_t scale_code, flo
         for (int i = 0; i < kNvfp4Block; i++) codes[i] = (float_bits(x[i]) >> 31) != 0u ? 0x8u : 0x0u;
         return;
     }
-    const float d = rn_mul(s, global);
+    const float r = nvfp4_block_reciprocal(s, global);
     for (int i = 0; i < kNvfp4Block; i++)
-        codes[i] = fp4e2m1_encode(rn_div(x[i], d), rbits != nullptr ? rounding : Rounding::NearestEven,
+        codes[i] = fp4e2m1_encode(rn_mul(x[i], r), rbits != nullptr ? rounding : Rounding::NearestEven,
                                   rbits != nullptr ? rbits[i] : 0u);
 }
 

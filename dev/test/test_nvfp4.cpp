@@ -5,7 +5,7 @@
 // tables come from the formats' definitions (sign, exponent field, mantissa field, bias) evaluated in
 // double; the reference roundings are brute-force searches over those tables (nearest value, ties to
 // the even code; stochastic rounding by its documented threshold); the Hadamard matrix is built by
-// the Sylvester recursion. Where the spec fixes a float32 formula (t = (amax / 6) / g, y = x / (s * g))
+// the Sylvester recursion. Where the spec fixes a float32 formula (t = (amax / 6) / g, y = x * (1 / (s * g)))
 // the reference evaluates that formula in float32 too, and everything else in double.
 #include <doctest/doctest.h>
 
@@ -79,13 +79,14 @@ uint32_t ref_scale_code(float amax, float g, float m = 6.0f) {
     return nearest_code(t, ue4m3_value, 0x7E);
 }
 
-// The spec's element: y = x / (s * g) in float32, then E2M1 by RNE or SR (round away from zero iff
+// The spec's element: y = x * (1 / (s * g)) in float32 (the block's reciprocal, then one product; nvfp4.h's
+// documented choice), then E2M1 by RNE or SR (round away from zero iff
 // r < floor(2^32 * (|y| - lo) / (hi - lo))), saturating at 6.
 uint32_t ref_encode(float x, uint32_t sc, float g, Rounding rnd = Rounding::NearestEven, uint32_t r = 0) {
     const double s = ue4m3_value(sc);
     if (s == 0.0) return std::signbit(x) ? 8u : 0u;
     const float sg = (float)s * g;
-    const float y = x / sg;
+    const float y = x * (1.0f / sg);
     if (std::isnan(y)) return 7u;
     const uint32_t sign = std::signbit(y) ? 8u : 0u;
     const double a = std::fabs((double)y);
@@ -341,8 +342,9 @@ TEST_CASE("nvfp4: element rounding is nearest-even (ties to even) and SR by its 
             CHECK(llmc::nvfp4_encode(-up, sc, g) == (8u | (lo + 1)));
         }
     }
-    // ties under a scale that is not a power of two: y = x / (s g) is a true division (a multiply by
-    // the rounded reciprocal 1 / (s g) can land one ulp off the midpoint and round the other way)
+    // ties under a scale that is not a power of two: y = x * (1 / (s g)), the product with the block's rounded
+    // reciprocal, not the true division x / (s g), which can land one ulp away and round the other way
+    // (discriminating: the cases where the two differ)
     {
         std::mt19937 gt(33);
         int fails = 0, discriminating = 0;
@@ -354,8 +356,8 @@ TEST_CASE("nvfp4: element rounding is nearest-even (ties to even) and SR by its 
             const double mid = 0.5 * (e2m1_value(lo) + e2m1_value(lo + 1));
             const float xm = (float)(mid * sg) * ((gt() & 1u) ? -1.0f : 1.0f);
             const uint32_t want = ref_encode(xm, sc, gg);
-            const float yr = xm * (1.0f / sg);
-            if (want != ((std::signbit(yr) ? 8u : 0u) | nearest_code(std::fabs(yr), e2m1_value, 7))) discriminating++;
+            const float yd = xm / sg;
+            if (want != ((std::signbit(yd) ? 8u : 0u) | nearest_code(std::fabs(yd), e2m1_value, 7))) discriminating++;
             EXPECT_IN_LOOP(llmc::nvfp4_encode(xm, (uint8_t)sc, gg) == want, "x " << xm << " scale " << sc << " g " << gg);
         }
         CHECK(discriminating > 100);
@@ -603,7 +605,7 @@ TEST_CASE("nvfp4: dequantize(quantize(x)) error per element, relative to the blo
     // RNE: with s the decoded block scale and y = x / (s g) (exact), |x' - x| <= h(|y|) s g, where
     // h = half the E2M1 spacing at |y| (0.25 below 2, 0.5 in [2, 4), 1 in [4, 6]) and, above 6
     // (the scale rounded down, at most 6 * 16/15 = 6.4 for normal scales), |y| - 6; plus 2^-18 s g
-    // for the float32 roundings of s * g, x / (s g) and the dequantization (each <= 2^-24 relative,
+    // for the float32 roundings of s * g, 1 / (s g), x * (1 / (s g)) and the dequantization (each <= 2^-24 relative,
     // times |y| <= 6.4). SR: within the full spacing (2 h) of the two neighbours.
     std::mt19937 gen(5);
     int fails = 0;
