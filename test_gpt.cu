@@ -79,6 +79,17 @@ static const float TOL_GRAD = 5e-2f;
 static const float TOL_LOSSES = 2e-2f;   // issue #2
 static const float TOL_NORM = 2e-2f;
 #endif
+// The losses of a model that keeps its GELU outputs against one that recomputes them (-r 0 against -r 1,
+// after resuming the same checkpoint), absolute, each step: the fc GEMM epilogue's GELU and the GELU
+// kernel differ in the last bits of a few outputs. Under NVFP4 a last-bit change can move an element
+// across an E2M1 rounding boundary, a whole quantum (up to a sixth of its block's range), so the two runs
+// drift apart like two runs with different rounding: measured 4.8e-3 on an H100 (2026-11-26, the SR bits
+// of nvfp4_sr_bits16), below 2e-3 with the bits before. The bound is half of TOL_LOSSES there.
+#if defined(RECIPE_NVFP4)
+static const float TOL_KEPT_VS_RECOMPUTED = 1e-2f;
+#else
+static const float TOL_KEPT_VS_RECOMPUTED = 2e-3f;
+#endif
 
 static int g_passed = 0, g_failed = 0;
 static void check(bool ok, const std::string& what) {
@@ -490,7 +501,9 @@ int main(int argc, char** argv) {
             run_steps(&kept, save_at, total, &tail_kept);
             double worst = tail_kept.size() == (size_t)(total - save_at) ? 0.0 : INFINITY;
             for (size_t i = 0; i < tail_kept.size(); i++) worst = std::max(worst, (double)std::fabs(tail_kept[i] - losses_a[save_at + i]));
-            check(worst <= 2e-3, strfmt("no recompute (-r 0) logs the losses of -r 1 within 2e-3 after resuming (max |diff| %.2e)", worst));
+            check(worst <= TOL_KEPT_VS_RECOMPUTED,
+                  strfmt("no recompute (-r 0) logs the losses of -r 1 within %.0e after resuming (max |diff| %.2e)",
+                         TOL_KEPT_VS_RECOMPUTED, worst));
         } catch (const InputError& e) { check(false, strfmt("load_checkpoint (-r -1): %s", e.what())); }
     }
     // a checkpoint of another shape is refused

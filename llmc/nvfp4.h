@@ -379,16 +379,32 @@ LLMC_HD inline uint64_t nvfp4_mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-// Counter-based stochastic-rounding bits: 32 bits for element `index` under `seed`, the top half of
-// mix64(mix64(seed) ^ index). Stateless, so a kernel thread computes its element's bits directly.
-// The key mix64(seed) is the same for every element of a tensor: a kernel forms it once
-// (nvfp4_sr_key) and takes each element's bits with nvfp4_sr_bits_keyed (one mix64 per element).
+// Counter-based stochastic-rounding bits: 32 bits for element `index` under `seed`, one half of the
+// 64-bit word mix64(mix64(seed) ^ (index / 2)): the top half for an even index, the bottom half for an
+// odd one, so that two neighbouring elements share one mix64 (every output bit of splitmix64's
+// finalizer depends on every input bit, the bottom half as much as the top). Stateless, so a kernel
+// thread computes its elements' bits directly. The key mix64(seed) is the same for every element of a
+// tensor: a kernel forms it once (nvfp4_sr_key) and takes a block's 16 words with nvfp4_sr_bits16.
 LLMC_HD inline uint64_t nvfp4_sr_key(uint64_t seed) { return nvfp4_mix64(seed); }
 LLMC_HD inline uint32_t nvfp4_sr_bits_keyed(uint64_t key, uint64_t index) {
-    return (uint32_t)(nvfp4_mix64(key ^ index) >> 32);
+    const uint64_t w = nvfp4_mix64(key ^ (index >> 1));
+    return (index & 1u) != 0u ? (uint32_t)w : (uint32_t)(w >> 32);
 }
 LLMC_HD inline uint32_t nvfp4_sr_bits(uint64_t seed, uint64_t index) {
     return nvfp4_sr_bits_keyed(nvfp4_sr_key(seed), index);
+}
+// The bits of the 16 elements index0 .. index0 + 15: bits[i] = nvfp4_sr_bits_keyed(key, index0 + i), with
+// 8 mix64 where index0 is even (a block's first element: every block starts at a multiple of 16)
+LLMC_HD inline void nvfp4_sr_bits16(uint64_t key, uint64_t index0, uint32_t* bits) {
+    if ((index0 & 1u) != 0u) {
+        for (int i = 0; i < kNvfp4Block; i++) bits[i] = nvfp4_sr_bits_keyed(key, index0 + i);
+        return;
+    }
+    for (int i = 0; i < kNvfp4Block; i += 2) {
+        const uint64_t w = nvfp4_mix64(key ^ ((index0 + i) >> 1));
+        bits[i] = (uint32_t)(w >> 32);
+        bits[i + 1] = (uint32_t)w;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -91,9 +91,7 @@ __device__ __forceinline__ void nvfp4_block(float* x, const Nvfp4Direction& d, f
                                             uint64_t index0, float4& tele, uint8_t* codes, uint8_t& sc) {
     uint32_t bits[kNvfp4Block];
     if (d.stochastic) {
-        const uint64_t key = llmc::nvfp4_sr_key(d.seed);
-#pragma unroll
-        for (int i = 0; i < kNvfp4Block; i++) bits[i] = llmc::nvfp4_sr_bits_keyed(key, index0 + i);
+        llmc::nvfp4_sr_bits16(llmc::nvfp4_sr_key(d.seed), index0, bits);
     }
     // two calls rather than one with a conditional pointer: the bits then stay in registers
     if (d.stochastic)

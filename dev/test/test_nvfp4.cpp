@@ -700,7 +700,16 @@ TEST_CASE("nvfp4: stochastic rounding is unbiased (1e6 draws per element)") {
 
 TEST_CASE("nvfp4: stochastic-rounding bits from a seed (the matrix path)") {
     CHECK(llmc::nvfp4_mix64(0) == 0xE220A8397B1DCDAFULL); // splitmix64's first output for seed 0
-    CHECK(llmc::nvfp4_sr_bits(7, 11) == (uint32_t)(llmc::nvfp4_mix64(llmc::nvfp4_mix64(7) ^ 11) >> 32));
+    // element i: one half of mix64(mix64(seed) ^ (i / 2)), the top half for even i, the bottom half for odd i
+    CHECK(llmc::nvfp4_sr_bits(7, 10) == (uint32_t)(llmc::nvfp4_mix64(llmc::nvfp4_mix64(7) ^ 5) >> 32));
+    CHECK(llmc::nvfp4_sr_bits(7, 11) == (uint32_t)llmc::nvfp4_mix64(llmc::nvfp4_mix64(7) ^ 5));
+    CHECK(llmc::nvfp4_sr_bits(7, 10) != llmc::nvfp4_sr_bits(7, 11));
+    // a block's 16 words at once, from an even and from an odd first index
+    for (uint64_t index0 : {48ull, 49ull}) {
+        uint32_t b16[16];
+        llmc::nvfp4_sr_bits16(llmc::nvfp4_sr_key(7), index0, b16);
+        for (int i = 0; i < 16; i++) CHECK(b16[i] == llmc::nvfp4_sr_bits(7, index0 + i));
+    }
     CHECK(llmc::nvfp4_sr_bits(7, 11) != llmc::nvfp4_sr_bits(7, 12));
     CHECK(llmc::nvfp4_sr_bits(7, 11) != llmc::nvfp4_sr_bits(8, 11));
     // the matrix path uses element (r, c)'s bits nvfp4_sr_bits(seed, r * cols_pad + c)
