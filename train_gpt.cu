@@ -1151,8 +1151,8 @@ int main(int argc, char** argv) {
         std::string path = cfg.output_dir + "/main.log";
         logfile = fopen(path.c_str(), resume_step >= 0 ? "a" : "w");
         if (!logfile) { fprintf(stderr, "error: cannot open %s for writing\n", path.c_str()); return 1; }
-        fprintf(logfile, "# recipe:%s precision:%s model:%s params:%zu B:%d T:%d tokens_per_step:%lld\n", RECIPE_NAME,
-                PRECISION_NAME, cfg.model.c_str(), model.num_params, B, T, tokens_per_step);
+        fprintf(logfile, "# recipe:%s precision:%s model:%s params:%zu B:%d T:%d tokens_per_step:%lld seed:%llu\n", RECIPE_NAME,
+                PRECISION_NAME, cfg.model.c_str(), model.num_params, B, T, tokens_per_step, (unsigned long long)cfg.seed);
         fprintf(logfile, "# %s\n", recipe_describe(model.recipe).c_str());
         if (mg.active) fprintf(logfile, "# processes:%d zero:%d optimizer_state_gib_per_gpu:%.4f\n", mg.world, mg.zero_stage, optimizer_gib);
         fflush(logfile);

@@ -21,6 +21,14 @@ With one run that has telemetry the PNG is written as named; with several, one P
 named with the run's 1-based position on the command line: quant.png -> quant_run1.png, quant_run3.png.
 --telemetry with no telemetry in any run is an error (exit status 1).
 
+Several seeds (--by-seed): one run per configuration and seed. A run's seed is the "seed:N" of its log's
+metadata (trainers since 2026-11-26 write it), or else the end of its label ("bf16 sd0", "fast_seed2");
+its configuration is the label without that end. The first run's configuration is the baseline. For
+every other configuration the report gives, per seed, the lowest validation loss and the train loss of
+steps 301-350 as ratios to the baseline's run with the same seed, then the mean of those ratios and their
+sample standard deviation (one seed's spread), and the mean over the seeds of each configuration's two
+figures. With --table it is written after the main table.
+
 Boundary telemetry (the q115 recipe): "s:STEP lq:q115.BOUNDARY clamp:F ftz:F amax:A", one line per
 forward boundary (embedding, norm, qkv, scores, softmax, ...). Each such run gets a summary (the
 clamped fraction of every boundary at its first and last telemetry step) and, with --telemetry, a PNG
@@ -29,6 +37,7 @@ of clamp, ftz and amax over steps, one line per boundary (named like the FP8 tel
 import argparse
 import math
 import os
+import re
 import sys
 
 
@@ -331,19 +340,88 @@ def report(runs):
     return lines
 
 
+def split_seed(label, meta):
+    """(configuration, seed) of a run (see the top of the file): the label without a trailing seed marker
+    ("sd3", "seed 3", "_sd3") and the seed it names; else the label and the log's "seed:N" metadata; else
+    (label, None)."""
+    m = re.match(r"^(.*?)[\s_-]*(?:sd|seed)[\s=:]?(\d+)$", label)
+    if m and m.group(1):
+        return m.group(1), int(m.group(2))
+    if "seed" in meta and meta["seed"].isdigit():
+        return label, int(meta["seed"])
+    return label, None
+
+
+def mean_sd(xs):
+    """(mean, sample standard deviation or None for fewer than 2 values)"""
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else None
+    return m, sd
+
+
+def seed_report(entries):
+    """entries: (configuration, seed, summary) per run, in command-line order; the first configuration is the
+    baseline. Returns markdown lines (see the top of the file), or raises ValueError for a run without a seed
+    or a configuration with two runs of one seed."""
+    configs, runs = [], {}
+    for config, seed, summary in entries:
+        if seed is None:
+            raise ValueError(f"--by-seed: run '{config}' names no seed (no 'seed:N' in its log, no 'sdN' ending its label)")
+        if (config, seed) in runs:
+            raise ValueError(f"--by-seed: two runs of '{config}' with seed {seed}")
+        if config not in configs:
+            configs.append(config)
+        runs[(config, seed)] = summary
+    base = configs[0]
+    seeds = sorted(sd for c, sd in runs if c == base)
+    keys = ("min_val", "train_301_350")
+    lines = [f"Per seed, the ratio to the same seed's {base} run (lowest val loss / train loss 301-350), then the mean "
+             "of the ratios (sample sd):", "",
+             "| run | " + " | ".join(f"seed {sd}" for sd in seeds) + " | mean of the ratios (sd) |",
+             "| --- | " + " | ".join("---" for _ in seeds) + " | --- |"]
+    for config in configs[1:]:
+        cells, ratios = [], {k: [] for k in keys}
+        for sd in seeds:
+            s, b = runs.get((config, sd)), runs[(base, sd)]
+            r = {}
+            for k in keys:
+                if s is not None and s.get(k) is not None and b.get(k):
+                    r[k] = s[k] / b[k]
+                    ratios[k].append(r[k])
+            cells.append(" / ".join(f"{r[k]:.4f}" if k in r else "n/a" for k in keys))
+        summary = []
+        for k in keys:
+            if not ratios[k]:
+                summary.append("n/a")
+                continue
+            m, sdev = mean_sd(ratios[k])
+            summary.append(f"{m:.4f}" + (f" ({sdev:.4f})" if sdev is not None else ""))
+        lines.append(f"| {config} | " + " | ".join(cells) + " | " + " / ".join(summary) + " |")
+    lines += ["", "| run | seeds | mean lowest val loss | mean train loss 301-350 |", "| --- | ---: | ---: | ---: |"]
+    for config in configs:
+        mine = [runs[(c, sd)] for c, sd in runs if c == config]
+        vals = [m[k] for m in mine for k in keys[:1] if m.get(k) is not None]
+        trains = [m[k] for m in mine for k in keys[1:] if m.get(k) is not None]
+        lines.append(f"| {config} | {len(mine)} | {fmt(mean_sd(vals)[0] if vals else None)} | "
+                     f"{fmt(mean_sd(trains)[0] if trains else None)} |")
+    return lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="run directories (with main.log) or main.log files; the first is the baseline")
     ap.add_argument("--labels", help="comma-separated labels (default: the recipe in each log, else the path)")
     ap.add_argument("--out", help="PNG with the train and validation curves of all runs")
     ap.add_argument("--table", help="write the summary table (markdown) here")
+    ap.add_argument("--by-seed", action="store_true", help="several seeds per configuration: per-seed ratios to the "
+                    "first run's configuration, their mean and sd (see the top)")
     ap.add_argument("--telemetry", metavar="PNG", help="PNG of the FP8 quantization telemetry (amax, sat, ftz per "
                     "tensor); one per run with telemetry, suffixed _runN when several runs have it")
     args = ap.parse_args(argv)
     labels = args.labels.split(",") if args.labels else []
     if labels and len(labels) != len(args.runs):
         ap.error(f"--labels has {len(labels)} names for {len(args.runs)} runs")
-    runs, curves, telemetry = [], [], []
+    runs, curves, telemetry, seeded = [], [], [], []
     for i, r in enumerate(args.runs):
         path = os.path.join(r, "main.log") if os.path.isdir(r) else r
         if not os.path.isfile(path):
@@ -355,6 +433,7 @@ def main(argv=None):
             return 1
         label = labels[i] if labels else meta.get("recipe", r)
         runs.append((label, summarize(train, val)))
+        seeded.append(split_seed(label, meta) + (runs[-1][1],))
         curves.append((label, train, val))
         tel = parse_telemetry(path)
         if tel:
@@ -367,6 +446,12 @@ def main(argv=None):
               "train the fp8 recipe with -lq N)", file=sys.stderr)
         return 1
     lines = report(runs)
+    if args.by_seed:
+        try:
+            lines += [""] + seed_report(seeded)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     print("\n".join(lines))
     for _, label, path, tel in telemetry:
         is_boundary = not isinstance(next(iter(tel)), tuple)

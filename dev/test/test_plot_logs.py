@@ -80,6 +80,47 @@ class PlotLogsTest(unittest.TestCase):
         self.assertIn("| fp8 | 5.5000 (300)", lines[3])
         self.assertTrue(lines[3].endswith(" 1.1000 | 1.1000 |"), lines[3])
 
+    def test_split_seed(self):
+        self.assertEqual(plot_logs.split_seed("bf16 sd0", {}), ("bf16", 0))
+        self.assertEqual(plot_logs.split_seed("tcfp12_fast_sd12", {"seed": "3"}), ("tcfp12_fast", 12))
+        self.assertEqual(plot_logs.split_seed("fp8 seed 2", {}), ("fp8", 2))
+        self.assertEqual(plot_logs.split_seed("fp8", {"seed": "7"}), ("fp8", 7))
+        self.assertEqual(plot_logs.split_seed("sd0", {}), ("sd0", None))  # a label that is only a marker names no config
+        self.assertEqual(plot_logs.split_seed("d12", {}), ("d12", None))
+
+    def test_seed_report(self):
+        def summ(v, t):
+            return {"min_val": v, "train_301_350": t}
+        entries = [("bf16", 0, summ(5.0, 4.0)), ("bf16", 1, summ(4.0, 2.0)),
+                   ("fp8", 1, summ(4.4, 2.2)), ("fp8", 0, summ(4.5, 4.4)), ("nvfp4", 0, summ(5.5, 4.0))]
+        lines = plot_logs.seed_report(entries)
+        self.assertIn("| run | seed 0 | seed 1 | mean of the ratios (sd) |", lines)
+        # fp8: ratios 0.9 and 1.1 (val), 1.1 and 1.1 (train): means 1.0 and 1.1, sample sd 0.1414 and 0
+        self.assertIn("| fp8 | 0.9000 / 1.1000 | 1.1000 / 1.1000 | 1.0000 (0.1414) / 1.1000 (0.0000) |", lines)
+        # nvfp4 has seed 0 only: seed 1 is n/a, and one ratio has no sd
+        self.assertIn("| nvfp4 | 1.1000 / 1.0000 | n/a / n/a | 1.1000 / 1.0000 |", lines)
+        self.assertIn("| bf16 | 2 | 4.5000 | 3.0000 |", lines)
+        self.assertIn("| fp8 | 2 | 4.4500 | 3.3000 |", lines)
+        with self.assertRaises(ValueError):
+            plot_logs.seed_report(entries + [("fp8", 1, summ(1.0, 1.0))])
+        with self.assertRaises(ValueError):
+            plot_logs.seed_report([("bf16", None, summ(1.0, 1.0))])
+
+    def test_cli_by_seed_from_labels_and_metadata(self):
+        def run(recipe, seed, val, meta_seed=True):
+            head = f"# recipe:{recipe} B:8 T:1024" + (f" seed:{seed}" if meta_seed else "")
+            return write_log([head] + [f"s:{s} trl:{val - 1.0}" for s in range(400)] + [f"s:300 tel:{val}"])
+        logs = [run("bf16", 0, 5.0), run("bf16", 1, 4.0), run("fp8", 0, 5.5), run("fp8", 1, 4.2)]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):  # labels from the metadata (the recipe), seeds from the metadata
+            self.assertEqual(plot_logs.main(logs + ["--by-seed"]), 0)
+        self.assertIn("| fp8 | 1.1000 / 1.1250 | 1.0500 / 1.0667 | 1.0750 (0.0354) / 1.0958 (0.0412) |", out.getvalue())
+        unseeded = [run("bf16", 0, 5.0, False), run("fp8", 0, 5.5, False)]
+        with contextlib.redirect_stdout(io.StringIO()):  # seeds from the labels
+            self.assertEqual(plot_logs.main(unseeded + ["--by-seed", "--labels", "bf16 sd0,fp8 sd0"]), 0)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            self.assertEqual(plot_logs.main(unseeded + ["--by-seed"]), 1)  # no seed anywhere
+
     def test_cli_rejects_a_log_without_losses(self):
         path = write_log(["# only metadata"])
         self.assertEqual(plot_logs.main([path]), 1)
