@@ -290,7 +290,10 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
     a.dqkv = alloc_n<floatX>(BT * 3 * C, "backward scratch");
     a.btc_scratch = alloc_n<floatX>(BT * C, "forward scratch");
     a.ln_partials = alloc_n<float>(layernorm_backward_scratch_floats(C), "layernorm scratch");
-    recipe_init(model->recipe, recipe_options, s, B, T);
+    RecipeOptions ro = recipe_options; // (the recipe may cut its own state like the optimizer's: zero.h)
+    ro.state_owner = model->shard.rank;
+    ro.state_owners = model->shard.owners;
+    recipe_init(model->recipe, ro, s, B, T);
     model->inputs_dev = alloc_n<int>(BT, "inputs");
     model->targets_dev = alloc_n<int>(BT, "targets");
     model->buckets_dev = alloc_n<int>(3 * BT + 1, "embedding buckets");
@@ -1084,6 +1087,15 @@ int main(int argc, char** argv) {
         g_cross_process.ctx = &mg;
         g_cross_process.broadcast_u32 = [](void* ctx, uint32_t* x, size_t n, cudaStream_t st) {
             multi_gpu_broadcast_u32((MultiGpu*)ctx, x, n, st, "a recipe's broadcast from process 0");
+        };
+        g_cross_process.all_reduce_max_u32 = [](void* ctx, uint32_t* x, size_t n, cudaStream_t st) {
+            multi_gpu_all_reduce_max_u32((MultiGpu*)ctx, x, n, st, "a recipe's maximum over the processes");
+        };
+        g_cross_process.all_reduce_sum_f64 = [](void* ctx, double* x, size_t n, cudaStream_t st) {
+            multi_gpu_all_reduce_sum_f64((MultiGpu*)ctx, x, n, st, "a recipe's sum over the processes");
+        };
+        g_cross_process.all_gather_pieces = [](void* ctx, uint8_t* const* bufs, const size_t* bytes, int count, cudaStream_t st) {
+            multi_gpu_all_gather_pieces((MultiGpu*)ctx, bufs, bytes, count, st, "a recipe's all-gather of its pieces");
         };
     }
     matmul_init();

@@ -258,6 +258,31 @@ inline void multi_gpu_all_reduce_max_u32(MultiGpu* mg, uint32_t* x, size_t n, cu
     multi_gpu_before_compute(mg, compute);
 }
 
+// sum of n doubles over the processes, in place
+inline void multi_gpu_all_reduce_sum_f64(MultiGpu* mg, double* x, size_t n, cudaStream_t compute, const char* what) {
+    if (!mg->active || n == 0) return;
+    multi_gpu_after_compute(mg, compute);
+    multi_gpu_begin(mg);
+    ncclCheck(ncclAllReduce(x, x, n, ncclDouble, ncclSum, mg->comm, mg->stream));
+    multi_gpu_end(mg, what);
+    multi_gpu_before_compute(mg, compute);
+}
+
+// in place, for each of `count` buffers of `world` pieces (piece r of buffer i: piece_bytes[i] bytes at
+// bufs[i] + r * piece_bytes[i]): every process's own piece to every process, as one NCCL group
+inline void multi_gpu_all_gather_pieces(MultiGpu* mg, uint8_t* const* bufs, const size_t* piece_bytes, int count,
+                                        cudaStream_t compute, const char* what) {
+    if (!mg->active || count == 0) return;
+    multi_gpu_after_compute(mg, compute);
+    multi_gpu_begin(mg);
+    ncclCheck(ncclGroupStart());
+    for (int i = 0; i < count; i++)
+        ncclCheck(ncclAllGather(bufs[i] + (size_t)mg->rank * piece_bytes[i], bufs[i], piece_bytes[i], ncclUint8, mg->comm, mg->stream));
+    ncclCheck(ncclGroupEnd());
+    multi_gpu_end(mg, what);
+    multi_gpu_before_compute(mg, compute);
+}
+
 // process 0's n uint32 at x to every process (in order on the compute stream)
 inline void multi_gpu_broadcast_u32(MultiGpu* mg, uint32_t* x, size_t n, cudaStream_t compute, const char* what) {
     if (!mg->active || n == 0) return;

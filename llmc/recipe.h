@@ -114,11 +114,21 @@ struct LinearId {
 // the tests) it stays empty and the recipe asks nothing. Every process must make the same calls in
 // the same order (the model's training forward and backward, which every process runs alike), and
 // only while training: evaluation and sampling (process 0 alone) must never call it.
+// All of them work in place on device memory, in order on stream st.
 struct CrossProcess {
     void* ctx = nullptr;
-    // the n uint32 at x (device memory) of process 0 replace every other process's, in order on stream st
+    // the n uint32 at x of process 0 replace every other process's
     void (*broadcast_u32)(void* ctx, uint32_t* x, size_t n, cudaStream_t st) = nullptr;
+    // the maximum over the processes of n uint32 (the bits of non-negative floats order like them)
+    void (*all_reduce_max_u32)(void* ctx, uint32_t* x, size_t n, cudaStream_t st) = nullptr;
+    // the sum over the processes of n doubles
+    void (*all_reduce_sum_f64)(void* ctx, double* x, size_t n, cudaStream_t st) = nullptr;
+    // for each of `count` buffers, cut into one piece per process (buffer i: piece r is the bytes
+    // [r * piece_bytes[i], (r + 1) * piece_bytes[i]) of bufs[i]): each process's own piece to all
+    void (*all_gather_pieces)(void* ctx, uint8_t* const* bufs, const size_t* piece_bytes, int count, cudaStream_t st) = nullptr;
     bool active() const { return broadcast_u32 != nullptr; }
+    // whether a recipe can cut its state into pieces, one per process (TCFP-12's EF buffer under ZeRO-1)
+    bool shares_pieces() const { return all_reduce_max_u32 && all_reduce_sum_f64 && all_gather_pieces; }
 };
 inline CrossProcess g_cross_process;
 

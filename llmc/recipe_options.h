@@ -32,6 +32,11 @@ struct RecipeOptions {
     int tcfp_abd = 0;            // -tabd: dgrad with W_hi alone
     int tcfp_fp8_wgrad = 0;      // -tfw: weight gradient on FP8 tensor cores (0: BF16, the seed's hp_grad_weight)
     int tcfp_fast_accum = 0;     // -tfa: Hopper's fast FP8 accumulation for the W_hi GEMMs too (W_lo's always)
+    // not flags: ZeRO-1's owners of the optimizer state (zero.h), which gpt_allocate copies from the
+    // model's shard layout: this process's place among them and their number (1 unless -z 1 over
+    // several processes). TCFP-12 cuts its EF buffer the same way.
+    int state_owner = 0;
+    int state_owners = 1;
 };
 
 // A recipe's recipe_init replaces -1 (the flags' default) by its own default number of layers to

@@ -92,7 +92,13 @@ struct Recipe {
     uint8_t *hi_scale = nullptr, *lo_scale = nullptr; // scale codes, per linear at group_offset
     uint8_t *hi_t = nullptr, *lo_t = nullptr;     // per tensor: the codes transposed (C x OC), for dgrad
     floatX *hi_bf = nullptr, *lo_bf = nullptr;    // per block: deq(W_hi), deq(W_lo) as BF16
-    float* ef = nullptr;                          // EF buffers (with error feedback)
+    float* ef = nullptr;                          // EF buffers (with error feedback; only this process's pieces
+                                                  // under ZeRO-1, tcfp12_split_pieces)
+    // ZeRO-1 over several processes, with error feedback: this process's place among the owners of the
+    // EF buffer and their number (1: the whole buffer here), and the statistics they exchange
+    int owner = 0, owners = 1;
+    uint32_t* exchange_maxima = nullptr;          // 2 per linear (tcfp12_stats_pack_kernel)
+    double* exchange_sums = nullptr;              // 6 per linear
     float* pdds = nullptr;                        // PDDS state, one float per group (with PDDS)
     float* weight_slots = nullptr;                // per linear: W_hi and W_lo scale slots
     Tcfp12SplitStats* split_stats = nullptr;      // per linear
@@ -190,6 +196,10 @@ inline bool tcfp12_applies(const Recipe& r, LinearId id, int N, int C, int OC) {
     return N % 16 == 0 && C % 16 == 0 && OC % 16 == 0; // (recipe_init refuses a -tb that does not divide C)
 }
 
+// The EF buffer's elements in this process: every quantized weight's, or its piece of each under ZeRO-1
+// (at least one, so that a model with no quantized layer still allocates something)
+inline size_t tcfp12_ef_elements(const Recipe& r) { return std::max<size_t>(r.total_elems / (size_t)r.owners, 1); }
+
 inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T) {
     r.options = o;
     resolve_skip_defaults(r.options, 0, 0);
@@ -230,9 +240,23 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
         r.hi_t = (uint8_t*)cuda_malloc_or_die(ne, "tcfp12 W_hi^T");
         r.lo_t = (uint8_t*)cuda_malloc_or_die(ne, "tcfp12 W_lo^T");
     }
+    // ZeRO-1 (-z 1 over several processes): the EF buffer is cut like the AdamW state, into one piece per
+    // process (tcfp12_split_pieces). Without processes to exchange the pieces (the one-GPU tests of
+    // test_gpt.cu that play two owners in turn) each owner keeps the whole buffer.
+    r.owner = 0;
+    r.owners = 1;
+    if (r.use_ef && o.state_owners > 1 && g_cross_process.shares_pieces()) {
+        r.owner = o.state_owner;
+        r.owners = o.state_owners;
+        if (r.owner < 0 || r.owner >= r.owners) input_error("internal: tcfp12: EF owner %d of %d", r.owner, r.owners);
+        // (every weight is a multiple of C elements, and zero.h already refused a process count that does not divide C)
+        r.exchange_maxima = (uint32_t*)cuda_malloc_or_die((size_t)2 * nl * sizeof(uint32_t), "tcfp12 scratch");
+        r.exchange_sums = (double*)cuda_malloc_or_die((size_t)6 * nl * sizeof(double), "tcfp12 scratch");
+    }
     if (r.use_ef) {
-        r.ef = (float*)cuda_malloc_or_die(ne * sizeof(float), "tcfp12 error-feedback buffer");
-        cudaCheck(cudaMemset(r.ef, 0, ne * sizeof(float)));
+        const size_t nef = tcfp12_ef_elements(r);
+        r.ef = (float*)cuda_malloc_or_die(nef * sizeof(float), "tcfp12 error-feedback buffer");
+        cudaCheck(cudaMemset(r.ef, 0, nef * sizeof(float)));
     }
     if (r.split.pdds) {
         r.pdds = (float*)cuda_malloc_or_die(ng * sizeof(float), "tcfp12 PDDS state");
@@ -311,7 +335,8 @@ inline std::string recipe_describe(const Recipe& r) {
                                                      : r.concat_mode == 1 ? ", one K-concatenated where cuBLASLt has it (LLMC_TCFP12_CONCAT=1)"
                                                                           : " or one K-concatenated, the faster per shape").c_str(),
                   r.emulated ? "" : r.speculate ? " (speculative)" : " (LLMC_TCFP12_SPECULATE=0)",
-                  o.tcfp_fp8_wgrad ? "FP8" : "BF16", layers.c_str(), o.skip_first, o.skip_last);
+                  o.tcfp_fp8_wgrad ? "FP8" : "BF16", layers.c_str(), o.skip_first, o.skip_last) +
+           (r.owners > 1 ? strfmt("; the EF buffer in %d pieces, one per process (ZeRO-1)", r.owners) : std::string());
 }
 
 // The split's seed for SRR: the run's seed, the split counter and the linear, mixed
@@ -349,15 +374,84 @@ inline void tcfp12_derive(Recipe& r, int li, int OC, int C, cudaStream_t st) {
     }
 }
 
+// The processes of a sharded split combine their statistics: the maxima (sums = false) or the sums
+inline void tcfp12_exchange_stats(Recipe& r, bool sums, cudaStream_t st) {
+    const int nl = r.num_linears;
+    uint32_t* maxima = sums ? nullptr : r.exchange_maxima;
+    double* s = sums ? r.exchange_sums : nullptr;
+    tcfp12_stats_pack_kernel<<<ceil_div(nl, 128), 128, 0, st>>>(r.split_stats, nl, maxima, s, false);
+    cudaCheckLaunch();
+    if (sums) g_cross_process.all_reduce_sum_f64(g_cross_process.ctx, s, (size_t)6 * nl, st);
+    else g_cross_process.all_reduce_max_u32(g_cross_process.ctx, maxima, (size_t)2 * nl, st);
+    tcfp12_stats_pack_kernel<<<ceil_div(nl, 128), 128, 0, st>>>(r.split_stats, nl, maxima, s, true);
+    cudaCheckLaunch();
+}
+
+// ZeRO-1 over P processes (r.owners > 1): process p owns the piece [p n/P, (p+1) n/P) of each weight's n
+// elements (OC/P whole rows of the OC x C matrix), the piece zero.h gives it of the master weights, and
+// keeps only that piece of the EF buffer (at elem_offset / P). It splits its pieces only; in between,
+// the processes combine what the scales of a whole tensor depend on, so that every piece gets the codes
+// that the split of the whole tensor gives it, bit for bit:
+//   per tensor: the amax of W + EF (after phase 0) and of the residual (after phase 1) are maxima
+//     over the processes, then the W_lo pass, then the counts (the zero-residual sentinel reads
+//     lo_nonzero) are sums; then the scale codes;
+//   per block (-tb): blocks run along a row, so each lies inside one piece and needs nothing from the
+//     others (the PDDS state of a block lives with its owner); the maxima and sums are combined only
+//     for the telemetry, which then describes the whole tensor as without ZeRO-1.
+// Then one all-gather gives every process all the codes (and per block the scale codes): 2 bytes per
+// weight, against the 4 x (P - 1) / P of the EF buffer it saves.
+inline void tcfp12_split_pieces(Recipe& r, const LinearWeights& w, cudaStream_t st) {
+    const size_t P = (size_t)r.owners, me = (size_t)r.owner;
+    const int B = r.split.block_size;
+    std::vector<uint8_t*> bufs;
+    std::vector<size_t> piece_bytes;
+    for (int phase = 0; phase < (B ? 1 : 4); phase++) {
+        for (int l = 0; l < r.L; l++) {
+            if (!layer_is_quantized(r.options, l, r.L)) continue;
+            for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+                const int li = l * NUM_LINEAR_KINDS + k;
+                const int C = linear_in_features((LinearKind)k, r.C), OC = linear_out_features((LinearKind)k, r.C);
+                const size_t piece = (size_t)OC * C / P, p0 = me * piece, e0 = r.elem_offset[li];
+                const floatX* wp = w.weight[k] + (size_t)l * OC * C + p0;
+                float* ef = r.ef + e0 / P;
+                uint8_t *hi = r.hi + e0 + p0, *lo = r.lo + e0 + p0;
+                if (B) {
+                    const size_t g0 = r.group_offset[li] + p0 / B;
+                    tcfp12_split(wp, (int)((size_t)OC / P), C, r.split, ef, r.split.pdds ? r.pdds + g0 : nullptr,
+                                 tcfp12_split_seed(r, li), hi, lo, r.hi_scale + g0, r.lo_scale + g0, r.split_stats + li, st);
+                } else {
+                    const size_t g0 = r.group_offset[li];
+                    tcfp12_split_tensor_phase(phase, wp, (long long)piece, r.split, ef, r.split.pdds ? r.pdds + g0 : nullptr,
+                                              tcfp12_split_seed(r, li), hi, lo, r.hi_scale + g0, r.lo_scale + g0,
+                                              r.split_stats + li, st);
+                }
+                if (phase == 0) { // what the all-gather fills in: this linear's codes (and per block its scale codes)
+                    bufs.push_back(r.hi + e0); piece_bytes.push_back(piece);
+                    bufs.push_back(r.lo + e0); piece_bytes.push_back(piece);
+                    if (B) {
+                        bufs.push_back(r.hi_scale + r.group_offset[li]); piece_bytes.push_back(piece / B);
+                        bufs.push_back(r.lo_scale + r.group_offset[li]); piece_bytes.push_back(piece / B);
+                    }
+                }
+            }
+        }
+        if (B) { tcfp12_exchange_stats(r, false, st); tcfp12_exchange_stats(r, true, st); }
+        else if (phase <= 1) tcfp12_exchange_stats(r, false, st);
+        else if (phase == 2) tcfp12_exchange_stats(r, true, st);
+    }
+    g_cross_process.all_gather_pieces(g_cross_process.ctx, bufs.data(), piece_bytes.data(), (int)bufs.size(), st);
+}
+
 inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream_t st) {
     const bool split = !r.skip_next_split;
     r.skip_next_split = false;
+    if (split && r.owners > 1) tcfp12_split_pieces(r, w, st);
     for (int l = 0; l < r.L; l++) {
         if (!layer_is_quantized(r.options, l, r.L)) continue;
         for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
             const int li = l * NUM_LINEAR_KINDS + k;
             const int C = linear_in_features((LinearKind)k, r.C), OC = linear_out_features((LinearKind)k, r.C);
-            if (split) {
+            if (split && r.owners == 1) {
                 tcfp12_split(w.weight[k] + (size_t)l * OC * C, OC, C, r.split, r.use_ef ? r.ef + r.elem_offset[li] : nullptr,
                              r.split.pdds ? r.pdds + r.group_offset[li] : nullptr, tcfp12_split_seed(r, li),
                              r.hi + r.elem_offset[li], r.lo + r.elem_offset[li], r.hi_scale + r.group_offset[li],
@@ -916,9 +1010,10 @@ inline void recipe_save(const Recipe& r, StateWriter& w) {
     w.add_copy("tcfp12_w_lo", lo.data(), ne);
     w.add_copy("tcfp12_hi_scale", hs.data(), ng);
     w.add_copy("tcfp12_lo_scale", ls.data(), ng);
-    if (r.use_ef) {
-        auto ef = tcfp12_download(r.ef, ne);
-        w.add_copy("tcfp12_error_feedback", ef.data(), ne * sizeof(float));
+    if (r.use_ef) { // (under ZeRO-1 this process's pieces: each process writes its own state file)
+        const size_t nef = r.total_elems / (size_t)r.owners;
+        auto ef = tcfp12_download(r.ef, nef);
+        w.add_copy("tcfp12_error_feedback", ef.data(), nef * sizeof(float));
     }
     if (r.split.pdds) {
         auto pd = tcfp12_download(r.pdds, ng);
@@ -951,9 +1046,15 @@ inline void recipe_load(Recipe& r, StateReader& rd) {
     rd.read("tcfp12_lo_scale", s.data(), ng);
     if (ng) cudaCheck(cudaMemcpy(r.lo_scale, s.data(), ng, cudaMemcpyHostToDevice));
     if (r.use_ef) {
-        std::vector<float> ef(ne);
-        rd.read("tcfp12_error_feedback", ef.data(), ne * sizeof(float));
-        if (ne) cudaCheck(cudaMemcpy(r.ef, ef.data(), ne * sizeof(float), cudaMemcpyHostToDevice));
+        const size_t nef = r.total_elems / (size_t)r.owners;
+        if (rd.size_of("tcfp12_error_feedback") != nef * sizeof(float))
+            input_error("the checkpoint's TCFP-12 error-feedback buffer holds %zu values, this process keeps %zu (%s); "
+                        "resume with the process count and -z the checkpoint was written with",
+                        rd.size_of("tcfp12_error_feedback") / sizeof(float), nef,
+                        r.owners > 1 ? strfmt("its piece under ZeRO-1 over %d processes", r.owners).c_str() : "the whole buffer");
+        std::vector<float> ef(nef);
+        rd.read("tcfp12_error_feedback", ef.data(), nef * sizeof(float));
+        if (nef) cudaCheck(cudaMemcpy(r.ef, ef.data(), nef * sizeof(float), cudaMemcpyHostToDevice));
     }
     if (r.split.pdds) {
         std::vector<float> pd(ng);

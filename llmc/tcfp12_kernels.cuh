@@ -221,6 +221,34 @@ __global__ void tcfp12_tensor_finish_kernel(Tcfp12SplitStats* st, uint8_t* hi_sc
 }
 
 // ---- host wrappers of the split ------------------------------------------------------------------
+// Per tensor, the split in its four phases: 0 the amax pass, 1 the W_hi scale and the W_hi pass, 2 the
+// W_lo scale and the W_lo pass, 3 the scale codes with the sentinel. Under ZeRO-1 a process splits its
+// own piece of a weight (recipe_tcfp12.h), and the processes combine st's maxima after phases 0 and 1
+// and its counts after phase 2 (tcfp12_stats_pack_kernel), so that every piece is split with the
+// scales of the whole tensor. st is zeroed in phase 0. (SRR draws its bits from the element's index in
+// w, so a piece would draw other bits than the whole tensor; SRR keeps no EF buffer, and only the EF
+// buffer is cut into pieces.)
+template <typename InT>
+inline void tcfp12_split_tensor_phase(int phase, const InT* w, long long n, const llmc::Tcfp12Options& o, float* ef,
+                                      float* pdds_ema, uint32_t srr_seed, uint8_t* hi, uint8_t* lo, uint8_t* hi_scale,
+                                      uint8_t* lo_scale, Tcfp12SplitStats* st, cudaStream_t stream) {
+    const bool srr = o.srr != 0;
+    const int grid = fp8_grid_size(n, 256);
+    if (phase == 0) {
+        cudaCheck(cudaMemsetAsync(st, 0, sizeof(Tcfp12SplitStats), stream));
+        tcfp12_split_tensor_kernel<InT, TCFP_PASS_AMAX><<<grid, 256, 0, stream>>>(w, ef, n, srr, srr_seed, hi, lo, st);
+    } else if (phase == 1) {
+        tcfp12_tensor_hi_scale_kernel<<<1, 1, 0, stream>>>(st, o.pdds ? pdds_ema : nullptr);
+        tcfp12_split_tensor_kernel<InT, TCFP_PASS_HI><<<grid, 256, 0, stream>>>(w, ef, n, srr, srr_seed, hi, lo, st);
+    } else if (phase == 2) {
+        tcfp12_tensor_lo_scale_kernel<<<1, 1, 0, stream>>>(st, o.pdds != 0);
+        tcfp12_split_tensor_kernel<InT, TCFP_PASS_LO><<<grid, 256, 0, stream>>>(w, ef, n, srr, srr_seed, hi, lo, st);
+    } else {
+        tcfp12_tensor_finish_kernel<<<1, 1, 0, stream>>>(st, hi_scale, lo_scale);
+    }
+    cudaCheckLaunch();
+}
+
 // Split W (rows x cols, row-major; float or floatX) under the options o (valid: tcfp12_validate).
 // ef: rows*cols floats (iff tcfp12_uses_ef), updated in place; pdds_ema: one float per group (iff
 // o.pdds); hi, lo: rows*cols codes; hi_scale, lo_scale: one code per group; st: zeroed here.
@@ -228,29 +256,47 @@ template <typename InT>
 inline void tcfp12_split(const InT* w, int rows, int cols, const llmc::Tcfp12Options& o, float* ef, float* pdds_ema,
                          uint32_t srr_seed, uint8_t* hi, uint8_t* lo, uint8_t* hi_scale, uint8_t* lo_scale,
                          Tcfp12SplitStats* st, cudaStream_t stream) {
-    cudaCheck(cudaMemsetAsync(st, 0, sizeof(Tcfp12SplitStats), stream));
     const long long n = (long long)rows * cols;
-    const bool srr = o.srr != 0;
     if (o.block_size == 0) {
-        const int grid = fp8_grid_size(n, 256);
-        tcfp12_split_tensor_kernel<InT, TCFP_PASS_AMAX><<<grid, 256, 0, stream>>>(w, ef, n, srr, srr_seed, hi, lo, st);
-        tcfp12_tensor_hi_scale_kernel<<<1, 1, 0, stream>>>(st, o.pdds ? pdds_ema : nullptr);
-        tcfp12_split_tensor_kernel<InT, TCFP_PASS_HI><<<grid, 256, 0, stream>>>(w, ef, n, srr, srr_seed, hi, lo, st);
-        tcfp12_tensor_lo_scale_kernel<<<1, 1, 0, stream>>>(st, o.pdds != 0);
-        tcfp12_split_tensor_kernel<InT, TCFP_PASS_LO><<<grid, 256, 0, stream>>>(w, ef, n, srr, srr_seed, hi, lo, st);
-        tcfp12_tensor_finish_kernel<<<1, 1, 0, stream>>>(st, hi_scale, lo_scale);
-    } else {
-        const long long groups = n / o.block_size;
-        const int grid = fp8_grid_size(groups * 32, 256);
-        float* pd = o.pdds ? pdds_ema : nullptr;
-        if (o.block_size == 32)
-            tcfp12_split_blocks_kernel<InT, 32><<<grid, 256, 0, stream>>>(w, ef, pd, groups, srr, srr_seed, hi, lo, hi_scale, lo_scale, st);
-        else if (o.block_size == 64)
-            tcfp12_split_blocks_kernel<InT, 64><<<grid, 256, 0, stream>>>(w, ef, pd, groups, srr, srr_seed, hi, lo, hi_scale, lo_scale, st);
-        else
-            tcfp12_split_blocks_kernel<InT, 128><<<grid, 256, 0, stream>>>(w, ef, pd, groups, srr, srr_seed, hi, lo, hi_scale, lo_scale, st);
+        for (int phase = 0; phase < 4; phase++)
+            tcfp12_split_tensor_phase(phase, w, n, o, ef, pdds_ema, srr_seed, hi, lo, hi_scale, lo_scale, st, stream);
+        return;
     }
+    cudaCheck(cudaMemsetAsync(st, 0, sizeof(Tcfp12SplitStats), stream));
+    const bool srr = o.srr != 0;
+    const long long groups = n / o.block_size;
+    const int grid = fp8_grid_size(groups * 32, 256);
+    float* pd = o.pdds ? pdds_ema : nullptr;
+    if (o.block_size == 32)
+        tcfp12_split_blocks_kernel<InT, 32><<<grid, 256, 0, stream>>>(w, ef, pd, groups, srr, srr_seed, hi, lo, hi_scale, lo_scale, st);
+    else if (o.block_size == 64)
+        tcfp12_split_blocks_kernel<InT, 64><<<grid, 256, 0, stream>>>(w, ef, pd, groups, srr, srr_seed, hi, lo, hi_scale, lo_scale, st);
+    else
+        tcfp12_split_blocks_kernel<InT, 128><<<grid, 256, 0, stream>>>(w, ef, pd, groups, srr, srr_seed, hi, lo, hi_scale, lo_scale, st);
     cudaCheckLaunch();
+}
+
+// ZeRO-1: what the processes of a sharded split combine, per weight (n statistics): the two maxima
+// (bits of non-negative floats, combined by maximum: maxima[i] = amax, maxima[n + i] = lo_amax) and
+// the six sums (as doubles, combined by sum; the counts stay below 2^53, so they are exact:
+// sums[6i ...] = hi_saturated, lo_saturated, lo_nonzero, zero_residual_groups, err2, weff2).
+// unpack = false copies them out of the statistics, true back in.
+__global__ void tcfp12_stats_pack_kernel(Tcfp12SplitStats* st, int n, uint32_t* maxima, double* sums, bool unpack) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    Tcfp12SplitStats& s = st[i];
+    if (maxima && !unpack) { maxima[i] = s.amax_bits; maxima[n + i] = s.lo_amax_bits; }
+    if (maxima && unpack) { s.amax_bits = maxima[i]; s.lo_amax_bits = maxima[n + i]; }
+    double* d = sums ? sums + 6 * (size_t)i : nullptr;
+    if (d && !unpack) {
+        d[0] = (double)s.hi_saturated; d[1] = (double)s.lo_saturated; d[2] = (double)s.lo_nonzero;
+        d[3] = (double)s.zero_residual_groups; d[4] = s.err2; d[5] = s.weff2;
+    }
+    if (d && unpack) {
+        s.hi_saturated = (unsigned long long)d[0]; s.lo_saturated = (unsigned long long)d[1];
+        s.lo_nonzero = (unsigned long long)d[2]; s.zero_residual_groups = (unsigned long long)d[3];
+        s.err2 = d[4]; s.weff2 = d[5];
+    }
 }
 
 // ---- what the GEMMs read ---------------------------------------------------------------------------

@@ -9,9 +9,10 @@
 #     the same -d (D = 2048 NPROC: one micro-step per process, NPROC on the single process): step 1
 #     within 1e-4, step 2 within 1e-3, the first 10 steps within 0.05 (FP32 sums in another order,
 #     amplified by training); the largest difference over all the steps is printed;
-#   - ZeRO-1 divides the optimizer state per GPU by NPROC (the banner's figure);
+#   - ZeRO-1 divides the optimizer state per GPU by NPROC (the banner's figure); tcfp12's main.log
+#     says that -z 1 cuts its EF buffer into NPROC pieces;
 #   - an NPROC-process checkpoint resumes bit-identically, and resuming it with 1 process is a clear
-#     error;
+#     error (bf16, and tcfp12 when it is among RECIPES);
 #   - killing process 1 (SIGKILL) ends the others with a clear error within 60 s, with and without
 #     the launcher.
 #   NPROC=4 bash dev/test/multi_gpu.sh "bf16 fp8"   runs them with 4 processes (C = 768 must divide).
@@ -112,19 +113,30 @@ for r in $RECIPES; do
     else
         fail "$r: ZeRO-1 optimizer state per GPU '$g1' vs '$g0'"
     fi
+    if [[ $r == tcfp12 ]]; then # its EF buffer is cut like the optimizer state under -z 1 only
+        if grep -q "EF buffer in $P pieces" "$work/$r.${P}z1/main.log" && ! grep -q "EF buffer in" "$work/$r.${P}z0/main.log"; then
+            pass "$r: with -z 1 each process keeps 1/$P of the EF buffer (main.log), with -z 0 all of it"
+        else
+            fail "$r: main.log does not say that -z 1 cuts the EF buffer into $P pieces: $(grep -h '^# tcfp12' "$work/$r.${P}z1/main.log")"
+        fi
+    fi
 done
 
-# resume: a P-process checkpoint continues bit-identically; with 1 process it is refused
-r=bf16
-bash scripts/launch.sh $P ./train_gpt_$r "${COMMON[@]}" -x 20 -d $D -n 10 -o "$work/full" > /dev/null 2>&1
-bash scripts/launch.sh $P ./train_gpt_$r "${COMMON[@]}" -x 10 -d $D -o "$work/cut" > /dev/null 2>&1
-bash scripts/launch.sh $P ./train_gpt_$r "${COMMON[@]}" -x 20 -d $D -o "$work/cut" -y 1 > "$work/resume.out" 2>&1
-losses "$work/full" | tail -n 10 > "$work/a"; losses "$work/cut" | tail -n 10 > "$work/b"
-if [[ -s "$work/a" ]] && cmp -s "$work/a" "$work/b"; then pass "$P processes: a resumed run's losses are bit-identical"
-else fail "$P processes: resumed losses differ: $(paste "$work/a" "$work/b" | head -n 3 | tr '\n' ' ')"; fi
-out=$(./train_gpt_$r "${COMMON[@]}" -x 30 -d $D -o "$work/cut" -y 1 2>&1); rc=$?
-[[ $rc -ne 0 ]] && grep -q "written by $P processes, this run has 1" <<<"$out" && pass "resuming a $P-process checkpoint with 1 process is refused" ||
-    fail "1-process resume of a $P-process checkpoint: exit $rc: $(tail -n 2 <<<"$out")"
+# resume: a P-process checkpoint continues bit-identically; with 1 process it is refused (bf16, and
+# tcfp12 when it is tested: each process's state file then holds its piece of the EF buffer)
+resume_recipes=bf16; [[ " $RECIPES " == *" tcfp12 "* ]] && resume_recipes="bf16 tcfp12"
+for r in $resume_recipes; do
+    make -s train_gpt_$r || { fail "build train_gpt_$r"; continue; }
+    bash scripts/launch.sh $P ./train_gpt_$r "${COMMON[@]}" -x 20 -d $D -n 10 -o "$work/$r.full" > /dev/null 2>&1
+    bash scripts/launch.sh $P ./train_gpt_$r "${COMMON[@]}" -x 10 -d $D -o "$work/$r.cut" > /dev/null 2>&1
+    bash scripts/launch.sh $P ./train_gpt_$r "${COMMON[@]}" -x 20 -d $D -o "$work/$r.cut" -y 1 > "$work/$r.resume.out" 2>&1
+    losses "$work/$r.full" | tail -n 10 > "$work/a"; losses "$work/$r.cut" | tail -n 10 > "$work/b"
+    if [[ -s "$work/a" ]] && cmp -s "$work/a" "$work/b"; then pass "$r: $P processes: a resumed run's losses are bit-identical"
+    else fail "$r: $P processes: resumed losses differ: $(paste "$work/a" "$work/b" | head -n 3 | tr '\n' ' ')"; fi
+    out=$(./train_gpt_$r "${COMMON[@]}" -x 30 -d $D -o "$work/$r.cut" -y 1 2>&1); rc=$?
+    [[ $rc -ne 0 ]] && grep -q "written by $P processes, this run has 1" <<<"$out" && pass "$r: resuming a $P-process checkpoint with 1 process is refused" ||
+        fail "$r: 1-process resume of a $P-process checkpoint: exit $rc: $(tail -n 2 <<<"$out")"
+done
 
 # faults: kill process 1 in the middle of a run
 kill_test() { # $1 = with launcher (1) or not (0)

@@ -12,12 +12,19 @@
 //      alone under ABD) and wgrad (BF16 or FP8) against float64 products of the dequantized
 //      operands, with x and dy quantized on the CPU with the fresh power-of-two scales; and the
 //      dual GEMM against the unquantized product, within FP8's error.
+//   4. ZeRO-1 on one GPU (test_ef_pieces): two threads play two processes that each keep a piece of the
+//      EF buffer and split only their pieces; everything they end up with equals the whole split's.
 //
 //   make build/test_tcfp12 && ./build/test_tcfp12
 // Prints [PASS]/[FAIL] lines and "tcfp12 tests: N passed, N failed"; exit 0 iff all pass. Without a
 // CUDA device: "skipped: no CUDA device", exit 77.
 #include <cmath>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <thread>
+#include <unistd.h>
 #include <random>
 #include <string>
 #include <vector>
@@ -842,6 +849,208 @@ static void test_layernorm_gradient_codes(const char* label, RecipeOptions ro, i
         cudaFree(p);
 }
 
+// ---- ZeRO-1 on one GPU: the EF buffer in pieces ----------------------------------------------------
+// Two host threads play two processes, each with its own stream and its own recipe (owner 0 and 1 of 2,
+// recipe_tcfp12.h: tcfp12_split_pieces); recipe.h's CrossProcess collectives meet in host memory: each
+// thread copies its buffer out, waits for the other, combines them in rank order and copies the result
+// back. Against one recipe that owns everything, over consecutive splits of changing weights, the codes
+// and scale codes of both processes, each process's EF pieces, the PDDS state and the split's statistics
+// must be bit-identical (the two sums of doubles within 1e-12); a process's state file round-trips, and
+// a whole buffer's state is refused by a process that keeps a piece.
+struct HostGroup {
+    int size = 2;
+    std::mutex m;
+    std::condition_variable cv;
+    int arrived = 0;
+    long long generation = 0;
+    std::vector<std::vector<uint8_t>> slot = std::vector<std::vector<uint8_t>>(2);
+    void wait() { // every thread arrives before any leaves
+        std::unique_lock<std::mutex> lock(m);
+        const long long g = generation;
+        if (++arrived == size) { arrived = 0; generation++; cv.notify_all(); }
+        else cv.wait(lock, [&] { return generation != g; });
+    }
+};
+static HostGroup g_host_group;
+static thread_local int t_rank = 0;
+static thread_local int t_collectives = 0;
+
+template <typename T, typename Combine>
+static void host_all_reduce(T* x, size_t n, cudaStream_t st, Combine combine) {
+    HostGroup& g = g_host_group;
+    t_collectives++;
+    g.slot[t_rank].resize(n * sizeof(T));
+    cudaCheck(cudaMemcpyAsync(g.slot[t_rank].data(), x, n * sizeof(T), cudaMemcpyDeviceToHost, st));
+    cudaCheck(cudaStreamSynchronize(st));
+    g.wait();
+    std::vector<T> out(n);
+    memcpy(out.data(), g.slot[0].data(), n * sizeof(T));
+    for (int q = 1; q < g.size; q++)
+        for (size_t i = 0; i < n; i++) out[i] = combine(out[i], ((const T*)g.slot[q].data())[i]);
+    g.wait(); // (both have read the slots)
+    cudaCheck(cudaMemcpyAsync(x, out.data(), n * sizeof(T), cudaMemcpyHostToDevice, st));
+    cudaCheck(cudaStreamSynchronize(st));
+}
+
+static void host_all_gather_pieces(void*, uint8_t* const* bufs, const size_t* piece_bytes, int count, cudaStream_t st) {
+    HostGroup& g = g_host_group;
+    t_collectives++;
+    size_t total = 0;
+    for (int i = 0; i < count; i++) total += piece_bytes[i];
+    g.slot[t_rank].resize(total);
+    size_t at = 0;
+    for (int i = 0; i < count; i++) {
+        cudaCheck(cudaMemcpyAsync(g.slot[t_rank].data() + at, bufs[i] + (size_t)t_rank * piece_bytes[i], piece_bytes[i],
+                                  cudaMemcpyDeviceToHost, st));
+        at += piece_bytes[i];
+    }
+    cudaCheck(cudaStreamSynchronize(st));
+    g.wait();
+    for (int q = 0; q < g.size; q++) {
+        if (q == t_rank) continue;
+        at = 0;
+        for (int i = 0; i < count; i++) {
+            cudaCheck(cudaMemcpyAsync(bufs[i] + (size_t)q * piece_bytes[i], g.slot[q].data() + at, piece_bytes[i],
+                                      cudaMemcpyHostToDevice, st));
+            at += piece_bytes[i];
+        }
+    }
+    cudaCheck(cudaStreamSynchronize(st));
+    g.wait();
+}
+
+static void test_ef_pieces(const char* label, RecipeOptions ro, int channels, int layers, int splits) {
+    ModelShape shape;
+    shape.num_layers = layers; shape.channels = channels; shape.num_heads = 1;
+    const int B = 2, T = 64, P = 2;
+    g_cross_process.all_reduce_max_u32 = [](void*, uint32_t* x, size_t n, cudaStream_t st) {
+        host_all_reduce(x, n, st, [](uint32_t a, uint32_t b) { return std::max(a, b); });
+    };
+    g_cross_process.all_reduce_sum_f64 = [](void*, double* x, size_t n, cudaStream_t st) {
+        host_all_reduce(x, n, st, [](double a, double b) { return a + b; });
+    };
+    g_cross_process.all_gather_pieces = host_all_gather_pieces;
+    Recipe whole, piece[P];
+    recipe_init(whole, ro, shape, B, T);
+    for (int q = 0; q < P; q++) {
+        RecipeOptions rq = ro;
+        rq.state_owner = q;
+        rq.state_owners = P;
+        recipe_init(piece[q], rq, shape, B, T);
+    }
+    const bool ef = whole.use_ef;
+    check(piece[0].owners == (ef ? P : 1) && piece[1].owner == (ef ? 1 : 0),
+          "%s: %s", label, ef ? "each process keeps its piece of the EF buffer" : "without an EF buffer nothing is cut into pieces");
+    const size_t ne = whole.total_elems, ng = whole.total_groups, nl = (size_t)whole.num_linears;
+    std::vector<floatX*> wd(NUM_LINEAR_KINDS, nullptr);
+    size_t bad_codes = 0, bad_ef = 0, bad_pdds = 0, bad_stats = 0;
+    double worst_sum = 0.0;
+    int collectives[P] = {0, 0};
+    for (int t = 0; t < splits; t++) {
+        // every process holds the same (whole) BF16 weights, as after ZeRO-1's parameter all-gather
+        LinearWeights lw;
+        for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+            const int C = linear_in_features((LinearKind)k, channels), OC = linear_out_features((LinearKind)k, channels);
+            if (wd[k]) cudaCheck(cudaFree(wd[k]));
+            wd[k] = to_device(to_bf(make_weights(layers * OC, C, t, false, true, 900 + k)));
+            lw.weight[k] = wd[k];
+        }
+        recipe_weights_changed(whole, lw, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        std::thread threads[P];
+        for (int q = 0; q < P; q++) {
+            threads[q] = std::thread([&, q] {
+                t_rank = q;
+                t_collectives = 0;
+                cudaCheck(cudaSetDevice(0));
+                cudaStream_t st;
+                cudaCheck(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+                recipe_weights_changed(piece[q], lw, st);
+                cudaCheck(cudaStreamSynchronize(st));
+                cudaCheck(cudaStreamDestroy(st));
+                collectives[q] = t_collectives;
+            });
+        }
+        for (std::thread& th : threads) th.join();
+        const auto hi = to_host(whole.hi, ne), lo = to_host(whole.lo, ne);
+        const auto hs = to_host(whole.hi_scale, ng), ls = to_host(whole.lo_scale, ng);
+        const auto ss = to_host(whole.split_stats, nl);
+        const auto wef = ef ? to_host(whole.ef, ne) : std::vector<float>();
+        const auto wpd = ro.tcfp_pdds ? to_host(whole.pdds, ng) : std::vector<float>();
+        for (int q = 0; q < P; q++) {
+            const Recipe& r = piece[q];
+            bad_codes += count_diff(to_host(r.hi, ne), hi) + count_diff(to_host(r.lo, ne), lo) +
+                         count_diff(to_host(r.hi_scale, ng), hs) + count_diff(to_host(r.lo_scale, ng), ls);
+            const auto pef = ef ? to_host(r.ef, ne / r.owners) : std::vector<float>();
+            const auto ppd = ro.tcfp_pdds ? to_host(r.pdds, ng) : std::vector<float>();
+            const auto ps = to_host(r.split_stats, nl);
+            for (size_t li = 0; li < nl; li++) {
+                const int k = (int)(li % NUM_LINEAR_KINDS);
+                const size_t n = (size_t)linear_in_features((LinearKind)k, channels) * linear_out_features((LinearKind)k, channels);
+                const size_t e0 = whole.elem_offset[li], g0 = whole.group_offset[li];
+                if (ef) {
+                    const size_t pc = n / r.owners, p0 = (size_t)r.owner * pc;
+                    for (size_t j = 0; j < pc; j++) bad_ef += fbits(pef[e0 / r.owners + j]) != fbits(wef[e0 + p0 + j]);
+                }
+                if (ro.tcfp_pdds) { // per tensor the one EMA; per block the owner's blocks
+                    const int bs = ro.tcfp_block;
+                    const size_t groups = bs ? n / bs : 1, mine0 = bs && ef ? (size_t)r.owner * groups / r.owners : 0;
+                    const size_t mine = bs && ef ? groups / r.owners : groups;
+                    for (size_t j = mine0; j < mine0 + mine; j++) bad_pdds += fbits(ppd[g0 + j]) != fbits(wpd[g0 + j]);
+                }
+                const Tcfp12SplitStats &a = ps[li], &b = ss[li];
+                bad_stats += a.amax_bits != b.amax_bits || a.lo_amax_bits != b.lo_amax_bits || a.hi_saturated != b.hi_saturated ||
+                             a.lo_saturated != b.lo_saturated || a.lo_nonzero != b.lo_nonzero ||
+                             a.zero_residual_groups != b.zero_residual_groups;
+                worst_sum = std::max({worst_sum, std::fabs(a.err2 - b.err2) / std::max(b.err2, 1e-300),
+                                      std::fabs(a.weff2 - b.weff2) / std::max(b.weff2, 1e-300)});
+            }
+        }
+    }
+    check(bad_codes == 0, "%s: both processes hold the codes and scale codes of the whole split (%d splits, %zu differences)",
+          label, splits, bad_codes);
+    if (ef) {
+        check(bad_ef == 0, "%s: each process's EF pieces are the whole buffer's, bit for bit (%zu differences)", label, bad_ef);
+        const int expect = ro.tcfp_block ? 3 : 4; // per block: maxima, sums, gather; per tensor: two maxima, sums, gather
+        check(collectives[0] == expect && collectives[1] == expect, "%s: %d collectives per split (process 0: %d, 1: %d)", label,
+              expect, collectives[0], collectives[1]);
+    }
+    if (ro.tcfp_pdds) check(bad_pdds == 0, "%s: the PDDS state each process keeps is the whole run's (%zu differences)", label, bad_pdds);
+    check(bad_stats == 0 && worst_sum <= 1e-12, "%s: the split's statistics describe the whole tensor (%zu differ; sums within %.1e)",
+          label, bad_stats, worst_sum);
+    if (ef) { // process 1's state file: round trip, and the whole buffer's is refused
+        const std::string dir = strfmt("/tmp/test_tcfp12_pieces_%d", (int)getpid());
+        const std::string pfile = dir + "_piece.bin", wfile = dir + "_whole.bin";
+        StateWriter wp(1, 1, P, RECIPE_NAME), ww(1, 0, 1, RECIPE_NAME);
+        recipe_save(piece[1], wp);
+        recipe_save(whole, ww);
+        wp.write_atomic(pfile);
+        ww.write_atomic(wfile);
+        RecipeOptions rq = ro;
+        rq.state_owner = 1;
+        rq.state_owners = P;
+        Recipe back;
+        recipe_init(back, rq, shape, B, T);
+        StateReader rd;
+        rd.open(pfile);
+        recipe_load(back, rd);
+        const size_t nef = ne / P;
+        check(count_diff_bits(to_host(back.ef, nef), to_host(piece[1].ef, nef)) == 0 && back.splits == piece[1].splits,
+              "%s: a process's EF pieces survive save and load bit for bit", label);
+        bool refused = false;
+        try {
+            StateReader rw;
+            rw.open(wfile);
+            recipe_load(back, rw);
+        } catch (const llmc::InputError& e) { refused = strstr(e.what(), "process count") != nullptr; }
+        check(refused, "%s: a process that keeps a piece refuses the whole buffer's state, naming the process count", label);
+        std::remove(pfile.c_str());
+        std::remove(wfile.c_str());
+    }
+    for (floatX* p : wd) cudaCheck(cudaFree(p));
+    g_cross_process = CrossProcess();
+}
+
 int main() {
     if (!gpu_present()) return 77;
     matmul_init();
@@ -861,6 +1070,16 @@ int main() {
     test_snr(0);
     test_snr(128);
     RecipeOptions ro;
+    // ZeRO-1: the EF buffer in two pieces, against the whole buffer (a layer of 128 and two of 64 channels)
+    test_ef_pieces("pieces, per tensor, EF", ro, 128, 1, 3);
+    RecipeOptions pieces_pdds = ro; pieces_pdds.tcfp_pdds = 1; pieces_pdds.tcfp_abd = 1;
+    test_ef_pieces("pieces, per tensor, PDDS + ABD", pieces_pdds, 64, 2, 3);
+    RecipeOptions pieces_b32 = ro; pieces_b32.tcfp_block = 32;
+    test_ef_pieces("pieces, block 32, EF", pieces_b32, 64, 2, 3);
+    RecipeOptions pieces_b128 = ro; pieces_b128.tcfp_block = 128; pieces_b128.tcfp_pdds = 1;
+    test_ef_pieces("pieces, block 128, PDDS", pieces_b128, 128, 1, 3);
+    RecipeOptions pieces_srr = ro; pieces_srr.tcfp_srr = 1;
+    test_ef_pieces("pieces, per tensor, SRR (no EF buffer)", pieces_srr, 64, 1, 2);
     test_recipe("per tensor, EF", ro);
     RecipeOptions fast = ro; fast.tcfp_abd = 1; fast.tcfp_fp8_wgrad = 1; fast.tcfp_fast_accum = 1;
     test_recipe("per tensor, ABD, FP8 wgrad, fast accumulation", fast);
