@@ -173,7 +173,7 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
         done
         # data parallelism through NCCL: one process on any GPU machine; two processes (losses against
         # one process, ZeRO-1 memory, resume, killed process) where there are two GPUs
-        bash dev/test/multi_gpu.sh "${MULTI_GPU_RECIPES:-bf16 fp8}" 2>&1 | tee "$tmp/multi_gpu.log"; rc=$?
+        bash dev/test/multi_gpu.sh "${MULTI_GPU_RECIPES:-bf16 fp8 tcfp12}" 2>&1 | tee "$tmp/multi_gpu.log"; rc=$?
         count_suite "multi-gpu tests" $rc "$tmp/multi_gpu.log"
         grep -q "^skipped: the 2-process tests" "$tmp/multi_gpu.log" && skipped=$((skipped + 1))
         # out-of-memory is a clear message and a non-zero exit
