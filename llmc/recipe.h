@@ -74,8 +74,9 @@
 //                                               for the LayerNorm over the residual it stored once
 //                                               more, which runs only under that device flag; an
 //                                               inactive target (the default) asks for nothing
-// and, from inside a step, g_cross_process (below): what a recipe may ask of the other processes
-// before the step ends (FP8: a tensor's first scale, process 0's).
+// and, from inside a step or recipe_weights_changed, g_cross_process (below): what a recipe may ask of
+// the other processes (FP8: a tensor's first scale, process 0's; TCFP-12 under ZeRO-1: the split of
+// its pieces).
 // and the type RecipeBoundaries: the hooks of llmc/boundaries.h that the model's other kernels apply
 // at the named forward boundaries (embedding, residual, LayerNorm, softmax, GELU, logits);
 // IdentityBoundaries for every recipe but Q1.15.
@@ -109,11 +110,12 @@ struct LinearId {
     LinearKind kind;
 };
 
-// Data parallel, inside a step: a recipe whose state must agree across the processes before the
-// step's end asks through this. train_gpt.cu fills it in once NCCL is up; with one process (and in
-// the tests) it stays empty and the recipe asks nothing. Every process must make the same calls in
-// the same order (the model's training forward and backward, which every process runs alike), and
-// only while training: evaluation and sampling (process 0 alone) must never call it.
+// Data parallel: a recipe whose state must agree across the processes, or which keeps a piece of its
+// state per process, asks through this. train_gpt.cu fills it in once NCCL is up; with one process (and
+// in most tests) it stays empty and the recipe asks nothing. Every process must make the same calls in
+// the same order: from the model's training forward and backward, and from recipe_weights_changed
+// (init, load, optimizer step), which every process runs alike; never from evaluation or sampling
+// (process 0 alone).
 // All of them work in place on device memory, in order on stream st.
 struct CrossProcess {
     void* ctx = nullptr;
