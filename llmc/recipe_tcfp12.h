@@ -147,8 +147,10 @@ struct Recipe {
     // ... or the attention or fc projection's dy as row-major E5M2 codes (r.dy8), written by the LayerNorm
     // backward under a speculative scale (recipe_fp8_gradient_target), checked and redone if need be by
     // recipe_fp8_gradient_redo (dy_codes_checked); the projection's call transposes them for its wgrad
-    // (dy_codes_guessed: the scale was guessed from another projection's dy, tcfp12_projection_dy_reference)
-    bool dy_codes_rows_only = false, dy_codes_checked = true, dy_codes_guessed = false;
+    // (dy_codes_reference: the projection whose dy the scale was guessed from, tcfp12_projection_dy_reference;
+    // layer -1: not guessed, the scale of the last use)
+    bool dy_codes_rows_only = false, dy_codes_checked = true;
+    LinearId dy_codes_reference{-1, LIN_QKV};
     // the qkv or fc layer's input as E4M3 codes (r.x8) written by the LayerNorm before it under a speculative
     // scale (recipe_fp8_input_target), checked and redone if need be by recipe_fp8_input_redo (x_codes_checked)
     LinearId x_codes_given{-1, LIN_QKV};
@@ -566,8 +568,8 @@ inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int O
     if (rows_only && tcfp12_projection_dy_as_codes(r, id, N)) {
         LinearId ref;
         float* slot = tcfp_act_slot(r, li, TCFP_DY, true);
-        r.dy_codes_guessed = tcfp12_projection_dy_reference(r, id, N, ref);
-        if (r.dy_codes_guessed)
+        r.dy_codes_reference = tcfp12_projection_dy_reference(r, id, N, ref) ? ref : LinearId{-1, LIN_QKV};
+        if (r.dy_codes_reference.layer >= 0)
             tcfp12_predict_scale(slot, tcfp_spec_ratio(r, li, TCFP_DY), tcfp_act_amax(r, tcfp_linear_index(ref), TCFP_DY, true),
                                  true, st);
         t.rows = r.dy8;
@@ -589,9 +591,8 @@ inline Fp8Target recipe_fp8_gradient_redo(Recipe& r, LinearId id, cudaStream_t s
         r.dy_codes_checked)
         return t;
     const int li = tcfp_linear_index(id);
-    LinearId ref;
-    tcfp12_projection_dy_reference(r, id, r.B * r.T, ref);
-    const bool guessed = r.dy_codes_guessed;
+    const LinearId ref = r.dy_codes_reference;
+    const bool guessed = ref.layer >= 0;
     float* slot = tcfp_act_slot(r, li, TCFP_DY, true);
     tcfp12_check_scale(slot, tcfp_act_amax(r, li, TCFP_DY, true), true, r.redo_flag, tcfp_spec_counts(r, li, TCFP_DY), st,
                        guessed ? tcfp_spec_ratio(r, li, TCFP_DY) : nullptr,

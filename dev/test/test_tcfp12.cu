@@ -260,6 +260,14 @@ static double worst_rel_l2(const std::vector<std::vector<float>>& a, const std::
     return worst;
 }
 
+// the bytes of a device buffer, appended to a list of what a run produced (the speculative-scale tests
+// compare such lists between the speculating and the non-speculating recipe)
+static void keep_bytes(std::vector<std::vector<uint8_t>>& got, const void* d, size_t bytes) {
+    std::vector<uint8_t> b(bytes);
+    cudaCheck(cudaMemcpy(b.data(), d, bytes, cudaMemcpyDeviceToHost));
+    got.push_back(b);
+}
+
 // concat_mode: the recipe's form of the dual GEMM (Recipe::concat_mode; -1 = the two GEMMs here, since
 // autotuning is off); the K-concatenated form needs channels that are a multiple of 128
 static void test_recipe(const char* label, RecipeOptions ro, int channels = 64, int concat_mode = -1) {
@@ -564,11 +572,7 @@ static void test_speculative_scales(const char* label, RecipeOptions ro, int cha
             linear_backward(r, {0, LIN_QKV}, dx[LIN_QKV], dw[LIN_QKV], db[LIN_QKV], dy[LIN_QKV], xin, wd[LIN_QKV], nullptr,
                             N, C, 3 * C, 0);
             cudaCheck(cudaDeviceSynchronize());
-            auto add = [&](const void* d, size_t bytes) {
-                std::vector<uint8_t> b(bytes);
-                cudaCheck(cudaMemcpy(b.data(), d, bytes, cudaMemcpyDeviceToHost));
-                got[way].push_back(b);
-            };
+            auto add = [&](const void* d, size_t bytes) { keep_bytes(got[way], d, bytes); };
             for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
                 add(out[k], (size_t)N * OCs[k] * sizeof(floatX));
                 if (k != LIN_FC) add(dx[k], (size_t)N * ICs[k] * sizeof(floatX)); // (fc's dx: below, with the others)
@@ -662,11 +666,7 @@ static void test_layernorm_input_codes(const char* label, RecipeOptions ro, int 
             linear_forward(r, id, out, ln, wd[LIN_QKV], bq, N, C, OC, true, 0);
             linear_backward(r, id, dx, dw, db, dy, ln, wd[LIN_QKV], nullptr, N, C, OC, 0);
             cudaCheck(cudaDeviceSynchronize());
-            auto add = [&](const void* d, size_t bytes) {
-                std::vector<uint8_t> v(bytes);
-                cudaCheck(cudaMemcpy(v.data(), d, bytes, cudaMemcpyDeviceToHost));
-                got[way].push_back(v);
-            };
+            auto add = [&](const void* d, size_t bytes) { keep_bytes(got[way], d, bytes); };
             add(out, (size_t)N * OC * sizeof(floatX));
             add(dx, (size_t)N * C * sizeof(floatX));
             add(dw, (size_t)OC * C * sizeof(float));
@@ -801,11 +801,7 @@ static void test_layernorm_gradient_codes(const char* label, RecipeOptions ro, i
                 }
             }
             cudaCheck(cudaDeviceSynchronize());
-            auto add = [&](const void* p, size_t bytes) {
-                std::vector<uint8_t> v(bytes);
-                cudaCheck(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost));
-                got[way].push_back(v);
-            };
+            auto add = [&](const void* d, size_t bytes) { keep_bytes(got[way], d, bytes); };
             for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
                 add(out[k], (size_t)N * OCs[k] * sizeof(floatX));
                 if (k != LIN_FC) add(dx[k], (size_t)N * ICs[k] * sizeof(floatX));
