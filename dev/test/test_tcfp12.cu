@@ -12,12 +12,14 @@
 //      alone under ABD) and wgrad (BF16 or FP8) against float64 products of the dequantized
 //      operands, with x and dy quantized on the CPU with the fresh power-of-two scales; and the
 //      dual GEMM against the unquantized product, within FP8's error.
-//   4. ZeRO-1 on one GPU (test_ef_pieces): two threads play two processes that each keep a piece of the
-//      EF buffer and split only their pieces; everything they end up with equals the whole split's.
+//   4. ZeRO-1 on one GPU (test_ef_pieces): 2, 3 or 4 threads play as many processes that each keep a
+//      piece of the EF buffer and split only their pieces; everything they end up with equals the
+//      whole split's.
 //
 //   make build/test_tcfp12 && ./build/test_tcfp12
 // Prints [PASS]/[FAIL] lines and "tcfp12 tests: N passed, N failed"; exit 0 iff all pass. Without a
 // CUDA device: "skipped: no CUDA device", exit 77.
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -846,20 +848,20 @@ static void test_layernorm_gradient_codes(const char* label, RecipeOptions ro, i
 }
 
 // ---- ZeRO-1 on one GPU: the EF buffer in pieces ----------------------------------------------------
-// Two host threads play two processes, each with its own stream and its own recipe (owner 0 and 1 of 2,
+// P host threads (2 to 4) play P processes, each with its own stream and its own recipe (owner q of P,
 // recipe_tcfp12.h: tcfp12_split_pieces); recipe.h's CrossProcess collectives meet in host memory: each
-// thread copies its buffer out, waits for the other, combines them in rank order and copies the result
+// thread copies its buffer out, waits for the others, combines them in rank order and copies the result
 // back. Against one recipe that owns everything, over consecutive splits of changing weights, the codes
 // and scale codes of both processes, each process's EF pieces, the PDDS state and the split's statistics
 // must be bit-identical (the two sums of doubles within 1e-12); a process's state file round-trips, and
 // a whole buffer's state is refused by a process that keeps a piece.
 struct HostGroup {
-    int size = 2;
+    int size = 2;                   // the threads (set before they start)
     std::mutex m;
     std::condition_variable cv;
     int arrived = 0;
     long long generation = 0;
-    std::vector<std::vector<uint8_t>> slot = std::vector<std::vector<uint8_t>>(2);
+    std::vector<std::vector<uint8_t>> slot = std::vector<std::vector<uint8_t>>(4); // per thread (at most 4)
     void wait() { // every thread arrives before any leaves
         std::unique_lock<std::mutex> lock(m);
         const long long g = generation;
@@ -883,7 +885,7 @@ static void host_all_reduce(T* x, size_t n, cudaStream_t st, Combine combine) {
     memcpy(out.data(), g.slot[0].data(), n * sizeof(T));
     for (int q = 1; q < g.size; q++)
         for (size_t i = 0; i < n; i++) out[i] = combine(out[i], ((const T*)g.slot[q].data())[i]);
-    g.wait(); // (both have read the slots)
+    g.wait(); // (all have read the slots)
     cudaCheck(cudaMemcpyAsync(x, out.data(), n * sizeof(T), cudaMemcpyHostToDevice, st));
     cudaCheck(cudaStreamSynchronize(st));
 }
@@ -915,10 +917,12 @@ static void host_all_gather_pieces(void*, uint8_t* const* bufs, const size_t* pi
     g.wait();
 }
 
-static void test_ef_pieces(const char* label, RecipeOptions ro, int channels, int layers, int splits) {
+static void test_ef_pieces(const char* label, RecipeOptions ro, int channels, int layers, int splits, int P = 2) {
     ModelShape shape;
     shape.num_layers = layers; shape.channels = channels; shape.num_heads = 1;
-    const int B = 2, T = 64, P = 2;
+    const int B = 2, T = 64;
+    if (P < 2 || P > 4 || channels % P != 0) { check(false, "%s: internal: %d processes for %d channels", label, P, channels); return; }
+    g_host_group.size = P;
     g_cross_process.all_reduce_max_u32 = [](void*, uint32_t* x, size_t n, cudaStream_t st) {
         host_all_reduce(x, n, st, [](uint32_t a, uint32_t b) { return std::max(a, b); });
     };
@@ -926,7 +930,8 @@ static void test_ef_pieces(const char* label, RecipeOptions ro, int channels, in
         host_all_reduce(x, n, st, [](double a, double b) { return a + b; });
     };
     g_cross_process.all_gather_pieces = host_all_gather_pieces;
-    Recipe whole, piece[P];
+    Recipe whole;
+    std::vector<Recipe> piece(P);
     recipe_init(whole, ro, shape, B, T);
     for (int q = 0; q < P; q++) {
         RecipeOptions rq = ro;
@@ -935,13 +940,15 @@ static void test_ef_pieces(const char* label, RecipeOptions ro, int channels, in
         recipe_init(piece[q], rq, shape, B, T);
     }
     const bool ef = whole.use_ef;
-    check(piece[0].owners == (ef ? P : 1) && piece[1].owner == (ef ? 1 : 0),
-          "%s: %s", label, ef ? "each process keeps its piece of the EF buffer" : "without an EF buffer nothing is cut into pieces");
+    bool owners_ok = true;
+    for (int q = 0; q < P; q++) owners_ok = owners_ok && piece[q].owners == (ef ? P : 1) && piece[q].owner == (ef ? q : 0);
+    check(owners_ok, "%s: %s", label, ef ? strfmt("each of %d processes keeps its piece of the EF buffer", P).c_str()
+                                           : "without an EF buffer nothing is cut into pieces");
     const size_t ne = whole.total_elems, ng = whole.total_groups, nl = (size_t)whole.num_linears;
     std::vector<floatX*> wd(NUM_LINEAR_KINDS, nullptr);
     size_t bad_codes = 0, bad_ef = 0, bad_pdds = 0, bad_stats = 0;
     double worst_sum = 0.0;
-    int collectives[P] = {0, 0};
+    std::vector<int> collectives(P, 0);
     for (int t = 0; t < splits; t++) {
         // every process holds the same (whole) BF16 weights, as after ZeRO-1's parameter all-gather
         LinearWeights lw;
@@ -953,7 +960,7 @@ static void test_ef_pieces(const char* label, RecipeOptions ro, int channels, in
         }
         recipe_weights_changed(whole, lw, 0);
         cudaCheck(cudaDeviceSynchronize());
-        std::thread threads[P];
+        std::vector<std::thread> threads(P);
         for (int q = 0; q < P; q++) {
             threads[q] = std::thread([&, q] {
                 t_rank = q;
@@ -1003,13 +1010,13 @@ static void test_ef_pieces(const char* label, RecipeOptions ro, int channels, in
             }
         }
     }
-    check(bad_codes == 0, "%s: both processes hold the codes and scale codes of the whole split (%d splits, %zu differences)",
+    check(bad_codes == 0, "%s: every process holds the codes and scale codes of the whole split (%d splits, %zu differences)",
           label, splits, bad_codes);
     if (ef) {
         check(bad_ef == 0, "%s: each process's EF pieces are the whole buffer's, bit for bit (%zu differences)", label, bad_ef);
         const int expect = ro.tcfp_block ? 3 : 4; // per block: maxima, sums, gather; per tensor: two maxima, sums, gather
-        check(collectives[0] == expect && collectives[1] == expect, "%s: %d collectives per split (process 0: %d, 1: %d)", label,
-              expect, collectives[0], collectives[1]);
+        const bool all = std::all_of(collectives.begin(), collectives.end(), [&](int c) { return c == expect; });
+        check(all, "%s: %d collectives per split (process 0: %d, last: %d)", label, expect, collectives[0], collectives[P - 1]);
     }
     if (ro.tcfp_pdds) check(bad_pdds == 0, "%s: the PDDS state each process keeps is the whole run's (%zu differences)", label, bad_pdds);
     check(bad_stats == 0 && worst_sum <= 1e-12, "%s: the split's statistics describe the whole tensor (%zu differ; sums within %.1e)",
@@ -1076,6 +1083,10 @@ int main() {
     test_ef_pieces("pieces, block 128, PDDS", pieces_b128, 128, 1, 3);
     RecipeOptions pieces_srr = ro; pieces_srr.tcfp_srr = 1;
     test_ef_pieces("pieces, per tensor, SRR (no EF buffer)", pieces_srr, 64, 1, 2);
+    test_ef_pieces("pieces, per tensor, EF, 3 processes", ro, 192, 1, 3, 3);
+    RecipeOptions pieces_b64 = ro; pieces_b64.tcfp_block = 64; pieces_b64.tcfp_pdds = 1;
+    test_ef_pieces("pieces, block 64, PDDS, 3 processes", pieces_b64, 192, 2, 3, 3);
+    test_ef_pieces("pieces, per tensor, EF, 4 processes", ro, 128, 2, 2, 4);
     test_recipe("per tensor, EF", ro);
     RecipeOptions fast = ro; fast.tcfp_abd = 1; fast.tcfp_fp8_wgrad = 1; fast.tcfp_fast_accum = 1;
     test_recipe("per tensor, ABD, FP8 wgrad, fast accumulation", fast);
