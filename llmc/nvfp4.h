@@ -408,6 +408,154 @@ LLMC_HD inline void nvfp4_sr_bits16(uint64_t key, uint64_t index0, uint32_t* bit
 }
 
 // ---------------------------------------------------------------------------------------------
+// The emulation's hot path: a 1x16 block's dequantized values, without its codes.
+//
+// The Hopper emulation writes e2m1(q) * ue4m3(s) per element and never looks at the codes. These
+// functions compute those products in the value domain, with fewer instructions than encoding codes
+// and decoding them again:
+//   * the E2M1 rounding as float arithmetic on |y| (nvfp4_e2m1_nearest_magnitude,
+//     nvfp4_e2m1_stochastic_magnitude), the sign put back from x at the end;
+//   * Four Over Six's errors from magnitudes: x' has x's sign (or is a zero), so
+//     (x' - x)^2 = (|x'| - |x|)^2 bit for bit (round-to-nearest is symmetric under negation);
+//   * the stochastic-rounding bits of two elements per splitmix64 word, made as they are used.
+// Each result equals nvfp4_quantize_block16's codes decoded as fp4e2m1_decode(q) * ue4m3_decode(s),
+// bit for bit, the sign of a zero included. Non-finite blocks and tensors (rare) go through
+// nvfp4_quantize_block16 itself. The CPU tests compare these with the code path over dense samples
+// of float32 and random blocks; build/test_nvfp4 compares the GPU kernels with the CPU reference.
+
+// |y| rounded to the nearest E2M1 magnitude (ties to even), saturating at 6; a >= 0 and not NaN (inf
+// gives 6). The quantum is 0.5 below 2, 1 in [2, 4) and 2 from 4. Adding and then subtracting
+// 1.5 * 2^23 * quantum rounds a to a multiple of the quantum, ties to the even multiple, and in every
+// interval an even multiple is an even E2M1 code (0, 1, 2, 3, 4 halves are codes 0-4; 2, 3 are 4, 5;
+// 4, 6 are 6, 7). Clamping to 8 first keeps the sum exact; 7 and 8 round to 8 and saturate to 6, as
+// E2M1 takes everything above 5 to 6.
+LLMC_HD inline float nvfp4_e2m1_nearest_magnitude(float a) {
+    const float c = a < 8.0f ? a : 8.0f;
+    const float magic = c < 2.0f ? 0x1.8p22f : (c < 4.0f ? 0x1.8p23f : 0x1.8p24f);
+    const float r = rn_sub(rn_add(c, magic), magic);
+    return r < 6.0f ? r : 6.0f;
+}
+
+// |y| rounded stochastically to an E2M1 magnitude with fp4e2m1_encode_stochastic's rule (round up iff
+// rbits < floor(2^32 f), f the fraction of |y| in quanta), saturating at 6; a >= 0 and not NaN. t = a
+// in quanta is an exact power-of-two scaling below 4, v its fixed-point bits as there, and the whole
+// quanta n (0 to 4) become a float through the exponent field of 2^23 (exact, no conversion).
+LLMC_HD inline float nvfp4_e2m1_stochastic_magnitude(float a, uint32_t rbits) {
+    const float c = a < 7.0f ? a : 7.0f;
+    const float quantum = c < 2.0f ? 0.5f : (c < 4.0f ? 1.0f : 2.0f);
+    const float t = c < 2.0f ? rn_mul(c, 2.0f) : (c < 4.0f ? c : rn_mul(c, 0.5f));
+    const bool below_one = t < 1.0f;
+    const uint32_t v = (uint32_t)rn_mul(t, below_one ? 4294967296.0f : 1073741824.0f);
+    const uint32_t whole = below_one ? 0u : v >> 30, frac = below_one ? v : v << 2;
+    const uint32_t n = whole + (rbits < frac ? 1u : 0u);
+    const float m = rn_mul(rn_sub(bits_float(0x4B000000u | n), 0x1p23f), quantum);
+    return m < 6.0f ? m : 6.0f;
+}
+
+// x's sign on a magnitude m >= 0 (+0 included)
+LLMC_HD inline float nvfp4_with_sign_of(float x, float m) {
+    return bits_float(float_bits(m) | (float_bits(x) & 0x80000000u));
+}
+
+// |x| as the GPU's operand modifier takes it (FMUL and FADD read |x| for free; the bit mask of abs_bits
+// would be one more instruction per element). The same bits as abs_bits for every non-NaN x.
+LLMC_HD inline float nvfp4_abs(float x) {
+#ifdef __CUDA_ARCH__
+    return fabsf(x);
+#else
+    return abs_bits(x);
+#endif
+}
+
+// One candidate scale of a block: its code, value s and the reciprocal r = 1 / (s * g) that quantizes
+// the elements, or r = 0 for a zero scale (the elements then round to zeros, as nvfp4_encode's signed
+// zero codes).
+struct Nvfp4BlockScale {
+    uint8_t code;
+    float s, r;
+};
+LLMC_HD inline Nvfp4BlockScale nvfp4_block_scale(uint8_t code, float global) {
+    const float s = ue4m3_decode(code);
+    return {code, s, s == 0.0f ? 0.0f : nvfp4_block_reciprocal(s, global)};
+}
+
+// Four Over Six's error of one candidate (nvfp4_block16_encode_error's sum, nvfp4_sum16's order) from
+// the magnitudes: d = (m * s) * g - |x| per element, d^2 summed as e[i] + e[i + 8], then 4, 2, 1 apart.
+LLMC_HD inline float nvfp4_block16_magnitude_error(const float* x, Nvfp4BlockScale c, float global) {
+    float p[8];
+    for (int i = 0; i < 8; i++) {
+        float e[2];
+        for (int h = 0; h < 2; h++) {
+            const float a = nvfp4_abs(x[i + 8 * h]);
+            const float m = nvfp4_e2m1_nearest_magnitude(rn_mul(a, c.r));
+            const float d = rn_sub(rn_mul(rn_mul(m, c.s), global), a);
+            e[h] = rn_mul(d, d);
+        }
+        p[i] = rn_add(e[0], e[1]);
+    }
+    for (int i = 0; i < 4; i++) p[i] = rn_add(p[i], p[i + 4]);
+    for (int i = 0; i < 2; i++) p[i] = rn_add(p[i], p[i + 2]);
+    return rn_add(p[0], p[1]);
+}
+
+// The rare blocks of nvfp4_block16_values (a NaN or inf in the block or the tensor) through the code
+// path. Not inlined: kept out of the kernels' hot code and registers.
+#if defined(__CUDACC__)
+#define LLMC_NVFP4_COLD __noinline__
+#else
+#define LLMC_NVFP4_COLD __attribute__((noinline))
+#endif
+LLMC_HD LLMC_NVFP4_COLD uint8_t nvfp4_block16_values_by_codes(const float* x, float global, bool stochastic,
+                                                              uint64_t key, uint64_t index0, bool four_over_six,
+                                                              float* out) {
+    uint32_t bits[kNvfp4Block];
+    if (stochastic) nvfp4_sr_bits16(key, index0, bits);
+    uint8_t codes[kNvfp4Block], sc;
+    nvfp4_quantize_block16(x, global, stochastic ? Rounding::Stochastic : Rounding::NearestEven,
+                           stochastic ? bits : nullptr, four_over_six, codes, &sc);
+    for (int i = 0; i < kNvfp4Block; i++) out[i] = rn_mul(fp4e2m1_decode(codes[i]), ue4m3_decode(sc));
+    return sc;
+}
+
+// One 1x16 block: out[i] = fp4e2m1_decode(q_i) * ue4m3_decode(s) of nvfp4_quantize_block16(x, global,
+// ...) with rbits[i] = nvfp4_sr_bits_keyed(key, index0 + i) for stochastic rounding (key =
+// nvfp4_sr_key(seed); unused for round-to-nearest-even). Returns the scale code s. out may be x.
+LLMC_HD inline uint8_t nvfp4_block16_values(const float* x, float global, bool stochastic, uint64_t key,
+                                            uint64_t index0, bool four_over_six, float* out) {
+    uint32_t amax_bits = 0u;
+    for (int i = 0; i < kNvfp4Block; i++) {
+        const uint32_t b = float_bits(x[i]) & 0x7FFFFFFFu;
+        amax_bits = b > amax_bits ? b : amax_bits;
+    }
+    if (amax_bits >= 0x7F800000u || !is_finite_bits(global) || (stochastic && (index0 & 1u) != 0u)) {
+        // NaN or inf in the block or the tensor (and an odd first index, which no kernel makes)
+        return nvfp4_block16_values_by_codes(x, global, stochastic, key, index0, four_over_six, out);
+    }
+    const float amax = bits_float(amax_bits);
+    Nvfp4BlockScale c = nvfp4_block_scale(nvfp4_scale_code(amax, global, 6.0f), global);
+    if (four_over_six) {
+        const uint8_t code4 = nvfp4_scale_code(amax, global, 4.0f);
+        if (code4 != c.code) {
+            const Nvfp4BlockScale c4 = nvfp4_block_scale(code4, global);
+            if (nvfp4_block16_magnitude_error(x, c4, global) < nvfp4_block16_magnitude_error(x, c, global)) c = c4;
+        }
+    }
+    if (stochastic) {
+        for (int i = 0; i < kNvfp4Block; i += 2) {
+            const uint64_t w = nvfp4_mix64(key ^ ((index0 + (uint64_t)i) >> 1));
+            const float m0 = nvfp4_e2m1_stochastic_magnitude(rn_mul(nvfp4_abs(x[i]), c.r), (uint32_t)(w >> 32));
+            const float m1 = nvfp4_e2m1_stochastic_magnitude(rn_mul(nvfp4_abs(x[i + 1]), c.r), (uint32_t)w);
+            out[i] = nvfp4_with_sign_of(x[i], rn_mul(m0, c.s));
+            out[i + 1] = nvfp4_with_sign_of(x[i + 1], rn_mul(m1, c.s));
+        }
+    } else {
+        for (int i = 0; i < kNvfp4Block; i++)
+            out[i] = nvfp4_with_sign_of(x[i], rn_mul(nvfp4_e2m1_nearest_magnitude(rn_mul(nvfp4_abs(x[i]), c.r)), c.s));
+    }
+    return c.code;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Random Hadamard transform (16 points): y = Q x with Q = (1/4) H D (see the top of the file).
 
 // The 16 signs as a mask: bit i set means d_i = -1. Any mask (also 0: D = I) gives an orthonormal Q.

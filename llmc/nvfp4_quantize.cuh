@@ -206,6 +206,11 @@ inline void nvfp4_amax(const floatX* x, int rows, int cols, uint32_t* amax_plain
 // 1946-1949 ms with 16 blocks, 20 blocks (48 registers, 840 bytes of spills) gave 1982-1989 ms and 24
 // blocks 2187-2189 ms.
 static const int NVFP4_QUANTIZE_MIN_BLOCKS = 16;
+// kValuesOnly: neither direction writes native codes or telemetry (every training step of the Hopper
+// emulation but the -lq ones). Each block then goes through nvfp4_block16_values, which computes the
+// block-dequantized values without codes (nvfp4.h, "The emulation's hot path"); the other launches
+// take nvfp4_block, the code path. Both give the same values bit for bit.
+template <bool kValuesOnly>
 __global__ void __launch_bounds__(NVFP4_PATCH_COLS, NVFP4_QUANTIZE_MIN_BLOCKS) nvfp4_quantize_kernel(const floatX* x, int rows, int cols,
                                                                           Nvfp4Direction rowd, Nvfp4Direction cold,
                                                                           bool four_over_six, uint16_t signs) {
@@ -222,6 +227,40 @@ __global__ void __launch_bounds__(NVFP4_PATCH_COLS, NVFP4_QUANTIZE_MIN_BLOCKS) n
         for (int j = 0; j < 8; j++) tile[row][col + j] = (float)e[j];
     }
     __syncthreads();
+    if constexpr (kValuesOnly) {
+        // the training steps' launches: each block through nvfp4_block16_values, which computes the
+        // block-dequantized values without codes
+        if (rowd.out) {
+            const int row = t / 4, b = t % 4;
+            float v[kNvfp4Block];
+#pragma unroll
+            for (int i = 0; i < kNvfp4Block; i++) v[i] = tile[row][b * kNvfp4Block + i];
+            const float g = nvfp4_global_of(rowd.amax);
+            const long long off = (r0 + row) * cols + c0 + b * kNvfp4Block;
+            const uint64_t key = rowd.stochastic ? llmc::nvfp4_sr_key(rowd.seed) : 0u;
+            llmc::nvfp4_block16_values(v, g, rowd.stochastic, key, (uint64_t)off, four_over_six, v);
+            *reinterpret_cast<uint4*>(rowd.out + off) = nvfp4_pack8(v);
+            *reinterpret_cast<uint4*>(rowd.out + off + 8) = nvfp4_pack8(v + 8);
+            if (rowd.alpha && blockIdx.x == 0 && blockIdx.y == 0 && t == 0)
+                *rowd.alpha = llmc::rn_mul(g, nvfp4_global_of(rowd.other_amax));
+        }
+        if (cold.out) {
+            float v[kNvfp4Block];
+#pragma unroll
+            for (int i = 0; i < kNvfp4Block; i++) v[i] = tile[i][t];
+            if (cold.rht) llmc::nvfp4_rht16(v, signs);
+            const float g = nvfp4_global_of(cold.amax);
+            // the reference quantizes x^T by rows: element (r, c) of x is (c, r) of x^T, index c * rows + r
+            const uint64_t key = cold.stochastic ? llmc::nvfp4_sr_key(cold.seed) : 0u;
+            llmc::nvfp4_block16_values(v, g, cold.stochastic, key, (uint64_t)(c0 + t) * rows + r0, four_over_six, v);
+#pragma unroll
+            for (int i = 0; i < kNvfp4Block; i++) cold.out[(r0 + i) * cols + c0 + t] = (floatX)v[i];
+            if (cold.alpha && blockIdx.x == 0 && blockIdx.y == 0 && t == 0)
+                *cold.alpha = llmc::rn_mul(g, nvfp4_global_of(cold.other_amax));
+        }
+        return;
+    }
+    // the code path: native operands and/or telemetry
     if (rowd.out || rowd.codes) {
         const int row = t / 4, b = t % 4;
         float v[kNvfp4Block];
@@ -280,7 +319,11 @@ inline void nvfp4_quantize(const floatX* x, int rows, int cols, const Nvfp4Direc
     clear_padding(rowd, rows, cols);
     clear_padding(cold, cols, rows);
     dim3 grid(cols / NVFP4_PATCH_COLS, rows / kNvfp4Block);
-    nvfp4_quantize_kernel<<<grid, NVFP4_PATCH_COLS, 0, stream>>>(x, rows, cols, rowd, cold, four_over_six, signs);
+    const bool values_only = !rowd.codes && !cold.codes && !rowd.stats && !cold.stats;
+    if (values_only)
+        nvfp4_quantize_kernel<true><<<grid, NVFP4_PATCH_COLS, 0, stream>>>(x, rows, cols, rowd, cold, four_over_six, signs);
+    else
+        nvfp4_quantize_kernel<false><<<grid, NVFP4_PATCH_COLS, 0, stream>>>(x, rows, cols, rowd, cold, four_over_six, signs);
     cudaCheckLaunch();
 }
 

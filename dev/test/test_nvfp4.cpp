@@ -825,6 +825,109 @@ TEST_CASE("nvfp4: Four Over Six picks the lower-error candidate (ties: 6)") {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The emulation's value path (nvfp4_block16_values): the same values as the code path, bit for bit
+
+// a float's magnitude through the code path: the E2M1 code of a, decoded
+float coded_magnitude(float a, Rounding rnd, uint32_t r = 0) {
+    return std::fabs(llmc::fp4e2m1_decode(llmc::fp4e2m1_encode(a, rnd, r)));
+}
+
+TEST_CASE("nvfp4: the E2M1 magnitudes of the value path equal the codes' (dense float32 sample)") {
+    int fails = 0;
+    // every exponent, the top 16 mantissa bits, and three patterns of the low 7 (0, 1, all ones):
+    // every value at and next to each E2M1 midpoint and interval edge is among them
+    for (uint32_t hi = 0; hi <= (0x7F800000u >> 7) && fails < 10; hi++) {
+        for (uint32_t lo : {0u, 1u, 0x7Fu}) {
+            const uint32_t u = (hi << 7) | lo;
+            if (u > 0x7F800000u) continue; // NaN: the value path never sees one
+            const float a = llmc::bits_float(u);
+            const float want = coded_magnitude(a, Rounding::NearestEven);
+            const float got = llmc::nvfp4_e2m1_nearest_magnitude(a);
+            EXPECT_IN_LOOP(llmc::float_bits(got) == llmc::float_bits(want), "nearest: a " << a << " got " << got << " want " << want);
+        }
+    }
+    // stochastic: the threshold floor(2^32 f) and its neighbours as random words, on a sample of magnitudes
+    std::mt19937 gen(21);
+    for (uint32_t hi = 0; hi <= (0x7F800000u >> 11) && fails < 10; hi++) {
+        const uint32_t u = (hi << 11) | (gen() & 0x7FFu);
+        if (u > 0x7F800000u) continue;
+        const float a = llmc::bits_float(u);
+        // the threshold of the generic rule, from the code path's own answer at the boundary search
+        for (uint32_t r : {0u, 1u, 0x7FFFFFFFu, 0x80000000u, 0xFFFFFFFEu, 0xFFFFFFFFu, (uint32_t)gen()}) {
+            const float want = coded_magnitude(a, Rounding::Stochastic, r);
+            const float got = llmc::nvfp4_e2m1_stochastic_magnitude(a, r);
+            EXPECT_IN_LOOP(llmc::float_bits(got) == llmc::float_bits(want), "stochastic: a " << a << " r " << r << " got " << got << " want " << want);
+        }
+    }
+    // at each magnitude's own threshold: the words just below and at floor(2^32 f) decide up and down
+    for (int it = 0; it < 200000 && fails < 10; it++) {
+        const float a = std::ldexp((float)(gen() >> 8), -23) * 7.0f; // [0, 7)
+        const double q = a < 2.0f ? 0.5 : (a < 4.0f ? 1.0 : 2.0);
+        const double f = a / q - std::floor(a / q);
+        const double T = std::floor(kTwo32 * f);
+        for (double r : {T - 1.0, T, T + 1.0}) {
+            if (r < 0.0 || r >= kTwo32) continue;
+            const float want = coded_magnitude(a, Rounding::Stochastic, (uint32_t)r);
+            const float got = llmc::nvfp4_e2m1_stochastic_magnitude(a, (uint32_t)r);
+            EXPECT_IN_LOOP(llmc::float_bits(got) == llmc::float_bits(want), "stochastic threshold: a " << a << " r " << r);
+        }
+    }
+}
+
+TEST_CASE("nvfp4: the block values of the value path equal the decoded codes of nvfp4_quantize_block16") {
+    std::mt19937 gen(22);
+    int fails = 0, blocks_4 = 0, blocks_zero_scale = 0, blocks_subnormal_scale = 0, blocks_saturated = 0, blocks_nonfinite = 0;
+    const uint64_t key = llmc::nvfp4_sr_key(0x5EED);
+    for (int it = 0; it < 60000 && fails < 10; it++) {
+        float x[16];
+        random_block(gen, it, std::ldexp(1.0f, (int)(gen() % 40) - 20), x);
+        float bamax = 0.0f;
+        for (float v : x) bamax = std::max(bamax, std::fabs(v));
+        // the tensor's amax: at or above the block's (the usual case: down to scale 0 and E4M3 subnormal
+        // scales), and sometimes below it (the caller's amax too small: saturated scales)
+        const int kind = it % 8;
+        float tensor_amax = bamax * std::ldexp(1.0f + (gen() % 64) / 64.0f, (int)(gen() % 24));
+        if (kind == 6) tensor_amax = bamax * std::ldexp(1.0f, -(int)(gen() % 6) - 1);
+        if (kind == 7 && it % 64 == 7) x[gen() % 16] = (gen() & 1) ? kNaN : -kInf;
+        float g = llmc::nvfp4_global_scale(tensor_amax);
+        if (it % 997 == 0) g = kNaN; // a non-finite tensor
+        const bool fos = (it / 8) % 2 == 0, sr = (it / 16) % 2 == 0;
+        const uint64_t index0 = (uint64_t)(gen() % 100000) * 16;
+        uint32_t bits[16];
+        llmc::nvfp4_sr_bits16(key, index0, bits);
+        uint8_t codes[16], sc_want = 0;
+        llmc::nvfp4_quantize_block16(x, g, sr ? Rounding::Stochastic : Rounding::NearestEven, sr ? bits : nullptr, fos,
+                                     codes, &sc_want);
+        float out[16];
+        const uint8_t sc = llmc::nvfp4_block16_values(x, g, sr, key, index0, fos, out);
+        EXPECT_IN_LOOP(sc == sc_want, "scale code " << (int)sc << " want " << (int)sc_want << " (block " << it << ")");
+        for (int i = 0; i < 16; i++) {
+            const float want = llmc::fp4e2m1_decode(codes[i]) * llmc::ue4m3_decode(sc_want);
+            EXPECT_IN_LOOP(llmc::float_bits(out[i]) == llmc::float_bits(want) || (std::isnan(want) && std::isnan(out[i])),
+                           "block " << it << " element " << i << ": x " << x[i] << " got " << out[i] << " want " << want
+                                    << " (4/6 " << fos << ", SR " << sr << ")");
+        }
+        // in place too (out = x), as the kernels call it
+        float y[16];
+        std::copy(x, x + 16, y);
+        llmc::nvfp4_block16_values(y, g, sr, key, index0, fos, y);
+        for (int i = 0; i < 16; i++) EXPECT_IN_LOOP(llmc::float_bits(y[i]) == llmc::float_bits(out[i]) || std::isnan(out[i]), "in place");
+        const uint8_t c6 = llmc::nvfp4_scale_code(bamax, g, 6.0f);
+        if (sc != c6) blocks_4++;
+        if (sc == 0) blocks_zero_scale++;
+        if (sc > 0 && sc < 8) blocks_subnormal_scale++;
+        if (sc == 0x7E) blocks_saturated++;
+        if (sc == 0x7F) blocks_nonfinite++;
+    }
+    // every regime was exercised
+    CHECK(blocks_4 > 1000);
+    CHECK(blocks_zero_scale > 100);
+    CHECK(blocks_subnormal_scale > 100);
+    CHECK(blocks_saturated > 100);
+    CHECK(blocks_nonfinite > 50);
+}
+
+// ---------------------------------------------------------------------------------------------
 // 16x16 weight tiles and the matrix layouts
 
 std::vector<float> transpose(const std::vector<float>& x, int rows, int cols) {

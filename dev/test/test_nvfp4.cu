@@ -135,7 +135,12 @@ static void test_quantize(int rows, int cols, int kind, bool rht, bool stochasti
     rd.alpha = dalpha; rd.other_amax = damax + 2;
     cd.out = dcols; cd.amax = damax + 1; cd.rht = rht; cd.stochastic = stochastic; cd.seed = seed_cols;
     cd.alpha = dalpha + 4; cd.other_amax = damax + 2;
-    // the native operands of both directions too: x (K = cols) and x^T (K = rows)
+    // first the values alone (the training steps' launch: nvfp4_block16_values), then with the native
+    // operands of both directions too, x (K = cols) and x^T (K = rows) (the code path)
+    nvfp4_quantize(dx, rows, cols, rd, cd, fos, signs, 0);
+    const std::vector<floatX> vrows = to_host(drows, x.size()), vcols = to_host(dcols, x.size());
+    cudaCheck(cudaMemset(drows, 0xFF, x.size() * sizeof(floatX)));
+    cudaCheck(cudaMemset(dcols, 0xFF, x.size() * sizeof(floatX)));
     NativeBuffers nrows(rows, cols), ncols(cols, rows);
     rd.codes = nrows.codes; rd.scales = nrows.scales;
     cd.codes = ncols.codes; cd.scales = ncols.scales;
@@ -162,10 +167,18 @@ static void test_quantize(int rows, int cols, int kind, bool rht, bool stochasti
     memcpy(&a1, &amax[1], 4);
     check(fbits(a0) == fbits(qr.amax) && fbits(a1) == fbits(qc.amax), "amax %s: plain %g rotated %g (reference %g, %g)",
           what.c_str(), a0, a1, qr.amax, qc.amax);
+    const size_t bad_vrows = mismatches(vrows, qr, false, rows, cols);
+    check(bad_vrows == 0, "1x16 row blocks %s, values alone: %zu of %zu values differ from the CPU reference", what.c_str(),
+          bad_vrows, x.size());
+    const size_t bad_vcols = mismatches(vcols, qc, true, rows, cols);
+    check(bad_vcols == 0, "16x1 column blocks %s, values alone: %zu of %zu values differ from the CPU reference", what.c_str(),
+          bad_vcols, x.size());
     const size_t bad_rows = mismatches(grows, qr, false, rows, cols);
-    check(bad_rows == 0, "1x16 row blocks %s: %zu of %zu values differ from the CPU reference", what.c_str(), bad_rows, x.size());
+    check(bad_rows == 0, "1x16 row blocks %s, with the native operands: %zu of %zu values differ from the CPU reference",
+          what.c_str(), bad_rows, x.size());
     const size_t bad_cols = mismatches(gcols, qc, true, rows, cols);
-    check(bad_cols == 0, "16x1 column blocks %s: %zu of %zu values differ from the CPU reference", what.c_str(), bad_cols, x.size());
+    check(bad_cols == 0, "16x1 column blocks %s, with the native operands: %zu of %zu values differ from the CPU reference",
+          what.c_str(), bad_cols, x.size());
     check(fbits(alpha[0]) == fbits(llmc::rn_mul(qr.global, g_other)) && fbits(alpha[4]) == fbits(llmc::rn_mul(qc.global, g_other)),
           "alphas %s: %g, %g = g * g_other", what.c_str(), alpha[0], alpha[4]);
     const size_t bad_nr = nrows.mismatches(llmc::nvfp4_native_operand(qr, false));
