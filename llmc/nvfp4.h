@@ -499,22 +499,28 @@ LLMC_HD inline float nvfp4_block16_magnitude_error(const float* x, Nvfp4BlockSca
 }
 
 // The rare blocks of nvfp4_block16_values (a NaN or inf in the block or the tensor) through the code
-// path. Not inlined: kept out of the kernels' hot code and registers.
+// path. Not inlined, to keep it out of the kernels' hot code, and its block passed and returned by value:
+// a pointer to the caller's array would put that array in local memory on the hot path too (every
+// element stored to the stack and loaded back, traffic that ncu showed as the L2 running at 97%).
+struct Nvfp4Values16 {
+    float v[kNvfp4Block];
+};
 #if defined(__CUDACC__)
 #define LLMC_NVFP4_COLD __noinline__
 #else
 #define LLMC_NVFP4_COLD __attribute__((noinline))
 #endif
-LLMC_HD LLMC_NVFP4_COLD uint8_t nvfp4_block16_values_by_codes(const float* x, float global, bool stochastic,
-                                                              uint64_t key, uint64_t index0, bool four_over_six,
-                                                              float* out) {
+LLMC_HD LLMC_NVFP4_COLD Nvfp4Values16 nvfp4_block16_values_by_codes(Nvfp4Values16 x, float global, bool stochastic,
+                                                                    uint64_t key, uint64_t index0, bool four_over_six,
+                                                                    uint8_t* scale_code) {
     uint32_t bits[kNvfp4Block];
     if (stochastic) nvfp4_sr_bits16(key, index0, bits);
-    uint8_t codes[kNvfp4Block], sc;
-    nvfp4_quantize_block16(x, global, stochastic ? Rounding::Stochastic : Rounding::NearestEven,
-                           stochastic ? bits : nullptr, four_over_six, codes, &sc);
-    for (int i = 0; i < kNvfp4Block; i++) out[i] = rn_mul(fp4e2m1_decode(codes[i]), ue4m3_decode(sc));
-    return sc;
+    uint8_t codes[kNvfp4Block];
+    nvfp4_quantize_block16(x.v, global, stochastic ? Rounding::Stochastic : Rounding::NearestEven,
+                           stochastic ? bits : nullptr, four_over_six, codes, scale_code);
+    Nvfp4Values16 out;
+    for (int i = 0; i < kNvfp4Block; i++) out.v[i] = rn_mul(fp4e2m1_decode(codes[i]), ue4m3_decode(*scale_code));
+    return out;
 }
 
 // One 1x16 block: out[i] = fp4e2m1_decode(q_i) * ue4m3_decode(s) of nvfp4_quantize_block16(x, global,
@@ -529,7 +535,12 @@ LLMC_HD inline uint8_t nvfp4_block16_values(const float* x, float global, bool s
     }
     if (amax_bits >= 0x7F800000u || !is_finite_bits(global) || (stochastic && (index0 & 1u) != 0u)) {
         // NaN or inf in the block or the tensor (and an odd first index, which no kernel makes)
-        return nvfp4_block16_values_by_codes(x, global, stochastic, key, index0, four_over_six, out);
+        Nvfp4Values16 in;
+        for (int i = 0; i < kNvfp4Block; i++) in.v[i] = x[i];
+        uint8_t sc;
+        const Nvfp4Values16 q = nvfp4_block16_values_by_codes(in, global, stochastic, key, index0, four_over_six, &sc);
+        for (int i = 0; i < kNvfp4Block; i++) out[i] = q.v[i];
+        return sc;
     }
     const float amax = bits_float(amax_bits);
     Nvfp4BlockScale c = nvfp4_block_scale(nvfp4_scale_code(amax, global, 6.0f), global);
