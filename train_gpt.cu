@@ -597,21 +597,19 @@ inline void gpt_gather_parameters(GPT* model) {
     MultiGpu* mg = model->mg;
     if (!mg || !mg->active || mg->zero_stage != 1) return;
     PHASE("optimizer: parameter all-gather");
-    multi_gpu_after_compute(mg, model->stream);
-    multi_gpu_begin(mg);
-    for (int l = -1; l < model->shape.num_layers; l++) {
-        ncclCheck(ncclGroupStart());
-        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            if (PARAM_PER_LAYER[i] != (l >= 0)) continue;
-            size_t block;
-            floatX* p = param_block(model->params.t[i], model, i, l, &block);
-            const size_t piece = block / mg->world;
-            ncclCheck(ncclAllGather(p + mg->rank * piece, p, piece, NCCL_FLOATX, mg->comm, mg->stream));
+    multi_gpu_collective(mg, model->stream, "the parameter all-gather", [&] {
+        for (int l = -1; l < model->shape.num_layers; l++) {
+            ncclCheck(ncclGroupStart());
+            for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+                if (PARAM_PER_LAYER[i] != (l >= 0)) continue;
+                size_t block;
+                floatX* p = param_block(model->params.t[i], model, i, l, &block);
+                const size_t piece = block / mg->world;
+                ncclCheck(ncclAllGather(p + mg->rank * piece, p, piece, NCCL_FLOATX, mg->comm, mg->stream));
+            }
+            ncclCheck(ncclGroupEnd());
         }
-        ncclCheck(ncclGroupEnd());
-    }
-    multi_gpu_end(mg, "the parameter all-gather");
-    multi_gpu_before_compute(mg, model->stream);
+    });
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -237,35 +237,34 @@ inline void multi_gpu_before_compute(MultiGpu* mg, cudaStream_t compute) {
 
 // ---- collectives (no-ops when inactive) -----------------------------------------------------
 
-// sum of n floats over the processes, in place, after the compute enqueued so far; the compute
-// stream continues once it is done
-inline void multi_gpu_all_reduce_sum(MultiGpu* mg, float* x, size_t n, cudaStream_t compute, const char* what) {
-    if (!mg->active) return;
+// One collective on the NCCL stream: ordered after the compute enqueued so far, watched by the timeout
+// (multi_gpu_begin / multi_gpu_end, which name `what` if it hangs), and the compute enqueued next waits
+// for it. `enqueue` makes the NCCL call(s) on mg->stream.
+template <typename Enqueue>
+inline void multi_gpu_collective(MultiGpu* mg, cudaStream_t compute, const char* what, Enqueue enqueue) {
     multi_gpu_after_compute(mg, compute);
     multi_gpu_begin(mg);
-    ncclCheck(ncclAllReduce(x, x, n, ncclFloat, ncclSum, mg->comm, mg->stream));
+    enqueue();
     multi_gpu_end(mg, what);
     multi_gpu_before_compute(mg, compute);
+}
+
+// sum of n floats over the processes, in place
+inline void multi_gpu_all_reduce_sum(MultiGpu* mg, float* x, size_t n, cudaStream_t compute, const char* what) {
+    if (!mg->active) return;
+    multi_gpu_collective(mg, compute, what, [&] { ncclCheck(ncclAllReduce(x, x, n, ncclFloat, ncclSum, mg->comm, mg->stream)); });
 }
 
 // maximum of n uint32 (the bits of non-negative floats order like the floats), in place
 inline void multi_gpu_all_reduce_max_u32(MultiGpu* mg, uint32_t* x, size_t n, cudaStream_t compute, const char* what) {
     if (!mg->active || n == 0) return;
-    multi_gpu_after_compute(mg, compute);
-    multi_gpu_begin(mg);
-    ncclCheck(ncclAllReduce(x, x, n, ncclUint32, ncclMax, mg->comm, mg->stream));
-    multi_gpu_end(mg, what);
-    multi_gpu_before_compute(mg, compute);
+    multi_gpu_collective(mg, compute, what, [&] { ncclCheck(ncclAllReduce(x, x, n, ncclUint32, ncclMax, mg->comm, mg->stream)); });
 }
 
 // sum of n doubles over the processes, in place
 inline void multi_gpu_all_reduce_sum_f64(MultiGpu* mg, double* x, size_t n, cudaStream_t compute, const char* what) {
     if (!mg->active || n == 0) return;
-    multi_gpu_after_compute(mg, compute);
-    multi_gpu_begin(mg);
-    ncclCheck(ncclAllReduce(x, x, n, ncclDouble, ncclSum, mg->comm, mg->stream));
-    multi_gpu_end(mg, what);
-    multi_gpu_before_compute(mg, compute);
+    multi_gpu_collective(mg, compute, what, [&] { ncclCheck(ncclAllReduce(x, x, n, ncclDouble, ncclSum, mg->comm, mg->stream)); });
 }
 
 // in place, for each of `count` buffers of `world` pieces (piece r of buffer i: piece_bytes[i] bytes at
@@ -273,24 +272,18 @@ inline void multi_gpu_all_reduce_sum_f64(MultiGpu* mg, double* x, size_t n, cuda
 inline void multi_gpu_all_gather_pieces(MultiGpu* mg, uint8_t* const* bufs, const size_t* piece_bytes, int count,
                                         cudaStream_t compute, const char* what) {
     if (!mg->active || count == 0) return;
-    multi_gpu_after_compute(mg, compute);
-    multi_gpu_begin(mg);
-    ncclCheck(ncclGroupStart());
-    for (int i = 0; i < count; i++)
-        ncclCheck(ncclAllGather(bufs[i] + (size_t)mg->rank * piece_bytes[i], bufs[i], piece_bytes[i], ncclUint8, mg->comm, mg->stream));
-    ncclCheck(ncclGroupEnd());
-    multi_gpu_end(mg, what);
-    multi_gpu_before_compute(mg, compute);
+    multi_gpu_collective(mg, compute, what, [&] {
+        ncclCheck(ncclGroupStart());
+        for (int i = 0; i < count; i++)
+            ncclCheck(ncclAllGather(bufs[i] + (size_t)mg->rank * piece_bytes[i], bufs[i], piece_bytes[i], ncclUint8, mg->comm, mg->stream));
+        ncclCheck(ncclGroupEnd());
+    });
 }
 
 // process 0's n uint32 at x to every process (in order on the compute stream)
 inline void multi_gpu_broadcast_u32(MultiGpu* mg, uint32_t* x, size_t n, cudaStream_t compute, const char* what) {
     if (!mg->active || n == 0) return;
-    multi_gpu_after_compute(mg, compute);
-    multi_gpu_begin(mg);
-    ncclCheck(ncclBroadcast(x, x, n, ncclUint32, 0, mg->comm, mg->stream));
-    multi_gpu_end(mg, what);
-    multi_gpu_before_compute(mg, compute);
+    multi_gpu_collective(mg, compute, what, [&] { ncclCheck(ncclBroadcast(x, x, n, ncclUint32, 0, mg->comm, mg->stream)); });
 }
 
 // the mean of a host value over the processes (synchronizes)
