@@ -510,9 +510,9 @@ struct Nvfp4Values16 {
 #else
 #define LLMC_NVFP4_COLD __attribute__((noinline))
 #endif
-LLMC_HD LLMC_NVFP4_COLD Nvfp4Values16 nvfp4_block16_values_by_codes(Nvfp4Values16 x, float global, bool stochastic,
-                                                                    uint64_t key, uint64_t index0, bool four_over_six,
-                                                                    uint8_t* scale_code) {
+LLMC_HD inline LLMC_NVFP4_COLD Nvfp4Values16 nvfp4_block16_values_by_codes(Nvfp4Values16 x, float global, bool stochastic,
+                                                                           uint64_t key, uint64_t index0, bool four_over_six,
+                                                                           uint8_t* scale_code) {
     uint32_t bits[kNvfp4Block];
     if (stochastic) nvfp4_sr_bits16(key, index0, bits);
     uint8_t codes[kNvfp4Block];
