@@ -227,78 +227,62 @@ __global__ void __launch_bounds__(NVFP4_PATCH_COLS, NVFP4_QUANTIZE_MIN_BLOCKS) n
         for (int j = 0; j < 8; j++) tile[row][col + j] = (float)e[j];
     }
     __syncthreads();
-    if constexpr (kValuesOnly) {
-        // the training steps' launches: each block through nvfp4_block16_values, which computes the
-        // block-dequantized values without codes
-        if (rowd.out) {
-            const int row = t / 4, b = t % 4;
-            float v[kNvfp4Block];
-#pragma unroll
-            for (int i = 0; i < kNvfp4Block; i++) v[i] = tile[row][b * kNvfp4Block + i];
-            const float g = nvfp4_global_of(rowd.amax);
-            const long long off = (r0 + row) * cols + c0 + b * kNvfp4Block;
-            const uint64_t key = rowd.stochastic ? llmc::nvfp4_sr_key(rowd.seed) : 0u;
-            llmc::nvfp4_block16_values(v, g, rowd.stochastic, key, (uint64_t)off, four_over_six, v);
-            *reinterpret_cast<uint4*>(rowd.out + off) = nvfp4_pack8(v);
-            *reinterpret_cast<uint4*>(rowd.out + off + 8) = nvfp4_pack8(v + 8);
-            if (rowd.alpha && blockIdx.x == 0 && blockIdx.y == 0 && t == 0)
-                *rowd.alpha = llmc::rn_mul(g, nvfp4_global_of(rowd.other_amax));
-        }
-        if (cold.out) {
-            float v[kNvfp4Block];
-#pragma unroll
-            for (int i = 0; i < kNvfp4Block; i++) v[i] = tile[i][t];
-            if (cold.rht) llmc::nvfp4_rht16(v, signs);
-            const float g = nvfp4_global_of(cold.amax);
-            // the reference quantizes x^T by rows: element (r, c) of x is (c, r) of x^T, index c * rows + r
-            const uint64_t key = cold.stochastic ? llmc::nvfp4_sr_key(cold.seed) : 0u;
-            llmc::nvfp4_block16_values(v, g, cold.stochastic, key, (uint64_t)(c0 + t) * rows + r0, four_over_six, v);
-#pragma unroll
-            for (int i = 0; i < kNvfp4Block; i++) cold.out[(r0 + i) * cols + c0 + t] = (floatX)v[i];
-            if (cold.alpha && blockIdx.x == 0 && blockIdx.y == 0 && t == 0)
-                *cold.alpha = llmc::rn_mul(g, nvfp4_global_of(cold.other_amax));
-        }
-        return;
-    }
-    // the code path: native operands and/or telemetry
-    if (rowd.out || rowd.codes) {
+    // Rows (1x16 blocks along a row), then columns (16x1 blocks down a column, after the optional RHT).
+    // kValuesOnly: each block through nvfp4_block16_values, which computes the block-dequantized values
+    // without codes; otherwise through nvfp4_block, the code path (native operands and/or telemetry).
+    if (kValuesOnly ? rowd.out != nullptr : (rowd.out || rowd.codes)) {
         const int row = t / 4, b = t % 4;
         float v[kNvfp4Block];
 #pragma unroll
         for (int i = 0; i < kNvfp4Block; i++) v[i] = tile[row][b * kNvfp4Block + i];
         const float g = nvfp4_global_of(rowd.amax);
         const long long off = (r0 + row) * cols + c0 + b * kNvfp4Block;
-        float4 tele = make_float4(0.f, 0.f, 0.f, 0.f);
-        uint8_t codes[kNvfp4Block], sc;
-        nvfp4_block(v, rowd, g, four_over_six, (uint64_t)off, tele, codes, sc);
-        if (rowd.out) {
+        if constexpr (kValuesOnly) {
+            const uint64_t key = rowd.stochastic ? llmc::nvfp4_sr_key(rowd.seed) : 0u;
+            llmc::nvfp4_block16_values(v, g, rowd.stochastic, key, (uint64_t)off, four_over_six, v);
             *reinterpret_cast<uint4*>(rowd.out + off) = nvfp4_pack8(v);
             *reinterpret_cast<uint4*>(rowd.out + off + 8) = nvfp4_pack8(v + 8);
+        } else {
+            float4 tele = make_float4(0.f, 0.f, 0.f, 0.f);
+            uint8_t codes[kNvfp4Block], sc;
+            nvfp4_block(v, rowd, g, four_over_six, (uint64_t)off, tele, codes, sc);
+            if (rowd.out) {
+                *reinterpret_cast<uint4*>(rowd.out + off) = nvfp4_pack8(v);
+                *reinterpret_cast<uint4*>(rowd.out + off + 8) = nvfp4_pack8(v + 8);
+            }
+            if (rowd.codes) nvfp4_store_native(rowd, r0 + row, c0 + b * kNvfp4Block, cols, codes, sc);
+            if (rowd.stats) nvfp4_commit_stats(rowd.stats, tele);
         }
-        if (rowd.codes) nvfp4_store_native(rowd, r0 + row, c0 + b * kNvfp4Block, cols, codes, sc);
         if (rowd.alpha && blockIdx.x == 0 && blockIdx.y == 0 && t == 0)
             *rowd.alpha = llmc::rn_mul(g, nvfp4_global_of(rowd.other_amax));
-        if (rowd.stats) nvfp4_commit_stats(rowd.stats, tele);
     }
-    if (cold.out || cold.codes) {
+    if (kValuesOnly ? cold.out != nullptr : (cold.out || cold.codes)) {
         float v[kNvfp4Block];
 #pragma unroll
         for (int i = 0; i < kNvfp4Block; i++) v[i] = tile[i][t];
         if (cold.rht) llmc::nvfp4_rht16(v, signs);
         const float g = nvfp4_global_of(cold.amax);
         // the reference quantizes x^T by rows: element (r, c) of x is (c, r) of x^T, index c * rows + r
-        float4 tele = make_float4(0.f, 0.f, 0.f, 0.f);
-        uint8_t codes[kNvfp4Block], sc;
-        nvfp4_block(v, cold, g, four_over_six, (uint64_t)(c0 + t) * rows + r0, tele, codes, sc);
-        if (cold.out) {
+        const uint64_t index0 = (uint64_t)(c0 + t) * rows + r0;
+        if constexpr (kValuesOnly) {
+            const uint64_t key = cold.stochastic ? llmc::nvfp4_sr_key(cold.seed) : 0u;
+            llmc::nvfp4_block16_values(v, g, cold.stochastic, key, index0, four_over_six, v);
 #pragma unroll
             for (int i = 0; i < kNvfp4Block; i++) cold.out[(r0 + i) * cols + c0 + t] = (floatX)v[i];
+        } else {
+            float4 tele = make_float4(0.f, 0.f, 0.f, 0.f);
+            uint8_t codes[kNvfp4Block], sc;
+            nvfp4_block(v, cold, g, four_over_six, index0, tele, codes, sc);
+            if (cold.out) {
+#pragma unroll
+                for (int i = 0; i < kNvfp4Block; i++) cold.out[(r0 + i) * cols + c0 + t] = (floatX)v[i];
+            }
+            // the operand is x^T: row c0 + t, K = rows
+            if (cold.codes) nvfp4_store_native(cold, c0 + t, r0, rows, codes, sc);
+            if (cold.stats) nvfp4_commit_stats(cold.stats, tele);
         }
-        // the operand is x^T: row c0 + t, K = rows
-        if (cold.codes) nvfp4_store_native(cold, c0 + t, r0, rows, codes, sc);
         if (cold.alpha && blockIdx.x == 0 && blockIdx.y == 0 && t == 0)
             *cold.alpha = llmc::rn_mul(g, nvfp4_global_of(cold.other_amax));
-        if (cold.stats) nvfp4_commit_stats(cold.stats, tele);
     }
 }
 
