@@ -45,13 +45,15 @@ KNOWN_RECIPES = ["bf16", "fp8", "tcfp12", "nvfp4", "q115", "vcast"]
 # Per-size starting micro-batch B and sequence length T. GPT-2 sizes have maxT 1024, GPT-3 2048.
 # The B values are starting points for an 80 GB H100 (the protocol's "largest B that fits"); on OOM the
 # run is retried with B/2. On an H100 (2026-11-25): d24 64 fits ours (63 GiB) and the peer (75 GiB); d36
-# 32 fits both; gpt3:c768 64 fits ours (47 GiB), the peer falls back to 32; d48 8 fits ours (49 GiB).
+# 32 fits both; gpt3:c768 64 fits ours (47 GiB), the peer falls back to 32. d48: 16 fits ours (bf16 70.5 GiB,
+# fp8 72.6 GiB; H100, 2026-11-26), so it starts there (until then it started at 8, which left the protocol's
+# largest B untried); recipes that need more (tcfp12) and the peer fall back to 8.
 SIZE_DEFAULTS = {
     "d6": (64, 1024),
     "d12": (64, 1024),
     "d24": (64, 1024),
     "d36": (32, 1024),
-    "d48": (8, 1024),
+    "d48": (16, 1024),
     "gpt3:c768": (64, 2048),
 }
 

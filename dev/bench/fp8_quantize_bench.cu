@@ -1,9 +1,10 @@
 // fp8_quantize_bench.cu: times the FP8 quantize kernels of llmc/fp8_quantize.cuh at the shapes of one
-// d12 micro-step (B = 64, T = 1024: 65536 rows), the way recipe_fp8.h calls them, and a device-to-device
-// copy of the same input as the bandwidth yardstick. Prints ms per call and the effective bandwidth
-// (bytes read + written / time).
+// micro-step (default d12's: B = 64, T = 1024, so 65536 rows, and C = 768: widths C, 3C, 4C), the way
+// recipe_fp8.h calls them, and a device-to-device copy of the same input as the bandwidth yardstick.
+// Prints ms per call and the effective bandwidth (bytes read + written / time).
 //
-//   make build/fp8_quantize_bench && ./build/fp8_quantize_bench [rows]
+//   make build/fp8_quantize_bench && ./build/fp8_quantize_bench [rows] [C]
+//   e.g. d48 at B = 16: ./build/fp8_quantize_bench 16384 1600
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -12,11 +13,12 @@
 
 int main(int argc, char** argv) {
     const int rows = argc > 1 ? atoi(argv[1]) : 65536;
-    if (rows <= 0) {
-        fprintf(stderr, "usage: %s [rows > 0]\n", argv[0]);
+    const int C = argc > 2 ? atoi(argv[2]) : 768;
+    if (rows <= 0 || C <= 0 || C % 16 != 0) {
+        fprintf(stderr, "usage: %s [rows > 0] [C > 0, a multiple of 16]\n", argv[0]);
         return 1;
     }
-    const int max_cols = 3072;
+    const int max_cols = 4 * C;
     const size_t n_max = (size_t)rows * max_cols;
     std::vector<floatX> h(n_max);
     uint64_t z = 0x9E3779B97F4A7C15ull;
@@ -48,7 +50,7 @@ int main(int argc, char** argv) {
     Fp8Stats counted;
     counted.counts = counts;
     printf("FP8 quantize kernels, %d rows (ms per call, GB/s = bytes read + written / time)\n", rows);
-    for (int cols : {768, 2304, 3072}) {
+    for (int cols : {C, 3 * C, 4 * C}) {
         const double n = (double)rows * cols;
         auto report = [&](const char* what, double bytes, float ms) {
             printf("  %-46s %5d cols  %8.4f ms  %7.0f GB/s\n", what, cols, ms, bytes / ms / 1e6);
