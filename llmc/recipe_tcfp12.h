@@ -91,6 +91,7 @@ struct Recipe {
     uint8_t *hi = nullptr, *lo = nullptr;         // the split: codes (OC x C), per linear at elem_offset
     uint8_t *hi_scale = nullptr, *lo_scale = nullptr; // scale codes, per linear at group_offset
     uint8_t *hi_t = nullptr, *lo_t = nullptr;     // per tensor: the codes transposed (C x OC), for dgrad
+                                                  // (lo_t not under ABD, whose dgrad reads W_hi alone)
     floatX *hi_bf = nullptr, *lo_bf = nullptr;    // per block: deq(W_hi), deq(W_lo) as BF16
     float* ef = nullptr;                          // EF buffers (with error feedback; only this process's pieces
                                                   // under ZeRO-1, tcfp12_split_pieces)
@@ -240,7 +241,9 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
         r.lo_bf = (floatX*)cuda_malloc_or_die(ne * sizeof(floatX), "tcfp12 deq(W_lo)");
     } else {
         r.hi_t = (uint8_t*)cuda_malloc_or_die(ne, "tcfp12 W_hi^T");
-        r.lo_t = (uint8_t*)cuda_malloc_or_die(ne, "tcfp12 W_lo^T");
+        // ABD's dgrad reads W_hi^T alone (and there is no [W_hi^T | W_lo^T] to build): no W_lo^T, one byte
+        // per weight less (1.37 GiB at d48) and one transpose per weight and split less
+        if (!r.split.abd) r.lo_t = (uint8_t*)cuda_malloc_or_die(ne, "tcfp12 W_lo^T");
     }
     // ZeRO-1 (-z 1 over several processes): the EF buffer is cut like the AdamW state, into one piece per
     // process (tcfp12_split_pieces). Without processes to exchange the pieces (the one-GPU tests of
@@ -363,7 +366,7 @@ inline void tcfp12_derive(Recipe& r, int li, int OC, int C, cudaStream_t st) {
         tcfp12_tensor_factors_kernel<<<1, 1, 0, st>>>(tcfp_hi_slot(r, li), tcfp_lo_slot(r, li), hs, ls);
         cudaCheckLaunch();
         tcfp12_transpose_codes(r.hi_t + r.elem_offset[li], hi, OC, C, st);
-        tcfp12_transpose_codes(r.lo_t + r.elem_offset[li], lo, OC, C, st);
+        if (r.lo_t) tcfp12_transpose_codes(r.lo_t + r.elem_offset[li], lo, OC, C, st);
         if (r.concat) {
             const size_t off = r.elem_offset[li];
             tcfp12_concat_codes(r.wcat + 2 * off, hi, lo, OC, C, st);
@@ -874,7 +877,7 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         };
         const bool fast = r.options.tcfp_fast_accum != 0;
         Fp8Operand dy{r.dy8, CUDA_R_8F_E5M2, dys + 4};
-        Fp8Operand wlo{r.lo_t + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_lo_slot(r, li) + 4};
+        Fp8Operand wlo{abd ? nullptr : r.lo_t + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_lo_slot(r, li) + 4};
         Fp8Operand whi{r.hi_t + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_hi_slot(r, li) + 4};
         auto two_gemms = [&]() {
             if (!abd && !matmul_fp8(dinp, false, wlo, dy, nullptr, C, N, OC, 0.0f, true, st)) tcfp12_no_gemm("input gradient", C, N, OC);

@@ -130,8 +130,9 @@ if [[ "$(basename "$TRAINER")" == *_tcfp12 ]]; then
     out=$("$TRAINER" -tsrr 1 -tpdds 1 2>&1); rc=$?
     [[ $rc -ne 0 ]] && grep -q "mutually exclusive" <<<"$out" && ok "-tsrr 1 -tpdds 1 is refused (the seed's exclusion)" \
         || bad "-tsrr 1 -tpdds 1 accepted (exit $rc)"
-    # resume is bit-exact under the other options too: per block with PDDS (state per group), and SRR
-    for opts in "-tb 64 -tpdds 1 -tabd 1" "-tsrr 1 -tfw 1"; do
+    # resume is bit-exact under the other options too: per block with PDDS (state per group), SRR, and
+    # per tensor with ABD, FP8 wgrad and fast accumulation (no W_lo^T under ABD)
+    for opts in "-tb 64 -tpdds 1 -tabd 1" "-tsrr 1 -tfw 1" "-tabd 1 -tfw 1 -tfa 1"; do
         d=$work/o${opts// /}
         "$TRAINER" "${args[@]}" $opts -x 12 -v 0 -o "$d.b" -n 6 > "$d.b.out" 2>&1 || bad "run with $opts failed: $(tail -n 2 "$d.b.out")"
         rm -f "$d.b/DONE_00000012" "$d.b/model_00000012.bin" "$d.b/state_00000012_00000.bin"
