@@ -353,6 +353,55 @@ int main(int argc, char** argv) {
         off += n;
     }
     printf("largest gradient rel L2 error: %.3e\n", worst);
+
+    // 2b. the LayerNorm outputs' slots (assign_ln_slots): a layer has a slot of its own exactly where its
+    // backward reads the output (the recipe's BF16 weight gradient), the others share one. With the first
+    // and last layers kept in BF16 (-sqf 1 -sql 1) a quantizing recipe mixes both kinds; one training step
+    // of that model gives the gradients of the same model with -r 2 (every slot shared, every read output
+    // recomputed in backward) bit for bit: a layer that read another layer's output would not
+    {
+        const int L = info.shape.num_layers;
+        auto slots_ok = [&](const GPT& m, const char* what) {
+            const Activations& a = m.acts;
+            bool ok = (int)a.ln1_slot.size() == L && (int)a.ln2_slot.size() == L;
+            std::vector<int> owners1(L + 1, 0), owners2(L + 1, 0);
+            int reading = 0;
+            for (int l = 0; ok && l < L; l++) {
+                const bool reads1 = m.recompute < 2 && recipe_needs_input_in_backward(m.recipe, {l, LIN_QKV}, (int)BT);
+                const bool reads2 = m.recompute < 2 && recipe_needs_input_in_backward(m.recipe, {l, LIN_FC}, (int)BT);
+                reading += reads1;
+                const int s1 = a.ln1_slot[l], s2 = a.ln2_slot[l];
+                ok = s1 >= 0 && s1 <= L && s2 >= 0 && s2 <= L && (s1 == a.ln_shared_slot) == !reads1 &&
+                     (s2 == a.ln_shared_slot) == !reads2 && (!reads1 || ++owners1[s1] == 1) && (!reads2 || ++owners2[s2] == 1);
+            }
+            check(ok, strfmt("ln1/ln2 slots (%s): own slots for the %d layers whose backward reads the LayerNorm output, "
+                             "one shared slot (%d) for the others", what, reading, m.acts.ln_shared_slot));
+        };
+        slots_ok(model, "the recipe's defaults, -r 1");
+        RecipeOptions mixed;
+        mixed.skip_first = 1;
+        mixed.skip_last = 1;
+        GPT kept_ln, shared_ln;
+        gpt_build(&kept_ln, info.shape);
+        gpt_build(&shared_ln, info.shape);
+        gpt_allocate(&kept_ln, B, T, 1, mixed);
+        gpt_allocate(&shared_ln, B, T, 2, mixed);
+        slots_ok(kept_ln, "-sqf 1 -sql 1, -r 1");
+        slots_ok(shared_ln, "-sqf 1 -sql 1, -r 2");
+        std::vector<float> g_mixed[2];
+        GPT* pair[2] = {&kept_ln, &shared_ln};
+        for (int k = 0; k < 2; k++) {
+            gpt_set_params(pair[k], init_params);
+            gpt_zero_grad(pair[k]);
+            gpt_forward(pair[k], ref.inputs.data(), ref.targets.data(), B, T, true, 1.0f / BT);
+            gpt_backward(pair[k], B, T);
+            g_mixed[k] = device_floats(pair[k]->grads_memory, pair[k]->num_params);
+        }
+        check(same_bits(g_mixed[0], g_mixed[1]),
+              "-sqf 1 -sql 1: the gradients with the kept LayerNorm outputs (-r 1) equal those with every one recomputed (-r 2) bit for bit");
+        gpt_free(&kept_ln);
+        gpt_free(&shared_ln);
+    }
 #if defined(ENABLE_Q115)
     // 6. one training step against BF16: the deviation from the plain reference (argv[2]) is the one the
     // float64 Q1.15 reference predicts

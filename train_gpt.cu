@@ -109,7 +109,12 @@ struct ParamPointers {
 struct Activations {
     // The residual stream is FP32 in every build (see layernorm.cuh); everything else is floatX.
     float* encoded;      // (B,T,C) token + position embedding = residual stream into layer 0
-    floatX* ln1;         // (L,B,T,C), or one (B,T,C) buffer when recompute >= 2
+    // The LayerNorm outputs in front of the qkv (ln1) and fc (ln2) layers, (B,T,C) slots: a layer has a
+    // slot of its own where its backward reads the output, and shares the last slot with the others
+    // (ln_slot; gpt_allocate says when)
+    floatX* ln1;
+    std::vector<int> ln1_slot, ln2_slot; // layer -> slot
+    int ln_shared_slot = -1;             // the slot the layers without one of their own share (-1: none)
     float* ln1_mean;     // (L,B,T)
     float* ln1_rstd;     // (L,B,T)
     floatX* qkv;         // (L,B,T,3C)
@@ -119,7 +124,7 @@ struct Activations {
     void* flash_scratch; // flash attention's backward scratch
     float* qkv_bias_partials; // flash attention's backward: partial column sums of dqkv (the qkv bias gradient)
     float* residual2;    // (L,B,T,C) residual after the attention block
-    floatX* ln2;         // like ln1
+    floatX* ln2;         // like ln1 (ln2_slot)
     float* ln2_mean;     // (L,B,T)
     float* ln2_rstd;     // (L,B,T)
     floatX* fch;         // (L,B,T,4C) fc output before GELU
@@ -204,6 +209,32 @@ inline void gpt_build(GPT* model, const ModelShape& shape, int owner = 0, int ow
 template <typename T>
 T* alloc_n(size_t n, const char* what) { return (T*)cuda_malloc_or_die(n * sizeof(T), what); }
 
+// The slots of ln1 and ln2 (Activations::ln1_slot, ln2_slot) for a recompute setting and N = B*T rows: layer l's
+// own where its qkv (fc) layer's backward reads the LayerNorm output and it is not recomputed (-r 2), else the
+// shared one. The qkv and fc layers of one layer run under the same recipe decision, so both tensors get the same
+// number of slots; returns it.
+inline size_t assign_ln_slots(GPT* model, int recompute, int N) {
+    Activations& a = model->acts;
+    const int L = model->shape.num_layers;
+    size_t slots[2] = {0, 0};
+    bool shared = false;
+    const LinearKind kinds[2] = {LIN_QKV, LIN_FC};
+    std::vector<int>* slot_of[2] = {&a.ln1_slot, &a.ln2_slot};
+    for (int t = 0; t < 2; t++) {
+        slot_of[t]->assign(L, -1);
+        for (int l = 0; l < L; l++) {
+            if (recompute < 2 && recipe_needs_input_in_backward(model->recipe, {l, kinds[t]}, N)) (*slot_of[t])[l] = (int)slots[t]++;
+            else shared = true;
+        }
+    }
+    const size_t own = std::max(slots[0], slots[1]);
+    a.ln_shared_slot = shared ? (int)own : -1;
+    for (int t = 0; t < 2; t++)
+        for (int l = 0; l < L; l++)
+            if ((*slot_of[t])[l] < 0) (*slot_of[t])[l] = a.ln_shared_slot;
+    return own + (shared ? 1 : 0);
+}
+
 // device memory for parameters, optimizer state, activations and scratch
 inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOptions& recipe_options = RecipeOptions()) {
     const ModelShape& s = model->shape;
@@ -222,9 +253,7 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
     model->grads.point_into(model->grads_memory, model->param_sizes);
 
     Activations& a = model->acts;
-    const size_t ln_layers = recompute >= 2 ? 1 : L;
     a.encoded = alloc_n<float>(BT * C, "activations (encoded)");
-    a.ln1 = alloc_n<floatX>(ln_layers * BT * C, "activations (ln1)");
     a.ln1_mean = alloc_n<float>(L * BT, "activations (ln1 mean)");
     a.ln1_rstd = alloc_n<float>(L * BT, "activations (ln1 rstd)");
     a.qkv = alloc_n<floatX>(L * BT * 3 * C, "activations (qkv)");
@@ -270,7 +299,6 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
         a.attn.scores = alloc_n<floatX>((size_t)B * NH * T * T, "attention scratch (scores)");
     }
     a.residual2 = alloc_n<float>(L * BT * C, "activations (residual2)");
-    a.ln2 = alloc_n<floatX>(ln_layers * BT * C, "activations (ln2)");
     a.ln2_mean = alloc_n<float>(L * BT, "activations (ln2 mean)");
     a.ln2_rstd = alloc_n<float>(L * BT, "activations (ln2 rstd)");
     a.fch = alloc_n<floatX>(L * BT * 4 * C, "activations (fc)");
@@ -294,6 +322,15 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
     ro.state_owner = model->shard.rank;
     ro.state_owners = model->shard.owners;
     recipe_init(model->recipe, ro, s, B, T);
+    // ln1 / ln2: a layer keeps its LayerNorm output only where its backward reads it: the BF16 weight gradient of
+    // the qkv / fc layer, unless -r 2 recomputes it there. Where the backward reads something else (FP8 and
+    // TCFP-12 with an FP8 wgrad: the x^T codes their forward saved), the layers share one slot, which the
+    // LayerNorm writes (or leaves unwritten, writing the codes) and the linear reads right away. At d48, B=16
+    // that is 2 x 48 x 16384 x 1600 BF16 values, 4.7 GiB, not kept by FP8. (gpt_backward recomputes the output
+    // into the shared slot for any layer whose backward does read it.)
+    const size_t ln_slots = assign_ln_slots(model, recompute, (int)BT);
+    a.ln1 = alloc_n<floatX>(ln_slots * BT * C, "activations (ln1)");
+    a.ln2 = alloc_n<floatX>(ln_slots * BT * C, "activations (ln2)");
     model->inputs_dev = alloc_n<int>(BT, "inputs");
     model->targets_dev = alloc_n<int>(BT, "targets");
     model->buckets_dev = alloc_n<int>(3 * BT + 1, "embedding buckets");
@@ -411,10 +448,11 @@ inline std::vector<floatX> gpt_get_params(const GPT* model) {
 }
 
 // One layer's slices of the activations: the per-layer buffers, or the single shared buffer of what
-// is recomputed in backward (ln1/ln2 with -r 2, the GELU output with -r >= 1).
+// is recomputed in backward or not read there (ln1/ln2: assign_ln_slots; the GELU output with -r >= 1).
 struct LayerActs {
     const float* residual_in; // the residual stream entering the layer
     floatX* ln1; floatX* ln2; floatX* qkv; floatX* atty;
+    bool ln1_shared, ln2_shared; // ln1 / ln2 in the shared slot: overwritten by the next layer's forward
     floatX* att; float* lse;  // attention probabilities (materialized) or log-sum-exp (flash)
     float* residual2; floatX* fch; floatX* fch_gelu; float* residual3;
 };
@@ -423,8 +461,10 @@ inline LayerActs layer_acts(GPT* model, int l, int B, int T) {
     const size_t NC = (size_t)B * T * model->shape.channels, NH = model->shape.num_heads;
     LayerActs r;
     r.residual_in = l == 0 ? a.encoded : a.residual3 + (l - 1) * NC;
-    r.ln1 = a.ln1 + (model->recompute >= 2 ? 0 : l * NC);
-    r.ln2 = a.ln2 + (model->recompute >= 2 ? 0 : l * NC);
+    r.ln1 = a.ln1 + a.ln1_slot[l] * NC;
+    r.ln2 = a.ln2 + a.ln2_slot[l] * NC;
+    r.ln1_shared = a.ln1_slot[l] == a.ln_shared_slot;
+    r.ln2_shared = a.ln2_slot[l] == a.ln_shared_slot;
     r.qkv = a.qkv + l * NC * 3;
     r.atty = a.atty + l * NC;
     r.att = a.att ? a.att + (size_t)l * B * NH * T * T : nullptr;
@@ -476,9 +516,10 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
         const Fp8Target t = recipe_fp8_input_redo(rc, {layer, kind}, st);
         if (t.active()) layernorm_forward<Boundaries>(out, mean, rstd, residual, w, b, N, C, st, t);
     };
-    layernorm_forward<Boundaries>(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B], N, C, st,
+    floatX* ln1_first = a.ln1 + a.ln1_slot[0] * NC;
+    layernorm_forward<Boundaries>(ln1_first, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B], N, C, st,
                                   ln_target(0, LIN_QKV));
-    ln_redo(0, LIN_QKV, a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B]);
+    ln_redo(0, LIN_QKV, ln1_first, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B]);
     for (int l = 0; l < L; l++) {
         const LayerActs la = layer_acts(model, l, B, T);
         // attention block
@@ -512,7 +553,7 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
         // the residual add fused with the next LayerNorm: the next layer's ln1, or the final one
         PHASE("fwd: residual + layernorm");
         if (l + 1 < L) {
-            floatX* ln1_next = a.ln1 + (model->recompute >= 2 ? 0 : (l + 1) * NC);
+            floatX* ln1_next = a.ln1 + a.ln1_slot[l + 1] * NC;
             fused_residual_layernorm_forward<Boundaries>(la.residual3, ln1_next, a.ln1_mean + (l + 1) * N,
                                                          a.ln1_rstd + (l + 1) * N, la.residual2, a.btc_scratch,
                                                          p.t[P_LN1W] + (l + 1) * C, p.t[P_LN1B] + (l + 1) * C, N, C, st,
@@ -657,7 +698,7 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
         // the recipe's backward reads it
         PHASE("bwd: recompute");
         if (model->recompute >= 1 && recipe_needs_input_in_backward(rc, {l, LIN_FCPROJ}, N)) gelu_forward<Boundaries>(la.fch_gelu, la.fch, NC * 4, st);
-        if (model->recompute >= 2 && recipe_needs_input_in_backward(rc, {l, LIN_FC}, N)) {
+        if (la.ln2_shared && recipe_needs_input_in_backward(rc, {l, LIN_FC}, N)) {
             layernorm_forward<Boundaries>(la.ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, la.residual2, ln2w, p.t[P_LN2B] + l * C, N, C, st);
         }
         // MLP block; dresidual holds d(la.residual3)
@@ -697,7 +738,7 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
 #endif
         attention_backward(a.dqkv, a.dbtc, la.qkv, la.att, a.attn, a.dq, a.dk, a.dv, B, T, NH, HS, st);
         PHASE("bwd: recompute");
-        if (model->recompute >= 2 && recipe_needs_input_in_backward(rc, {l, LIN_QKV}, N)) {
+        if (la.ln1_shared && recipe_needs_input_in_backward(rc, {l, LIN_QKV}, N)) {
             layernorm_forward<Boundaries>(la.ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, la.residual_in, ln1w, p.t[P_LN1B] + l * C, N, C, st);
         }
         PHASE("bwd: linear");
