@@ -42,6 +42,12 @@
 // epilogue no longer overlaps another CTA's MMAs), so Tile128 stays the default. A persistent kernel
 // that overlaps one tile's epilogue with the next tile's MMAs is the next thing to try.
 //
+// FP8 operands (Fp8Operands, fp8_gemm.cuh): the same kernel with 128 E4M3 / E5M2 codes a K step (four
+// wgmma k32), the tiles byte for byte as above; K need only be a multiple of 16 (the TMA reads zeros
+// past K). H100, 2026-11-27 (build/test_fp8): with the plain BF16 store, 947 TFLOP/s at d12's fc shape
+// (M = 65536, N = 3072, K = 768) and 1008 at d48's (16384, 6400, 1600), 1.13x and 1.23x cuBLASLt's
+// FP8 time. A tile epilogue (TileEpilogue below) can take over the whole output tile.
+//
 // Accumulator layout of m64nNk16 (warp w of the warpgroup, lane = 4 g + q): registers 4j..4j+3 hold
 // rows 16w + g and 16w + g + 8, columns 8j + 2q and 8j + 2q + 1 (j = 0..N/8-1), each row's pair in
 // two consecutive registers. The epilogue sees the two fp32 values of a pair.
@@ -55,6 +61,7 @@
 // last BF16 bit (the test bounds both against float64).
 #pragma once
 #include <cuda.h>
+#include <type_traits>
 #include <cudaTypedefs.h>
 #include "cuda_common.h"
 #include "wgmma.cuh" // smem_addr, sw_desc, the wgmma fences
@@ -89,6 +96,25 @@ struct TileConfig {
 using Tile128 = TileConfig<128, 3, 2>;
 using Tile256 = TileConfig<256, 4, 1>;
 constexpr int N_MULTIPLE = 128; // every supported N is a multiple of this (Tile128's width)
+
+// The operands. A K step is 128 bytes of every row of both tiles, whatever the element: 64 BF16 values
+// (four wgmma k16) or 128 FP8 codes (four wgmma k32, fp8_gemm.cuh). The shared-memory layout, the
+// descriptors (a k-instruction 32 bytes further into each row) and the accumulator layout are the same.
+// The BF16 operands (floatX), the kernel's first use:
+struct Bf16Operands {
+    static constexpr int ELEMS_PER_STEP = BK; // K values per K step
+    static constexpr CUtensorMapDataType TMA_TYPE = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    static constexpr int ELEM_BYTES = 2;
+};
+// FP8 codes: A (inp) and B (W) each E4M3 or E5M2 (Hopper has no E5M2 x E5M2)
+template <bool A_E5M2, bool B_E5M2>
+struct Fp8Operands {
+    static_assert(!(A_E5M2 && B_E5M2), "Hopper's FP8 MMA takes at most one E5M2 operand");
+    static constexpr int ELEMS_PER_STEP = 128;
+    static constexpr CUtensorMapDataType TMA_TYPE = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+    static constexpr int ELEM_BYTES = 1;
+    static constexpr bool a_e5m2 = A_E5M2, b_e5m2 = B_E5M2;
+};
 
 __device__ int g_built = GEMM_WGMMA_DEVICE;
 
@@ -156,6 +182,37 @@ __device__ __forceinline__ void wgmma_m64nNk16(float (&d)[N / 2], uint64_t desc_
     if constexpr (N == 128) wgmma_m64n128k16(d, desc_a, desc_b);
     else wgmma_m64n256k16(d, desc_a, desc_b);
 }
+// d (64 x 128 fp32) += A (64 x 32 FP8, K-major) * B (32 x 128 FP8, K-major). FP8 wgmma has no transpose
+// immediates, and its sums keep fewer bits than FP32: the mainloop adds every K step straight into d,
+// which is cuBLASLt's "fast accumulation" (what the FP8 recipe's forward GEMMs use).
+#define GW_FP8_M64N128K32(TYPES)                                                                                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                         \
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32." TYPES " "                                               \
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,"   \
+                 "%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,"  \
+                 "%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1;\n}\n"                          \
+                 : GW_ACC8(0), GW_ACC8(8), GW_ACC8(16), GW_ACC8(24), GW_ACC8(32), GW_ACC8(40), GW_ACC8(48), GW_ACC8(56) \
+                 : "l"(desc_a), "l"(desc_b))
+template <bool A_E5M2, bool B_E5M2>
+__device__ __forceinline__ void wgmma_m64n128k32_fp8(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+    if constexpr (!A_E5M2 && !B_E5M2) GW_FP8_M64N128K32("e4m3.e4m3");
+    else if constexpr (A_E5M2) GW_FP8_M64N128K32("e5m2.e4m3");
+    else GW_FP8_M64N128K32("e4m3.e5m2");
+}
+#undef GW_FP8_M64N128K32
+// one K step's four MMAs (128 bytes of each row of both tiles)
+template <class Ops, int N>
+__device__ __forceinline__ void mma_k_step(float (&d)[N / 2], const unsigned char* a_tile, const unsigned char* b_tile) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++) {
+        if constexpr (Ops::ELEM_BYTES == 2) {
+            wgmma_m64nNk16<N>(d, tile_desc(a_tile, ks), tile_desc(b_tile, ks));
+        } else {
+            static_assert(N == 128, "FP8 operands: 128-wide tiles");
+            wgmma_m64n128k32_fp8<Ops::a_e5m2, Ops::b_e5m2>(d, tile_desc(a_tile, ks), tile_desc(b_tile, ks));
+        }
+    }
+}
 #undef GW_ACC8
 #endif // GEMM_WGMMA_DEVICE
 
@@ -176,8 +233,23 @@ struct StoreBf16 {
 // The output tile goes through shared memory (the ring's slots, free once every K step is done) so
 // that each warp stores whole rows, 16 bytes a thread: straight from the accumulators a warp would
 // store 4 bytes into each of 8 rows per instruction.
+//
+// A tile epilogue (a struct derived from TileEpilogue) takes over the whole tile instead: the kernel
+// calls its tile<Cfg>(d, where, smem) with every consumer thread's accumulators once the ring is free,
+// and it stages and stores what it wants (fp8_gemm.cuh's epilogues write FP8 codes in both layouts).
+struct TileEpilogue {};
+// where a consumer thread's accumulators sit: rows r_lo (registers 4j, 4j + 1) and r_lo + 8 (4j + 2,
+// 4j + 3) of the tile, columns 8j + 2q and 8j + 2q + 1; the tile's origin; the output's shape
+struct TilePosition {
+    int m0, n0;   // the tile's first row and column in the output
+    int M, N;     // the output's rows and columns
+    int r_lo, q;  // the thread's first row in the tile, its column pair within 8 columns
+};
+__device__ __forceinline__ void consumer_barrier() {
+    asm volatile("bar.sync 1, %0;\n" :: "n"(CONSUMER_THREADS) : "memory");
+}
 
-template <class Epilogue, class Cfg>
+template <class Ops, class Epilogue, class Cfg>
 __global__ void __launch_bounds__(THREADS, Cfg::MIN_BLOCKS)
 gemm_kernel(const __grid_constant__ CUtensorMap map_inp, const __grid_constant__ CUtensorMap map_w,
             const floatX* __restrict__ bias, int K, Epilogue epi) {
@@ -191,7 +263,7 @@ gemm_kernel(const __grid_constant__ CUtensorMap map_inp, const __grid_constant__
     uint64_t* empty = full + STAGES;
     const int n_tile = blockIdx.x, m_tile = blockIdx.y;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int k_steps = K / BK;
+    const int k_steps = (K + Ops::ELEMS_PER_STEP - 1) / Ops::ELEMS_PER_STEP; // (the TMA fills a last partial step with zeros)
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             bar_init(&full[s], 1);
@@ -209,8 +281,8 @@ gemm_kernel(const __grid_constant__ CUtensorMap map_inp, const __grid_constant__
                 if (kt >= STAGES) bar_wait(&empty[s], ((kt / STAGES) + 1) & 1);
                 unsigned char* slot = smem + s * STAGE_BYTES;
                 bar_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load_2d(slot, &map_inp, kt * BK, m_tile * BM, &full[s]);
-                tma_load_2d(slot + A_TILE_BYTES, &map_w, kt * BK, n_tile * BN, &full[s]);
+                tma_load_2d(slot, &map_inp, kt * Ops::ELEMS_PER_STEP, m_tile * BM, &full[s]);
+                tma_load_2d(slot + A_TILE_BYTES, &map_w, kt * Ops::ELEMS_PER_STEP, n_tile * BN, &full[s]);
             }
         }
     } else {
@@ -227,8 +299,7 @@ gemm_kernel(const __grid_constant__ CUtensorMap map_inp, const __grid_constant__
             const unsigned char* b_tile = slot + A_TILE_BYTES;
             reg_fence(d);
             wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < BK / 16; ks++) wgmma_m64nNk16<BN>(d, tile_desc(a_tile, ks), tile_desc(b_tile, ks));
+            mma_k_step<Ops, BN>(d, a_tile, b_tile);
             wgmma_commit();
             // the batch before this one is done: its slot can be refilled
             wgmma_wait<1>();
@@ -241,40 +312,45 @@ gemm_kernel(const __grid_constant__ CUtensorMap map_inp, const __grid_constant__
         // epilogue: bias, then the caller's transform, into shared memory; then whole rows to global.
         // The slots are free once both warpgroups are past their last K step (every TMA write landed
         // before the last `full` barrier completed, and nothing more is loaded).
-        asm volatile("bar.sync 1, %0;\n" :: "n"(CONSUMER_THREADS) : "memory");
-        constexpr int NOUT = Epilogue::OUTPUTS;
-        __nv_bfloat16* staged = reinterpret_cast<__nv_bfloat16*>(smem);
+        consumer_barrier();
         const int wq = warp % 4, gq = lane / 4, q = lane % 4;
         const int r_lo = 64 * g + 16 * wq + gq;
+        if constexpr (std::is_base_of<TileEpilogue, Epilogue>::value) {
+            const TilePosition where{m_tile * BM, n_tile * BN, (int)gridDim.y * BM, (int)gridDim.x * BN, r_lo, q};
+            epi.template tile<Cfg>(d, where, smem);
+        } else {
+            constexpr int NOUT = Epilogue::OUTPUTS;
+            __nv_bfloat16* staged = reinterpret_cast<__nv_bfloat16*>(smem);
 #pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            const int c = 8 * j + 2 * q;
-            float b0 = 0.0f, b1 = 0.0f;
-            if (bias != nullptr) {
-                const __nv_bfloat162 bb = *reinterpret_cast<const __nv_bfloat162*>(bias + n_tile * BN + c);
-                b0 = __bfloat162float(bb.x);
-                b1 = __bfloat162float(bb.y);
+            for (int j = 0; j < BN / 8; j++) {
+                const int c = 8 * j + 2 * q;
+                float b0 = 0.0f, b1 = 0.0f;
+                if (bias != nullptr) {
+                    const __nv_bfloat162 bb = *reinterpret_cast<const __nv_bfloat162*>(bias + n_tile * BN + c);
+                    b0 = __bfloat162float(bb.x);
+                    b1 = __bfloat162float(bb.y);
+                }
+                __nv_bfloat162 lo[NOUT], hi[NOUT];
+                epi(d[4 * j + 0] + b0, d[4 * j + 1] + b1, lo);
+                epi(d[4 * j + 2] + b0, d[4 * j + 3] + b1, hi);
+#pragma unroll
+                for (int o = 0; o < NOUT; o++) {
+                    *reinterpret_cast<__nv_bfloat162*>(staged + o * (OUT_TILE_BYTES / 2) + r_lo * OUT_LD + c) = lo[o];
+                    *reinterpret_cast<__nv_bfloat162*>(staged + o * (OUT_TILE_BYTES / 2) + (r_lo + 8) * OUT_LD + c) = hi[o];
+                }
             }
-            __nv_bfloat162 lo[NOUT], hi[NOUT];
-            epi(d[4 * j + 0] + b0, d[4 * j + 1] + b1, lo);
-            epi(d[4 * j + 2] + b0, d[4 * j + 3] + b1, hi);
+            consumer_barrier();
+            const int ld = (int)gridDim.x * BN;
+            constexpr int CHUNKS = BM * BN / 8; // 16-byte pieces of one output tile
 #pragma unroll
             for (int o = 0; o < NOUT; o++) {
-                *reinterpret_cast<__nv_bfloat162*>(staged + o * (OUT_TILE_BYTES / 2) + r_lo * OUT_LD + c) = lo[o];
-                *reinterpret_cast<__nv_bfloat162*>(staged + o * (OUT_TILE_BYTES / 2) + (r_lo + 8) * OUT_LD + c) = hi[o];
-            }
-        }
-        asm volatile("bar.sync 1, %0;\n" :: "n"(CONSUMER_THREADS) : "memory");
-        const int ld = (int)gridDim.x * BN;
-        constexpr int CHUNKS = BM * BN / 8; // 16-byte pieces of one output tile
 #pragma unroll
-        for (int o = 0; o < NOUT; o++) {
-#pragma unroll
-            for (int i = 0; i < CHUNKS / CONSUMER_THREADS; i++) {
-                const int chunk = (int)threadIdx.x + i * CONSUMER_THREADS;
-                const int r = chunk / (BN / 8), c8 = chunk % (BN / 8);
-                const uint4 v = *reinterpret_cast<const uint4*>(staged + o * (OUT_TILE_BYTES / 2) + r * OUT_LD + 8 * c8);
-                *reinterpret_cast<uint4*>(epi.out[o] + ((long long)m_tile * BM + r) * ld + n_tile * BN + 8 * c8) = v;
+                for (int i = 0; i < CHUNKS / CONSUMER_THREADS; i++) {
+                    const int chunk = (int)threadIdx.x + i * CONSUMER_THREADS;
+                    const int r = chunk / (BN / 8), c8 = chunk % (BN / 8);
+                    const uint4 v = *reinterpret_cast<const uint4*>(staged + o * (OUT_TILE_BYTES / 2) + r * OUT_LD + 8 * c8);
+                    *reinterpret_cast<uint4*>(epi.out[o] + ((long long)m_tile * BM + r) * ld + n_tile * BN + 8 * c8) = v;
+                }
             }
         }
     }
@@ -317,14 +393,16 @@ inline bool supported(const void* out, const void* inp, const void* w, const voi
            (bias == nullptr || ((uintptr_t)bias % 4) == 0) && available();
 }
 
-// a (rows x cols) row-major bf16 matrix, read in (box_rows x 64) boxes with the 128-byte swizzle
-inline CUtensorMap tensor_map(const floatX* base, int rows, int cols, int box_rows) {
+// a (rows x cols) row-major matrix of Ops' elements, read in (box_rows x 128 bytes) boxes with the
+// 128-byte swizzle (the parts of a box beyond the matrix read as zeros)
+template <class Ops>
+inline CUtensorMap tensor_map(const void* base, int rows, int cols, int box_rows) {
     CUtensorMap map;
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-    const cuuint64_t strides[1] = {(cuuint64_t)cols * sizeof(floatX)};
-    const cuuint32_t box[2] = {(cuuint32_t)BK, (cuuint32_t)box_rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)cols * Ops::ELEM_BYTES};
+    const cuuint32_t box[2] = {(cuuint32_t)Ops::ELEMS_PER_STEP, (cuuint32_t)box_rows};
     const cuuint32_t elem_strides[2] = {1, 1};
-    const CUresult r = encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)base, dims, strides, box,
+    const CUresult r = encode_fn()(&map, Ops::TMA_TYPE, 2, (void*)base, dims, strides, box,
                                    elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
@@ -337,20 +415,20 @@ inline CUtensorMap tensor_map(const floatX* base, int rows, int cols, int box_ro
 // the tile configuration gemm() launches: 128 (Tile128) or 256 (Tile256, the test's experiment)
 inline int g_tile_n = 128;
 
-template <class Epilogue, class Cfg>
-inline void launch(const floatX* inp, const floatX* w, const floatX* bias, int M, int N, int K, Epilogue epi,
+template <class Ops, class Epilogue, class Cfg>
+inline void launch(const void* inp, const void* w, const floatX* bias, int M, int N, int K, Epilogue epi,
                    cudaStream_t stream) {
     static bool configured = false;
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(gemm_kernel<Epilogue, Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaCheck(cudaFuncSetAttribute(gemm_kernel<Ops, Epilogue, Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Cfg::SMEM_BYTES));
         // all of the unified L1 / shared memory as shared memory
-        cudaCheck(cudaFuncSetAttribute(gemm_kernel<Epilogue, Cfg>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+        cudaCheck(cudaFuncSetAttribute(gemm_kernel<Ops, Epilogue, Cfg>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
         configured = true;
     }
-    const CUtensorMap map_inp = tensor_map(inp, M, K, BM);
-    const CUtensorMap map_w = tensor_map(w, N, K, Cfg::BN);
-    gemm_kernel<Epilogue, Cfg><<<dim3(N / Cfg::BN, M / BM), THREADS, Cfg::SMEM_BYTES, stream>>>(map_inp, map_w, bias, K, epi);
+    const CUtensorMap map_inp = tensor_map<Ops>(inp, M, K, BM);
+    const CUtensorMap map_w = tensor_map<Ops>(w, N, K, Cfg::BN);
+    gemm_kernel<Ops, Epilogue, Cfg><<<dim3(N / Cfg::BN, M / BM), THREADS, Cfg::SMEM_BYTES, stream>>>(map_inp, map_w, bias, K, epi);
     cudaCheckLaunch();
 }
 
@@ -358,8 +436,8 @@ inline void launch(const floatX* inp, const floatX* w, const floatX* bias, int M
 template <class Epilogue>
 inline void gemm(const floatX* inp, const floatX* w, const floatX* bias, int M, int N, int K, Epilogue epi,
                  cudaStream_t stream) {
-    if (g_tile_n == 256 && N % 256 == 0) launch<Epilogue, Tile256>(inp, w, bias, M, N, K, epi, stream);
-    else launch<Epilogue, Tile128>(inp, w, bias, M, N, K, epi, stream);
+    if (g_tile_n == 256 && N % 256 == 0) launch<Bf16Operands, Epilogue, Tile256>(inp, w, bias, M, N, K, epi, stream);
+    else launch<Bf16Operands, Epilogue, Tile128>(inp, w, bias, M, N, K, epi, stream);
 }
 
 } // namespace gemm_wgmma

@@ -5,6 +5,8 @@
 //   2. cuBLASLt's FP8 GEMMs in the three forms the recipe uses (forward E4M3 x E4M3 with fast
 //      accumulation, dgrad E5M2 x E4M3, wgrad accumulating into FP32) against a float64 product of
 //      the dequantized operands (tight) and against the unquantized product (the FP8 error bound).
+//   2b. The fc forward GEMM with the fc projection's quantization in its epilogue (fp8_gemm.cuh) against
+//      float64 and cuBLASLt, and its codes bit for bit against the pass over its own output; timing.
 //   3. The recipe itself on a small model: weight scales and FP8 copies, linear forward (+GELU),
 //      linear backward (dx with GELU', dW, dbias), skipped layers = the plain BF16 path bit for bit,
 //      evaluation leaving the state alone, and the delayed-scaling history update.
@@ -21,6 +23,8 @@
 #include "dev/test/gpu_check.h"
 #include "llmc/number_formats.h"
 #include "llmc/recipe_fp8.h"
+#include "llmc/fp8_gemm.cuh"
+#include "dev/bench/bench_timer.h"
 
 
 using llmc::Overflow;
@@ -281,6 +285,94 @@ static void test_gemm(const char* name, Fp8Kind ka, Fp8Kind kb, bool d_fp32, boo
     check(e_raw <= tol_fp8, "%s: vs the unquantized product rel L2 %.2e (FP8 bound %.0e)", name, e_raw, tol_fp8);
     cudaFree(dA); cudaFree(dB); cudaFree(sc); cudaFree(dbias); cudaFree(dD);
     if (separate_scales) cudaFree(sb);
+}
+
+// ---- 2b. the fc forward with the fc projection's quantization in its epilogue (fp8_gemm.cuh) --------
+// Against the recipe's other path, cuBLASLt's FP8 GEMM and fp8_quantize_transpose(gelu_of_input):
+//   - the pre-activation against float64 of the dequantized operands (rel L2) and against cuBLASLt's
+//     (both round FP32 sums of another order to BF16: at most a few rare BF16 ulps apart);
+//   - the codes in both layouts and the amax bit for bit what the pass makes of the fused kernel's own
+//     pre-activation (every output written: the buffers start as NaN / 0xFF);
+//   - timing at d12's and d48's fc shapes (printed): fused against cuBLASLt + the pass.
+static void test_fused_fc_gelu(int M, int N, int K, bool timing) {
+    if (!fp8_gemm::supported(M, N, K, {})) {
+        check(!gemm_wgmma::available(), "fused fc GEMM M=%d N=%d K=%d: unsupported only off Hopper", M, N, K);
+        return;
+    }
+    std::mt19937 rng(5 + M + N + K);
+    QTensor X = make_q(M, K, 1.0f, Fp8Kind::E4M3, rng), W = make_q(N, K, 0.02f, Fp8Kind::E4M3, rng);
+    std::vector<floatX> bias(N);
+    std::normal_distribution<float> nd(0.0f, 0.5f);
+    for (auto& b : bias) b = f2bf(nd(rng));
+    uint8_t *dx = to_device(X.codes), *dw = to_device(W.codes);
+    float* inv = to_device(std::vector<float>{1.0f / X.scale, 0, 0, 0, 1.0f / W.scale, 0, 0, 0, 6.0f}); // + s of the codes
+    floatX* dbias = to_device(bias);
+    const size_t n = (size_t)M * N;
+    floatX *pre_f, *pre_r;
+    uint8_t *q_f, *qt_f, *q_r, *qt_r;
+    uint32_t* amax;
+    cudaCheck(cudaMalloc(&pre_f, n * 2)); cudaCheck(cudaMalloc(&pre_r, n * 2));
+    cudaCheck(cudaMalloc(&q_f, n)); cudaCheck(cudaMalloc(&qt_f, n)); cudaCheck(cudaMalloc(&q_r, n)); cudaCheck(cudaMalloc(&qt_r, n));
+    cudaCheck(cudaMalloc(&amax, 8));
+    cudaCheck(cudaMemset(pre_f, 0xFF, n * 2)); cudaCheck(cudaMemset(q_f, 0xFF, n)); cudaCheck(cudaMemset(qt_f, 0xFF, n));
+    cudaCheck(cudaMemset(amax, 0, 8));
+    auto fused = [&] { fp8_gemm::fc_gelu(pre_f, q_f, qt_f, dx, inv, dw, inv + 4, dbias, inv + 8, amax, M, N, K, 0); };
+    Fp8Operand a{dw, CUDA_R_8F_E4M3, inv + 4}, b{dx, CUDA_R_8F_E4M3, inv};
+    auto cublas = [&] {
+        if (!matmul_fp8(pre_r, false, a, b, dbias, N, M, K, 0.0f, true, 0)) exit(1);
+        fp8_quantize_transpose<Fp8Kind::E4M3>(q_r, qt_r, pre_r, M, N, inv + 8, amax + 1, Fp8Stats(), 0, nullptr, nullptr, nullptr, true);
+    };
+    fused();
+    cublas();
+    cudaCheck(cudaDeviceSynchronize());
+    const std::vector<floatX> hp = to_host(pre_f, n), hr = to_host(pre_r, n);
+    // float64 on rows spread over M
+    std::vector<double> got, want;
+    long long far = 0, differ = 0;
+    double sq = 0;
+    for (size_t i = 0; i < n; i++) sq += (double)bf2f(hr[i]) * bf2f(hr[i]);
+    const double rms = std::sqrt(sq / n);
+    for (size_t i = 0; i < n; i++) {
+        const double f = bf2f(hp[i]), r = bf2f(hr[i]);
+        differ += f != r;
+        // more than ~2 BF16 ulps apart, beyond 1e-3 of the RMS (near zero, both carry the FP8 tensor
+        // cores' accumulation error, some 1e-4 of the terms' magnitude)
+        far += std::fabs(f - r) > std::ldexp(std::fabs(r), -6) + 1e-3 * rms;
+    }
+    for (int m = 0; m < M; m += std::max(1, M / 64))
+        for (int j = 0; j < N; j++) {
+            double acc = bf2f(bias[j]);
+            for (int k = 0; k < K; k++) acc += X.value((size_t)m * K + k) * W.value((size_t)j * K + k);
+            want.push_back(acc);
+            got.push_back(bf2f(hp[(size_t)m * N + j]));
+        }
+    const double e = rel_l2(got, want);
+    check(e < 4e-3 && far == 0, "fused fc GEMM M=%d N=%d K=%d: pre-activation vs float64 rel L2 %.2e (tol 4e-3); vs cuBLASLt %lld "
+          "of %zu differ, %lld by more than 2 BF16 ulps + 1e-3 RMS", M, N, K, e, differ, n, far);
+    // the pass over the fused kernel's own pre-activation
+    cudaCheck(cudaMemset(amax + 1, 0, 4));
+    fp8_quantize_transpose<Fp8Kind::E4M3>(q_r, qt_r, pre_f, M, N, inv + 8, amax + 1, Fp8Stats(), 0, nullptr, nullptr, nullptr, true);
+    cudaCheck(cudaDeviceSynchronize());
+    const std::vector<uint32_t> am = to_host(amax, 2);
+    const bool same = to_host(q_f, n) == to_host(q_r, n) && to_host(qt_f, n) == to_host(qt_r, n) && am[0] == am[1] && am[0] != 0;
+    check(same, "fused fc GEMM M=%d N=%d K=%d: E4M3 codes of gelu(pre) in both layouts and amax = the pass over its "
+          "pre-activation, bit for bit", M, N, K);
+    if (timing) {
+        const float t_r = mean_ms(cublas, 20);
+        const float t_g = mean_ms([&] { if (!matmul_fp8(pre_r, false, a, b, dbias, N, M, K, 0.0f, true, 0)) exit(1); }, 20);
+        printf("  timing M=%d N=%d K=%d: cuBLASLt GEMM %.4f + pass %.4f = %.4f ms\n", M, N, K, t_g, t_r - t_g, t_r);
+        const float t_f = mean_ms(fused, 20);
+        // the same kernel with FP8 operands and the plain BF16 store (no scales, no codes): the mainloop's speed
+        auto plain = [&] {
+            gemm_wgmma::launch<gemm_wgmma::Fp8Operands<false, false>, gemm_wgmma::StoreBf16, gemm_wgmma::Tile128>(
+                dx, dw, nullptr, M, N, K, gemm_wgmma::StoreBf16{{pre_r}}, 0);
+        };
+        const float t_p = mean_ms(plain, 20);
+        printf("    fused %.4f ms (%.0f TFLOP/s); the kernel with the BF16 store alone %.4f ms (%.0f TFLOP/s)\n", t_f,
+               2.0 * M * N * K / t_f / 1e9, t_p, 2.0 * M * N * K / t_p / 1e9);
+    }
+    cudaFree(dx); cudaFree(dw); cudaFree(inv); cudaFree(dbias); cudaFree(pre_f); cudaFree(pre_r);
+    cudaFree(q_f); cudaFree(qt_f); cudaFree(q_r); cudaFree(qt_r); cudaFree(amax);
 }
 
 // ---- 3. the recipe on a small model ------------------------------------------------------------------
@@ -589,6 +681,11 @@ int main() {
     // FP32 in their partial sums (measured 1.0e-4 rel L2 at k = 1024 on an H100, cuBLASLt 13.1), so
     // the bound is 5e-4: still 100x below the FP8 quantization error it is compared with below.
     test_gemm("gemm wgrad E4M3xE5M2 FP32 += ", Fp8Kind::E4M3, Fp8Kind::E5M2, true, false, false, 256, 192, 1024, 5e-4, 1.2e-1);
+    // the fused fc forward: small, a K with a partial last step (1600 = 12.5 x 128), d12's and d48's fc
+    test_fused_fc_gelu(256, 256, 128, false);
+    test_fused_fc_gelu(384, 640, 1600, false);
+    test_fused_fc_gelu(65536, 3072, 768, true);
+    test_fused_fc_gelu(16384, 6400, 1600, true);
     test_recipe();
     matmul_free();
     printf("fp8 tests: %d passed, %d failed\n", g_passed, g_failed);
