@@ -28,13 +28,13 @@
 // Shapes: M % 128 == 0, N % 128 == 0, K % 16 == 0 (a last partial K step reads zeros), pointers 16-byte
 // aligned (supported()); every GPT-2/3 MLP at B*T a multiple of 128.
 //
-// Status (H100, 2026-11-27, build/test_fp8; doc/perf.md): exact, but not yet faster, so the FP8 recipe
-// does not use it. d12's fc (M = 65536, N = 3072, K = 768): 0.611 ms against cuBLASLt's GEMM + the pass,
-// 0.289 + 0.320 ms; d48's (16384, 6400, 1600): 0.463 against 0.269 + 0.163 ms. The same kernel with the
-// plain BF16 store takes 0.327 / 0.333 ms: the epilogue adds about what the pass costs, which means the
-// two CTAs of an SM do not hide one's epilogue under the other's MMAs (ncu, d12: issue slots 45% busy,
-// no warp eligible 56% of the cycles, DRAM 36%). An epilogue of its own warps, running while the
-// consumers compute the next tile (a persistent, warp-specialized kernel), is what it needs next.
+// Status (H100, 2026-11-27, build/test_fp8; doc/perf.md). Both kernels below are exact (the checks above).
+// fc_gelu, two CTAs an SM with the epilogue between each CTA's MMAs, is no faster than cuBLASLt + the pass:
+// d12's fc (M = 65536, N = 3072, K = 768) 0.611 ms against 0.289 + 0.320, d48's (16384, 6400, 1600) 0.463
+// against 0.269 + 0.163; the same kernel with the plain BF16 store takes 0.327 / 0.333 ms, so its epilogue
+// costs what the pass costs. fc_gelu_ws, persistent with the epilogue on warps of its own, takes 0.488 ms at
+// d12 (0.80x cuBLASLt + the pass) and 0.434 ms at d48 (parity): the epilogue warps are still the slower side
+// at d12. The FP8 recipe does not use either yet (its model-level tests and step times are the next step).
 #pragma once
 #include "gemm_wgmma.cuh"
 #include "fp8_quantize.cuh" // fp8_pack2, Fp8Kind
@@ -120,6 +120,210 @@ struct FcGeluEpilogue : gemm_wgmma::TileEpilogue {
         }
     }
 };
+
+// ---- The persistent, warp-specialized form of the same product -------------------------------------
+// The kernel above leaves each CTA's epilogue between its MMAs, and the two CTAs of an SM did not hide one
+// under the other. Here one CTA per SM walks over tiles (tile b, b + gridDim.x, ...; columns fastest, so
+// that the CTAs running together read the same rows of x) with three roles:
+//   producer   warp 8: the TMA loads of every K step of every tile, into a ring of 3 slots (as above),
+//              running on into the next tile while the consumers finish one;
+//   consumers  warps 0-7, two warpgroups of 64 rows: the MMAs of a tile; then each thread writes its
+//              BF16 pre-activations, bf16(acc x_inv w_inv + bias), into one of two shared pre tiles and
+//              goes on with the next tile;
+//   epilogue   warps 9-16 (256 threads): from the pre tile, the pre-activation to global memory, then
+//              gelu, the E4M3 codes (rows staged, columns staged through byte permutes, as the quantize
+//              kernels do) and the amax; both code layouts to global memory.
+// Two mbarriers a pre tile hand it over: pre_full (256 consumer arrivals) and pre_empty (256 epilogue
+// arrivals); the epilogue warps sync among themselves with named barrier 2. Shared memory: the ring
+// 96 KB, two pre tiles 68 KB, the staged codes 32 KB.
+constexpr int WS_STAGES = 3, WS_EPI_THREAD0 = 288, WS_EPI_THREADS = 256, WS_THREADS = WS_EPI_THREAD0 + WS_EPI_THREADS;
+constexpr int WS_CODES_T_STRIDE = 33; // words per staged code column (32 row groups + 1: fewer bank conflicts)
+constexpr int WS_RING_BYTES = WS_STAGES * 32768;
+constexpr int WS_CODES_BYTES = 128 * 128, WS_CODES_T_BYTES = 128 * WS_CODES_T_STRIDE * 4;
+constexpr int WS_SMEM_BYTES = WS_RING_BYTES + 2 * PRE_BYTES + WS_CODES_BYTES + WS_CODES_T_BYTES + 1024 + 256;
+
+__device__ __forceinline__ void epilogue_barrier() { asm volatile("bar.sync 2, %0;\n" :: "n"(WS_EPI_THREADS) : "memory"); }
+
+__global__ void __launch_bounds__(WS_THREADS, 1)
+fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w, int M, int N, int K,
+                  const float* __restrict__ x_inv, const float* __restrict__ w_inv, const floatX* __restrict__ bias,
+                  floatX* __restrict__ pre, uint8_t* __restrict__ codes, uint8_t* __restrict__ codes_t,
+                  const float* __restrict__ scale, uint32_t* __restrict__ amax) {
+#if GEMM_WGMMA_DEVICE
+    using namespace gemm_wgmma;
+    using Ops = Fp8Operands<false, false>;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = (unsigned char*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    __nv_bfloat16* s_pre = reinterpret_cast<__nv_bfloat16*>(smem + WS_RING_BYTES); // two tiles of 128 x PRE_LD
+    uint8_t* s_codes = smem + WS_RING_BYTES + 2 * PRE_BYTES;
+    uint32_t* s_codes_t = reinterpret_cast<uint32_t*>(s_codes + WS_CODES_BYTES);
+    uint64_t* full = reinterpret_cast<uint64_t*>(s_codes + WS_CODES_BYTES + WS_CODES_T_BYTES);
+    uint64_t* empty = full + WS_STAGES;
+    uint64_t* pre_full = empty + WS_STAGES;
+    uint64_t* pre_empty = pre_full + 2;
+    const int tiles_n = N / 128, num_tiles = (M / 128) * tiles_n;
+    const int k_steps = (K + Ops::ELEMS_PER_STEP - 1) / Ops::ELEMS_PER_STEP;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < WS_STAGES; s++) {
+            bar_init(&full[s], 1);
+            bar_init(&empty[s], 2);
+        }
+        for (int b = 0; b < 2; b++) {
+            bar_init(&pre_full[b], CONSUMER_THREADS);
+            bar_init(&pre_empty[b], WS_EPI_THREADS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == 8) {
+        // producer
+        if (lane == 0) {
+            int it = 0; // K steps issued so far, over all of this CTA's tiles
+            for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+                const int m0 = (tile / tiles_n) * 128, n0 = (tile % tiles_n) * 128;
+                for (int kt = 0; kt < k_steps; kt++, it++) {
+                    const int s = it % WS_STAGES;
+                    if (it >= WS_STAGES) bar_wait(&empty[s], ((it / WS_STAGES) + 1) & 1);
+                    unsigned char* slot = smem + s * 32768;
+                    bar_expect_bytes(&full[s], 32768);
+                    tma_load_2d(slot, &map_x, kt * Ops::ELEMS_PER_STEP, m0, &full[s]);
+                    tma_load_2d(slot + A_TILE_BYTES, &map_w, kt * Ops::ELEMS_PER_STEP, n0, &full[s]);
+                }
+            }
+        }
+    } else if (warp < 8) {
+        // consumers: warpgroup g computes rows 64g..64g+63 of each tile
+        const int g = warp / 4, wq = warp % 4, gq = lane / 4, q = lane % 4;
+        const int r_lo = 64 * g + 16 * wq + gq;
+        const float ab = __ldg(x_inv) * __ldg(w_inv);
+        int it = 0, j = 0;
+        for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, j++) {
+            const int n0 = (tile % tiles_n) * 128;
+            __nv_bfloat162 bias2[16];
+#pragma unroll
+            for (int c = 0; c < 16; c++) {
+                bias2[c] = bias != nullptr ? __ldg(reinterpret_cast<const __nv_bfloat162*>(bias + n0 + 8 * c + 2 * q))
+                                           : __floats2bfloat162_rn(0.0f, 0.0f);
+            }
+            float d[64];
+#pragma unroll
+            for (int i = 0; i < 64; i++) d[i] = 0.0f;
+            for (int kt = 0; kt < k_steps; kt++, it++) {
+                const int s = it % WS_STAGES;
+                bar_wait(&full[s], (it / WS_STAGES) & 1);
+                const unsigned char* slot = smem + s * 32768;
+                reg_fence(d);
+                wgmma_fence();
+                mma_k_step<Ops, 128>(d, slot + g * (64 * 128), slot + A_TILE_BYTES);
+                wgmma_commit();
+                wgmma_wait<1>();
+                reg_fence(d);
+                if (kt > 0 && threadIdx.x % 128 == 0) bar_arrive(&empty[(it - 1) % WS_STAGES]);
+            }
+            wgmma_wait<0>();
+            reg_fence(d);
+            if (threadIdx.x % 128 == 0) bar_arrive(&empty[(it - 1) % WS_STAGES]);
+            // the pre-activation into pre tile j % 2, once the epilogue has finished with tile j - 2
+            const int b = j % 2;
+            if (j >= 2) bar_wait(&pre_empty[b], ((j / 2) + 1) & 1);
+            __nv_bfloat16* tile_pre = s_pre + b * (128 * PRE_LD);
+#pragma unroll
+            for (int c = 0; c < 16; c++) {
+                const int col = 8 * c + 2 * q;
+                const float b0 = __low2float(bias2[c]), b1 = __high2float(bias2[c]);
+                *reinterpret_cast<__nv_bfloat162*>(tile_pre + r_lo * PRE_LD + col) =
+                    __floats2bfloat162_rn(d[4 * c] * ab + b0, d[4 * c + 1] * ab + b1);
+                *reinterpret_cast<__nv_bfloat162*>(tile_pre + (r_lo + 8) * PRE_LD + col) =
+                    __floats2bfloat162_rn(d[4 * c + 2] * ab + b0, d[4 * c + 3] * ab + b1);
+            }
+            bar_arrive(&pre_full[b]);
+        }
+    } else {
+        // epilogue warpgroup: thread et handles the 4 x 4 blocks (row group br, column group bc = et % 32)
+        const int et = threadIdx.x - WS_EPI_THREAD0, bc = et % 32;
+        const float s = __ldg(scale);
+        uint32_t amax_bits = 0;
+        int j = 0;
+        for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, j++) {
+            const int m0 = (tile / tiles_n) * 128, n0 = (tile % tiles_n) * 128;
+            const int b = j % 2;
+            bar_wait(&pre_full[b], (j / 2) & 1);
+            const __nv_bfloat16* tile_pre = s_pre + b * (128 * PRE_LD);
+            // the pre-activation: 128 rows x 256 bytes, 16 bytes a thread at a time
+#pragma unroll 4
+            for (int i = 0; i < 2048 / WS_EPI_THREADS; i++) {
+                const int chunk = et + i * WS_EPI_THREADS, r = chunk / 16, c8 = chunk % 16;
+                const uint4 v = *reinterpret_cast<const uint4*>(tile_pre + r * PRE_LD + 8 * c8);
+                *reinterpret_cast<uint4*>(pre + (size_t)(m0 + r) * N + n0 + 8 * c8) = v;
+            }
+            epilogue_barrier(); // the staged codes of the tile before are stored
+#pragma unroll 2
+            for (int i = 0; i < 1024 / WS_EPI_THREADS; i++) {
+                const int br = et / 32 + (WS_EPI_THREADS / 32) * i; // rows 4 br .. 4 br + 3, columns 4 bc .. 4 bc + 3
+                uint32_t row_word[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int r = 4 * br + k;
+                    const uint2 raw = *reinterpret_cast<const uint2*>(tile_pre + r * PRE_LD + 4 * bc);
+                    const __nv_bfloat162 p01 = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+                    const __nv_bfloat162 p23 = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+                    const float g0 = (float)(floatX)gelu_value(__low2float(p01));
+                    const float g1 = (float)(floatX)gelu_value(__high2float(p01));
+                    const float g2 = (float)(floatX)gelu_value(__low2float(p23));
+                    const float g3 = (float)(floatX)gelu_value(__high2float(p23));
+                    amax_bits = max(amax_bits, max(max(llmc::amax_bits(g0), llmc::amax_bits(g1)),
+                                                   max(llmc::amax_bits(g2), llmc::amax_bits(g3))));
+                    row_word[k] = fp8_pack2<Fp8Kind::E4M3>(g0 * s, g1 * s) | ((uint32_t)fp8_pack2<Fp8Kind::E4M3>(g2 * s, g3 * s) << 16);
+                    *reinterpret_cast<uint32_t*>(s_codes + r * 128 + 4 * bc) = row_word[k];
+                }
+                // the 4 row words -> 4 column words (byte k = row 4 br + k), at s_codes_t[column][br]
+                const uint32_t lo01 = __byte_perm(row_word[0], row_word[1], 0x5140), hi01 = __byte_perm(row_word[0], row_word[1], 0x7362);
+                const uint32_t lo23 = __byte_perm(row_word[2], row_word[3], 0x5140), hi23 = __byte_perm(row_word[2], row_word[3], 0x7362);
+                uint32_t* col = s_codes_t + (4 * bc) * WS_CODES_T_STRIDE + br;
+                col[0 * WS_CODES_T_STRIDE] = __byte_perm(lo01, lo23, 0x5410);
+                col[1 * WS_CODES_T_STRIDE] = __byte_perm(lo01, lo23, 0x7632);
+                col[2 * WS_CODES_T_STRIDE] = __byte_perm(hi01, hi23, 0x5410);
+                col[3 * WS_CODES_T_STRIDE] = __byte_perm(hi01, hi23, 0x7632);
+            }
+            bar_arrive(&pre_empty[b]); // this thread is done reading the pre tile
+            epilogue_barrier();        // every code staged
+#pragma unroll 4
+            for (int i = 0; i < 1024 / WS_EPI_THREADS; i++) {
+                const int chunk = et + i * WS_EPI_THREADS, r = chunk / 8, part = chunk % 8;
+                const uint4 v = *reinterpret_cast<const uint4*>(s_codes + r * 128 + 16 * part);
+                *reinterpret_cast<uint4*>(codes + (size_t)(m0 + r) * N + n0 + 16 * part) = v;
+                const uint32_t* w = s_codes_t + r * WS_CODES_T_STRIDE + 4 * part; // column r, rows 16 part ..
+                *reinterpret_cast<uint4*>(codes_t + (size_t)(n0 + r) * M + m0 + 16 * part) = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) amax_bits = max(amax_bits, __shfl_xor_sync(0xffffffffu, amax_bits, o));
+        if (lane == 0 && amax_bits) atomicMax(amax, amax_bits);
+    }
+#else
+    __trap();
+#endif
+}
+
+// The fc forward as fc_gelu, by the persistent kernel. The caller checked supported().
+inline void fc_gelu_ws(floatX* pre, uint8_t* codes, uint8_t* codes_t, const uint8_t* x, const float* x_inv, const uint8_t* w,
+                       const float* w_inv, const floatX* bias, const float* scale, uint32_t* amax, int M, int N, int K,
+                       cudaStream_t stream) {
+    using Ops = gemm_wgmma::Fp8Operands<false, false>;
+    static bool configured = false;
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(fc_gelu_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WS_SMEM_BYTES));
+        configured = true;
+    }
+    const CUtensorMap map_x = gemm_wgmma::tensor_map<Ops>(x, M, K, 128);
+    const CUtensorMap map_w = gemm_wgmma::tensor_map<Ops>(w, N, K, 128);
+    const int tiles = (M / 128) * (N / 128);
+    const int grid = std::min(tiles, device_sm_count());
+    fc_gelu_ws_kernel<<<grid, WS_THREADS, WS_SMEM_BYTES, stream>>>(map_x, map_w, M, N, K, x_inv, w_inv, bias, pre, codes,
+                                                                   codes_t, scale, amax);
+    cudaCheckLaunch();
+}
 
 // whether the fused kernels take this product: Hopper with sm_90a code, the shapes above
 inline bool supported(int M, int N, int K, std::initializer_list<const void*> pointers) {
