@@ -5,10 +5,10 @@
 // then reads it back to write the fc projection's input as E4M3 codes of gelu(pre) in both layouts (2 + 2
 // + 1 + 1 bytes a value). At d12 (B = 64, H100) that pass takes 0.32 ms against the GEMM's 0.27 ms
 // (doc/perf.md, 2026-11-27). Here the GEMM's epilogue writes the pre-activation and both layouts of the
-// codes from its accumulators (2 + 1 + 1 bytes a value), while the other CTA on the SM keeps the tensor
-// cores busy.
+// codes from its accumulators (2 + 1 + 1 bytes a value). Two kernels: fc_gelu (gemm_wgmma's kernel with a
+// tile epilogue, two CTAs an SM) and fc_gelu_ws (persistent, the epilogue on warps of its own; below).
 //
-// The fc forward (fp8_gemm_fc_gelu): x (M x K E4M3 codes, row-major) and W (N x K E4M3 codes, the fc
+// The fc forward (both kernels): x (M x K E4M3 codes, row-major) and W (N x K E4M3 codes, the fc
 // weight), dequantization factors x_inv and w_inv (1 / their scales), bias (N):
 //     pre[m][n]     = bf16(x_inv w_inv sum_k x[m][k] W[n][k] + bias[n])
 //     g             = bf16(gelu(pre[m][n]))                    (as gelu_forward stores it)
@@ -19,7 +19,7 @@
 // the sums), like any two GEMMs. Fast accumulation (the FP8 recipe's forward GEMMs have it), so the
 // mainloop is gemm_wgmma's.
 //
-// Tile epilogue (128 x 128 outputs a CTA, 256 consumer threads): each thread computes its 64 values
+// fc_gelu's tile epilogue (128 x 128 outputs a CTA, 256 consumer threads): each thread computes its 64 values
 // (gemm_wgmma::TilePosition says where), stages the BF16 pre-activation, the codes and the transposed
 // codes in shared memory (the ring's slots, free by then), and after one barrier every thread stores 16
 // bytes at a time: whole rows of pre and codes, and whole rows of codes_t (128 consecutive tokens of
