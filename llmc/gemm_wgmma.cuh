@@ -45,7 +45,7 @@
 // FP8 operands (Fp8Operands, fp8_gemm.cuh): the same kernel with 128 E4M3 / E5M2 codes a K step (four
 // wgmma k32), the tiles byte for byte as above; K need only be a multiple of 16 (the TMA reads zeros
 // past K). H100, 2026-11-27 (build/test_fp8): with the plain BF16 store, 947 TFLOP/s at d12's fc shape
-// (M = 65536, N = 3072, K = 768) and 1008 at d48's (16384, 6400, 1600), 1.13x and 1.23x cuBLASLt's
+// (M = 65536, N = 3072, K = 768) and 1008 at d48's (16384, 6400, 1600), 1.13x and 1.23-1.24x cuBLASLt's
 // FP8 time. A tile epilogue (TileEpilogue below) can take over the whole output tile.
 //
 // Accumulator layout of m64nNk16 (warp w of the warpgroup, lane = 4 g + q): registers 4j..4j+3 hold
