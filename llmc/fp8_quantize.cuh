@@ -179,17 +179,19 @@ __device__ __forceinline__ void fp8_tile_origin(long long tile, int tiles_x, int
     c0 = ct * FP8_TILE;
 }
 
-// The transposed tile (shared by the quantize-transpose and the transpose kernels). Thread (br, bc)
-// holds the codes of its 4 x 4 block as 4 row words (byte j = column bc + j); 8 byte permutes make them
-// 4 column words (byte i = row br + i), stored at tile_t[column][row group].
+// The transposed tile (shared by the quantize-transpose and the transpose kernels, and fp8_gemm.cuh's
+// epilogue). Thread (br, bc) holds the codes of its 4 x 4 block as 4 row words (byte j = column bc + j);
+// 8 byte permutes make them 4 column words (byte i = row br + i), stored at tile_t[column][row group],
+// STRIDE words a column.
+template <int STRIDE = FP8_TILE_T_STRIDE>
 __device__ __forceinline__ void fp8_tile_stage_columns(uint32_t* tile_t, const uint32_t (&row_word)[4], int br, int bc) {
     const uint32_t lo01 = __byte_perm(row_word[0], row_word[1], 0x5140), hi01 = __byte_perm(row_word[0], row_word[1], 0x7362);
     const uint32_t lo23 = __byte_perm(row_word[2], row_word[3], 0x5140), hi23 = __byte_perm(row_word[2], row_word[3], 0x7362);
-    uint32_t* col = tile_t + bc * FP8_TILE_T_STRIDE + br / 4;
-    col[0 * FP8_TILE_T_STRIDE] = __byte_perm(lo01, lo23, 0x5410);
-    col[1 * FP8_TILE_T_STRIDE] = __byte_perm(lo01, lo23, 0x7632);
-    col[2 * FP8_TILE_T_STRIDE] = __byte_perm(hi01, hi23, 0x5410);
-    col[3 * FP8_TILE_T_STRIDE] = __byte_perm(hi01, hi23, 0x7632);
+    uint32_t* col = tile_t + bc * STRIDE + br / 4;
+    col[0 * STRIDE] = __byte_perm(lo01, lo23, 0x5410);
+    col[1 * STRIDE] = __byte_perm(lo01, lo23, 0x7632);
+    col[2 * STRIDE] = __byte_perm(hi01, hi23, 0x5410);
+    col[3 * STRIDE] = __byte_perm(hi01, hi23, 0x7632);
 }
 // After the barrier: column c0 + tid / 4 of the tile is row c0 + tid / 4 of out_t (rows x cols input,
 // cols x rows output); thread tid writes its 16 bytes at r0 + 16 (tid % 4), in one store when vec

@@ -46,7 +46,7 @@
 // wgmma k32), the tiles byte for byte as above; K need only be a multiple of 16 (the TMA reads zeros
 // past K). H100, 2026-11-27 (build/test_fp8): with the plain BF16 store, 947 TFLOP/s at d12's fc shape
 // (M = 65536, N = 3072, K = 768) and 1008 at d48's (16384, 6400, 1600), 1.13x and 1.23-1.24x cuBLASLt's
-// FP8 time. A tile epilogue (TileEpilogue below) can take over the whole output tile.
+// FP8 time (the plain store's timing; fp8_gemm.cuh runs the FP8 operands in a persistent kernel of its own).
 //
 // Accumulator layout of m64nNk16 (warp w of the warpgroup, lane = 4 g + q): registers 4j..4j+3 hold
 // rows 16w + g and 16w + g + 8, columns 8j + 2q and 8j + 2q + 1 (j = 0..N/8-1), each row's pair in
@@ -61,7 +61,6 @@
 // last BF16 bit (the test bounds both against float64).
 #pragma once
 #include <cuda.h>
-#include <type_traits>
 #include <cudaTypedefs.h>
 #include "cuda_common.h"
 #include "wgmma.cuh" // smem_addr, sw_desc, the wgmma fences
@@ -233,18 +232,7 @@ struct StoreBf16 {
 // The output tile goes through shared memory (the ring's slots, free once every K step is done) so
 // that each warp stores whole rows, 16 bytes a thread: straight from the accumulators a warp would
 // store 4 bytes into each of 8 rows per instruction.
-//
-// A tile epilogue (a struct derived from TileEpilogue) takes over the whole tile instead: the kernel
-// calls its tile<Cfg>(d, where, smem) with every consumer thread's accumulators once the ring is free,
-// and it stages and stores what it wants (fp8_gemm.cuh's epilogues write FP8 codes in both layouts).
-struct TileEpilogue {};
-// where a consumer thread's accumulators sit: rows r_lo (registers 4j, 4j + 1) and r_lo + 8 (4j + 2,
-// 4j + 3) of the tile, columns 8j + 2q and 8j + 2q + 1; the tile's origin; the output's shape
-struct TilePosition {
-    int m0, n0;   // the tile's first row and column in the output
-    int M, N;     // the output's rows and columns
-    int r_lo, q;  // the thread's first row in the tile, its column pair within 8 columns
-};
+
 __device__ __forceinline__ void consumer_barrier() {
     asm volatile("bar.sync 1, %0;\n" :: "n"(CONSUMER_THREADS) : "memory");
 }
@@ -315,42 +303,37 @@ gemm_kernel(const __grid_constant__ CUtensorMap map_inp, const __grid_constant__
         consumer_barrier();
         const int wq = warp % 4, gq = lane / 4, q = lane % 4;
         const int r_lo = 64 * g + 16 * wq + gq;
-        if constexpr (std::is_base_of<TileEpilogue, Epilogue>::value) {
-            const TilePosition where{m_tile * BM, n_tile * BN, (int)gridDim.y * BM, (int)gridDim.x * BN, r_lo, q};
-            epi.template tile<Cfg>(d, where, smem);
-        } else {
-            constexpr int NOUT = Epilogue::OUTPUTS;
-            __nv_bfloat16* staged = reinterpret_cast<__nv_bfloat16*>(smem);
+        constexpr int NOUT = Epilogue::OUTPUTS;
+        __nv_bfloat16* staged = reinterpret_cast<__nv_bfloat16*>(smem);
 #pragma unroll
-            for (int j = 0; j < BN / 8; j++) {
-                const int c = 8 * j + 2 * q;
-                float b0 = 0.0f, b1 = 0.0f;
-                if (bias != nullptr) {
-                    const __nv_bfloat162 bb = *reinterpret_cast<const __nv_bfloat162*>(bias + n_tile * BN + c);
-                    b0 = __bfloat162float(bb.x);
-                    b1 = __bfloat162float(bb.y);
-                }
-                __nv_bfloat162 lo[NOUT], hi[NOUT];
-                epi(d[4 * j + 0] + b0, d[4 * j + 1] + b1, lo);
-                epi(d[4 * j + 2] + b0, d[4 * j + 3] + b1, hi);
-#pragma unroll
-                for (int o = 0; o < NOUT; o++) {
-                    *reinterpret_cast<__nv_bfloat162*>(staged + o * (OUT_TILE_BYTES / 2) + r_lo * OUT_LD + c) = lo[o];
-                    *reinterpret_cast<__nv_bfloat162*>(staged + o * (OUT_TILE_BYTES / 2) + (r_lo + 8) * OUT_LD + c) = hi[o];
-                }
+        for (int j = 0; j < BN / 8; j++) {
+            const int c = 8 * j + 2 * q;
+            float b0 = 0.0f, b1 = 0.0f;
+            if (bias != nullptr) {
+                const __nv_bfloat162 bb = *reinterpret_cast<const __nv_bfloat162*>(bias + n_tile * BN + c);
+                b0 = __bfloat162float(bb.x);
+                b1 = __bfloat162float(bb.y);
             }
-            consumer_barrier();
-            const int ld = (int)gridDim.x * BN;
-            constexpr int CHUNKS = BM * BN / 8; // 16-byte pieces of one output tile
+            __nv_bfloat162 lo[NOUT], hi[NOUT];
+            epi(d[4 * j + 0] + b0, d[4 * j + 1] + b1, lo);
+            epi(d[4 * j + 2] + b0, d[4 * j + 3] + b1, hi);
 #pragma unroll
             for (int o = 0; o < NOUT; o++) {
+                *reinterpret_cast<__nv_bfloat162*>(staged + o * (OUT_TILE_BYTES / 2) + r_lo * OUT_LD + c) = lo[o];
+                *reinterpret_cast<__nv_bfloat162*>(staged + o * (OUT_TILE_BYTES / 2) + (r_lo + 8) * OUT_LD + c) = hi[o];
+            }
+        }
+        consumer_barrier();
+        const int ld = (int)gridDim.x * BN;
+        constexpr int CHUNKS = BM * BN / 8; // 16-byte pieces of one output tile
 #pragma unroll
-                for (int i = 0; i < CHUNKS / CONSUMER_THREADS; i++) {
-                    const int chunk = (int)threadIdx.x + i * CONSUMER_THREADS;
-                    const int r = chunk / (BN / 8), c8 = chunk % (BN / 8);
-                    const uint4 v = *reinterpret_cast<const uint4*>(staged + o * (OUT_TILE_BYTES / 2) + r * OUT_LD + 8 * c8);
-                    *reinterpret_cast<uint4*>(epi.out[o] + ((long long)m_tile * BM + r) * ld + n_tile * BN + 8 * c8) = v;
-                }
+        for (int o = 0; o < NOUT; o++) {
+#pragma unroll
+            for (int i = 0; i < CHUNKS / CONSUMER_THREADS; i++) {
+                const int chunk = (int)threadIdx.x + i * CONSUMER_THREADS;
+                const int r = chunk / (BN / 8), c8 = chunk % (BN / 8);
+                const uint4 v = *reinterpret_cast<const uint4*>(staged + o * (OUT_TILE_BYTES / 2) + r * OUT_LD + 8 * c8);
+                *reinterpret_cast<uint4*>(epi.out[o] + ((long long)m_tile * BM + r) * ld + n_tile * BN + 8 * c8) = v;
             }
         }
     }

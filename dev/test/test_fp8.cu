@@ -294,7 +294,7 @@ static void test_gemm(const char* name, Fp8Kind ka, Fp8Kind kb, bool d_fp32, boo
 //   - the codes in both layouts and the amax bit for bit what the pass makes of the fused kernel's own
 //     pre-activation (every output written: the buffers start as NaN / 0xFF);
 //   - timing at d12's and d48's fc shapes (printed): fused against cuBLASLt + the pass.
-static void test_fused_fc_gelu(int M, int N, int K, bool timing, bool ws) {
+static void test_fused_fc_gelu(int M, int N, int K, bool timing) {
     if (!fp8_gemm::supported(M, N, K, {})) {
         check(!gemm_wgmma::available(), "fused fc GEMM M=%d N=%d K=%d: unsupported only off Hopper", M, N, K);
         return;
@@ -316,11 +316,7 @@ static void test_fused_fc_gelu(int M, int N, int K, bool timing, bool ws) {
     cudaCheck(cudaMalloc(&amax, 8));
     cudaCheck(cudaMemset(pre_f, 0xFF, n * 2)); cudaCheck(cudaMemset(q_f, 0xFF, n)); cudaCheck(cudaMemset(qt_f, 0xFF, n));
     cudaCheck(cudaMemset(amax, 0, 8));
-    auto fused = [&] {
-        if (ws) fp8_gemm::fc_gelu_ws(pre_f, q_f, qt_f, dx, inv, dw, inv + 4, dbias, inv + 8, amax, M, N, K, 0);
-        else fp8_gemm::fc_gelu(pre_f, q_f, qt_f, dx, inv, dw, inv + 4, dbias, inv + 8, amax, M, N, K, 0);
-    };
-    const char* kind = ws ? "persistent" : "two CTAs an SM";
+    auto fused = [&] { fp8_gemm::fc_gelu_ws(pre_f, q_f, qt_f, dx, inv, dw, inv + 4, dbias, inv + 8, amax, M, N, K, 0); };
     Fp8Operand a{dw, CUDA_R_8F_E4M3, inv + 4}, b{dx, CUDA_R_8F_E4M3, inv};
     auto cublas = [&] {
         if (!matmul_fp8(pre_r, false, a, b, dbias, N, M, K, 0.0f, true, 0)) exit(1);
@@ -351,29 +347,29 @@ static void test_fused_fc_gelu(int M, int N, int K, bool timing, bool ws) {
             got.push_back(bf2f(hp[(size_t)m * N + j]));
         }
     const double e = rel_l2(got, want);
-    check(e < 4e-3 && far == 0, "fused fc GEMM (%s) M=%d N=%d K=%d: pre-activation vs float64 rel L2 %.2e (tol 4e-3); vs "
-          "cuBLASLt %lld of %zu differ, %lld by more than 2 BF16 ulps + 1e-3 RMS", kind, M, N, K, e, differ, n, far);
+    check(e < 4e-3 && far == 0, "fused fc GEMM M=%d N=%d K=%d: pre-activation vs float64 rel L2 %.2e (tol 4e-3); vs "
+          "cuBLASLt %lld of %zu differ, %lld by more than 2 BF16 ulps + 1e-3 RMS", M, N, K, e, differ, n, far);
     // the pass over the fused kernel's own pre-activation
     cudaCheck(cudaMemset(amax + 1, 0, 4));
     fp8_quantize_transpose<Fp8Kind::E4M3>(q_r, qt_r, pre_f, M, N, inv + 8, amax + 1, Fp8Stats(), 0, nullptr, nullptr, nullptr, true);
     cudaCheck(cudaDeviceSynchronize());
     const std::vector<uint32_t> am = to_host(amax, 2);
     const bool same = to_host(q_f, n) == to_host(q_r, n) && to_host(qt_f, n) == to_host(qt_r, n) && am[0] == am[1] && am[0] != 0;
-    check(same, "fused fc GEMM (%s) M=%d N=%d K=%d: E4M3 codes of gelu(pre) in both layouts and amax = the pass over its "
-          "pre-activation, bit for bit", kind, M, N, K);
+    check(same, "fused fc GEMM M=%d N=%d K=%d: E4M3 codes of gelu(pre) in both layouts and amax = the pass over its "
+          "pre-activation, bit for bit", M, N, K);
     if (timing) {
         const float t_r = mean_ms(cublas, 20);
         const float t_g = mean_ms([&] { if (!matmul_fp8(pre_r, false, a, b, dbias, N, M, K, 0.0f, true, 0)) exit(1); }, 20);
         printf("  timing M=%d N=%d K=%d: cuBLASLt GEMM %.4f + pass %.4f = %.4f ms\n", M, N, K, t_g, t_r - t_g, t_r);
         const float t_f = mean_ms(fused, 20);
-        // the same kernel with FP8 operands and the plain BF16 store (no scales, no codes): the mainloop's speed
+        // gemm_wgmma's kernel with FP8 operands and the plain BF16 store (no scales, no codes): a mainloop's speed
         auto plain = [&] {
             gemm_wgmma::launch<gemm_wgmma::Fp8Operands<false, false>, gemm_wgmma::StoreBf16, gemm_wgmma::Tile128>(
                 dx, dw, nullptr, M, N, K, gemm_wgmma::StoreBf16{{pre_r}}, 0);
         };
         const float t_p = mean_ms(plain, 20);
-        printf("    fused (%s) %.4f ms (%.0f TFLOP/s); the kernel of two CTAs an SM with the BF16 store alone %.4f ms (%.0f TFLOP/s)\n",
-               kind, t_f, 2.0 * M * N * K / t_f / 1e9, t_p, 2.0 * M * N * K / t_p / 1e9);
+        printf("    fused %.4f ms (%.0f TFLOP/s); gemm_wgmma's kernel with FP8 operands and the BF16 store alone %.4f ms (%.0f TFLOP/s)\n",
+               t_f, 2.0 * M * N * K / t_f / 1e9, t_p, 2.0 * M * N * K / t_p / 1e9);
     }
     cudaFree(dx); cudaFree(dw); cudaFree(inv); cudaFree(dbias); cudaFree(pre_f); cudaFree(pre_r);
     cudaFree(q_f); cudaFree(qt_f); cudaFree(q_r); cudaFree(qt_r); cudaFree(amax);
@@ -686,13 +682,11 @@ int main() {
     // the bound is 5e-4: still 100x below the FP8 quantization error it is compared with below.
     test_gemm("gemm wgrad E4M3xE5M2 FP32 += ", Fp8Kind::E4M3, Fp8Kind::E5M2, true, false, false, 256, 192, 1024, 5e-4, 1.2e-1);
     // the fused fc forward: small, a K with a partial last step (1600 = 12.5 x 128), d12's and d48's fc
-    for (bool ws : {false, true}) { // the kernel of two CTAs an SM, then the persistent one
-        test_fused_fc_gelu(256, 256, 128, false, ws);
-        test_fused_fc_gelu(384, 640, 1600, false, ws);
-        test_fused_fc_gelu(1024, 384, 256, false, ws); // 24 tiles: fewer than the SMs, one each
-        test_fused_fc_gelu(65536, 3072, 768, true, ws);
-        test_fused_fc_gelu(16384, 6400, 1600, true, ws);
-    }
+    test_fused_fc_gelu(256, 256, 128, false);
+    test_fused_fc_gelu(384, 640, 1600, false);
+    test_fused_fc_gelu(1024, 384, 256, false); // 24 tiles: fewer than the SMs, one each
+    test_fused_fc_gelu(65536, 3072, 768, true);
+    test_fused_fc_gelu(16384, 6400, 1600, true);
     test_recipe();
     matmul_free();
     printf("fp8 tests: %d passed, %d failed\n", g_passed, g_failed);
