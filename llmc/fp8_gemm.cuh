@@ -57,7 +57,69 @@ constexpr int WS_RING_BYTES = WS_STAGES * 32768;
 constexpr int WS_CODES_BYTES = 128 * 128, WS_CODES_T_BYTES = 128 * WS_CODES_T_STRIDE * 4;
 constexpr int WS_SMEM_BYTES = WS_RING_BYTES + 2 * PRE_BYTES + WS_CODES_BYTES + WS_CODES_T_BYTES + 1024 + 256;
 
-__device__ __forceinline__ void epilogue_barrier() { asm volatile("bar.sync 2, %0;\n" :: "n"(WS_EPI_THREADS) : "memory"); }
+template <int EPI_THREADS>
+__device__ __forceinline__ void epilogue_barrier() { asm volatile("bar.sync 2, %0;\n" :: "n"(EPI_THREADS) : "memory"); }
+
+#if GEMM_WGMMA_DEVICE
+// The producer of both persistent kernels (warp 8, lane 0): every K step of every tile of this CTA into
+// the ring; `it` counts the K steps over all tiles, so that each slot's barrier phases carry on across tiles.
+template <class Ops>
+__device__ __forceinline__ void ws_produce(const CUtensorMap* map_a, const CUtensorMap* map_b, int num_tiles, int tiles_n,
+                                           int k_steps, unsigned char* smem, uint64_t* full, uint64_t* empty) {
+    int it = 0;
+    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+        const int m0 = (tile / tiles_n) * 128, n0 = (tile % tiles_n) * 128;
+        for (int kt = 0; kt < k_steps; kt++, it++) {
+            const int s = it % WS_STAGES;
+            if (it >= WS_STAGES) gemm_wgmma::bar_wait(&empty[s], ((it / WS_STAGES) + 1) & 1);
+            unsigned char* slot = smem + s * 32768;
+            gemm_wgmma::bar_expect_bytes(&full[s], 32768);
+            gemm_wgmma::tma_load_2d(slot, map_a, kt * Ops::ELEMS_PER_STEP, m0, &full[s]);
+            gemm_wgmma::tma_load_2d(slot + gemm_wgmma::A_TILE_BYTES, map_b, kt * Ops::ELEMS_PER_STEP, n0, &full[s]);
+        }
+    }
+}
+
+// A consumer thread's share of a finished tile, scaled by ab (and + bias when given), as BF16 into the
+// staged tile (128 x PRE_LD): rows r_lo and r_lo + 8, columns 8c + 2q and 8c + 2q + 1
+__device__ __forceinline__ void ws_stage_bf16(__nv_bfloat16* tile, const float (&d)[64], float ab,
+                                              const __nv_bfloat162 (&bias2)[16], int r_lo, int q) {
+#pragma unroll
+    for (int c = 0; c < 16; c++) {
+        const int col = 8 * c + 2 * q;
+        const float b0 = __low2float(bias2[c]), b1 = __high2float(bias2[c]);
+        *reinterpret_cast<__nv_bfloat162*>(tile + r_lo * PRE_LD + col) = __floats2bfloat162_rn(d[4 * c] * ab + b0, d[4 * c + 1] * ab + b1);
+        *reinterpret_cast<__nv_bfloat162*>(tile + (r_lo + 8) * PRE_LD + col) =
+            __floats2bfloat162_rn(d[4 * c + 2] * ab + b0, d[4 * c + 3] * ab + b1);
+    }
+}
+
+// The staged codes of a tile to global memory: rows (M x N, at m0, n0) and columns (N x M, at n0, m0), by
+// the EPI_THREADS epilogue threads (et: this one)
+template <int EPI_THREADS>
+__device__ __forceinline__ void ws_store_codes(uint8_t* codes, uint8_t* codes_t, const uint8_t* s_codes,
+                                               const uint32_t* s_codes_t, int m0, int n0, int M, int N, int et) {
+#pragma unroll 4
+    for (int chunk = et; chunk < 1024; chunk += EPI_THREADS) {
+        const int r = chunk / 8, part = chunk % 8;
+        const uint4 v = *reinterpret_cast<const uint4*>(s_codes + r * 128 + 16 * part);
+        *reinterpret_cast<uint4*>(codes + (size_t)(m0 + r) * N + n0 + 16 * part) = v;
+        const uint32_t* w = s_codes_t + r * WS_CODES_T_STRIDE + 4 * part; // column r, rows 16 part ..
+        *reinterpret_cast<uint4*>(codes_t + (size_t)(n0 + r) * M + m0 + 16 * part) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+// A BF16 tile (128 x PRE_LD staged) to global memory (M x N row-major, at m0, n0), 16 bytes a thread at a time
+template <int EPI_THREADS>
+__device__ __forceinline__ void ws_store_bf16(floatX* out, const __nv_bfloat16* tile, int m0, int n0, int N, int et) {
+#pragma unroll 4
+    for (int chunk = et; chunk < 2048; chunk += EPI_THREADS) {
+        const int r = chunk / 16, c8 = chunk % 16;
+        const uint4 v = *reinterpret_cast<const uint4*>(tile + r * PRE_LD + 8 * c8);
+        *reinterpret_cast<uint4*>(out + (size_t)(m0 + r) * N + n0 + 8 * c8) = v;
+    }
+}
+#endif
 
 __global__ void __launch_bounds__(WS_THREADS, 1)
 fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w, int M, int N, int K,
@@ -93,21 +155,7 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
     __syncthreads();
 
     if (warp == 8) {
-        // producer
-        if (lane == 0) {
-            int it = 0; // K steps issued so far, over all of this CTA's tiles
-            for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-                const int m0 = (tile / tiles_n) * 128, n0 = (tile % tiles_n) * 128;
-                for (int kt = 0; kt < k_steps; kt++, it++) {
-                    const int s = it % WS_STAGES;
-                    if (it >= WS_STAGES) bar_wait(&empty[s], ((it / WS_STAGES) + 1) & 1);
-                    unsigned char* slot = smem + s * 32768;
-                    bar_expect_bytes(&full[s], 32768);
-                    tma_load_2d(slot, &map_x, kt * Ops::ELEMS_PER_STEP, m0, &full[s]);
-                    tma_load_2d(slot + A_TILE_BYTES, &map_w, kt * Ops::ELEMS_PER_STEP, n0, &full[s]);
-                }
-            }
-        }
+        if (lane == 0) ws_produce<Ops>(&map_x, &map_w, num_tiles, tiles_n, k_steps, smem, full, empty);
     } else if (warp < 8) {
         // consumers: warpgroup g computes rows 64g..64g+63 of each tile
         const int g = warp / 4, wq = warp % 4, gq = lane / 4, q = lane % 4;
@@ -143,16 +191,7 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
             // the pre-activation into pre tile j % 2, once the epilogue has finished with tile j - 2
             const int b = j % 2;
             if (j >= 2) bar_wait(&pre_empty[b], ((j / 2) + 1) & 1);
-            __nv_bfloat16* tile_pre = s_pre + b * (128 * PRE_LD);
-#pragma unroll
-            for (int c = 0; c < 16; c++) {
-                const int col = 8 * c + 2 * q;
-                const float b0 = __low2float(bias2[c]), b1 = __high2float(bias2[c]);
-                *reinterpret_cast<__nv_bfloat162*>(tile_pre + r_lo * PRE_LD + col) =
-                    __floats2bfloat162_rn(d[4 * c] * ab + b0, d[4 * c + 1] * ab + b1);
-                *reinterpret_cast<__nv_bfloat162*>(tile_pre + (r_lo + 8) * PRE_LD + col) =
-                    __floats2bfloat162_rn(d[4 * c + 2] * ab + b0, d[4 * c + 3] * ab + b1);
-            }
+            ws_stage_bf16(s_pre + b * (128 * PRE_LD), d, ab, bias2, r_lo, q);
             bar_arrive(&pre_full[b]);
         }
     } else {
@@ -166,14 +205,8 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
             const int b = j % 2;
             bar_wait(&pre_full[b], (j / 2) & 1);
             const __nv_bfloat16* tile_pre = s_pre + b * (128 * PRE_LD);
-            // the pre-activation: 128 rows x 256 bytes, 16 bytes a thread at a time
-#pragma unroll 4
-            for (int i = 0; i < 2048 / WS_EPI_THREADS; i++) {
-                const int chunk = et + i * WS_EPI_THREADS, r = chunk / 16, c8 = chunk % 16;
-                const uint4 v = *reinterpret_cast<const uint4*>(tile_pre + r * PRE_LD + 8 * c8);
-                *reinterpret_cast<uint4*>(pre + (size_t)(m0 + r) * N + n0 + 8 * c8) = v;
-            }
-            epilogue_barrier(); // the staged codes of the tile before are stored
+            ws_store_bf16<WS_EPI_THREADS>(pre, tile_pre, m0, n0, N, et); // the pre-activation
+            epilogue_barrier<WS_EPI_THREADS>(); // the staged codes of the tile before are stored
 #pragma unroll 2
             for (int i = 0; i < 1024 / WS_EPI_THREADS; i++) {
                 const int br = et / 32 + (WS_EPI_THREADS / 32) * i; // rows 4 br .. 4 br + 3, columns 4 bc .. 4 bc + 3
@@ -193,19 +226,11 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
                     row_word[k] = fp8_pack2<Fp8Kind::E4M3>(g0 * s, g1 * s) | ((uint32_t)fp8_pack2<Fp8Kind::E4M3>(g2 * s, g3 * s) << 16);
                     *reinterpret_cast<uint32_t*>(s_codes + r * 128 + 4 * bc) = row_word[k];
                 }
-                // the 4 row words -> 4 column words (byte k = row 4 br + k), at s_codes_t[column][br]
                 fp8_tile_stage_columns<WS_CODES_T_STRIDE>(s_codes_t, row_word, 4 * br, 4 * bc);
             }
             bar_arrive(&pre_empty[b]); // this thread is done reading the pre tile
-            epilogue_barrier();        // every code staged
-#pragma unroll 4
-            for (int i = 0; i < 1024 / WS_EPI_THREADS; i++) {
-                const int chunk = et + i * WS_EPI_THREADS, r = chunk / 8, part = chunk % 8;
-                const uint4 v = *reinterpret_cast<const uint4*>(s_codes + r * 128 + 16 * part);
-                *reinterpret_cast<uint4*>(codes + (size_t)(m0 + r) * N + n0 + 16 * part) = v;
-                const uint32_t* w = s_codes_t + r * WS_CODES_T_STRIDE + 4 * part; // column r, rows 16 part ..
-                *reinterpret_cast<uint4*>(codes_t + (size_t)(n0 + r) * M + m0 + 16 * part) = make_uint4(w[0], w[1], w[2], w[3]);
-            }
+            epilogue_barrier<WS_EPI_THREADS>(); // every code staged
+            ws_store_codes<WS_EPI_THREADS>(codes, codes_t, s_codes, s_codes_t, m0, n0, M, N, et);
         }
         for (int o = 16; o > 0; o >>= 1) amax_bits = max(amax_bits, __shfl_xor_sync(0xffffffffu, amax_bits, o));
         if (lane == 0 && amax_bits) atomicMax(amax, amax_bits);
@@ -235,6 +260,199 @@ inline void fc_gelu_ws(floatX* pre, uint8_t* codes, uint8_t* codes_t, const uint
     cudaCheckLaunch();
 }
 
+// ---- The fc projection's dgrad with the fc layer's output gradient in its epilogue --------------------
+// The backward counterpart (fc_dy_ws): the fc projection's dgrad, d(gelu output) = dy W (dy: M x K E5M2 codes
+// of the fc projection's output gradient, W^T: N x K E4M3 codes, K = C, N = 4C), and the fc layer's dy pass
+// after it (GELU', E5M2 in both layouts, the bias gradient's column sums), in one persistent kernel:
+//     g[m][n]       = bf16(dy_inv w_inv sum_k dy[m][k] Wt[n][k])     (what cuBLASLt's dgrad writes, BF16)
+//     dyf[m][n]     = bf16(g * gelu'(pre[m][n]))                       (as gelu_backward stores it)
+//     codes[m][n]   = e5m2(dyf * s)    codes_t[n][m] = the same code    amax |= max |dyf|
+//     col_partials[m / 128][n] = sum of dyf over the tile's 128 rows   (bias_backward_reduce finishes them)
+// Its sums are not "fast": the FP8 recipe's backward GEMMs accumulate in FP32. Each K step's MMAs (four
+// k32) go into a fresh 64 x 64 partial sum (one half of the tile's columns at a time, so that the partial
+// sums take 32 registers), which the consumer then adds into its FP32 accumulators: the tensor cores'
+// reduced-precision sums span 128 products at most. d(gelu output) itself is never written (dgelu_out,
+// for tests, writes it). Same roles, ring and hand-over as fc_gelu_ws (7 epilogue warps); the epilogue reads the
+// pre-activation from global memory (8 bytes a row of a 4 x 4 block, a warp's 32 blocks side by side).
+// Seven epilogue warps, not eight: the consumers hold 96 accumulators (64 + the 32 of a K step's partial sums),
+// and 16 warps (4 a scheduler) leave them 128 registers, where 17 leave 96 (ptxas spilled there).
+constexpr int WS_DY_EPI_THREADS = 224, WS_DY_THREADS = WS_EPI_THREAD0 + WS_DY_EPI_THREADS;
+constexpr int WS_DY_SMEM_BYTES = WS_SMEM_BYTES + WS_DY_EPI_THREADS / 32 * 128 * 4; // + the column sums of each epilogue warp
+
+__global__ void __launch_bounds__(WS_DY_THREADS, 1)
+fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constant__ CUtensorMap map_wt, int M, int N, int K,
+                const float* __restrict__ dy_inv, const float* __restrict__ w_inv, const floatX* __restrict__ pre,
+                uint8_t* __restrict__ codes, uint8_t* __restrict__ codes_t, float* __restrict__ col_partials,
+                const float* __restrict__ scale, uint32_t* __restrict__ amax, floatX* __restrict__ dgelu_out) {
+#if GEMM_WGMMA_DEVICE
+    using namespace gemm_wgmma;
+    using Ops = Fp8Operands<true, false>; // A: dy (E5M2), B: W^T (E4M3)
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = (unsigned char*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    __nv_bfloat16* s_dg = reinterpret_cast<__nv_bfloat16*>(smem + WS_RING_BYTES); // two tiles of 128 x PRE_LD
+    uint8_t* s_codes = smem + WS_RING_BYTES + 2 * PRE_BYTES;
+    uint32_t* s_codes_t = reinterpret_cast<uint32_t*>(s_codes + WS_CODES_BYTES);
+    uint64_t* full = reinterpret_cast<uint64_t*>(s_codes + WS_CODES_BYTES + WS_CODES_T_BYTES);
+    uint64_t* empty = full + WS_STAGES;
+    uint64_t* dg_full = empty + WS_STAGES;
+    uint64_t* dg_empty = dg_full + 2;
+    float* s_colsum = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(full) + 256); // [epilogue warp][128]
+    const int tiles_n = N / 128, num_tiles = (M / 128) * tiles_n;
+    const int k_steps = (K + Ops::ELEMS_PER_STEP - 1) / Ops::ELEMS_PER_STEP;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < WS_STAGES; s++) {
+            bar_init(&full[s], 1);
+            bar_init(&empty[s], 2);
+        }
+        for (int b = 0; b < 2; b++) {
+            bar_init(&dg_full[b], CONSUMER_THREADS);
+            bar_init(&dg_empty[b], WS_DY_EPI_THREADS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == 8) {
+        if (lane == 0) ws_produce<Ops>(&map_dy, &map_wt, num_tiles, tiles_n, k_steps, smem, full, empty);
+    } else if (warp < 8) {
+        // consumers: warpgroup g computes rows 64g..64g+63 of each tile, promoting each K step's sums
+        const int g = warp / 4, wq = warp % 4, gq = lane / 4, q = lane % 4;
+        const int r_lo = 64 * g + 16 * wq + gq;
+        const float ab = __ldg(dy_inv) * __ldg(w_inv);
+        __nv_bfloat162 no_bias[16];
+#pragma unroll
+        for (int c = 0; c < 16; c++) no_bias[c] = __floats2bfloat162_rn(0.0f, 0.0f);
+        int it = 0, j = 0;
+        for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, j++) {
+            float d[64], t[32];
+#pragma unroll
+            for (int i = 0; i < 64; i++) d[i] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 32; i++) t[i] = 0.0f;
+            for (int kt = 0; kt < k_steps; kt++, it++) {
+                const int s = it % WS_STAGES;
+                bar_wait(&full[s], (it / WS_STAGES) & 1);
+                const unsigned char* a_tile = smem + s * 32768 + g * (64 * 128);
+                const unsigned char* b_tile = smem + s * 32768 + A_TILE_BYTES;
+#pragma unroll
+                for (int h = 0; h < 2; h++) { // columns 64h .. 64h + 63: rows 64h.. of the W^T tile
+                    reg_fence(t);
+                    wgmma_fence();
+#pragma unroll
+                    for (int ks = 0; ks < 4; ks++)
+                        wgmma_m64n64k32_fp8<true, false>(t, tile_desc(a_tile, ks), tile_desc(b_tile + 64 * 128 * h, ks), ks);
+                    wgmma_commit();
+                    wgmma_wait<0>();
+                    reg_fence(t);
+                    // register 4j + x of the 64-wide half is register 32h + 4j + x of the 128-wide layout
+#pragma unroll
+                    for (int i = 0; i < 32; i++) d[32 * h + i] += t[i];
+                }
+                if (threadIdx.x % 128 == 0) bar_arrive(&empty[s]); // this warpgroup is done with the slot
+            }
+            const int b = j % 2;
+            if (j >= 2) bar_wait(&dg_empty[b], ((j / 2) + 1) & 1);
+            ws_stage_bf16(s_dg + b * (128 * PRE_LD), d, ab, no_bias, r_lo, q);
+            bar_arrive(&dg_full[b]);
+        }
+    } else {
+        // epilogue warps: thread et handles the 4 x 4 blocks (row group br, column group bc = et % 32)
+        // The pre-activation comes from global memory into registers one tile ahead: the loads of tile
+        // j + 1 are issued once tile j's codes are staged, and land while they are stored and the MMAs run.
+        constexpr int EPI_WARPS = WS_DY_EPI_THREADS / 32, ROW_ITERS = (32 + EPI_WARPS - 1) / EPI_WARPS;
+        const int et = threadIdx.x - WS_EPI_THREAD0, bc = et % 32, ew = et / 32;
+        const float s = __ldg(scale);
+        uint2 pre_regs[ROW_ITERS][4]; // row group br = ew + EPI_WARPS i: rows 4 br + k, columns 4 bc .. 4 bc + 3
+        auto load_pre = [&](int tile) {
+            const int m0 = (tile / tiles_n) * 128, n0 = (tile % tiles_n) * 128;
+#pragma unroll
+            for (int i = 0; i < ROW_ITERS; i++) {
+                const int br = ew + EPI_WARPS * i;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    if (br < 32) pre_regs[i][k] = __ldg(reinterpret_cast<const uint2*>(pre + (size_t)(m0 + 4 * br + k) * N + n0 + 4 * bc));
+                }
+            }
+        };
+        if (blockIdx.x < num_tiles) load_pre(blockIdx.x);
+        uint32_t amax_bits = 0;
+        int j = 0;
+        for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, j++) {
+            const int m0 = (tile / tiles_n) * 128, n0 = (tile % tiles_n) * 128;
+            const int b = j % 2;
+            bar_wait(&dg_full[b], (j / 2) & 1);
+            const __nv_bfloat16* tile_dg = s_dg + b * (128 * PRE_LD);
+            if (dgelu_out != nullptr) ws_store_bf16<WS_DY_EPI_THREADS>(dgelu_out, tile_dg, m0, n0, N, et);
+            epilogue_barrier<WS_DY_EPI_THREADS>(); // the staged codes and column sums of the tile before are stored
+            float colsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < ROW_ITERS; i++) { // rows 4 br .. 4 br + 3, columns 4 bc .. 4 bc + 3
+                const int br = ew + EPI_WARPS * i;
+                if (br >= 32) continue; // (ew >= 4 has 4 row groups, the others 5)
+                const uint2* pre4 = pre_regs[i];
+                uint32_t row_word[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int r = 4 * br + k;
+                    const uint2 raw = *reinterpret_cast<const uint2*>(tile_dg + r * PRE_LD + 4 * bc);
+                    const floatX* gv = reinterpret_cast<const floatX*>(&raw);
+                    const floatX* pv = reinterpret_cast<const floatX*>(&pre4[k]);
+                    float a[4];
+#pragma unroll
+                    for (int x = 0; x < 4; x++) {
+                        a[x] = (float)(floatX)((float)gv[x] * gelu_derivative((float)pv[x]));
+                        colsum[x] += a[x];
+                        amax_bits = max(amax_bits, llmc::amax_bits(a[x]));
+                    }
+                    row_word[k] = fp8_pack2<Fp8Kind::E5M2>(a[0] * s, a[1] * s) | ((uint32_t)fp8_pack2<Fp8Kind::E5M2>(a[2] * s, a[3] * s) << 16);
+                    *reinterpret_cast<uint32_t*>(s_codes + r * 128 + 4 * bc) = row_word[k];
+                }
+                fp8_tile_stage_columns<WS_CODES_T_STRIDE>(s_codes_t, row_word, 4 * br, 4 * bc);
+            }
+            bar_arrive(&dg_empty[b]); // this thread is done reading the d(gelu output) tile
+#pragma unroll
+            for (int x = 0; x < 4; x++) s_colsum[ew * 128 + 4 * bc + x] = colsum[x];
+            if (tile + gridDim.x < num_tiles) load_pre(tile + gridDim.x);
+            epilogue_barrier<WS_DY_EPI_THREADS>(); // every code and column sum staged
+            ws_store_codes<WS_DY_EPI_THREADS>(codes, codes_t, s_codes, s_codes_t, m0, n0, M, N, et);
+            if (et < 128) { // the tile's column sums: the epilogue warps' in a fixed order
+                float sum = 0.0f;
+#pragma unroll
+                for (int w = 0; w < WS_DY_EPI_THREADS / 32; w++) sum += s_colsum[w * 128 + et];
+                col_partials[(size_t)(m0 / 128) * N + n0 + et] = sum;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) amax_bits = max(amax_bits, __shfl_xor_sync(0xffffffffu, amax_bits, o));
+        if (lane == 0 && amax_bits) atomicMax(amax, amax_bits);
+    }
+#else
+    __trap();
+#endif
+}
+
+// The fc layer's output gradient from the fc projection's dgrad, as above: dy (M x K E5M2), Wt (N x K E4M3,
+// the fc projection's W^T), pre (M x N, the fc pre-activation); codes (M x N) and codes_t (N x M) E5M2 at
+// *scale, col_partials (M / 128 x N), amax raised; dgelu_out (may be null) gets d(gelu output). The caller
+// checked supported() and finishes the bias gradient with bias_backward_reduce(.., col_partials, N, M / 128).
+inline void fc_dy_ws(uint8_t* codes, uint8_t* codes_t, float* col_partials, const uint8_t* dy, const float* dy_inv,
+                     const uint8_t* wt, const float* w_inv, const floatX* pre, const float* scale, uint32_t* amax, int M, int N,
+                     int K, cudaStream_t stream, floatX* dgelu_out = nullptr) {
+    using Ops = gemm_wgmma::Fp8Operands<true, false>;
+    static bool configured = false;
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(fc_dy_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WS_DY_SMEM_BYTES));
+        configured = true;
+    }
+    const CUtensorMap map_dy = gemm_wgmma::tensor_map<Ops>(dy, M, K, 128);
+    const CUtensorMap map_wt = gemm_wgmma::tensor_map<Ops>(wt, N, K, 128);
+    const int tiles = (M / 128) * (N / 128);
+    const int grid = std::min(tiles, device_sm_count());
+    fc_dy_ws_kernel<<<grid, WS_DY_THREADS, WS_DY_SMEM_BYTES, stream>>>(map_dy, map_wt, M, N, K, dy_inv, w_inv, pre, codes, codes_t,
+                                                                    col_partials, scale, amax, dgelu_out);
+    cudaCheckLaunch();
+}
+
 // whether the fused kernels take this product: Hopper with sm_90a code, the shapes above
 inline bool supported(int M, int N, int K, std::initializer_list<const void*> pointers) {
     for (const void* p : pointers) {
@@ -242,5 +460,6 @@ inline bool supported(int M, int N, int K, std::initializer_list<const void*> po
     }
     return M % gemm_wgmma::BM == 0 && N % 128 == 0 && K % 16 == 0 && gemm_wgmma::available();
 }
+
 
 } // namespace fp8_gemm

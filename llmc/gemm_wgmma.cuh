@@ -199,6 +199,23 @@ __device__ __forceinline__ void wgmma_m64n128k32_fp8(float (&d)[64], uint64_t de
     else GW_FP8_M64N128K32("e4m3.e5m2");
 }
 #undef GW_FP8_M64N128K32
+// d (64 x 64 fp32) = (accumulate ? d : 0) + A (64 x 32 FP8) * B (32 x 64 FP8), both K-major: the partial sums
+// of one K step that a kernel without fast accumulation adds into its FP32 accumulators itself
+// (fp8_gemm.cuh's dgrad); the scale-d predicate comes from `accumulate`
+#define GW_FP8_M64N64K32(TYPES)                                                                                      \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                        \
+                 "wgmma.mma_async.sync.aligned.m64n64k32.f32." TYPES " "                                                \
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,"   \
+                 "%27,%28,%29,%30,%31}, %32, %33, p, 1, 1;\n}\n"                                                       \
+                 : GW_ACC8(0), GW_ACC8(8), GW_ACC8(16), GW_ACC8(24)                                                   \
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+template <bool A_E5M2, bool B_E5M2>
+__device__ __forceinline__ void wgmma_m64n64k32_fp8(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    if constexpr (!A_E5M2 && !B_E5M2) GW_FP8_M64N64K32("e4m3.e4m3");
+    else if constexpr (A_E5M2) GW_FP8_M64N64K32("e5m2.e4m3");
+    else GW_FP8_M64N64K32("e4m3.e5m2");
+}
+#undef GW_FP8_M64N64K32
 // one K step's four MMAs (128 bytes of each row of both tiles)
 template <class Ops, int N>
 __device__ __forceinline__ void mma_k_step(float (&d)[N / 2], const unsigned char* a_tile, const unsigned char* b_tile) {

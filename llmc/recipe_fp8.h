@@ -29,6 +29,7 @@
 #include <vector>
 #include "recipe.h"
 #include "fp8_quantize.cuh"
+#include "fp8_gemm.cuh"
 #include "gelu.cuh"
 #include "profiler.h"
 
@@ -95,10 +96,18 @@ struct Recipe {
     // (and makes dy^T from the rows when the kernel wrote the rows only)
     LinearId dy_given{-1, LIN_QKV};
     bool dy_given_rows_only = false;
+    int dy_given_partial_rows = 0; // > 0: dy_given with the bias gradient's per-tile column sums in col_partials (fc_dy_ws)
     // the linear whose input the LayerNorm before it wrote as E4M3 codes into x8 (with its amax, when
     // training) through recipe_fp8_input_target: its forward, the next call, takes them and only
-    // transposes them for x^T
+    // transposes them for x^T (unless x^T is written too: the fused fc GEMM, below)
     LinearId x_given{-1, LIN_QKV};
+    bool x_given_with_t = false;
+    // The MLP's fused FP8 GEMMs (fp8_gemm.cuh's persistent kernels; Hopper, training steps without
+    // telemetry, once the tensors have scales): the fc layer's GEMM writes the fc projection's input,
+    // E4M3 codes of gelu(pre) in both layouts, and the fc projection's dgrad writes the fc layer's output
+    // gradient, E5M2 codes of d(gelu output) gelu'(pre) in both layouts with its bias sums, each from its
+    // epilogue, instead of cuBLASLt's GEMM and a pass. LLMC_FP8_FUSED_GEMM=0 turns them off (A/B runs).
+    bool fused_gemm = true;
 };
 
 inline int fp8_tensor(const Recipe& r, LinearId id, Fp8Role role) {
@@ -142,14 +151,17 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
     r.eval_amax = (uint32_t*)cuda_malloc_or_die(sizeof(uint32_t), "fp8 amax");
     r.col_partials = (float*)cuda_malloc_or_die((size_t)ceil_div((long long)B * T, FP8_TILE) * 4 * r.C * sizeof(float),
                                                 "bias gradient scratch");
+    const char* fused = getenv("LLMC_FP8_FUSED_GEMM");
+    r.fused_gemm = !(fused && strcmp(fused, "0") == 0);
 }
 
 inline std::string recipe_describe(const Recipe& r) {
     const RecipeOptions& o = r.options;
     int q0 = o.skip_first, q1 = r.L - o.skip_last;
     std::string layers = q1 > q0 ? strfmt("layers %d-%d in FP8", q0, q1 - 1) : std::string("no layer in FP8");
-    return strfmt("fp8: E4M3 forward / E5M2 backward, delayed scaling (history %d, margin %d), %s, -sqf %d -sql %d",
-                  o.amax_history, o.scale_margin, layers.c_str(), o.skip_first, o.skip_last);
+    return strfmt("fp8: E4M3 forward / E5M2 backward, delayed scaling (history %d, margin %d), %s, -sqf %d -sql %d%s",
+                  o.amax_history, o.scale_margin, layers.c_str(), o.skip_first, o.skip_last,
+                  r.fused_gemm && gemm_wgmma::available() ? "; the fc projection's input quantized in the fc GEMM's epilogue" : "");
 }
 
 // ---- scales -------------------------------------------------------------------------------------
@@ -276,8 +288,9 @@ inline bool fp8_take_given(LinearId& slot, LinearId id, const char* what) { retu
 inline const float* fp8_quantize_input(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st,
                                        bool gelu_of_input = false) {
     const int t = fp8_tensor(r, id, FP8_X);
-    if (fp8_take_given(r.x_given, id, "E4M3 input")) { // the LayerNorm wrote the codes into r.x8
-        if (training) fp8_transpose(fp8_saved_xt(r, id), r.x8, N, C, st);
+    if (fp8_take_given(r.x_given, id, "E4M3 input")) { // the LayerNorm (or the fused fc GEMM) wrote the codes into r.x8
+        if (training && !r.x_given_with_t) fp8_transpose(fp8_saved_xt(r, id), r.x8, N, C, st);
+        r.x_given_with_t = false;
         return fp8_inv(r, t);
     }
     Fp8ScalePtrs s = fp8_scale_for(r, t, inp, (long long)N * C, training, st);
@@ -337,6 +350,20 @@ inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX
     Fp8Operand a{fp8_weight(r, id), CUDA_R_8F_E4M3, fp8_inv(r, fp8_tensor(r, id, FP8_W))};
     Fp8Operand b{r.x8, CUDA_R_8F_E4M3, x_inv};
     PHASE("fp8: gemm forward");
+    const LinearId fcp{id.layer, LIN_FCPROJ};
+    const int t_xp = fp8_tensor(r, fcp, FP8_X);
+    if (training && r.fused_gemm && !r.count_stats && fp8_applies(r, fcp, N, OC, C) && r.calibrated[t_xp] &&
+        fp8_gemm::supported(N, OC, C, {pre_gelu, r.x8, r.dy8, a.data, fp8_saved_xt(r, fcp), bias})) {
+        // the fc projection's codes go to r.dy8 (free during the forward pass; the GEMM reads r.x8), then
+        // the two buffers trade places, so that the fc projection finds its input in r.x8 as usual
+        fp8_gemm::fc_gelu_ws(pre_gelu, r.dy8, fp8_saved_xt(r, fcp), r.x8, x_inv, fp8_weight(r, id), a.scale, bias,
+                             r.scale + t_xp, r.amax_now + t_xp, N, OC, C, st);
+        std::swap(r.x8, r.dy8);
+        r.pending_gelu_out.leave(gelu_out, pre_gelu, (long long)N * OC, id.layer);
+        r.x_given = fcp;
+        r.x_given_with_t = true;
+        return;
+    }
     // the GEMM with its bias writes the pre-activation; the GELU is left to the fc projection's
     // quantize pass (Recipe::pending_gelu_out). (cuBLASLt's GELU_AUX_BIAS epilogue would write both
     // the pre-activation and the BF16 GELU output, which only that pass would read.)
@@ -374,7 +401,9 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
                             cudaStream_t st) {
     fp8_write_gelu_out(r, st);
     const bool dy_given = fp8_take_given(r.dy_given, id, "E5M2 output gradient");
-    if (dy_given && (dbias || r.pending_gelu.grad)) {
+    const int partial_rows = dy_given ? r.dy_given_partial_rows : 0;
+    r.dy_given_partial_rows = 0;
+    if (dy_given && ((dbias && partial_rows == 0) || r.pending_gelu.grad)) {
         fprintf(stderr, "error: fp8: a linear whose output gradient arrives quantized gets no bias gradient or GELU here\n");
         exit(1);
     }
@@ -406,6 +435,8 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
                                               dbias ? r.col_partials : nullptr, gelu_pre);
     } else if (r.dy_given_rows_only) {
         fp8_transpose(r.dyt8, r.dy8, N, OC, st);
+    } else if (partial_rows > 0 && dbias) {
+        bias_backward_reduce(dbias, r.col_partials, OC, partial_rows, st); // the fused fc projection dgrad left them
     }
     // wgrad: x^T as the training forward pass saved it (same scale, same codes)
     (void)inp;
@@ -421,6 +452,22 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
     // The GELU derivative is a separate pass, not cuBLASLt's DGELU epilogue: with FP8 operands that
     // epilogue ran the fc projection's dgrad at 158 ms per d12 step (B=64, H100), against 48 ms for
     // the other three dgrads together (doc/perf.md).
+    const LinearId fc{id.layer, LIN_FC};
+    const int t_dyf = fp8_tensor(r, fc, FP8_DY);
+    if (pre_gelu && id.kind == LIN_FCPROJ && r.fused_gemm && !r.count_stats && fp8_applies(r, fc, N, OC, C) &&
+        r.calibrated[t_dyf] && fp8_gemm::supported(N, C, OC, {r.x8, r.dyt8, r.dy8, wt.data, pre_gelu})) {
+        // the fc layer's output gradient straight from this dgrad (fp8_gemm::fc_dy_ws): its E5M2 rows go to
+        // r.x8 (free in the backward pass; the kernel reads r.dy8), then the two buffers trade places; its
+        // dy^T to r.dyt8 (this layer's, read by the wgrad above); the bias sums to col_partials. dinp, the
+        // BF16 d(gelu output), is not written: the fc layer's backward, next, takes the codes.
+        fp8_gemm::fc_dy_ws(r.x8, r.dyt8, r.col_partials, r.dy8, sdy.inv, fp8_weight_t(r, id), wt.scale, pre_gelu,
+                           r.scale + t_dyf, r.amax_now + t_dyf, N, C, OC, st);
+        std::swap(r.x8, r.dy8);
+        r.dy_given = fc;
+        r.dy_given_rows_only = false;
+        r.dy_given_partial_rows = N / 128;
+        return;
+    }
     if (!matmul_fp8(dinp, false, wt, dy, nullptr, C, N, OC, 0.0f, false, st)) {
         fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the input gradient (m=%d n=%d k=%d)\n", C, N, OC);
         exit(1);
@@ -428,8 +475,7 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
     if (!pre_gelu) return;
     // the fc layer of this block quantizes dinp next: leave the derivative to its dy pass, once its dy
     // scale exists (the calibrating first pass reads dy's amax from the finished tensor)
-    const LinearId fc{id.layer, LIN_FC};
-    if (id.kind == LIN_FCPROJ && fp8_applies(r, fc, N, OC, C) && r.calibrated[fp8_tensor(r, fc, FP8_DY)]) {
+    if (id.kind == LIN_FCPROJ && fp8_applies(r, fc, N, OC, C) && r.calibrated[t_dyf]) {
         r.pending_gelu.grad = dinp;
         r.pending_gelu.pre = pre_gelu;
         r.pending_gelu.n = (long long)N * C;

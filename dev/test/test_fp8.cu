@@ -375,6 +375,88 @@ static void test_fused_fc_gelu(int M, int N, int K, bool timing) {
     cudaFree(q_f); cudaFree(qt_f); cudaFree(q_r); cudaFree(qt_r); cudaFree(amax);
 }
 
+// The fc projection's dgrad with the fc layer's dy in its epilogue (fp8_gemm::fc_dy_ws), against cuBLASLt's
+// dgrad (no fast accumulation) and the dy pass with GELU':
+//   - d(gelu output) (the kernel's test output) against float64 of the dequantized operands and cuBLASLt's;
+//   - the E5M2 codes in both layouts and the amax bit for bit what the pass makes of the kernel's own
+//     d(gelu output); the bias gradient's column sums within float rounding of the pass's (other order);
+//   - timing at d12's and d48's shapes (printed).
+static void test_fused_fc_dy(int M, int N, int K, bool timing) {
+    if (!fp8_gemm::supported(M, N, K, {})) {
+        check(!gemm_wgmma::available(), "fused fc dy M=%d N=%d K=%d: unsupported only off Hopper", M, N, K);
+        return;
+    }
+    std::mt19937 rng(9 + M + N + K);
+    QTensor D = make_q(M, K, 1e-3f, Fp8Kind::E5M2, rng), W = make_q(N, K, 0.02f, Fp8Kind::E4M3, rng);
+    std::vector<floatX> pre((size_t)M * N);
+    std::normal_distribution<float> nd(0.0f, 1.5f);
+    for (auto& v : pre) v = f2bf(nd(rng));
+    uint8_t *ddy = to_device(D.codes), *dw = to_device(W.codes);
+    float* inv = to_device(std::vector<float>{1.0f / D.scale, 0, 0, 0, 1.0f / W.scale, 0, 0, 0, 3.0e4f}); // + s of the codes
+    floatX* dpre = to_device(pre);
+    const size_t n = (size_t)M * N;
+    floatX *dg_f, *dg_r;
+    uint8_t *q_f, *qt_f, *q_r, *qt_r;
+    float *part_f, *part_r, *sums;
+    uint32_t* amax;
+    cudaCheck(cudaMalloc(&dg_f, n * 2)); cudaCheck(cudaMalloc(&dg_r, n * 2));
+    cudaCheck(cudaMalloc(&q_f, n)); cudaCheck(cudaMalloc(&qt_f, n)); cudaCheck(cudaMalloc(&q_r, n)); cudaCheck(cudaMalloc(&qt_r, n));
+    cudaCheck(cudaMalloc(&part_f, (size_t)(M / 128) * N * 4)); cudaCheck(cudaMalloc(&part_r, (size_t)ceil_div(M, FP8_TILE) * N * 4));
+    cudaCheck(cudaMalloc(&sums, (size_t)2 * N * 4)); cudaCheck(cudaMalloc(&amax, 8));
+    cudaCheck(cudaMemset(dg_f, 0xFF, n * 2)); cudaCheck(cudaMemset(q_f, 0xFF, n)); cudaCheck(cudaMemset(qt_f, 0xFF, n));
+    cudaCheck(cudaMemset(sums, 0, (size_t)2 * N * 4)); cudaCheck(cudaMemset(amax, 0, 8));
+    fp8_gemm::fc_dy_ws(q_f, qt_f, part_f, ddy, inv, dw, inv + 4, dpre, inv + 8, amax, M, N, K, 0, dg_f);
+    bias_backward_reduce(sums, part_f, N, M / 128, 0);
+    Fp8Operand a{dw, CUDA_R_8F_E4M3, inv + 4}, b{ddy, CUDA_R_8F_E5M2, inv};
+    if (!matmul_fp8(dg_r, false, a, b, nullptr, N, M, K, 0.0f, false, 0)) exit(1);
+    cudaCheck(cudaDeviceSynchronize());
+    const std::vector<floatX> hf = to_host(dg_f, n), hr = to_host(dg_r, n);
+    long long far = 0, differ = 0;
+    double sq = 0;
+    for (size_t i = 0; i < n; i++) sq += (double)bf2f(hr[i]) * bf2f(hr[i]);
+    const double rms = std::sqrt(sq / n);
+    for (size_t i = 0; i < n; i++) {
+        const double f = bf2f(hf[i]), r = bf2f(hr[i]);
+        differ += f != r;
+        far += std::fabs(f - r) > std::ldexp(std::fabs(r), -6) + 1e-3 * rms;
+    }
+    std::vector<double> got, want;
+    for (int m = 0; m < M; m += std::max(1, M / 64))
+        for (int j = 0; j < N; j++) {
+            double acc = 0;
+            for (int k = 0; k < K; k++) acc += D.value((size_t)m * K + k) * W.value((size_t)j * K + k);
+            want.push_back(acc);
+            got.push_back(bf2f(hf[(size_t)m * N + j]));
+        }
+    const double e = rel_l2(got, want);
+    check(e < 4e-3 && far == 0, "fused fc dy M=%d N=%d K=%d: d(gelu output) vs float64 rel L2 %.2e (tol 4e-3); vs cuBLASLt %lld "
+          "of %zu differ, %lld by more than 2 BF16 ulps + 1e-3 RMS", M, N, K, e, differ, n, far);
+    // the pass over the kernel's own d(gelu output)
+    fp8_quantize_transpose<Fp8Kind::E5M2>(q_r, qt_r, dg_f, M, N, inv + 8, amax + 1, Fp8Stats(), 0, sums + N, part_r, dpre);
+    cudaCheck(cudaDeviceSynchronize());
+    const std::vector<uint32_t> am = to_host(amax, 2);
+    const std::vector<float> s_f = to_host(sums, N), s_r = to_host(sums + N, N);
+    double num = 0, den = 0;
+    for (int j = 0; j < N; j++) { num += (double)(s_f[j] - s_r[j]) * (s_f[j] - s_r[j]); den += (double)s_r[j] * s_r[j]; }
+    const double es = std::sqrt(num / std::max(den, 1e-300));
+    const bool same = to_host(q_f, n) == to_host(q_r, n) && to_host(qt_f, n) == to_host(qt_r, n) && am[0] == am[1] && am[0] != 0;
+    check(same && es < 1e-5, "fused fc dy M=%d N=%d K=%d: E5M2 codes of d(gelu output) gelu'(pre) in both layouts and amax = the "
+          "pass over its d(gelu output), bit for bit (%s); column sums rel L2 %.1e (tol 1e-5)", M, N, K, same ? "same" : "DIFFERENT", es);
+    if (timing) {
+        auto fused = [&] { fp8_gemm::fc_dy_ws(q_f, qt_f, part_f, ddy, inv, dw, inv + 4, dpre, inv + 8, amax, M, N, K, 0); };
+        auto cublas = [&] {
+            if (!matmul_fp8(dg_r, false, a, b, nullptr, N, M, K, 0.0f, false, 0)) exit(1);
+            fp8_quantize_transpose<Fp8Kind::E5M2>(q_r, qt_r, dg_r, M, N, inv + 8, amax + 1, Fp8Stats(), 0, nullptr, part_r, dpre);
+        };
+        const float t_f = mean_ms(fused, 20), t_r = mean_ms(cublas, 20);
+        const float t_g = mean_ms([&] { if (!matmul_fp8(dg_r, false, a, b, nullptr, N, M, K, 0.0f, false, 0)) exit(1); }, 20);
+        printf("  timing M=%d N=%d K=%d: fused fc dy %.4f ms against cuBLASLt dgrad %.4f + dy pass %.4f = %.4f ms\n", M, N, K, t_f,
+               t_g, t_r - t_g, t_r);
+    }
+    cudaFree(ddy); cudaFree(dw); cudaFree(inv); cudaFree(dpre); cudaFree(dg_f); cudaFree(dg_r); cudaFree(q_f); cudaFree(qt_f);
+    cudaFree(q_r); cudaFree(qt_r); cudaFree(part_f); cudaFree(part_r); cudaFree(sums); cudaFree(amax);
+}
+
 // ---- 3. the recipe on a small model ------------------------------------------------------------------
 static double gelu_d(double x) {
     const double k = 0.7978845608028654;
@@ -395,6 +477,8 @@ static void test_recipe() {
     opt.amax_history = 4; opt.scale_margin = 1; opt.skip_last = 1; // layer 1 stays BF16
     Recipe r;
     recipe_init(r, opt, shape, B, T);
+    // the fused fc GEMM (fp8_gemm.cuh) has its own section below; the others check the cuBLASLt path
+    r.fused_gemm = false;
     std::mt19937 rng(3);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     auto randn = [&](size_t n, float sd) { std::vector<floatX> v(n); for (auto& x : v) x = f2bf(sd * nd(rng)); return v; };
@@ -603,6 +687,86 @@ static void test_recipe() {
         cudaFree(dWp); cudaFree(dWf); cudaFree(dWr); cudaFree(dbp); cudaFree(dbf); cudaFree(dbr);
     }
 
+    // The fused fc GEMM (Recipe::fused_gemm; after the check above, which needs the fc layer's dy
+    // uncalibrated until its first backward): once the fc projection's input has a scale, the fc layer's
+    // GEMM writes that input itself. Its codes in both layouts and the amax are bit for bit what the pass
+    // makes of the pre-activation the fused GEMM wrote; the fc projection finds them in r.x8 and runs.
+    if (gemm_wgmma::available()) {
+        const LinearId fcp{0, LIN_FCPROJ};
+        const int K = 4 * C, t = fp8_tensor(r, fcp, FP8_X);
+        floatX* y;
+        uint8_t *q, *qt;
+        cudaCheck(cudaMalloc(&y, (size_t)N * C * 2));
+        cudaCheck(cudaMalloc(&q, (size_t)N * K)); cudaCheck(cudaMalloc(&qt, (size_t)N * K));
+        r.fused_gemm = true;
+        cudaCheck(cudaMemset(r.amax_now + t, 0, 4));
+        cudaCheck(cudaMemset(dgelu, 0xFF, (size_t)N * K * 2)); // NaN: a read of an unwritten GELU output shows
+        linear_forward_gelu(r, {0, LIN_FC}, dgelu, dpre, dx, dw[LIN_FC], dfcb, N, C, K, true, 0);
+        const bool given = r.x_given.layer == 0 && r.x_given.kind == LIN_FCPROJ && r.x_given_with_t;
+        linear_forward(r, fcp, y, dgelu, dw[LIN_FCPROJ], nullptr, N, K, C, true, 0);
+        r.fused_gemm = false;
+        cudaCheck(cudaDeviceSynchronize());
+        const std::vector<uint8_t> xf = to_host(r.x8, (size_t)N * K), xtf = to_host(fp8_saved_xt(r, fcp), (size_t)N * K);
+        const std::vector<uint32_t> af = to_host(r.amax_now + t, 1);
+        const std::vector<floatX> yf = to_host(y, (size_t)N * C);
+        bool finite = true;
+        for (floatX v : yf) finite = finite && std::isfinite(bf2f(v));
+        cudaCheck(cudaMemset(r.amax_now + t, 0, 4));
+        fp8_quantize_transpose<Fp8Kind::E4M3>(q, qt, dpre, N, K, r.scale + t, r.amax_now + t, Fp8Stats(), 0, nullptr, nullptr,
+                                              nullptr, true);
+        cudaCheck(cudaDeviceSynchronize());
+        const bool same = xf == to_host(q, (size_t)N * K) && xtf == to_host(qt, (size_t)N * K) && af == to_host(r.amax_now + t, 1);
+        check(given && same && finite && r.x_given.layer < 0,
+              "recipe: the fused fc GEMM leaves the fc projection its input (given %d), = the pass over its pre-activation "
+              "bit for bit (x, x^T, amax): %s; the fc projection's output finite %d", given, same ? "same" : "DIFFERENT", finite);
+        gelu_forward(dgelu, dpre, (long long)N * K, 0); // the GELU output, which the backward below reads
+        cudaFree(y); cudaFree(q); cudaFree(qt);
+
+        // and the fused backward: the fc projection's dgrad writes the fc layer's dy codes and bias sums, the
+        // fc layer's backward takes them. Against the cuBLASLt path (whose d(gelu output) differs in rare
+        // last bits, so a few codes may too): dx, dW and the bias gradient of the fc layer agree closely,
+        // and the fc projection's own gradients bit for bit.
+        const LinearId fc{0, LIN_FC};
+        std::vector<floatX> dout = randn((size_t)N * C, 1e-4f);
+        floatX* ddout = to_device(dout);
+        floatX *g, *dxo;
+        float *dWp, *dbp, *dWf, *dbf;
+        cudaCheck(cudaMalloc(&g, (size_t)N * K * 2)); cudaCheck(cudaMalloc(&dxo, (size_t)N * C * 2));
+        cudaCheck(cudaMalloc(&dWp, (size_t)K * C * 4)); cudaCheck(cudaMalloc(&dbp, (size_t)C * 4));
+        cudaCheck(cudaMalloc(&dWf, (size_t)K * C * 4)); cudaCheck(cudaMalloc(&dbf, (size_t)K * 4));
+        struct Grads { std::vector<floatX> dx; std::vector<float> dWp, dbp, dWf, dbf; std::vector<uint8_t> dy; };
+        auto backward = [&](bool fused) {
+            r.fused_gemm = fused;
+            for (float* p : {dWp, dWf}) cudaCheck(cudaMemset(p, 0, (size_t)K * C * 4));
+            cudaCheck(cudaMemset(dbp, 0, (size_t)C * 4)); cudaCheck(cudaMemset(dbf, 0, (size_t)K * 4));
+            linear_backward(r, fcp, g, dWp, dbp, ddout, dgelu, dw[LIN_FCPROJ], dpre, N, K, C, 0);
+            linear_backward(r, fc, dxo, dWf, dbf, g, dx, dw[LIN_FC], nullptr, N, C, K, 0);
+            r.fused_gemm = false;
+            cudaCheck(cudaDeviceSynchronize());
+            return Grads{to_host(dxo, (size_t)N * C), to_host(dWp, (size_t)K * C), to_host(dbp, C), to_host(dWf, (size_t)K * C),
+                         to_host(dbf, K), to_host(r.dy8, (size_t)N * K)};
+        };
+        const Grads plain = backward(false), fusedg = backward(true);
+        auto rel = [](const auto& a, const auto& b) {
+            double num = 0, den = 0;
+            for (size_t i = 0; i < a.size(); i++) {
+                const double x = (double)(float)a[i], y = (double)(float)b[i];
+                num += (x - y) * (x - y); den += y * y;
+            }
+            return std::sqrt(num / std::max(den, 1e-300));
+        };
+        long long codes_differ = 0;
+        for (size_t i = 0; i < plain.dy.size(); i++) codes_differ += plain.dy[i] != fusedg.dy[i];
+        const double e_dx = rel(fusedg.dx, plain.dx), e_dw = rel(fusedg.dWf, plain.dWf), e_db = rel(fusedg.dbf, plain.dbf);
+        const bool own = memcmp(plain.dWp.data(), fusedg.dWp.data(), plain.dWp.size() * 4) == 0 &&
+                         memcmp(plain.dbp.data(), fusedg.dbp.data(), plain.dbp.size() * 4) == 0;
+        check(own && e_dx < 2e-2 && e_dw < 2e-2 && e_db < 1e-3 && codes_differ < (long long)plain.dy.size() / 100,
+              "recipe: the fused fc projection dgrad hands the fc layer its dy: dx rel %.1e, dW %.1e, db %.1e (tol 2e-2, 2e-2, "
+              "1e-3), %lld of %zu dy codes differ (< 1%%); the fc projection's own gradients bit for bit %d", e_dx, e_dw, e_db,
+              codes_differ, plain.dy.size(), own);
+        cudaFree(ddout); cudaFree(g); cudaFree(dxo); cudaFree(dWp); cudaFree(dbp); cudaFree(dWf); cudaFree(dbf);
+    }
+
     // a skipped layer (-sql 1: layer 1) is the plain BF16 linear, bit for bit
     {
         floatX *o1, *o2;
@@ -687,6 +851,11 @@ int main() {
     test_fused_fc_gelu(1024, 384, 256, false); // 24 tiles: fewer than the SMs, one each
     test_fused_fc_gelu(65536, 3072, 768, true);
     test_fused_fc_gelu(16384, 6400, 1600, true);
+    test_fused_fc_dy(256, 256, 128, false);
+    test_fused_fc_dy(384, 640, 1600, false);
+    test_fused_fc_dy(1024, 384, 256, false);
+    test_fused_fc_dy(65536, 3072, 768, true);
+    test_fused_fc_dy(16384, 6400, 1600, true);
     test_recipe();
     matmul_free();
     printf("fp8 tests: %d passed, %d failed\n", g_passed, g_failed);
