@@ -161,7 +161,7 @@ inline std::string recipe_describe(const Recipe& r) {
     std::string layers = q1 > q0 ? strfmt("layers %d-%d in FP8", q0, q1 - 1) : std::string("no layer in FP8");
     return strfmt("fp8: E4M3 forward / E5M2 backward, delayed scaling (history %d, margin %d), %s, -sqf %d -sql %d%s",
                   o.amax_history, o.scale_margin, layers.c_str(), o.skip_first, o.skip_last,
-                  r.fused_gemm && gemm_wgmma::available() ? "; the fc projection's input quantized in the fc GEMM's epilogue" : "");
+                  r.fused_gemm && gemm_wgmma::available() ? "; the MLP's FP8 operands from the fc GEMM's and the fc projection dgrad's epilogues" : "");
 }
 
 // ---- scales -------------------------------------------------------------------------------------
