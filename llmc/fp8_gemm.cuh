@@ -62,6 +62,46 @@ template <int EPI_THREADS>
 __device__ __forceinline__ void epilogue_barrier() { asm volatile("bar.sync 2, %0;\n" :: "n"(EPI_THREADS) : "memory"); }
 
 #if GEMM_WGMMA_DEVICE
+// The shared memory of both persistent kernels, in this order: the TMA ring (WS_STAGES slots of 32 KB), two
+// staged BF16 tiles (128 x PRE_LD: the consumers' output, handed to the epilogue), the staged codes (rows,
+// then columns), the mbarriers, then the kernel's own scratch (`extra`).
+struct WsShared {
+    unsigned char* ring;
+    __nv_bfloat16* tiles;  // tile b at tiles + b * 128 * PRE_LD
+    uint8_t* codes;        // 128 x 128, row-major
+    uint32_t* codes_t;     // 128 columns of WS_CODES_T_STRIDE words
+    uint64_t *full, *empty;            // the ring's slots: loaded / free again (both warpgroups)
+    uint64_t *tile_full, *tile_empty;  // the staged tiles: written by the consumers / read by the epilogue
+    unsigned char* extra;
+    __device__ __forceinline__ explicit WsShared(unsigned char* smem_raw) {
+        ring = (unsigned char*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+        tiles = reinterpret_cast<__nv_bfloat16*>(ring + WS_RING_BYTES);
+        codes = ring + WS_RING_BYTES + 2 * PRE_BYTES;
+        codes_t = reinterpret_cast<uint32_t*>(codes + WS_CODES_BYTES);
+        full = reinterpret_cast<uint64_t*>(codes + WS_CODES_BYTES + WS_CODES_T_BYTES);
+        empty = full + WS_STAGES;
+        tile_full = empty + WS_STAGES;
+        tile_empty = tile_full + 2;
+        extra = reinterpret_cast<unsigned char*>(full) + 256;
+    }
+    // thread 0 initializes the barriers (epi_threads: how many epilogue threads free a staged tile), then
+    // the whole CTA syncs
+    __device__ __forceinline__ void init_barriers(int epi_threads) const {
+        if (threadIdx.x == 0) {
+            for (int s = 0; s < WS_STAGES; s++) {
+                gemm_wgmma::bar_init(&full[s], 1);
+                gemm_wgmma::bar_init(&empty[s], 2);
+            }
+            for (int b = 0; b < 2; b++) {
+                gemm_wgmma::bar_init(&tile_full[b], gemm_wgmma::CONSUMER_THREADS);
+                gemm_wgmma::bar_init(&tile_empty[b], epi_threads);
+            }
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+    }
+};
+
 // The producer of both persistent kernels (warp 8, lane 0): every K step of every tile of this CTA into
 // the ring; `it` counts the K steps over all tiles, so that each slot's barrier phases carry on across tiles.
 template <class Ops>
@@ -131,29 +171,16 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
     using namespace gemm_wgmma;
     using Ops = Fp8Operands<false, false>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char* smem = (unsigned char*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    __nv_bfloat16* s_pre = reinterpret_cast<__nv_bfloat16*>(smem + WS_RING_BYTES); // two tiles of 128 x PRE_LD
-    uint8_t* s_codes = smem + WS_RING_BYTES + 2 * PRE_BYTES;
-    uint32_t* s_codes_t = reinterpret_cast<uint32_t*>(s_codes + WS_CODES_BYTES);
-    uint64_t* full = reinterpret_cast<uint64_t*>(s_codes + WS_CODES_BYTES + WS_CODES_T_BYTES);
-    uint64_t* empty = full + WS_STAGES;
-    uint64_t* pre_full = empty + WS_STAGES;
-    uint64_t* pre_empty = pre_full + 2;
+    const WsShared sh(smem_raw);
+    unsigned char* smem = sh.ring;
+    __nv_bfloat16* s_pre = sh.tiles; // the staged pre-activation tiles
+    uint8_t* s_codes = sh.codes;
+    uint32_t* s_codes_t = sh.codes_t;
+    uint64_t *full = sh.full, *empty = sh.empty, *pre_full = sh.tile_full, *pre_empty = sh.tile_empty;
     const int tiles_n = N / 128, num_tiles = (M / 128) * tiles_n;
     const int k_steps = (K + Ops::ELEMS_PER_STEP - 1) / Ops::ELEMS_PER_STEP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < WS_STAGES; s++) {
-            bar_init(&full[s], 1);
-            bar_init(&empty[s], 2);
-        }
-        for (int b = 0; b < 2; b++) {
-            bar_init(&pre_full[b], CONSUMER_THREADS);
-            bar_init(&pre_empty[b], WS_EPI_THREADS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    sh.init_barriers(WS_EPI_THREADS);
 
     if (warp == 8) {
         if (lane == 0) ws_produce<Ops>(&map_x, &map_w, num_tiles, tiles_n, k_steps, smem, full, empty);
@@ -290,30 +317,17 @@ fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constan
     using namespace gemm_wgmma;
     using Ops = Fp8Operands<true, false>; // A: dy (E5M2), B: W^T (E4M3)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char* smem = (unsigned char*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    __nv_bfloat16* s_dg = reinterpret_cast<__nv_bfloat16*>(smem + WS_RING_BYTES); // two tiles of 128 x PRE_LD
-    uint8_t* s_codes = smem + WS_RING_BYTES + 2 * PRE_BYTES;
-    uint32_t* s_codes_t = reinterpret_cast<uint32_t*>(s_codes + WS_CODES_BYTES);
-    uint64_t* full = reinterpret_cast<uint64_t*>(s_codes + WS_CODES_BYTES + WS_CODES_T_BYTES);
-    uint64_t* empty = full + WS_STAGES;
-    uint64_t* dg_full = empty + WS_STAGES;
-    uint64_t* dg_empty = dg_full + 2;
-    float* s_colsum = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(full) + 256); // [epilogue warp][128]
+    const WsShared sh(smem_raw);
+    unsigned char* smem = sh.ring;
+    __nv_bfloat16* s_dg = sh.tiles; // the staged d(gelu output) tiles
+    uint8_t* s_codes = sh.codes;
+    uint32_t* s_codes_t = sh.codes_t;
+    uint64_t *full = sh.full, *empty = sh.empty, *dg_full = sh.tile_full, *dg_empty = sh.tile_empty;
+    float* s_colsum = reinterpret_cast<float*>(sh.extra); // [epilogue warp][128]
     const int tiles_n = N / 128, num_tiles = (M / 128) * tiles_n;
     const int k_steps = (K + Ops::ELEMS_PER_STEP - 1) / Ops::ELEMS_PER_STEP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < WS_STAGES; s++) {
-            bar_init(&full[s], 1);
-            bar_init(&empty[s], 2);
-        }
-        for (int b = 0; b < 2; b++) {
-            bar_init(&dg_full[b], CONSUMER_THREADS);
-            bar_init(&dg_empty[b], WS_DY_EPI_THREADS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    sh.init_barriers(WS_DY_EPI_THREADS);
 
     if (warp == 8) {
         if (lane == 0) ws_produce<Ops>(&map_dy, &map_wt, num_tiles, tiles_n, k_steps, smem, full, empty);
