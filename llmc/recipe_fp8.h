@@ -96,7 +96,7 @@ struct Recipe {
     // (and makes dy^T from the rows when the kernel wrote the rows only)
     LinearId dy_given{-1, LIN_QKV};
     bool dy_given_rows_only = false;
-    int dy_given_partial_rows = 0; // > 0: dy_given with the bias gradient's per-tile column sums in col_partials (fc_dy_ws)
+    bool dy_given_bias_partials = false; // dy_given with the bias gradient's column sums per 128 rows in col_partials (fc_dy_ws)
     // the linear whose input the LayerNorm before it wrote as E4M3 codes into x8 (with its amax, when
     // training) through recipe_fp8_input_target: its forward, the next call, takes them and only
     // transposes them for x^T (unless x^T is written too: the fused fc GEMM, below)
@@ -151,8 +151,10 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
     r.eval_amax = (uint32_t*)cuda_malloc_or_die(sizeof(uint32_t), "fp8 amax");
     r.col_partials = (float*)cuda_malloc_or_die((size_t)ceil_div((long long)B * T, FP8_TILE) * 4 * r.C * sizeof(float),
                                                 "bias gradient scratch");
-    const char* fused = getenv("LLMC_FP8_FUSED_GEMM");
-    r.fused_gemm = !(fused && strcmp(fused, "0") == 0);
+    if (const char* e = getenv("LLMC_FP8_FUSED_GEMM")) {
+        if (strcmp(e, "0") && strcmp(e, "1")) input_error("LLMC_FP8_FUSED_GEMM must be 0 (cuBLASLt and the passes) or 1 (the fused MLP GEMMs), got '%s'", e);
+        r.fused_gemm = e[0] == '1';
+    }
 }
 
 inline std::string recipe_describe(const Recipe& r) {
@@ -401,9 +403,9 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
                             cudaStream_t st) {
     fp8_write_gelu_out(r, st);
     const bool dy_given = fp8_take_given(r.dy_given, id, "E5M2 output gradient");
-    const int partial_rows = dy_given ? r.dy_given_partial_rows : 0;
-    r.dy_given_partial_rows = 0;
-    if (dy_given && ((dbias && partial_rows == 0) || r.pending_gelu.grad)) {
+    const bool bias_partials = dy_given && r.dy_given_bias_partials;
+    r.dy_given_bias_partials = false;
+    if (dy_given && ((dbias && !bias_partials) || r.pending_gelu.grad)) {
         fprintf(stderr, "error: fp8: a linear whose output gradient arrives quantized gets no bias gradient or GELU here\n");
         exit(1);
     }
@@ -435,8 +437,8 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
                                               dbias ? r.col_partials : nullptr, gelu_pre);
     } else if (r.dy_given_rows_only) {
         fp8_transpose(r.dyt8, r.dy8, N, OC, st);
-    } else if (partial_rows > 0 && dbias) {
-        bias_backward_reduce(dbias, r.col_partials, OC, partial_rows, st); // the fused fc projection dgrad left them
+    } else if (bias_partials && dbias) {
+        bias_backward_reduce(dbias, r.col_partials, OC, N / gemm_wgmma::BM, st); // the fused fc projection dgrad left them
     }
     // wgrad: x^T as the training forward pass saved it (same scale, same codes)
     (void)inp;
@@ -465,7 +467,7 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         std::swap(r.x8, r.dy8);
         r.dy_given = fc;
         r.dy_given_rows_only = false;
-        r.dy_given_partial_rows = N / 128;
+        r.dy_given_bias_partials = true;
         return;
     }
     if (!matmul_fp8(dinp, false, wt, dy, nullptr, C, N, OC, 0.0f, false, st)) {

@@ -261,7 +261,7 @@ TEST_CASE("cli: usage lists every flag with its default") {
         CHECK(contains(line, "(default "));
     }
     CHECK(contains(u, "-h, --help"));
-    for (const char* env : {"LLMC_PROFILE=", "LLMC_TCFP12_CONCAT=", "LLMC_NVFP4_EMULATE=", "LLMC_CUDNN_DETERMINISTIC="})
+    for (const char* env : {"LLMC_PROFILE=", "LLMC_TCFP12_CONCAT=", "LLMC_FP8_FUSED_GEMM=", "LLMC_NVFP4_EMULATE=", "LLMC_CUDNN_DETERMINISTIC="})
         CHECK(contains(u, env));   // the environment variables the trainers read
     CHECK(contains(u, "(default 8)"));        // -b
     CHECK(contains(u, "(default 0.0006)"));   // -l

@@ -287,6 +287,23 @@ static void test_gemm(const char* name, Fp8Kind ka, Fp8Kind kb, bool d_fp32, boo
     if (separate_scales) cudaFree(sb);
 }
 
+// How far a BF16 tensor is from a reference one: values that differ at all, and values more than ~2 BF16
+// ulps apart beyond 1e-3 of the reference's RMS (near zero, both carry the FP8 tensor cores' accumulation
+// error, some 1e-4 of the terms' magnitude)
+struct Bf16Agreement { long long differ = 0, far = 0; };
+static Bf16Agreement compare_bf16(const std::vector<floatX>& got, const std::vector<floatX>& ref) {
+    double sq = 0;
+    for (floatX v : ref) sq += (double)bf2f(v) * bf2f(v);
+    const double rms = std::sqrt(sq / std::max<size_t>(ref.size(), 1));
+    Bf16Agreement a;
+    for (size_t i = 0; i < ref.size(); i++) {
+        const double f = bf2f(got[i]), r = bf2f(ref[i]);
+        a.differ += f != r;
+        a.far += std::fabs(f - r) > std::ldexp(std::fabs(r), -6) + 1e-3 * rms;
+    }
+    return a;
+}
+
 // ---- 2b. the fc forward with the fc projection's quantization in its epilogue (fp8_gemm.cuh) --------
 // Against the recipe's other path, cuBLASLt's FP8 GEMM and fp8_quantize_transpose(gelu_of_input):
 //   - the pre-activation against float64 of the dequantized operands (rel L2) and against cuBLASLt's
@@ -326,19 +343,10 @@ static void test_fused_fc_gelu(int M, int N, int K, bool timing) {
     cublas();
     cudaCheck(cudaDeviceSynchronize());
     const std::vector<floatX> hp = to_host(pre_f, n), hr = to_host(pre_r, n);
+    const Bf16Agreement agree = compare_bf16(hp, hr);
+    const long long far = agree.far, differ = agree.differ;
     // float64 on rows spread over M
     std::vector<double> got, want;
-    long long far = 0, differ = 0;
-    double sq = 0;
-    for (size_t i = 0; i < n; i++) sq += (double)bf2f(hr[i]) * bf2f(hr[i]);
-    const double rms = std::sqrt(sq / n);
-    for (size_t i = 0; i < n; i++) {
-        const double f = bf2f(hp[i]), r = bf2f(hr[i]);
-        differ += f != r;
-        // more than ~2 BF16 ulps apart, beyond 1e-3 of the RMS (near zero, both carry the FP8 tensor
-        // cores' accumulation error, some 1e-4 of the terms' magnitude)
-        far += std::fabs(f - r) > std::ldexp(std::fabs(r), -6) + 1e-3 * rms;
-    }
     for (int m = 0; m < M; m += std::max(1, M / 64))
         for (int j = 0; j < N; j++) {
             double acc = bf2f(bias[j]);
@@ -411,15 +419,8 @@ static void test_fused_fc_dy(int M, int N, int K, bool timing) {
     if (!matmul_fp8(dg_r, false, a, b, nullptr, N, M, K, 0.0f, false, 0)) exit(1);
     cudaCheck(cudaDeviceSynchronize());
     const std::vector<floatX> hf = to_host(dg_f, n), hr = to_host(dg_r, n);
-    long long far = 0, differ = 0;
-    double sq = 0;
-    for (size_t i = 0; i < n; i++) sq += (double)bf2f(hr[i]) * bf2f(hr[i]);
-    const double rms = std::sqrt(sq / n);
-    for (size_t i = 0; i < n; i++) {
-        const double f = bf2f(hf[i]), r = bf2f(hr[i]);
-        differ += f != r;
-        far += std::fabs(f - r) > std::ldexp(std::fabs(r), -6) + 1e-3 * rms;
-    }
+    const Bf16Agreement agree = compare_bf16(hf, hr);
+    const long long far = agree.far, differ = agree.differ;
     std::vector<double> got, want;
     for (int m = 0; m < M; m += std::max(1, M / 64))
         for (int j = 0; j < N; j++) {
