@@ -1146,7 +1146,9 @@ int main(int argc, char** argv) {
     const int owners = mg.zero_stage == 1 ? mg.world : 1;
     gpt_build(&model, shape, owners > 1 ? mg.rank : 0, owners);
     model.mg = &mg;
-    gpt_allocate(&model, B, T, cfg.recompute, cfg.recipe);
+    // (the recipe's setup checks its options and environment variables: LLMC_TCFP12_CONCAT, LLMC_FP8_FUSED_GEMM, ...)
+    try { gpt_allocate(&model, B, T, cfg.recompute, cfg.recipe); }
+    catch (const InputError& e) { fprintf(stderr, "error: %s\n", e.what()); return 1; }
     DataLoaderState resume_data;
     if (resume_step >= 0) {
         try { load_checkpoint(&model, cfg.output_dir, resume_step, &resume_data, cfg.process_rank); }
