@@ -74,7 +74,11 @@ struct WsShared {
     uint64_t *tile_full, *tile_empty;  // the staged tiles: written by the consumers / read by the epilogue
     unsigned char* extra;
     __device__ __forceinline__ explicit WsShared(unsigned char* smem_raw) {
-        ring = (unsigned char*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+        // pointer arithmetic on smem_raw, not a round trip through an integer: the compiler then knows
+        // every pointer below is shared memory and emits LDS/STS (through an integer it emitted generic
+        // LD/ST, with 64-bit address arithmetic, for every staged-tile access)
+        const uint32_t a = (uint32_t)__cvta_generic_to_shared(smem_raw);
+        ring = smem_raw + (((a + 1023) & ~1023u) - a);
         tiles = reinterpret_cast<__nv_bfloat16*>(ring + WS_RING_BYTES);
         codes = ring + WS_RING_BYTES + 2 * PRE_BYTES;
         codes_t = reinterpret_cast<uint32_t*>(codes + WS_CODES_BYTES);
@@ -160,6 +164,16 @@ __device__ __forceinline__ void ws_store_bf16(floatX* out, const __nv_bfloat16* 
         *reinterpret_cast<uint4*>(out + (size_t)(m0 + r) * N + n0 + 8 * c8) = v;
     }
 }
+
+// Two values rounded to BF16 as a pair (as the passes store them), the bits of their magnitudes raised into
+// amax2 (two 16-bit lanes, one VIMNMX for both; the order of |bf16| bits is that of the magnitudes, NaN above
+// infinity), and the pair back as floats. ws_amax_bits turns the lanes into llmc::amax_bits of the largest.
+__device__ __forceinline__ float2 ws_round_bf16_amax(float a, float b, uint32_t& amax2) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
+    amax2 = __vmaxu2(amax2, *reinterpret_cast<const uint32_t*>(&p) & 0x7FFF7FFFu);
+    return __bfloat1622float2(p);
+}
+__device__ __forceinline__ uint32_t ws_amax_bits(uint32_t amax2) { return max(amax2 & 0xFFFFu, amax2 >> 16) << 16; }
 #endif
 
 __global__ void __launch_bounds__(WS_THREADS, 1)
@@ -192,12 +206,6 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
         int it = 0, j = 0;
         for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, j++) {
             const int n0 = (tile % tiles_n) * 128;
-            __nv_bfloat162 bias2[16];
-#pragma unroll
-            for (int c = 0; c < 16; c++) {
-                bias2[c] = bias != nullptr ? __ldg(reinterpret_cast<const __nv_bfloat162*>(bias + n0 + 8 * c + 2 * q))
-                                           : __floats2bfloat162_rn(0.0f, 0.0f);
-            }
             float d[64];
 #pragma unroll
             for (int i = 0; i < 64; i++) d[i] = 0.0f;
@@ -213,6 +221,14 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
                 reg_fence(d);
                 if (kt > 0 && threadIdx.x % 128 == 0) bar_arrive(&empty[(it - 1) % WS_STAGES]);
             }
+            // the bias loads land while the last K step's MMAs run (loaded here, not before the K loop, they
+            // take no registers in it)
+            __nv_bfloat162 bias2[16];
+#pragma unroll
+            for (int c = 0; c < 16; c++) {
+                bias2[c] = bias != nullptr ? __ldg(reinterpret_cast<const __nv_bfloat162*>(bias + n0 + 8 * c + 2 * q))
+                                           : __floats2bfloat162_rn(0.0f, 0.0f);
+            }
             wgmma_wait<0>();
             reg_fence(d);
             if (threadIdx.x % 128 == 0) bar_arrive(&empty[(it - 1) % WS_STAGES]);
@@ -226,7 +242,7 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
         // epilogue warpgroup: thread et handles the 4 x 4 blocks (row group br, column group bc = et % 32)
         const int et = threadIdx.x - WS_EPI_THREAD0, bc = et % 32;
         const float s = __ldg(scale);
-        uint32_t amax_bits = 0;
+        uint32_t amax2 = 0; // (ws_round_bf16_amax)
         int j = 0;
         for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, j++) {
             const int m0 = (tile / tiles_n) * 128, n0 = (tile % tiles_n) * 128;
@@ -243,15 +259,12 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
                 for (int k = 0; k < 4; k++) {
                     const int r = 4 * br + k;
                     const uint2 raw = *reinterpret_cast<const uint2*>(tile_pre + r * PRE_LD + 4 * bc);
-                    const __nv_bfloat162 p01 = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
-                    const __nv_bfloat162 p23 = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
-                    const float g0 = (float)(floatX)gelu_value(__low2float(p01));
-                    const float g1 = (float)(floatX)gelu_value(__high2float(p01));
-                    const float g2 = (float)(floatX)gelu_value(__low2float(p23));
-                    const float g3 = (float)(floatX)gelu_value(__high2float(p23));
-                    amax_bits = max(amax_bits, max(max(llmc::amax_bits(g0), llmc::amax_bits(g1)),
-                                                   max(llmc::amax_bits(g2), llmc::amax_bits(g3))));
-                    row_word[k] = fp8_pack2<Fp8Kind::E4M3>(g0 * s, g1 * s) | ((uint32_t)fp8_pack2<Fp8Kind::E4M3>(g2 * s, g3 * s) << 16);
+                    const float2 p01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+                    const float2 p23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+                    const float2 g01 = ws_round_bf16_amax(gelu_value(p01.x), gelu_value(p01.y), amax2);
+                    const float2 g23 = ws_round_bf16_amax(gelu_value(p23.x), gelu_value(p23.y), amax2);
+                    row_word[k] = fp8_pack2<Fp8Kind::E4M3>(g01.x * s, g01.y * s) |
+                                  ((uint32_t)fp8_pack2<Fp8Kind::E4M3>(g23.x * s, g23.y * s) << 16);
                     *reinterpret_cast<uint32_t*>(s_codes + r * 128 + 4 * bc) = row_word[k];
                 }
                 fp8_tile_stage_columns<WS_CODES_T_STRIDE>(s_codes_t, row_word, 4 * br, 4 * bc);
@@ -260,6 +273,7 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
             epilogue_barrier<WS_EPI_THREADS>(); // every code staged
             ws_store_codes<WS_EPI_THREADS>(codes, codes_t, s_codes, s_codes_t, m0, n0, M, N, et);
         }
+        uint32_t amax_bits = ws_amax_bits(amax2);
         for (int o = 16; o > 0; o >>= 1) amax_bits = max(amax_bits, __shfl_xor_sync(0xffffffffu, amax_bits, o));
         if (lane == 0 && amax_bits) atomicMax(amax, amax_bits);
     }
@@ -392,7 +406,7 @@ fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constan
             }
         };
         if (blockIdx.x < num_tiles) load_pre(blockIdx.x);
-        uint32_t amax_bits = 0;
+        uint32_t amax2 = 0; // (ws_round_bf16_amax)
         int j = 0;
         for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, j++) {
             const int m0 = (tile / tiles_n) * 128, n0 = (tile % tiles_n) * 128;
@@ -412,16 +426,18 @@ fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constan
                 for (int k = 0; k < 4; k++) {
                     const int r = 4 * br + k;
                     const uint2 raw = *reinterpret_cast<const uint2*>(tile_dg + r * PRE_LD + 4 * bc);
-                    const floatX* gv = reinterpret_cast<const floatX*>(&raw);
-                    const floatX* pv = reinterpret_cast<const floatX*>(&pre4[k]);
-                    float a[4];
-#pragma unroll
-                    for (int x = 0; x < 4; x++) {
-                        a[x] = (float)(floatX)((float)gv[x] * gelu_derivative((float)pv[x]));
-                        colsum[x] += a[x];
-                        amax_bits = max(amax_bits, llmc::amax_bits(a[x]));
-                    }
-                    row_word[k] = fp8_pack2<Fp8Kind::E5M2>(a[0] * s, a[1] * s) | ((uint32_t)fp8_pack2<Fp8Kind::E5M2>(a[2] * s, a[3] * s) << 16);
+                    const float2 g01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+                    const float2 g23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+                    const float2 p01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pre4[k].x));
+                    const float2 p23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pre4[k].y));
+                    const float2 a01 = ws_round_bf16_amax(g01.x * gelu_derivative(p01.x), g01.y * gelu_derivative(p01.y), amax2);
+                    const float2 a23 = ws_round_bf16_amax(g23.x * gelu_derivative(p23.x), g23.y * gelu_derivative(p23.y), amax2);
+                    colsum[0] += a01.x;
+                    colsum[1] += a01.y;
+                    colsum[2] += a23.x;
+                    colsum[3] += a23.y;
+                    row_word[k] = fp8_pack2<Fp8Kind::E5M2>(a01.x * s, a01.y * s) |
+                                  ((uint32_t)fp8_pack2<Fp8Kind::E5M2>(a23.x * s, a23.y * s) << 16);
                     *reinterpret_cast<uint32_t*>(s_codes + r * 128 + 4 * bc) = row_word[k];
                 }
                 fp8_tile_stage_columns<WS_CODES_T_STRIDE>(s_codes_t, row_word, 4 * br, 4 * bc);
@@ -439,6 +455,7 @@ fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constan
                 col_partials[(size_t)(m0 / 128) * N + n0 + et] = sum;
             }
         }
+        uint32_t amax_bits = ws_amax_bits(amax2);
         for (int o = 16; o > 0; o >>= 1) amax_bits = max(amax_bits, __shfl_xor_sync(0xffffffffu, amax_bits, o));
         if (lane == 0 && amax_bits) atomicMax(amax, amax_bits);
     }

@@ -263,7 +263,9 @@ gemm_kernel(const __grid_constant__ CUtensorMap map_inp, const __grid_constant__
     constexpr int OUT_LD = Cfg::OUT_LD, OUT_TILE_BYTES = Cfg::OUT_TILE_BYTES;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // the tiles need 1024-byte alignment (the swizzle pattern repeats every 8 rows of 128 bytes)
-    unsigned char* smem = (unsigned char*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    // (pointer arithmetic on smem_raw, so that the compiler knows the tiles are shared memory: LDS/STS)
+    const uint32_t smem_a = (uint32_t)__cvta_generic_to_shared(smem_raw);
+    unsigned char* smem = smem_raw + (((smem_a + 1023) & ~1023u) - smem_a);
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * STAGE_BYTES);
     uint64_t* empty = full + STAGES;
     const int n_tile = blockIdx.x, m_tile = blockIdx.y;
