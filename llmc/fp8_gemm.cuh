@@ -203,6 +203,8 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
         const int g = warp / 4, wq = warp % 4, gq = lane / 4, q = lane % 4;
         const int r_lo = 64 * g + 16 * wq + gq;
         const float ab = __ldg(x_inv) * __ldg(w_inv);
+        // the descriptors of slot 0's tiles (this warpgroup's rows of x, all of W); slot s is 32 KB on
+        const uint64_t a_desc0 = tile_desc(smem + g * (64 * 128), 0), b_desc0 = tile_desc(smem + A_TILE_BYTES, 0);
         int it = 0, j = 0;
         for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, j++) {
             const int n0 = (tile % tiles_n) * 128;
@@ -212,10 +214,9 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
             for (int kt = 0; kt < k_steps; kt++, it++) {
                 const int s = it % WS_STAGES;
                 bar_wait(&full[s], (it / WS_STAGES) & 1);
-                const unsigned char* slot = smem + s * 32768;
                 reg_fence(d);
                 wgmma_fence();
-                mma_k_step<Ops, 128>(d, slot + g * (64 * 128), slot + A_TILE_BYTES);
+                mma_k_step<Ops, 128>(d, desc_advance(a_desc0, s * 32768), desc_advance(b_desc0, s * 32768));
                 wgmma_commit();
                 wgmma_wait<1>();
                 reg_fence(d);
@@ -249,7 +250,6 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
             const int b = j % 2;
             bar_wait(&pre_full[b], (j / 2) & 1);
             const __nv_bfloat16* tile_pre = s_pre + b * (128 * PRE_LD);
-            ws_store_bf16<WS_EPI_THREADS>(pre, tile_pre, m0, n0, N, et); // the pre-activation
             epilogue_barrier<WS_EPI_THREADS>(); // the staged codes of the tile before are stored
 #pragma unroll 2
             for (int i = 0; i < 1024 / WS_EPI_THREADS; i++) {
@@ -259,6 +259,8 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
                 for (int k = 0; k < 4; k++) {
                     const int r = 4 * br + k;
                     const uint2 raw = *reinterpret_cast<const uint2*>(tile_pre + r * PRE_LD + 4 * bc);
+                    // the pre-activation from the same read: a warp stores 256 contiguous bytes of row r
+                    *reinterpret_cast<uint2*>(pre + (size_t)(m0 + r) * N + n0 + 4 * bc) = raw;
                     const float2 p01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
                     const float2 p23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
                     const float2 g01 = ws_round_bf16_amax(gelu_value(p01.x), gelu_value(p01.y), amax2);
@@ -350,6 +352,8 @@ fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constan
         const int g = warp / 4, wq = warp % 4, gq = lane / 4, q = lane % 4;
         const int r_lo = 64 * g + 16 * wq + gq;
         const float ab = __ldg(dy_inv) * __ldg(w_inv);
+        // the descriptors of slot 0's tiles (this warpgroup's rows of dy, all of W^T); slot s is 32 KB on
+        const uint64_t a_desc0 = tile_desc(smem + g * (64 * 128), 0), b_desc0 = tile_desc(smem + A_TILE_BYTES, 0);
         __nv_bfloat162 no_bias[16];
 #pragma unroll
         for (int c = 0; c < 16; c++) no_bias[c] = __floats2bfloat162_rn(0.0f, 0.0f);
@@ -363,15 +367,14 @@ fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constan
             for (int kt = 0; kt < k_steps; kt++, it++) {
                 const int s = it % WS_STAGES;
                 bar_wait(&full[s], (it / WS_STAGES) & 1);
-                const unsigned char* a_tile = smem + s * 32768 + g * (64 * 128);
-                const unsigned char* b_tile = smem + s * 32768 + A_TILE_BYTES;
+                const uint64_t a_desc = desc_advance(a_desc0, s * 32768), b_desc = desc_advance(b_desc0, s * 32768);
 #pragma unroll
                 for (int h = 0; h < 2; h++) { // columns 64h .. 64h + 63: rows 64h.. of the W^T tile
                     reg_fence(t);
                     wgmma_fence();
 #pragma unroll
                     for (int ks = 0; ks < 4; ks++)
-                        wgmma_m64n64k32_fp8<true, false>(t, tile_desc(a_tile, ks), tile_desc(b_tile + 64 * 128 * h, ks), ks);
+                        wgmma_m64n64k32_fp8<true, false>(t, desc_advance(a_desc, 32 * ks), desc_advance(b_desc, 64 * 128 * h + 32 * ks), ks);
                     wgmma_commit();
                     wgmma_wait<0>();
                     reg_fence(t);

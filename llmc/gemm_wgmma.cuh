@@ -216,18 +216,26 @@ __device__ __forceinline__ void wgmma_m64n64k32_fp8(float (&d)[32], uint64_t des
     else GW_FP8_M64N64K32("e4m3.e5m2");
 }
 #undef GW_FP8_M64N64K32
-// one K step's four MMAs (128 bytes of each row of both tiles)
+// A descriptor moved on by `bytes` (a multiple of 16) in shared memory: its start-address field (bits 0-13,
+// the address / 16) grows by bytes / 16, which never carries out of the field below 256 KB. Descriptors made
+// once and moved on like this cost one add each in a main loop, where tile_desc per MMA costs about six.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+// one K step's four MMAs (128 bytes of each row of both tiles), from the descriptors of the tiles' first bytes
 template <class Ops, int N>
-__device__ __forceinline__ void mma_k_step(float (&d)[N / 2], const unsigned char* a_tile, const unsigned char* b_tile) {
+__device__ __forceinline__ void mma_k_step(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc) {
 #pragma unroll
     for (int ks = 0; ks < 4; ks++) {
         if constexpr (Ops::ELEM_BYTES == 2) {
-            wgmma_m64nNk16<N>(d, tile_desc(a_tile, ks), tile_desc(b_tile, ks));
+            wgmma_m64nNk16<N>(d, desc_advance(a_desc, 32 * ks), desc_advance(b_desc, 32 * ks));
         } else {
             static_assert(N == 128, "FP8 operands: 128-wide tiles");
-            wgmma_m64n128k32_fp8<Ops::a_e5m2, Ops::b_e5m2>(d, tile_desc(a_tile, ks), tile_desc(b_tile, ks));
+            wgmma_m64n128k32_fp8<Ops::a_e5m2, Ops::b_e5m2>(d, desc_advance(a_desc, 32 * ks), desc_advance(b_desc, 32 * ks));
         }
     }
+}
+template <class Ops, int N>
+__device__ __forceinline__ void mma_k_step(float (&d)[N / 2], const unsigned char* a_tile, const unsigned char* b_tile) {
+    mma_k_step<Ops, N>(d, tile_desc(a_tile, 0), tile_desc(b_tile, 0));
 }
 #undef GW_ACC8
 #endif // GEMM_WGMMA_DEVICE
