@@ -21,10 +21,11 @@
 // aligned (supported()); every GPT-2/3 MLP at B*T a multiple of 128.
 //
 // Status (H100, 2026-11-27, build/test_fp8; doc/perf.md): exact (the checks above); d12's fc (M = 65536,
-// N = 3072, K = 768) in 0.50 ms against cuBLASLt's GEMM + the pass, 0.29 + 0.32 ms (0.82x), d48's
-// (16384, 6400, 1600) in 0.43 against 0.27 + 0.16 ms (parity). The FP8 recipe uses both kernels of this
-// file in its training steps (recipe_fp8.h, Recipe::fused_gemm). In both the epilogue warps are the slower
-// side: with the MMAs skipped fc_gelu_ws takes 0.39 ms at d12, with the epilogue skipped 0.31.
+// N = 3072, K = 768) in 0.44 ms against cuBLASLt's GEMM + the pass, 0.29 + 0.32 ms (0.72x), d48's
+// (16384, 6400, 1600) in 0.44 against 0.27 + 0.16 ms (parity). The FP8 recipe uses both kernels of this
+// file in its training steps (recipe_fp8.h, Recipe::fused_gemm). At d12 the epilogue warps are the slower
+// side (with the epilogue skipped both kernels take 0.31 ms); at d48 the mainloop is, and it is bound by
+// its loads (half the A tile loaded: 0.35 -> 0.30 ms), which a 2-CTA cluster multicasting A could halve.
 // A first form, gemm_wgmma's kernel itself with the epilogue between each CTA's MMAs (two CTAs an SM),
 // was exact too but no faster than cuBLASLt + the pass (0.611 against 0.609 ms at d12, 0.463 against 0.433
 // at d48: the two CTAs did not hide one's epilogue under the other's MMAs), and is gone.
@@ -46,9 +47,13 @@ constexpr int PRE_BYTES = 128 * PRE_LD * 2;
 //   consumers  warps 0-7, two warpgroups of 64 rows: the MMAs of a tile; then each thread writes its
 //              BF16 pre-activations, bf16(acc x_inv w_inv + bias), into one of two shared pre tiles and
 //              goes on with the next tile;
-//   epilogue   warps 9-16 (256 threads): from the pre tile, the pre-activation to global memory, then
-//              gelu, the E4M3 codes (rows staged, columns staged through byte permutes, as the quantize
-//              kernels do) and the amax; both code layouts to global memory.
+//   epilogue   warps 9-16 (256 threads): each reads its 4 x 4 blocks of the pre tile once and stores
+//              them to global memory as the pre-activation, then gelu, the E4M3 codes (rows staged,
+//              columns staged through byte permutes, as the quantize kernels do) and the amax; both code
+//              layouts to global memory.
+// The consumers build their wgmma descriptors once and move them on by offsets (desc_advance), and every
+// shared-memory pointer derives from smem_raw by pointer arithmetic (WsShared), so that the compiler emits
+// LDS/STS: these are issue slots the epilogue needs (doc/perf.md, "the fused epilogues' instructions").
 // Two mbarriers a pre tile hand it over: pre_full (256 consumer arrivals) and pre_empty (256 epilogue
 // arrivals); the epilogue warps sync among themselves with named barrier 2. Shared memory: the ring
 // 96 KB, two pre tiles 68 KB, the staged codes 32 KB.
@@ -316,9 +321,10 @@ inline void fc_gelu_ws(floatX* pre, uint8_t* codes, uint8_t* codes_t, const uint
 // k32) go into a fresh 64 x 64 partial sum (one half of the tile's columns at a time, so that the partial
 // sums take 32 registers), which the consumer then adds into its FP32 accumulators: the tensor cores'
 // reduced-precision sums span 128 products at most. d(gelu output) itself is never written (dgelu_out,
-// for tests, writes it). H100, 2026-11-27: d12's shape (65536, 3072, 768) in 0.65 ms against cuBLASLt's
-// dgrad + the dy pass, 0.28 + 0.46 ms (0.88x); d48's (16384, 6400, 1600) in 0.45 against 0.28 + 0.24 (0.86x). Same roles, ring and hand-over as fc_gelu_ws (7 epilogue warps); the epilogue reads the
-// pre-activation from global memory (8 bytes a row of a 4 x 4 block, a warp's 32 blocks side by side).
+// for tests, writes it). H100, 2026-11-27: d12's shape (65536, 3072, 768) in 0.54 ms against cuBLASLt's
+// dgrad + the dy pass, 0.28 + 0.46 ms (0.73x); d48's (16384, 6400, 1600) in 0.42 against 0.28 + 0.24 (0.81x).
+// Same roles, ring and hand-over as fc_gelu_ws (7 epilogue warps); the epilogue reads the pre-activation
+// from global memory (8 bytes a row of a 4 x 4 block, a warp's 32 blocks side by side).
 // Seven epilogue warps, not eight: the consumers hold 96 accumulators (64 + the 32 of a K step's partial sums),
 // and 16 warps (4 a scheduler) leave them 128 registers, where 17 leave 96 (ptxas spilled there).
 constexpr int WS_DY_EPI_THREADS = 224, WS_DY_THREADS = WS_EPI_THREAD0 + WS_DY_EPI_THREADS;
