@@ -184,11 +184,23 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
         else
             echo "[FAIL] out-of-memory: exit $rc, output: $(tail -n 3 <<<"$out")"; failed=$((failed + 1))
         fi
+        # a recipe's setup error (here a bad LLMC_FP8_FUSED_GEMM, read when the FP8 recipe sets itself up on the
+        # GPU) is a clear message and exit 1, not an abort on an uncaught exception
+        if make -s train_gpt_fp8; then
+            out=$(LLMC_FP8_FUSED_GEMM=2 ./train_gpt_fp8 -e d12 -b 4 -t 256 -x 1 -v 0 -s 0 -o "" 2>&1); rc=$?
+            if [[ $rc -eq 1 ]] && grep -q "^error: .*LLMC_FP8_FUSED_GEMM must be 0" <<<"$out"; then
+                echo "[PASS] a recipe's setup error: clear message, exit 1"; passed=$((passed + 1))
+            else
+                echo "[FAIL] a recipe's setup error: exit $rc, output: $(tail -n 3 <<<"$out")"; failed=$((failed + 1))
+            fi
+        else
+            echo "== recipe setup error test: build failed"; failed=$((failed + 1))
+        fi
     else
         echo "== GPU tests: writing the reference failed"; failed=$((failed + 1))
     fi
 else
-    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16/FP8/NVFP4/VCAST/TCFP12/Q115, linear layer, LayerNorm, Q1.15 attention, the Hopper GEMM with our epilogues, FP8, NVFP4, vcast and TCFP-12 kernels, resume, multi-GPU, out-of-memory)"
+    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16/FP8/NVFP4/VCAST/TCFP12/Q115, linear layer, LayerNorm, Q1.15 attention, the Hopper GEMM with our epilogues, FP8, NVFP4, vcast and TCFP-12 kernels, resume, multi-GPU, out-of-memory, a recipe setup error)"
     skipped=$((skipped + 1))
 fi
 
