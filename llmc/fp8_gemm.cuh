@@ -67,10 +67,12 @@ template <int EPI_THREADS>
 __device__ __forceinline__ void epilogue_barrier() { asm volatile("bar.sync 2, %0;\n" :: "n"(EPI_THREADS) : "memory"); }
 
 #if GEMM_WGMMA_DEVICE
-// The shared memory of both persistent kernels, in this order: the TMA ring (WS_STAGES slots of 32 KB), two
+// What both persistent kernels share: their grid of 128 x 128 output tiles (M x N, K steps of
+// Ops::ELEMS_PER_STEP), and their shared memory, in this order: the TMA ring (WS_STAGES slots of 32 KB), two
 // staged BF16 tiles (128 x PRE_LD: the consumers' output, handed to the epilogue), the staged codes (rows,
 // then columns), the mbarriers, then the kernel's own scratch (`extra`).
 struct WsShared {
+    int tiles_n, num_tiles, k_steps; // tile t: rows 128 (t / tiles_n), columns 128 (t % tiles_n)
     unsigned char* ring;
     __nv_bfloat16* tiles;  // tile b at tiles + b * 128 * PRE_LD
     uint8_t* codes;        // 128 x 128, row-major
@@ -78,7 +80,8 @@ struct WsShared {
     uint64_t *full, *empty;            // the ring's slots: loaded / free again (both warpgroups)
     uint64_t *tile_full, *tile_empty;  // the staged tiles: written by the consumers / read by the epilogue
     unsigned char* extra;
-    __device__ __forceinline__ explicit WsShared(unsigned char* smem_raw) {
+    __device__ __forceinline__ WsShared(unsigned char* smem_raw, int M, int N, int K, int elems_per_step)
+        : tiles_n(N / 128), num_tiles((M / 128) * (N / 128)), k_steps((K + elems_per_step - 1) / elems_per_step) {
         // pointer arithmetic on smem_raw, not a round trip through an integer: the compiler then knows
         // every pointer below is shared memory and emits LDS/STS (through an integer it emitted generic
         // LD/ST, with 64-bit address arithmetic, for every staged-tile access)
@@ -93,6 +96,10 @@ struct WsShared {
         tile_empty = tile_full + 2;
         extra = reinterpret_cast<unsigned char*>(full) + 256;
     }
+    __device__ __forceinline__ __nv_bfloat16* tile(int b) const { return tiles + b * (128 * PRE_LD); }
+    // the wgmma descriptors of ring slot 0's tiles: warpgroup g's 64 rows of A, all of B (slot s: + s * 32 KB)
+    __device__ __forceinline__ uint64_t a_desc0(int g) const { return gemm_wgmma::tile_desc(ring + g * (64 * 128), 0); }
+    __device__ __forceinline__ uint64_t b_desc0() const { return gemm_wgmma::tile_desc(ring + gemm_wgmma::A_TILE_BYTES, 0); }
     // thread 0 initializes the barriers (epi_threads: how many epilogue threads free a staged tile), then
     // the whole CTA syncs
     __device__ __forceinline__ void init_barriers(int epi_threads) const {
@@ -114,18 +121,17 @@ struct WsShared {
 // The producer of both persistent kernels (warp 8, lane 0): every K step of every tile of this CTA into
 // the ring; `it` counts the K steps over all tiles, so that each slot's barrier phases carry on across tiles.
 template <class Ops>
-__device__ __forceinline__ void ws_produce(const CUtensorMap* map_a, const CUtensorMap* map_b, int num_tiles, int tiles_n,
-                                           int k_steps, unsigned char* smem, uint64_t* full, uint64_t* empty) {
+__device__ __forceinline__ void ws_produce(const WsShared& sh, const CUtensorMap* map_a, const CUtensorMap* map_b) {
     int it = 0;
-    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-        const int m0 = (tile / tiles_n) * 128, n0 = (tile % tiles_n) * 128;
-        for (int kt = 0; kt < k_steps; kt++, it++) {
+    for (int tile = blockIdx.x; tile < sh.num_tiles; tile += gridDim.x) {
+        const int m0 = (tile / sh.tiles_n) * 128, n0 = (tile % sh.tiles_n) * 128;
+        for (int kt = 0; kt < sh.k_steps; kt++, it++) {
             const int s = it % WS_STAGES;
-            if (it >= WS_STAGES) gemm_wgmma::bar_wait(&empty[s], ((it / WS_STAGES) + 1) & 1);
-            unsigned char* slot = smem + s * 32768;
-            gemm_wgmma::bar_expect_bytes(&full[s], 32768);
-            gemm_wgmma::tma_load_2d(slot, map_a, kt * Ops::ELEMS_PER_STEP, m0, &full[s]);
-            gemm_wgmma::tma_load_2d(slot + gemm_wgmma::A_TILE_BYTES, map_b, kt * Ops::ELEMS_PER_STEP, n0, &full[s]);
+            if (it >= WS_STAGES) gemm_wgmma::bar_wait(&sh.empty[s], ((it / WS_STAGES) + 1) & 1);
+            unsigned char* slot = sh.ring + s * 32768;
+            gemm_wgmma::bar_expect_bytes(&sh.full[s], 32768);
+            gemm_wgmma::tma_load_2d(slot, map_a, kt * Ops::ELEMS_PER_STEP, m0, &sh.full[s]);
+            gemm_wgmma::tma_load_2d(slot + gemm_wgmma::A_TILE_BYTES, map_b, kt * Ops::ELEMS_PER_STEP, n0, &sh.full[s]);
         }
     }
 }
@@ -147,8 +153,10 @@ __device__ __forceinline__ void ws_stage_bf16(__nv_bfloat16* tile, const float (
 // The staged codes of a tile to global memory: rows (M x N, at m0, n0) and columns (N x M, at n0, m0), by
 // the EPI_THREADS epilogue threads (et: this one)
 template <int EPI_THREADS>
-__device__ __forceinline__ void ws_store_codes(uint8_t* codes, uint8_t* codes_t, const uint8_t* s_codes,
-                                               const uint32_t* s_codes_t, int m0, int n0, int M, int N, int et) {
+__device__ __forceinline__ void ws_store_codes(uint8_t* codes, uint8_t* codes_t, const WsShared& sh, int m0, int n0, int M,
+                                               int N, int et) {
+    const uint8_t* s_codes = sh.codes;
+    const uint32_t* s_codes_t = sh.codes_t;
 #pragma unroll 4
     for (int chunk = et; chunk < 1024; chunk += EPI_THREADS) {
         const int r = chunk / 8, part = chunk % 8;
@@ -190,33 +198,27 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
     using namespace gemm_wgmma;
     using Ops = Fp8Operands<false, false>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const WsShared sh(smem_raw);
-    unsigned char* smem = sh.ring;
-    __nv_bfloat16* s_pre = sh.tiles; // the staged pre-activation tiles
-    uint8_t* s_codes = sh.codes;
-    uint32_t* s_codes_t = sh.codes_t;
+    const WsShared sh(smem_raw, M, N, K, Ops::ELEMS_PER_STEP); // its staged tiles hold the pre-activation
+    const int tiles_n = sh.tiles_n, num_tiles = sh.num_tiles;
     uint64_t *full = sh.full, *empty = sh.empty, *pre_full = sh.tile_full, *pre_empty = sh.tile_empty;
-    const int tiles_n = N / 128, num_tiles = (M / 128) * tiles_n;
-    const int k_steps = (K + Ops::ELEMS_PER_STEP - 1) / Ops::ELEMS_PER_STEP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     sh.init_barriers(WS_EPI_THREADS);
 
     if (warp == 8) {
-        if (lane == 0) ws_produce<Ops>(&map_x, &map_w, num_tiles, tiles_n, k_steps, smem, full, empty);
+        if (lane == 0) ws_produce<Ops>(sh, &map_x, &map_w);
     } else if (warp < 8) {
         // consumers: warpgroup g computes rows 64g..64g+63 of each tile
         const int g = warp / 4, wq = warp % 4, gq = lane / 4, q = lane % 4;
         const int r_lo = 64 * g + 16 * wq + gq;
         const float ab = __ldg(x_inv) * __ldg(w_inv);
-        // the descriptors of slot 0's tiles (this warpgroup's rows of x, all of W); slot s is 32 KB on
-        const uint64_t a_desc0 = tile_desc(smem + g * (64 * 128), 0), b_desc0 = tile_desc(smem + A_TILE_BYTES, 0);
+        const uint64_t a_desc0 = sh.a_desc0(g), b_desc0 = sh.b_desc0();
         int it = 0, j = 0;
         for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, j++) {
             const int n0 = (tile % tiles_n) * 128;
             float d[64];
 #pragma unroll
             for (int i = 0; i < 64; i++) d[i] = 0.0f;
-            for (int kt = 0; kt < k_steps; kt++, it++) {
+            for (int kt = 0; kt < sh.k_steps; kt++, it++) {
                 const int s = it % WS_STAGES;
                 bar_wait(&full[s], (it / WS_STAGES) & 1);
                 reg_fence(d);
@@ -241,7 +243,7 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
             // the pre-activation into pre tile j % 2, once the epilogue has finished with tile j - 2
             const int b = j % 2;
             if (j >= 2) bar_wait(&pre_empty[b], ((j / 2) + 1) & 1);
-            ws_stage_bf16(s_pre + b * (128 * PRE_LD), d, ab, bias2, r_lo, q);
+            ws_stage_bf16(sh.tile(b), d, ab, bias2, r_lo, q);
             bar_arrive(&pre_full[b]);
         }
     } else {
@@ -254,7 +256,7 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
             const int m0 = (tile / tiles_n) * 128, n0 = (tile % tiles_n) * 128;
             const int b = j % 2;
             bar_wait(&pre_full[b], (j / 2) & 1);
-            const __nv_bfloat16* tile_pre = s_pre + b * (128 * PRE_LD);
+            const __nv_bfloat16* tile_pre = sh.tile(b);
             epilogue_barrier<WS_EPI_THREADS>(); // the staged codes of the tile before are stored
 #pragma unroll 2
             for (int i = 0; i < 1024 / WS_EPI_THREADS; i++) {
@@ -272,13 +274,13 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
                     const float2 g23 = ws_round_bf16_amax(gelu_value(p23.x), gelu_value(p23.y), amax2);
                     row_word[k] = fp8_pack2<Fp8Kind::E4M3>(g01.x * s, g01.y * s) |
                                   ((uint32_t)fp8_pack2<Fp8Kind::E4M3>(g23.x * s, g23.y * s) << 16);
-                    *reinterpret_cast<uint32_t*>(s_codes + r * 128 + 4 * bc) = row_word[k];
+                    *reinterpret_cast<uint32_t*>(sh.codes + r * 128 + 4 * bc) = row_word[k];
                 }
-                fp8_tile_stage_columns<WS_CODES_T_STRIDE>(s_codes_t, row_word, 4 * br, 4 * bc);
+                fp8_tile_stage_columns<WS_CODES_T_STRIDE>(sh.codes_t, row_word, 4 * br, 4 * bc);
             }
             bar_arrive(&pre_empty[b]); // this thread is done reading the pre tile
             epilogue_barrier<WS_EPI_THREADS>(); // every code staged
-            ws_store_codes<WS_EPI_THREADS>(codes, codes_t, s_codes, s_codes_t, m0, n0, M, N, et);
+            ws_store_codes<WS_EPI_THREADS>(codes, codes_t, sh, m0, n0, M, N, et);
         }
         uint32_t amax_bits = ws_amax_bits(amax2);
         for (int o = 16; o > 0; o >>= 1) amax_bits = max(amax_bits, __shfl_xor_sync(0xffffffffu, amax_bits, o));
@@ -339,27 +341,21 @@ fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constan
     using namespace gemm_wgmma;
     using Ops = Fp8Operands<true, false>; // A: dy (E5M2), B: W^T (E4M3)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const WsShared sh(smem_raw);
-    unsigned char* smem = sh.ring;
-    __nv_bfloat16* s_dg = sh.tiles; // the staged d(gelu output) tiles
-    uint8_t* s_codes = sh.codes;
-    uint32_t* s_codes_t = sh.codes_t;
+    const WsShared sh(smem_raw, M, N, K, Ops::ELEMS_PER_STEP); // its staged tiles hold d(gelu output)
+    const int tiles_n = sh.tiles_n, num_tiles = sh.num_tiles;
     uint64_t *full = sh.full, *empty = sh.empty, *dg_full = sh.tile_full, *dg_empty = sh.tile_empty;
     float* s_colsum = reinterpret_cast<float*>(sh.extra); // [epilogue warp][128]
-    const int tiles_n = N / 128, num_tiles = (M / 128) * tiles_n;
-    const int k_steps = (K + Ops::ELEMS_PER_STEP - 1) / Ops::ELEMS_PER_STEP;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     sh.init_barriers(WS_DY_EPI_THREADS);
 
     if (warp == 8) {
-        if (lane == 0) ws_produce<Ops>(&map_dy, &map_wt, num_tiles, tiles_n, k_steps, smem, full, empty);
+        if (lane == 0) ws_produce<Ops>(sh, &map_dy, &map_wt);
     } else if (warp < 8) {
         // consumers: warpgroup g computes rows 64g..64g+63 of each tile, promoting each K step's sums
         const int g = warp / 4, wq = warp % 4, gq = lane / 4, q = lane % 4;
         const int r_lo = 64 * g + 16 * wq + gq;
         const float ab = __ldg(dy_inv) * __ldg(w_inv);
-        // the descriptors of slot 0's tiles (this warpgroup's rows of dy, all of W^T); slot s is 32 KB on
-        const uint64_t a_desc0 = tile_desc(smem + g * (64 * 128), 0), b_desc0 = tile_desc(smem + A_TILE_BYTES, 0);
+        const uint64_t a_desc0 = sh.a_desc0(g), b_desc0 = sh.b_desc0();
         __nv_bfloat162 no_bias[16];
 #pragma unroll
         for (int c = 0; c < 16; c++) no_bias[c] = __floats2bfloat162_rn(0.0f, 0.0f);
@@ -370,7 +366,7 @@ fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constan
             for (int i = 0; i < 64; i++) d[i] = 0.0f;
 #pragma unroll
             for (int i = 0; i < 32; i++) t[i] = 0.0f;
-            for (int kt = 0; kt < k_steps; kt++, it++) {
+            for (int kt = 0; kt < sh.k_steps; kt++, it++) {
                 const int s = it % WS_STAGES;
                 bar_wait(&full[s], (it / WS_STAGES) & 1);
                 const uint64_t a_desc = desc_advance(a_desc0, s * 32768), b_desc = desc_advance(b_desc0, s * 32768);
@@ -392,7 +388,7 @@ fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constan
             }
             const int b = j % 2;
             if (j >= 2) bar_wait(&dg_empty[b], ((j / 2) + 1) & 1);
-            ws_stage_bf16(s_dg + b * (128 * PRE_LD), d, ab, no_bias, r_lo, q);
+            ws_stage_bf16(sh.tile(b), d, ab, no_bias, r_lo, q);
             bar_arrive(&dg_full[b]);
         }
     } else {
@@ -421,7 +417,7 @@ fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constan
             const int m0 = (tile / tiles_n) * 128, n0 = (tile % tiles_n) * 128;
             const int b = j % 2;
             bar_wait(&dg_full[b], (j / 2) & 1);
-            const __nv_bfloat16* tile_dg = s_dg + b * (128 * PRE_LD);
+            const __nv_bfloat16* tile_dg = sh.tile(b);
             if (dgelu_out != nullptr) ws_store_bf16<WS_DY_EPI_THREADS>(dgelu_out, tile_dg, m0, n0, N, et);
             epilogue_barrier<WS_DY_EPI_THREADS>(); // the staged codes and column sums of the tile before are stored
             float colsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -447,16 +443,16 @@ fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constan
                     colsum[3] += a23.y;
                     row_word[k] = fp8_pack2<Fp8Kind::E5M2>(a01.x * s, a01.y * s) |
                                   ((uint32_t)fp8_pack2<Fp8Kind::E5M2>(a23.x * s, a23.y * s) << 16);
-                    *reinterpret_cast<uint32_t*>(s_codes + r * 128 + 4 * bc) = row_word[k];
+                    *reinterpret_cast<uint32_t*>(sh.codes + r * 128 + 4 * bc) = row_word[k];
                 }
-                fp8_tile_stage_columns<WS_CODES_T_STRIDE>(s_codes_t, row_word, 4 * br, 4 * bc);
+                fp8_tile_stage_columns<WS_CODES_T_STRIDE>(sh.codes_t, row_word, 4 * br, 4 * bc);
             }
             bar_arrive(&dg_empty[b]); // this thread is done reading the d(gelu output) tile
 #pragma unroll
             for (int x = 0; x < 4; x++) s_colsum[ew * 128 + 4 * bc + x] = colsum[x];
             if (tile + gridDim.x < num_tiles) load_pre(tile + gridDim.x);
             epilogue_barrier<WS_DY_EPI_THREADS>(); // every code and column sum staged
-            ws_store_codes<WS_DY_EPI_THREADS>(codes, codes_t, s_codes, s_codes_t, m0, n0, M, N, et);
+            ws_store_codes<WS_DY_EPI_THREADS>(codes, codes_t, sh, m0, n0, M, N, et);
             if (et < 128) { // the tile's column sums: the epilogue warps' in a fixed order
                 float sum = 0.0f;
 #pragma unroll
