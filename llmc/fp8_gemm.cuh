@@ -178,13 +178,19 @@ __device__ __forceinline__ void ws_store_bf16(floatX* out, const __nv_bfloat16* 
     }
 }
 
+// The two BF16 values of a 32-bit word as floats: one instruction each (__bfloat1622float2 spends two on the
+// high half, a byte permute and a shift)
+__device__ __forceinline__ float2 ws_bf16x2_to_float2(uint32_t w) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
+}
 // Two values rounded to BF16 as a pair (as the passes store them), the bits of their magnitudes raised into
 // amax2 (two 16-bit lanes, one VIMNMX for both; the order of |bf16| bits is that of the magnitudes, NaN above
 // infinity), and the pair back as floats. ws_amax_bits turns the lanes into llmc::amax_bits of the largest.
 __device__ __forceinline__ float2 ws_round_bf16_amax(float a, float b, uint32_t& amax2) {
     const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
-    amax2 = __vmaxu2(amax2, *reinterpret_cast<const uint32_t*>(&p) & 0x7FFF7FFFu);
-    return __bfloat1622float2(p);
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(&p);
+    amax2 = __vmaxu2(amax2, w & 0x7FFF7FFFu);
+    return ws_bf16x2_to_float2(w);
 }
 __device__ __forceinline__ uint32_t ws_amax_bits(uint32_t amax2) { return max(amax2 & 0xFFFFu, amax2 >> 16) << 16; }
 #endif
@@ -268,8 +274,7 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
                     const uint2 raw = *reinterpret_cast<const uint2*>(tile_pre + r * PRE_LD + 4 * bc);
                     // the pre-activation from the same read: a warp stores 256 contiguous bytes of row r
                     *reinterpret_cast<uint2*>(pre + (size_t)(m0 + r) * N + n0 + 4 * bc) = raw;
-                    const float2 p01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-                    const float2 p23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+                    const float2 p01 = ws_bf16x2_to_float2(raw.x), p23 = ws_bf16x2_to_float2(raw.y);
                     const float2 g01 = ws_round_bf16_amax(gelu_value(p01.x), gelu_value(p01.y), amax2);
                     const float2 g23 = ws_round_bf16_amax(gelu_value(p23.x), gelu_value(p23.y), amax2);
                     row_word[k] = fp8_pack2<Fp8Kind::E4M3>(g01.x * s, g01.y * s) |
@@ -431,10 +436,8 @@ fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constan
                 for (int k = 0; k < 4; k++) {
                     const int r = 4 * br + k;
                     const uint2 raw = *reinterpret_cast<const uint2*>(tile_dg + r * PRE_LD + 4 * bc);
-                    const float2 g01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-                    const float2 g23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-                    const float2 p01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pre4[k].x));
-                    const float2 p23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pre4[k].y));
+                    const float2 g01 = ws_bf16x2_to_float2(raw.x), g23 = ws_bf16x2_to_float2(raw.y);
+                    const float2 p01 = ws_bf16x2_to_float2(pre4[k].x), p23 = ws_bf16x2_to_float2(pre4[k].y);
                     const float2 a01 = ws_round_bf16_amax(g01.x * gelu_derivative(p01.x), g01.y * gelu_derivative(p01.y), amax2);
                     const float2 a23 = ws_round_bf16_amax(g23.x * gelu_derivative(p23.x), g23.y * gelu_derivative(p23.y), amax2);
                     colsum[0] += a01.x;
