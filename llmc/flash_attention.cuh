@@ -386,90 +386,106 @@ __device__ __forceinline__ void tile_column_sums64(float* out, const bf16* tile,
     if (half == 0) out[c] = sum + upper_half[c];
 }
 
-// The E5M2 codes of a staged 64-row gradient tile (bf16, padded rows, HS = 64 columns), rows below
-// nvalid only, into the FP8 recipe's two layouts of its qkv layer's output gradient (Fp8Target): row
-// grow0 + r, column col0 + c of t.rows ((B*T) x 3C) and row col0 + c, column grow0 + r of t.cols
-// (3C x (B*T)); and the tile's amax (and telemetry counts) into the tensor's. By a CTA of 128 threads,
-// after a barrier (the tile is complete); codes_t: E5M2_CODES_T_BYTES of free shared memory, where the
-// codes are staged transposed (rows of 80 bytes: 16-byte aligned, and the byte stores of a warp spread
-// over the banks). The codes are those the recipe's quantize pass makes from the BF16 values stored
+// The E5M2 codes of NT staged 64-row gradient tiles (bf16, padded rows, HS = 64 columns; tile i at column
+// col0[i]), rows below nvalid only, into the FP8 recipe's two layouts of its qkv layer's output gradient
+// (Fp8Target): row grow0 + r, column col0[i] + c of t.rows ((B*T) x 3C) and row col0[i] + c, column grow0 + r
+// of t.cols (3C x (B*T)); and the tiles' amax (and telemetry counts) into the tensor's. By a CTA of 128
+// threads, after a barrier (the tiles are complete); codes_t: NT * E5M2_CODES_T_BYTES of free shared memory,
+// where the codes are staged transposed (rows of 80 bytes: 16-byte aligned, and the byte stores of a warp
+// spread over the banks). The codes are those the recipe's quantize pass makes from the BF16 values stored
 // otherwise (fp8_pack2, the same saturating conversion): the two agree bit for bit (build/test_attention).
-// The tile's amax goes to the tensor's with one atomic per CTA, and only where it would raise it
+// The amax of all NT tiles goes to the tensor's with one atomic per CTA, and only where it would raise it
 // (fp8_commit; an atomic per warp and tile on one address serialized: +30 ms per d12 step in a first version).
-// The amax alone of such a tile (Fp8Target::amax_only, TCFP-12's fresh scales), where the kernel stores the
-// BF16 tile as usual: one atomic per CTA, where it would raise the tensor's (fp8_commit). By the 128 threads,
+// The dK/dV kernel hands over both its tiles at once, so that the CTA syncs once for both, not twice each.
+// last: the kernel's final use of codes_t and fp8_commit's shared sums (no barrier after it).
+// The amax alone of such tiles (Fp8Target::amax_only, TCFP-12's fresh scales), where the kernel stores the
+// BF16 tiles as usual: one atomic per CTA, where it would raise the tensor's (fp8_commit). By the 128 threads,
 // after a barrier.
-__device__ __forceinline__ void tile_amax(const Fp8Target& t, const bf16* tile, int nvalid, int tid) {
+template <int NT>
+__device__ __forceinline__ void tiles_amax(const Fp8Target& t, const bf16* const (&tiles)[NT], int nvalid, int tid) {
     constexpr int LDS = Tile<64>::LDS;
     const uint32_t amax_seen = tid == 0 ? __ldcg(t.amax) : 0u;
     const int half = tid & 1, line = tid >> 1;
     uint32_t amax = 0;
     if (line < nvalid) {
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const uint4 v = *reinterpret_cast<const uint4*>(tile + line * LDS + 32 * half + 8 * q);
-            const bf16* x = reinterpret_cast<const bf16*>(&v);
+        for (int i = 0; i < NT; i++) {
 #pragma unroll
-            for (int j = 0; j < 8; j++) amax = max(amax, llmc::amax_bits(__bfloat162float(x[j])));
+            for (int q = 0; q < 4; q++) {
+                const uint4 v = *reinterpret_cast<const uint4*>(tiles[i] + line * LDS + 32 * half + 8 * q);
+                const bf16* x = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+                for (int j = 0; j < 8; j++) amax = max(amax, llmc::amax_bits(__bfloat162float(x[j])));
+            }
         }
     }
-    fp8_commit(amax, 0u, 0u, 0u, t.amax, Fp8Stats(), amax_seen);
-    __syncthreads(); // fp8_commit's sums may be reused by the next call
+    fp8_commit(amax, 0u, 0u, 0u, t.amax, Fp8Stats(), amax_seen); // (the kernel's last use of its shared sums)
 }
 
 #define E5M2_CODES_T_STRIDE 80
 #define E5M2_CODES_T_BYTES (64 * E5M2_CODES_T_STRIDE)
-__device__ __forceinline__ void tile_to_e5m2(const Fp8Target& t, const bf16* tile, uint8_t* codes_t, long long grow0,
-                                             int col0, int nvalid, long long n_rows, int m_cols, int tid) {
+template <int NT>
+__device__ __forceinline__ void tiles_to_e5m2(const Fp8Target& t, const bf16* const (&tiles)[NT], const int (&col0)[NT],
+                                              uint8_t* codes_t, long long grow0, int nvalid, long long n_rows, int m_cols,
+                                              int tid) {
     constexpr int LDS = Tile<64>::LDS;
     const float s = *t.scale;
     const uint32_t amax_seen = tid == 0 ? __ldcg(t.amax) : 0u;
     const int half = tid & 1, line = tid >> 1; // a row (then a column) and which 32 of its 64 values
     uint32_t amax = 0, sat = 0, ftz = 0, count = 0;
-    // row-major: thread -> row `line`, columns 32 * half .. + 31; the codes also to codes_t[column][row]
+    // row-major: thread -> row `line`, columns 32 * half .. + 31 of each tile; the codes also to
+    // tile i's codes_t[column][row]
     if (line < nvalid) {
-        uint32_t words[8];
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const uint4 v = *reinterpret_cast<const uint4*>(tile + line * LDS + 32 * half + 8 * q);
-            const bf16* x = reinterpret_cast<const bf16*>(&v);
+        for (int i = 0; i < NT; i++) {
+            uint8_t* staged = codes_t + i * E5M2_CODES_T_BYTES;
+            uint32_t words[8];
 #pragma unroll
-            for (int w = 0; w < 2; w++) {
-                float a[4];
+            for (int q = 0; q < 4; q++) {
+                const uint4 v = *reinterpret_cast<const uint4*>(tiles[i] + line * LDS + 32 * half + 8 * q);
+                const bf16* x = reinterpret_cast<const bf16*>(&v);
 #pragma unroll
-                for (int j = 0; j < 4; j++) a[j] = __bfloat162float(x[4 * w + j]);
-                const uint32_t code = fp8_pack2<Fp8Kind::E5M2>(a[0] * s, a[1] * s) |
-                                      ((uint32_t)fp8_pack2<Fp8Kind::E5M2>(a[2] * s, a[3] * s) << 16);
-                if (t.stats.counts) {
+                for (int w = 0; w < 2; w++) {
+                    float a[4];
 #pragma unroll
-                    for (int j = 0; j < 4; j++) fp8_account<Fp8Kind::E5M2, true>(a[j], s, (uint8_t)(code >> (8 * j)), amax, sat, ftz);
-                } else {
+                    for (int j = 0; j < 4; j++) a[j] = __bfloat162float(x[4 * w + j]);
+                    const uint32_t code = fp8_pack2<Fp8Kind::E5M2>(a[0] * s, a[1] * s) |
+                                          ((uint32_t)fp8_pack2<Fp8Kind::E5M2>(a[2] * s, a[3] * s) << 16);
+                    if (t.stats.counts) {
 #pragma unroll
-                    for (int j = 0; j < 4; j++) amax = max(amax, llmc::amax_bits(a[j]));
+                        for (int j = 0; j < 4; j++) fp8_account<Fp8Kind::E5M2, true>(a[j], s, (uint8_t)(code >> (8 * j)), amax, sat, ftz);
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < 4; j++) amax = max(amax, llmc::amax_bits(a[j]));
+                    }
+                    words[2 * q + w] = code;
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        staged[(32 * half + 8 * q + 4 * w + j) * E5M2_CODES_T_STRIDE + line] = (uint8_t)(code >> (8 * j));
                 }
-                words[2 * q + w] = code;
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    codes_t[(32 * half + 8 * q + 4 * w + j) * E5M2_CODES_T_STRIDE + line] = (uint8_t)(code >> (8 * j));
             }
+            count += 32;
+            uint8_t* dst = t.rows + (grow0 + line) * m_cols + col0[i] + 32 * half;
+            *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
+            *reinterpret_cast<uint4*>(dst + 16) = make_uint4(words[4], words[5], words[6], words[7]);
         }
-        count = 32;
-        uint8_t* dst = t.rows + (grow0 + line) * m_cols + col0 + 32 * half;
-        *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
-        *reinterpret_cast<uint4*>(dst + 16) = make_uint4(words[4], words[5], words[6], words[7]);
     }
     fp8_commit(amax, sat, ftz, count, t.amax, t.stats, amax_seen); // (its barrier also completes codes_t)
-    // transposed: thread -> column `line`, rows 32 * half .. + 31 of codes_t
+    // transposed: thread -> column `line`, rows 32 * half .. + 31 of each tile's codes_t
     const int r_begin = 32 * half, r_end = min(nvalid, r_begin + 32);
-    const uint8_t* src = codes_t + line * E5M2_CODES_T_STRIDE + r_begin;
-    uint8_t* dst = t.cols + (long long)(col0 + line) * n_rows + grow0 + r_begin;
-    if (r_end - r_begin == 32 && n_rows % 16 == 0 && grow0 % 16 == 0) {
-        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-        *reinterpret_cast<uint4*>(dst + 16) = *reinterpret_cast<const uint4*>(src + 16);
-    } else {
-        for (int r = r_begin; r < r_end; r++) dst[r - r_begin] = src[r - r_begin];
+    const bool vec = r_end - r_begin == 32 && n_rows % 16 == 0 && grow0 % 16 == 0;
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+        const uint8_t* src = codes_t + i * E5M2_CODES_T_BYTES + line * E5M2_CODES_T_STRIDE + r_begin;
+        uint8_t* dst = t.cols + (long long)(col0[i] + line) * n_rows + grow0 + r_begin;
+        if (vec) {
+            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+            *reinterpret_cast<uint4*>(dst + 16) = *reinterpret_cast<const uint4*>(src + 16);
+        } else {
+            for (int r = r_begin; r < r_end; r++) dst[r - r_begin] = src[r - r_begin];
+        }
     }
-    __syncthreads(); // codes_t and fp8_commit's sums may be reused by the next call
+    // (the kernels call this last: nothing reuses codes_t or fp8_commit's sums, so no barrier here)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1615,10 +1631,13 @@ flash_bwd_dq_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, flo
     if (bias_part != nullptr)   // this block's column sums of dq (the q part of the qkv bias gradient)
         tile_column_sums64(bias_part + ((long long)b * gridDim.x + q0 / 64) * 3 * C + (long long)h * HS, sQ, T - q0, tid);
     static_assert(64 * LDS * sizeof(bf16) >= E5M2_CODES_T_BYTES, "the dO tile holds the staged codes");
-    if (dqkv8.active())   // (sdO, read by the loop only, stages the codes)
-        tile_to_e5m2(dqkv8, sQ, reinterpret_cast<uint8_t*>(sdO), (long long)b * T + q0, h * HS, T - q0, n_rows, 3 * C, tid);
-    else if (dqkv8.amax_only())
-        tile_amax(dqkv8, sQ, T - q0, tid);
+    const bf16* const tiles[1] = {sQ};
+    if (dqkv8.active()) { // (sdO, read by the loop only, stages the codes)
+        const int col0[1] = {h * HS};
+        tiles_to_e5m2<1>(dqkv8, tiles, col0, reinterpret_cast<uint8_t*>(sdO), (long long)b * T + q0, T - q0, n_rows, 3 * C, tid);
+    } else if (dqkv8.amax_only()) {
+        tiles_amax<1>(dqkv8, tiles, T - q0, tid);
+    }
 #else
     __trap();
 #endif
@@ -1791,15 +1810,14 @@ flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ bias_par
         tile_column_sums64(part, kst, T - k0, tid);
         tile_column_sums64(part + C, vst, T - k0, tid);
     }
+    const bf16* const tiles[2] = {kst, vst};
     if (dqkv8.active()) {
-        // (the dO ring, no longer read after the barrier above, stages the codes)
-        static_assert(DKVWG_STAGES * DKVWG_TILE * sizeof(bf16) >= E5M2_CODES_T_BYTES, "the dO ring holds the staged codes");
-        uint8_t* codes_t = reinterpret_cast<uint8_t*>(sdO);
-        tile_to_e5m2(dqkv8, kst, codes_t, (long long)b * T + k0, C + h * HS, T - k0, n_rows, 3 * C, tid);
-        tile_to_e5m2(dqkv8, vst, codes_t, (long long)b * T + k0, 2 * C + h * HS, T - k0, n_rows, 3 * C, tid);
+        // (the dO ring, no longer read after the barrier above, stages the codes of both tiles)
+        static_assert(DKVWG_STAGES * DKVWG_TILE * sizeof(bf16) >= 2 * E5M2_CODES_T_BYTES, "the dO ring holds the staged codes");
+        const int col0[2] = {C + h * HS, 2 * C + h * HS};
+        tiles_to_e5m2<2>(dqkv8, tiles, col0, reinterpret_cast<uint8_t*>(sdO), (long long)b * T + k0, T - k0, n_rows, 3 * C, tid);
     } else if (dqkv8.amax_only()) {
-        tile_amax(dqkv8, kst, T - k0, tid);
-        tile_amax(dqkv8, vst, T - k0, tid);
+        tiles_amax<2>(dqkv8, tiles, T - k0, tid);
     }
 #else
     __trap();
@@ -2004,9 +2022,9 @@ inline int flash_attention_bias_partial_rows(int B, int T) { return B * ceil_div
 // values written), so that the sum of the rows is the gradient of the qkv bias. Returns whether it
 // wrote them (the wgmma kernels, HS = 64 on sm_90a, do; otherwise the caller sums dqkv itself).
 // dqkv8 (FP8 recipe; only where flash_attention_backward_gives_fp8(HS)): the E5M2 codes of dqkv in
-// both layouts, its amax and counts (Fp8Target, tile_to_e5m2), written from the staged tiles in place
+// both layouts, its amax and counts (Fp8Target, tiles_to_e5m2), written from the staged tiles in place
 // of dqkv itself, which is then left unwritten. With its amax alone (Fp8Target::amax_only, TCFP-12):
-// dqkv written as usual and its amax recorded (tile_amax).
+// dqkv written as usual and its amax recorded (tiles_amax).
 inline bool flash_attention_backward_gives_fp8(int HS) { return flash_detail::backward_has_bias_partials(HS); }
 
 template <class Bd = IdentityBoundaries>

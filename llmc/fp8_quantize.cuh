@@ -74,11 +74,13 @@ __device__ __forceinline__ void fp8_account(float x, float s, uint8_t code, uint
 __device__ __forceinline__ void fp8_commit(uint32_t amax, uint32_t sat, uint32_t ftz, uint32_t count,
                                           uint32_t* amax_out, Fp8Stats stats, uint32_t amax_seen = 0) {
     __shared__ uint32_t s_amax[32], s_sat[32], s_ftz[32], s_count[32];
-    for (int o = 16; o > 0; o >>= 1) {
-        amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        sat += __shfl_xor_sync(0xffffffffu, sat, o);
-        ftz += __shfl_xor_sync(0xffffffffu, ftz, o);
-        count += __shfl_xor_sync(0xffffffffu, count, o);
+    for (int o = 16; o > 0; o >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (stats.counts) { // (the sums are read only on telemetry steps; the branch is the same for the whole CTA)
+        for (int o = 16; o > 0; o >>= 1) {
+            sat += __shfl_xor_sync(0xffffffffu, sat, o);
+            ftz += __shfl_xor_sync(0xffffffffu, ftz, o);
+            count += __shfl_xor_sync(0xffffffffu, count, o);
+        }
     }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     if (lane == 0) { s_amax[warp] = amax; s_sat[warp] = sat; s_ftz[warp] = ftz; s_count[warp] = count; }
