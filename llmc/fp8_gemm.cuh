@@ -29,6 +29,8 @@
 // A first form, gemm_wgmma's kernel itself with the epilogue between each CTA's MMAs (two CTAs an SM),
 // was exact too but no faster than cuBLASLt + the pass (0.611 against 0.609 ms at d12, 0.463 against 0.433
 // at d48: the two CTAs did not hide one's epilogue under the other's MMAs), and is gone.
+// Tried in the epilogues and dropped (doc/perf.md): staged code columns in an XOR swizzle, and the next row
+// group's staged rows read before the current group's math; both exact, both slower (fc_dy_ws 0.52 -> 0.60-0.66 ms).
 #pragma once
 #include "gemm_wgmma.cuh"
 #include "fp8_quantize.cuh" // fp8_pack2, Fp8Kind
@@ -328,8 +330,8 @@ inline void fc_gelu_ws(floatX* pre, uint8_t* codes, uint8_t* codes_t, const uint
 // k32) go into a fresh 64 x 64 partial sum (one half of the tile's columns at a time, so that the partial
 // sums take 32 registers), which the consumer then adds into its FP32 accumulators: the tensor cores'
 // reduced-precision sums span 128 products at most. d(gelu output) itself is never written (dgelu_out,
-// for tests, writes it). H100, 2026-11-27: d12's shape (65536, 3072, 768) in 0.54 ms against cuBLASLt's
-// dgrad + the dy pass, 0.28 + 0.46 ms (0.73x); d48's (16384, 6400, 1600) in 0.42 against 0.28 + 0.24 (0.81x).
+// for tests, writes it). H100, 2026-11-27: d12's shape (65536, 3072, 768) in 0.52 ms against cuBLASLt's
+// dgrad + the dy pass, 0.28 + 0.46 ms (0.70x); d48's (16384, 6400, 1600) in 0.42 against 0.28 + 0.24 (0.81x).
 // Same roles, ring and hand-over as fc_gelu_ws (7 epilogue warps); the epilogue reads the pre-activation
 // from global memory (8 bytes a row of a 4 x 4 block, a warp's 32 blocks side by side).
 // Seven epilogue warps, not eight: the consumers hold 96 accumulators (64 + the 32 of a K step's partial sums),
