@@ -59,7 +59,7 @@ def short_name(name):
 def last_step(launches, start_regex):
     starts = [i for i, (n, _) in enumerate(launches) if re.search(start_regex, n)]
     if not starts:
-        raise ValueError(f"no kernel matches the step start '{start_regex}'")
+        raise ValueError(f"no kernel matches the step start '{start_regex}' (--step-start)")
     return launches[starts[-1]:]
 
 
@@ -101,7 +101,11 @@ def main(argv=None):
     labels = args.labels.split(",") if args.labels else args.csv
     if len(labels) != len(args.csv):
         p.error("--labels needs one name per file")
-    columns = [summarize(last_step(read_launches(f), args.step_start)) for f in args.csv]
+    try:
+        columns = [summarize(last_step(read_launches(f), args.step_start)) for f in args.csv]
+    except (OSError, ValueError) as e:  # a missing file, not ncu's CSV, no step start: say so, exit 1
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     text = table(columns, labels)
     print(text)
     if args.out:

@@ -6,7 +6,8 @@
 CSV text in the layout of `ncu --csv --page raw` (ncu's own '==PROF==' lines, the header, the units
 row, durations with thousands separators): the kernels of the last step only, names without
 templates and parameters, sums and launch counts per name, the totals, two files side by side, and
-the errors (no header, no step start, labels that do not match the files).
+the errors (no header, no step start, a missing file: a message and exit status 1; labels that do not
+match the files).
 """
 import io
 import os
@@ -81,6 +82,15 @@ class KernelTableTest(unittest.TestCase):
         with redirect_stderr(err), self.assertRaises(SystemExit):
             kernel_table.main([path, "--labels", "a,b"])
         self.assertIn("one name per file", err.getvalue())
+        # the command line: a clear message and exit status 1, not a traceback
+        for args, says in (([self.write("not ncu output\n")], "no ncu raw CSV header"),
+                           ([path, "--step-start", "no_such_kernel"], "no kernel matches"),
+                           (["/no/such/file.csv"], "No such file")):
+            err = io.StringIO()
+            with redirect_stderr(err), redirect_stdout(io.StringIO()):
+                self.assertEqual(kernel_table.main(args), 1)
+            self.assertIn("error: ", err.getvalue())
+            self.assertIn(says, err.getvalue())
 
 
 if __name__ == "__main__":
