@@ -532,8 +532,12 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
         if (model->cudnn_attention) cudnn_attention_forward(la.atty, la.lse, la.qkv, B, T, NH, HS, st);
         else
 #endif
-        if (model->flash_attention) flash_attention_forward<Boundaries>(la.atty, la.lse, la.qkv, B, T, NH, HS, st);
-        else
+        if (model->flash_attention) {
+            // the attention projection's input already quantized, where the recipe takes it (FP8)
+            const Fp8Target atty8 = flash_attention_forward_gives_fp8(HS)
+                ? recipe_fp8_attention_output_target(rc, {l, LIN_ATTPROJ}, N, C, training, st) : Fp8Target();
+            flash_attention_forward<Boundaries>(la.atty, la.lse, la.qkv, B, T, NH, HS, st, nullptr, atty8);
+        } else
 #endif
         attention_forward<Boundaries>(la.atty, la.att, la.qkv, a.attn, B, T, NH, HS, st);
         PHASE("fwd: linear");

@@ -386,21 +386,9 @@ __device__ __forceinline__ void tile_column_sums64(float* out, const bf16* tile,
     if (half == 0) out[c] = sum + upper_half[c];
 }
 
-// The E5M2 codes of NT staged 64-row gradient tiles (bf16, padded rows, HS = 64 columns; tile i at column
-// col0[i]), rows below nvalid only, into the FP8 recipe's two layouts of its qkv layer's output gradient
-// (Fp8Target): row grow0 + r, column col0[i] + c of t.rows ((B*T) x 3C) and row col0[i] + c, column grow0 + r
-// of t.cols (3C x (B*T)); and the tiles' amax (and telemetry counts) into the tensor's. By a CTA of 128
-// threads, after a barrier (the tiles are complete); codes_t: NT * E5M2_CODES_T_BYTES of free shared memory,
-// where the codes are staged transposed (rows of 80 bytes: 16-byte aligned, and the byte stores of a warp
-// spread over the banks). The codes are those the recipe's quantize pass makes from the BF16 values stored
-// otherwise (fp8_pack2, the same saturating conversion): the two agree bit for bit (build/test_attention).
-// The amax of all NT tiles goes to the tensor's with one atomic per CTA, and only where it would raise it
-// (fp8_commit; an atomic per warp and tile on one address serialized: +30 ms per d12 step in a first version).
-// The dK/dV kernel hands over both its tiles at once, so that the CTA syncs once for both, not twice each.
-// last: the kernel's final use of codes_t and fp8_commit's shared sums (no barrier after it).
-// The amax alone of such tiles (Fp8Target::amax_only, TCFP-12's fresh scales), where the kernel stores the
-// BF16 tiles as usual: one atomic per CTA, where it would raise the tensor's (fp8_commit). By the 128 threads,
-// after a barrier.
+// The amax alone of NT staged 64-row tiles (the backward's dqkv under Fp8Target::amax_only, TCFP-12's fresh
+// scales), where the kernel stores the BF16 tiles as usual: one atomic per CTA, where it would raise the
+// tensor's (fp8_commit). By the 128 threads, after a barrier.
 template <int NT>
 __device__ __forceinline__ void tiles_amax(const Fp8Target& t, const bf16* const (&tiles)[NT], int nvalid, int tid) {
     constexpr int LDS = Tile<64>::LDS;
@@ -422,23 +410,40 @@ __device__ __forceinline__ void tiles_amax(const Fp8Target& t, const bf16* const
     fp8_commit(amax, 0u, 0u, 0u, t.amax, Fp8Stats(), amax_seen); // (the kernel's last use of its shared sums)
 }
 
-#define E5M2_CODES_T_STRIDE 80
-#define E5M2_CODES_T_BYTES (64 * E5M2_CODES_T_STRIDE)
-template <int NT>
-__device__ __forceinline__ void tiles_to_e5m2(const Fp8Target& t, const bf16* const (&tiles)[NT], const int (&col0)[NT],
-                                              uint8_t* codes_t, long long grow0, int nvalid, long long n_rows, int m_cols,
-                                              int tid) {
-    constexpr int LDS = Tile<64>::LDS;
+// The FP8 codes (kind K: E5M2 for the backward's gradient tiles, E4M3 for the forward's output) of NT staged
+// tiles of ROWS rows (bf16, padded rows, HS = 64 columns; tile i at column col0[i]), rows below nvalid only,
+// into the FP8 recipe's two layouts of a linear's operand (Fp8Target): row grow0 + r, column col0[i] + c of
+// t.rows (n_rows x m_cols) and row col0[i] + c, column grow0 + r of t.cols (m_cols x n_rows; not written when
+// t.cols is null); and the tiles' amax (and telemetry counts) into the tensor's (t.amax null: evaluation,
+// nothing recorded). Uses: the backward's dqkv (the qkv layer's output gradient, 64-row tiles, 128 threads)
+// and the forward's output (the attention projection's input, one 128-row tile, 256 threads). By a CTA of
+// 2 * ROWS threads, after a barrier (the tiles are complete); codes_t: NT * fp8_codes_t_bytes(ROWS) of free
+// shared memory, where the codes are staged transposed (rows of ROWS + 16 bytes: 16-byte aligned, and the
+// byte stores of a warp spread over the banks). The codes are those the recipe's quantize pass makes from the
+// BF16 values stored otherwise (fp8_pack2, the same saturating conversion): the two agree bit for bit
+// (build/test_attention). The amax of all NT tiles goes to the tensor's with one atomic per CTA, and only
+// where it would raise it (fp8_commit; an atomic per warp and tile on one address serialized: +30 ms per d12
+// step in a first version). The dK/dV kernel hands over both its tiles at once, so that the CTA syncs once
+// for both, not twice each. last: the kernel's final use of codes_t and fp8_commit's shared sums (no barrier
+// after it).
+__host__ __device__ constexpr int fp8_codes_t_stride(int rows) { return rows + 16; }
+__host__ __device__ constexpr int fp8_codes_t_bytes(int rows) { return 64 * fp8_codes_t_stride(rows); }
+template <Fp8Kind K, int NT, int ROWS = 64>
+__device__ __forceinline__ void tiles_to_fp8(const Fp8Target& t, const bf16* const (&tiles)[NT], const int (&col0)[NT],
+                                             uint8_t* codes_t, long long grow0, int nvalid, long long n_rows, int m_cols,
+                                             int tid) {
+    constexpr int LDS = Tile<64>::LDS, STRIDE = fp8_codes_t_stride(ROWS), PIECES = ROWS / 32;
+    static_assert(ROWS % 32 == 0, "32-row pieces of the transposed codes");
     const float s = *t.scale;
-    const uint32_t amax_seen = tid == 0 ? __ldcg(t.amax) : 0u;
-    const int half = tid & 1, line = tid >> 1; // a row (then a column) and which 32 of its 64 values
+    const uint32_t amax_seen = tid == 0 && t.amax ? __ldcg(t.amax) : 0u;
+    const int half = tid & 1, line = tid >> 1; // a row and which 32 of its 64 values
     uint32_t amax = 0, sat = 0, ftz = 0, count = 0;
     // row-major: thread -> row `line`, columns 32 * half .. + 31 of each tile; the codes also to
     // tile i's codes_t[column][row]
     if (line < nvalid) {
 #pragma unroll
         for (int i = 0; i < NT; i++) {
-            uint8_t* staged = codes_t + i * E5M2_CODES_T_BYTES;
+            uint8_t* staged = codes_t + i * fp8_codes_t_bytes(ROWS);
             uint32_t words[8];
 #pragma unroll
             for (int q = 0; q < 4; q++) {
@@ -449,11 +454,10 @@ __device__ __forceinline__ void tiles_to_e5m2(const Fp8Target& t, const bf16* co
                     float a[4];
 #pragma unroll
                     for (int j = 0; j < 4; j++) a[j] = __bfloat162float(x[4 * w + j]);
-                    const uint32_t code = fp8_pack2<Fp8Kind::E5M2>(a[0] * s, a[1] * s) |
-                                          ((uint32_t)fp8_pack2<Fp8Kind::E5M2>(a[2] * s, a[3] * s) << 16);
+                    const uint32_t code = fp8_pack2<K>(a[0] * s, a[1] * s) | ((uint32_t)fp8_pack2<K>(a[2] * s, a[3] * s) << 16);
                     if (t.stats.counts) {
 #pragma unroll
-                        for (int j = 0; j < 4; j++) fp8_account<Fp8Kind::E5M2, true>(a[j], s, (uint8_t)(code >> (8 * j)), amax, sat, ftz);
+                        for (int j = 0; j < 4; j++) fp8_account<K, true>(a[j], s, (uint8_t)(code >> (8 * j)), amax, sat, ftz);
                     } else {
 #pragma unroll
                         for (int j = 0; j < 4; j++) amax = max(amax, llmc::amax_bits(a[j]));
@@ -461,7 +465,7 @@ __device__ __forceinline__ void tiles_to_e5m2(const Fp8Target& t, const bf16* co
                     words[2 * q + w] = code;
 #pragma unroll
                     for (int j = 0; j < 4; j++)
-                        staged[(32 * half + 8 * q + 4 * w + j) * E5M2_CODES_T_STRIDE + line] = (uint8_t)(code >> (8 * j));
+                        staged[(32 * half + 8 * q + 4 * w + j) * STRIDE + line] = (uint8_t)(code >> (8 * j));
                 }
             }
             count += 32;
@@ -471,13 +475,14 @@ __device__ __forceinline__ void tiles_to_e5m2(const Fp8Target& t, const bf16* co
         }
     }
     fp8_commit(amax, sat, ftz, count, t.amax, t.stats, amax_seen); // (its barrier also completes codes_t)
-    // transposed: thread -> column `line`, rows 32 * half .. + 31 of each tile's codes_t
-    const int r_begin = 32 * half, r_end = min(nvalid, r_begin + 32);
+    if (t.cols == nullptr) return;
+    // transposed: thread -> column tid / PIECES, rows 32 (tid % PIECES) .. + 31 of each tile's codes_t
+    const int column = tid / PIECES, r_begin = 32 * (tid % PIECES), r_end = min(nvalid, r_begin + 32);
     const bool vec = r_end - r_begin == 32 && n_rows % 16 == 0 && grow0 % 16 == 0;
 #pragma unroll
     for (int i = 0; i < NT; i++) {
-        const uint8_t* src = codes_t + i * E5M2_CODES_T_BYTES + line * E5M2_CODES_T_STRIDE + r_begin;
-        uint8_t* dst = t.cols + (long long)(col0[i] + line) * n_rows + grow0 + r_begin;
+        const uint8_t* src = codes_t + i * fp8_codes_t_bytes(ROWS) + column * STRIDE + r_begin;
+        uint8_t* dst = t.cols + (long long)(col0[i] + column) * n_rows + grow0 + r_begin;
         if (vec) {
             *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
             *reinterpret_cast<uint4*>(dst + 16) = *reinterpret_cast<const uint4*>(src + 16);
@@ -1289,7 +1294,7 @@ constexpr int fwd_wg_smem_bytes() {
 template <class Bd, int PASS>
 __global__ void __launch_bounds__(FWG_NTH, 2)
 flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
-                       int T, int NH, float scale_log2, bf16* __restrict__ probs) {
+                       int T, int NH, float scale_log2, bf16* __restrict__ probs, Fp8Target out8) {
 #if FLASH_WGMMA_DEVICE
     constexpr int HS = 64, LDS = Tile<HS>::LDS;
     bf16* sK = smem_base_1k();                       // [STAGES][64 x 64] swizzled
@@ -1483,6 +1488,17 @@ flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf
     }
     __syncwarp();
     tile_rows_to_global<16, HS>(out + ((long long)b * T + w_lo) * C + (long long)h * HS, C, rows16, T - w_lo, lane);
+    if (out8.rows != nullptr) {
+        // the FP8 recipe's input of the attention projection: E4M3 codes of the output in both layouts, from
+        // the CTA's 128 staged rows, staged transposed in the K ring (every warp is done with it after the barrier)
+        static_assert(FWG_STAGES * FWG_TILE * sizeof(bf16) >= fp8_codes_t_bytes(FWG_QR), "the K ring holds the staged codes");
+        cp_async_wait<0>();
+        __syncthreads();
+        const bf16* tiles[1] = {sQ};
+        const int col0[1] = {h * HS};
+        tiles_to_fp8<Fp8Kind::E4M3, 1, FWG_QR>(out8, tiles, col0, reinterpret_cast<uint8_t*>(sK), (long long)b * T + q0,
+                                               min(FWG_QR, T - q0), (long long)(gridDim.y / NH) * T, C, tid);
+    }
 #else
     __trap();
 #endif
@@ -1630,11 +1646,11 @@ flash_bwd_dq_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, flo
     if (bias_part != nullptr || dqkv8.active() || dqkv8.amax_only()) __syncthreads();
     if (bias_part != nullptr)   // this block's column sums of dq (the q part of the qkv bias gradient)
         tile_column_sums64(bias_part + ((long long)b * gridDim.x + q0 / 64) * 3 * C + (long long)h * HS, sQ, T - q0, tid);
-    static_assert(64 * LDS * sizeof(bf16) >= E5M2_CODES_T_BYTES, "the dO tile holds the staged codes");
+    static_assert(64 * LDS * sizeof(bf16) >= fp8_codes_t_bytes(64), "the dO tile holds the staged codes");
     const bf16* const tiles[1] = {sQ};
     if (dqkv8.active()) { // (sdO, read by the loop only, stages the codes)
         const int col0[1] = {h * HS};
-        tiles_to_e5m2<1>(dqkv8, tiles, col0, reinterpret_cast<uint8_t*>(sdO), (long long)b * T + q0, T - q0, n_rows, 3 * C, tid);
+        tiles_to_fp8<Fp8Kind::E5M2, 1>(dqkv8, tiles, col0, reinterpret_cast<uint8_t*>(sdO), (long long)b * T + q0, T - q0, n_rows, 3 * C, tid);
     } else if (dqkv8.amax_only()) {
         tiles_amax<1>(dqkv8, tiles, T - q0, tid);
     }
@@ -1813,9 +1829,9 @@ flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ bias_par
     const bf16* const tiles[2] = {kst, vst};
     if (dqkv8.active()) {
         // (the dO ring, no longer read after the barrier above, stages the codes of both tiles)
-        static_assert(DKVWG_STAGES * DKVWG_TILE * sizeof(bf16) >= 2 * E5M2_CODES_T_BYTES, "the dO ring holds the staged codes");
+        static_assert(DKVWG_STAGES * DKVWG_TILE * sizeof(bf16) >= 2 * fp8_codes_t_bytes(64), "the dO ring holds the staged codes");
         const int col0[2] = {C + h * HS, 2 * C + h * HS};
-        tiles_to_e5m2<2>(dqkv8, tiles, col0, reinterpret_cast<uint8_t*>(sdO), (long long)b * T + k0, T - k0, n_rows, 3 * C, tid);
+        tiles_to_fp8<Fp8Kind::E5M2, 2>(dqkv8, tiles, col0, reinterpret_cast<uint8_t*>(sdO), (long long)b * T + k0, T - k0, n_rows, 3 * C, tid);
     } else if (dqkv8.amax_only()) {
         tiles_amax<2>(dqkv8, tiles, T - k0, tid);
     }
@@ -1887,14 +1903,14 @@ void allow_dynamic_smem(int smem) {
 // one forward pass (PASS) of the kernels
 template <class Bd, int PASS, int HS>
 void forward_pass_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, bf16* probs,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, Fp8Target out8 = Fp8Target()) {
     const float scale_log2 = LOG2E / sqrtf((float)HS);
     if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
         constexpr int smem = fwd_wg_smem_bytes();
         constexpr auto kernel = flash_fwd_wgmma_kernel<Bd, PASS>;
         allow_dynamic_smem<kernel>(smem);
         dim3 grid(ceil_div(T, FWG_QR), B * NH);
-        kernel<<<grid, FWG_NTH, smem, stream>>>(out, lse, qkv, T, NH, scale_log2, probs);
+        kernel<<<grid, FWG_NTH, smem, stream>>>(out, lse, qkv, T, NH, scale_log2, probs, out8);
         cudaCheckLaunch();
         return;
     }
@@ -1909,18 +1925,19 @@ void forward_pass_launch(floatX* out, float* lse, const floatX* qkv, int B, int 
 
 // plain: one pass; active boundaries: the statistics pass, then the output pass (top of the file)
 template <class Bd, int HS>
-void forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, bf16* probs, cudaStream_t stream) {
+void forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, bf16* probs, cudaStream_t stream,
+                    Fp8Target out8 = Fp8Target()) {
     if constexpr (counts_values<Bd>()) {   // the counting kernels only in a telemetry step (top of the file)
         if (!Bd::observing()) {
-            forward_launch<typename Bd::Values, HS>(out, lse, qkv, B, T, NH, probs, stream);
+            forward_launch<typename Bd::Values, HS>(out, lse, qkv, B, T, NH, probs, stream, out8);
             return;
         }
     }
     if constexpr (Bd::ACTIVE) {
         forward_pass_launch<Bd, FWD_STATS, HS>(out, lse, qkv, B, T, NH, nullptr, stream);
-        forward_pass_launch<Bd, FWD_OUTPUT, HS>(out, lse, qkv, B, T, NH, probs, stream);
+        forward_pass_launch<Bd, FWD_OUTPUT, HS>(out, lse, qkv, B, T, NH, probs, stream, out8);
     } else {
-        forward_pass_launch<Bd, FWD_ONE_PASS, HS>(out, lse, qkv, B, T, NH, nullptr, stream);
+        forward_pass_launch<Bd, FWD_ONE_PASS, HS>(out, lse, qkv, B, T, NH, nullptr, stream, out8);
     }
 }
 
@@ -1989,21 +2006,39 @@ void backward_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const 
 // ---------------------------------------------------------------------------------------------
 // API
 
+// whether flash_attention_forward can write FP8 codes of its output (an Fp8Target): the wgmma kernel
+inline bool flash_attention_forward_gives_fp8(int HS) { return HS == 64 && FLASH_ATTENTION_WGMMA && flash_detail::wgmma_built(); }
+
 // out: (B,T,C); lse: (B,NH,T) FP32 log-sum-exp of each query row's scaled scores (kept for backward).
 // Bd: the recipe's boundary policy (boundaries.h); with active boundaries, probs (tests only, may be
 // null) receives every visible stored probability at [b, h, query, key] of a (B,NH,T,T) tensor
 // (positions above the diagonal are not written).
+// out8 (FP8 recipe; only where flash_attention_forward_gives_fp8(HS)): the E4M3 codes of out as well (out is
+// still written: the backward reads it), row-major into out8.rows ((B*T) x C) and, when out8.cols is given,
+// transposed into out8.cols (C x (B*T)), with out's amax into *out8.amax (when given) and the telemetry
+// counts (when asked), by tiles_to_fp8: the attention projection's input, which the recipe then need not
+// quantize. The codes are those fp8_quantize_transpose makes of out, bit for bit (build/test_attention).
 template <class Bd = IdentityBoundaries>
 inline void flash_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int HS,
-                                    cudaStream_t stream, floatX* probs = nullptr) {
+                                    cudaStream_t stream, floatX* probs = nullptr, Fp8Target out8 = Fp8Target()) {
     flash_detail::check_args(out, qkv, qkv, T, HS, "flash_attention_forward");
     flash_detail::check_heads(B, NH, "flash_attention_forward");
     if (probs != nullptr && !Bd::ACTIVE) {
         fprintf(stderr, "error: flash_attention_forward: probs is only written under active boundaries\n");
         exit(1);
     }
-    if (HS == 64) flash_detail::forward_launch<Bd, 64>(out, lse, qkv, B, T, NH, probs, stream);
-    else flash_detail::forward_launch<Bd, 128>(out, lse, qkv, B, T, NH, probs, stream);
+    if (out8.amax_only()) {
+        fprintf(stderr, "error: flash_attention_forward: an amax-only FP8 target is not supported (give rows)\n");
+        exit(1);
+    }
+    if (out8.active() && (!flash_attention_forward_gives_fp8(HS) || (NH * HS) % 16 != 0 || (uintptr_t)out8.rows % 16 != 0 ||
+                          (uintptr_t)out8.cols % 16 != 0)) {
+        fprintf(stderr, "error: flash_attention_forward: no FP8 output at head size %d on this build / GPU, "
+                        "or its buffers are not 16-byte aligned\n", HS);
+        exit(1);
+    }
+    if (HS == 64) flash_detail::forward_launch<Bd, 64>(out, lse, qkv, B, T, NH, probs, stream, out8);
+    else flash_detail::forward_launch<Bd, 128>(out, lse, qkv, B, T, NH, probs, stream, Fp8Target());
 }
 
 // bytes of device scratch flash_attention_backward needs: D = rowsum(dout * out), (B,NH,T) FP32
@@ -2022,7 +2057,7 @@ inline int flash_attention_bias_partial_rows(int B, int T) { return B * ceil_div
 // values written), so that the sum of the rows is the gradient of the qkv bias. Returns whether it
 // wrote them (the wgmma kernels, HS = 64 on sm_90a, do; otherwise the caller sums dqkv itself).
 // dqkv8 (FP8 recipe; only where flash_attention_backward_gives_fp8(HS)): the E5M2 codes of dqkv in
-// both layouts, its amax and counts (Fp8Target, tiles_to_e5m2), written from the staged tiles in place
+// both layouts, its amax and counts (Fp8Target, tiles_to_fp8), written from the staged tiles in place
 // of dqkv itself, which is then left unwritten. With its amax alone (Fp8Target::amax_only, TCFP-12):
 // dqkv written as usual and its amax recorded (tiles_amax).
 inline bool flash_attention_backward_gives_fp8(int HS) { return flash_detail::backward_has_bias_partials(HS); }

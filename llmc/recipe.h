@@ -69,6 +69,11 @@
 //                                               unwritten and linear_forward of id, the next call,
 //                                               takes the codes; with no rows but an amax, the
 //                                               LayerNorm writes its output and records its amax
+//   recipe_fp8_attention_output_target(r, id, N, C, training, stream)  the same for the attention
+//                                               projection's input, asked before the flash attention
+//                                               forward that makes it, which can write E4M3 codes of its
+//                                               output in both layouts (flash_attention_forward_gives_fp8);
+//                                               it still writes its BF16 output (the backward reads it)
 //   recipe_fp8_input_redo(r, id, stream)        asked right after that LayerNorm: a target with
 //                                               run_only_if set (TCFP-12's speculative scale) asks
 //                                               for the LayerNorm over the residual it stored once
@@ -150,6 +155,8 @@ template <class R>
 inline Fp8Target recipe_fp8_input_target(R&, LinearId, int, int, bool, cudaStream_t) { return Fp8Target(); }
 template <class R>
 inline Fp8Target recipe_fp8_input_redo(R&, LinearId, cudaStream_t) { return Fp8Target(); }
+template <class R>
+inline Fp8Target recipe_fp8_attention_output_target(R&, LinearId, int, int, bool, cudaStream_t) { return Fp8Target(); }
 
 // input (C) and output (OC) widths of each linear, for channels C
 inline int linear_in_features(LinearKind k, int C) { return k == LIN_FCPROJ ? 4 * C : C; }

@@ -281,6 +281,19 @@ inline Fp8Target recipe_fp8_input_target(Recipe& r, LinearId id, int N, int C, b
     return t;
 }
 
+// The flash attention forward writes the attention projection's E4M3 input codes likewise (recipe.h), and in
+// training x^T's codes as well, into the slot the backward reads: it still writes its BF16 output (the
+// backward reads that), so what this saves is the quantize-transpose pass over it (a read of 2 bytes and
+// writes of 1 + 1 a value), at the cost of the kernel's own writes of 1 + 1.
+inline Fp8Target recipe_fp8_attention_output_target(Recipe& r, LinearId id, int N, int C, bool training, cudaStream_t st) {
+    Fp8Target t = recipe_fp8_input_target(r, id, N, C, training, st);
+    if (t.active() && training && (uintptr_t)fp8_saved_xt(r, id) % 16 == 0) {
+        t.cols = fp8_saved_xt(r, id);
+        r.x_given_with_t = true;
+    }
+    return t;
+}
+
 // Whether another kernel wrote linear id's codes into the slot (Recipe::x_given, ::dy_given)
 inline bool fp8_take_given(LinearId& slot, LinearId id, const char* what) { return take_given_for(slot, id, "fp8", what); }
 

@@ -221,6 +221,69 @@ static void test_case(int B, int NH, int T, int HS, uint32_t seed, bool compare_
     check(memcmp(out1.data(), out2.data(), n_btc * 2) == 0 && memcmp(lse1.data(), lse2.data(), n_lse * 4) == 0,
           "%s forward: bit-identical run to run", tag);
 
+    if (flash_attention_forward_gives_fp8(HS)) {
+        // the FP8 recipe's E4M3 input of the attention projection (Fp8Target): both layouts, the amax and the
+        // telemetry counts bit for bit those of fp8_quantize_transpose over the BF16 out of the plain run; out
+        // and lse still written, bit for bit the plain run's. Then evaluation's form: the row-major codes alone,
+        // nothing recorded, no transposed codes written.
+        const long long n_rows = (long long)B * T;
+        float amax1 = 0.0f;
+        for (size_t i = 0; i < n_btc; i++) amax1 = std::max(amax1, (float)std::fabs(float_of_bf16_bits(out1[i])));
+        const float s = 448.0f / amax1 / 2.0f; // as the recipe's delayed scale with margin 1
+        uint8_t *d_rows = dalloc<uint8_t>(n_btc), *d_cols = dalloc<uint8_t>(n_btc);
+        uint8_t *r_rows = dalloc<uint8_t>(n_btc), *r_cols = dalloc<uint8_t>(n_btc);
+        float* d_s = dalloc<float>(1);
+        uint32_t* d_amax = dalloc<uint32_t>(2);
+        unsigned long long* d_counts = dalloc<unsigned long long>(6);
+        floatX* d_ref = dalloc<floatX>(n_btc);
+        cudaCheck(cudaMemcpy(d_s, &s, 4, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemset(d_amax, 0, 8));
+        cudaCheck(cudaMemset(d_counts, 0, 48));
+        cudaCheck(cudaMemset(d_rows, 0xAA, n_btc));
+        cudaCheck(cudaMemset(d_cols, 0xAA, n_btc));
+        cudaCheck(cudaMemset(d_out, 0xFF, n_btc * 2));
+        cudaCheck(cudaMemset(d_lse, 0xFF, n_lse * 4));
+        Fp8Target t;
+        t.rows = d_rows; t.cols = d_cols; t.scale = d_s; t.amax = d_amax; t.stats.counts = d_counts;
+        flash_attention_forward(d_out, d_lse, d_qkv, B, T, NH, HS, 0, nullptr, t);
+        std::vector<uint16_t> out3 = to_host(reinterpret_cast<uint16_t*>(d_out), n_btc);
+        std::vector<float> lse3 = to_host(d_lse, n_lse);
+        cudaCheck(cudaMemcpy(d_ref, out1.data(), n_btc * 2, cudaMemcpyHostToDevice));
+        Fp8Stats ref_stats;
+        ref_stats.counts = d_counts + 3;
+        fp8_quantize_transpose<Fp8Kind::E4M3>(r_rows, r_cols, d_ref, (int)n_rows, C, d_s, d_amax + 1, ref_stats, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<uint8_t> rows = to_host(d_rows, n_btc), cols = to_host(d_cols, n_btc);
+        std::vector<uint8_t> want_rows = to_host(r_rows, n_btc), want_cols = to_host(r_cols, n_btc);
+        std::vector<uint32_t> amax = to_host(d_amax, 2);
+        std::vector<unsigned long long> counts = to_host(d_counts, 6);
+        check(rows == want_rows && cols == want_cols && amax[0] == amax[1] && counts[0] == counts[3] &&
+                  counts[1] == counts[4] && counts[2] == counts[5] && counts[0] == n_btc,
+              "%s forward with the FP8 input of the attention projection: E4M3 codes (both layouts), amax, counts "
+              "(%llu values, %llu saturated, %llu flushed) = the quantize pass over the plain out, bit for bit", tag,
+              counts[0], counts[1], counts[2]);
+        check(out3 == out1 && memcmp(lse3.data(), lse1.data(), n_lse * 4) == 0,
+              "%s forward with the FP8 input: out and lse still written, bit for bit the plain run's", tag);
+        // evaluation: rows only, no amax, no counts
+        Fp8Target te;
+        te.rows = d_rows; te.scale = d_s;
+        cudaCheck(cudaMemset(d_rows, 0xAA, n_btc));
+        cudaCheck(cudaMemset(d_cols, 0xAA, n_btc));
+        cudaCheck(cudaMemset(d_amax, 0, 8));
+        flash_attention_forward(d_out, d_lse, d_qkv, B, T, NH, HS, 0, nullptr, te);
+        cudaCheck(cudaDeviceSynchronize());
+        rows = to_host(d_rows, n_btc);
+        cols = to_host(d_cols, n_btc);
+        size_t cols_written = 0;
+        for (uint8_t v : cols) cols_written += v != 0xAA;
+        check(rows == want_rows && cols_written == 0 && to_host(d_amax, 1)[0] == 0u,
+              "%s forward with the row-major E4M3 codes alone (evaluation): rows = the quantize pass's, no transposed "
+              "code written (%zu), no amax recorded", tag, cols_written);
+        for (void* p : {(void*)d_rows, (void*)d_cols, (void*)r_rows, (void*)r_cols, (void*)d_s, (void*)d_amax,
+                        (void*)d_counts, (void*)d_ref})
+            cudaCheck(cudaFree(p));
+    }
+
     // backward twice, from the first forward's out/lse (the second forward is bitwise the same)
     std::vector<uint16_t> dqkv1(n_qkv), dqkv2(n_qkv);
     for (int rep = 0; rep < 2; rep++) {
@@ -426,6 +489,26 @@ static void time_case(int B, int NH, int T, int HS) {
 
     const double fwd_flop = 4.0 * B * NH * (double)T * T * HS / 2.0, bwd_flop = 2.5 * fwd_flop;
     double f_fwd = median_ms([&] { flash_attention_forward(out, lse, qkv, B, T, NH, HS, 0); });
+    if (flash_attention_forward_gives_fp8(HS)) {
+        // the FP8 recipe's attention projection input: the quantize-transpose pass after the forward, against
+        // the codes from the forward's epilogue
+        uint8_t *rows8 = dalloc<uint8_t>(n_btc), *cols8 = dalloc<uint8_t>(n_btc);
+        float* s8 = dalloc<float>(1);
+        uint32_t* amax8 = dalloc<uint32_t>(1);
+        const float one = 1.0f;
+        cudaCheck(cudaMemcpy(s8, &one, 4, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemset(amax8, 0, 4));
+        Fp8Target t;
+        t.rows = rows8; t.cols = cols8; t.scale = s8; t.amax = amax8;
+        const double t_pass = median_ms([&] {
+            flash_attention_forward(out, lse, qkv, B, T, NH, HS, 0);
+            fp8_quantize_transpose<Fp8Kind::E4M3>(rows8, cols8, out, B * T, C, s8, amax8, Fp8Stats(), 0);
+        });
+        const double t_fused = median_ms([&] { flash_attention_forward(out, lse, qkv, B, T, NH, HS, 0, nullptr, t); });
+        printf("  FP8 input of the attention projection: forward + quantize-transpose pass %.3f ms, the forward writing the "
+               "codes %.3f ms (%.2fx)\n", t_pass, t_fused, t_pass / t_fused);
+        for (void* p : {(void*)rows8, (void*)cols8, (void*)s8, (void*)amax8}) cudaCheck(cudaFree(p));
+    }
     double f_bwd = median_ms([&] { flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, HS, 0); });
     // the backward's two kernels alone (step 1 writes the D that step 2 reads; both see the same inputs)
     float* Dvec = static_cast<float*>(scratch);
