@@ -1889,6 +1889,8 @@ inline bool wgmma_built() {
     if (built < 0) cudaCheck(cudaMemcpyFromSymbol(&built, g_wgmma_built, sizeof(int)));
     return built == 1;
 }
+// whether the wgmma kernels run at head size HS (HS = 64, built in, and in the loaded device code)
+inline bool wgmma_kernels_run(int HS) { return HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built(); }
 
 // Let KERNEL use `smem` bytes of dynamic shared memory (above the default 48 KB), once per kernel
 template <auto KERNEL>
@@ -1905,7 +1907,7 @@ template <class Bd, int PASS, int HS>
 void forward_pass_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, bf16* probs,
                          cudaStream_t stream, Fp8Target out8 = Fp8Target()) {
     const float scale_log2 = LOG2E / sqrtf((float)HS);
-    if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
+    if (wgmma_kernels_run(HS)) {
         constexpr int smem = fwd_wg_smem_bytes();
         constexpr auto kernel = flash_fwd_wgmma_kernel<Bd, PASS>;
         allow_dynamic_smem<kernel>(smem);
@@ -1947,7 +1949,7 @@ void backward_dq_launch(floatX* dqkv, float* Dvec, const floatX* dout, const flo
                         const float* lse, int B, int T, int NH, cudaStream_t stream, float* bias_part = nullptr,
                         Fp8Target dqkv8 = Fp8Target()) {
     const float scale = 1.0f / sqrtf((float)HS);
-    if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
+    if (wgmma_kernels_run(HS)) {
         constexpr int smem = dq_wg_smem_bytes();
         constexpr auto kernel = flash_bwd_dq_wgmma_kernel<Bd>;
         allow_dynamic_smem<kernel>(smem);
@@ -1972,7 +1974,7 @@ void backward_dkv_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, co
                          int B, int T, int NH, cudaStream_t stream, float* bias_part = nullptr,
                          Fp8Target dqkv8 = Fp8Target()) {
     const float scale = 1.0f / sqrtf((float)HS);
-    if (HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built()) {
+    if (wgmma_kernels_run(HS)) {
         constexpr int smem = dkv_wg_smem_bytes();
         constexpr auto kernel = flash_bwd_dkv_wgmma_kernel<Bd>;
         allow_dynamic_smem<kernel>(smem);
@@ -1992,7 +1994,7 @@ void backward_dkv_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, co
 }
 
 // whether the backward runs the wgmma kernels, which can also give the qkv bias gradient's partial sums
-inline bool backward_has_bias_partials(int HS) { return HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built(); }
+inline bool backward_has_bias_partials(int HS) { return wgmma_kernels_run(HS); }
 
 template <class Bd, int HS>
 void backward_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
@@ -2007,7 +2009,7 @@ void backward_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const 
 // API
 
 // whether flash_attention_forward can write FP8 codes of its output (an Fp8Target): the wgmma kernel
-inline bool flash_attention_forward_gives_fp8(int HS) { return HS == 64 && FLASH_ATTENTION_WGMMA && flash_detail::wgmma_built(); }
+inline bool flash_attention_forward_gives_fp8(int HS) { return flash_detail::wgmma_kernels_run(HS); }
 
 // out: (B,T,C); lse: (B,NH,T) FP32 log-sum-exp of each query row's scaled scores (kept for backward).
 // Bd: the recipe's boundary policy (boundaries.h); with active boundaries, probs (tests only, may be
