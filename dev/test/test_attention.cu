@@ -172,6 +172,61 @@ static T* dalloc(size_t n) {
     return static_cast<T*>(cuda_malloc_or_die(n * sizeof(T), "test buffer"));
 }
 
+// ---- the FP8 outputs' check (Fp8Target) ----------------------------------------------------------------
+// A kernel's FP8 copy of a BF16 output (n_rows x m_cols, `plain` = the BF16 output of the plain run) against
+// the recipe's quantize pass over that output: the kernel's codes in both layouts (set to 0xAA first, so that
+// a value not written shows), the pass's, the scale (the format's maximum / amax / 2, as the recipe's delayed
+// scale with margin 1), two amax slots (kernel, pass) and six telemetry counters (kernel's three, pass's three).
+template <Fp8Kind K>
+struct Fp8OutputCheck {
+    const std::vector<uint16_t>& plain;
+    const int n_rows, m_cols;
+    const size_t n;
+    float plain_amax = 0.0f;
+    uint8_t *rows, *cols, *ref_rows, *ref_cols;
+    float* scale;
+    uint32_t* amax;
+    unsigned long long* counts;
+    floatX* ref;
+    Fp8OutputCheck(const std::vector<uint16_t>& plain_, int n_rows_, int m_cols_)
+        : plain(plain_), n_rows(n_rows_), m_cols(m_cols_), n((size_t)n_rows_ * m_cols_) {
+        for (size_t i = 0; i < n; i++) plain_amax = std::max(plain_amax, std::fabs(float_of_bf16_bits(plain[i])));
+        const float s = (K == Fp8Kind::E4M3 ? llmc::kFP8E4M3Max : llmc::kFP8E5M2Max) / plain_amax / 2.0f;
+        rows = dalloc<uint8_t>(n); cols = dalloc<uint8_t>(n); ref_rows = dalloc<uint8_t>(n); ref_cols = dalloc<uint8_t>(n);
+        scale = dalloc<float>(1); amax = dalloc<uint32_t>(2); counts = dalloc<unsigned long long>(6); ref = dalloc<floatX>(n);
+        cudaCheck(cudaMemcpy(scale, &s, 4, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemset(amax, 0, 8));
+        cudaCheck(cudaMemset(counts, 0, 48));
+        cudaCheck(cudaMemset(rows, 0xAA, n));
+        cudaCheck(cudaMemset(cols, 0xAA, n));
+    }
+    ~Fp8OutputCheck() {
+        for (void* p : {(void*)rows, (void*)cols, (void*)ref_rows, (void*)ref_cols, (void*)scale, (void*)amax, (void*)counts, (void*)ref})
+            cudaCheck(cudaFree(p));
+    }
+    // the training form: both layouts, the amax and the counts
+    Fp8Target target() const {
+        Fp8Target t;
+        t.rows = rows; t.cols = cols; t.scale = scale; t.amax = amax; t.stats.counts = counts;
+        return t;
+    }
+    // after the kernel ran with target(): the pass over `plain`, then whether the codes (both layouts), the amax
+    // and the counts are the pass's and every value was counted; `got` gets the kernel's counts (values,
+    // saturated, flushed) and want_rows the pass's row-major codes
+    bool same_as_pass(std::vector<unsigned long long>& got, std::vector<uint8_t>& want_rows) const {
+        cudaCheck(cudaMemcpy(ref, plain.data(), n * 2, cudaMemcpyHostToDevice));
+        Fp8Stats ref_stats;
+        ref_stats.counts = counts + 3;
+        fp8_quantize_transpose<K>(ref_rows, ref_cols, ref, n_rows, m_cols, scale, amax + 1, ref_stats, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        want_rows = to_host(ref_rows, n);
+        const std::vector<uint32_t> a = to_host(amax, 2);
+        got = to_host(counts, 6);
+        return to_host(rows, n) == want_rows && to_host(cols, n) == to_host(ref_cols, n) && a[0] == a[1] &&
+               got[0] == got[3] && got[1] == got[4] && got[2] == got[5] && got[0] == n;
+    }
+};
+
 // ---- one accuracy case ---------------------------------------------------------------------------
 static void test_case(int B, int NH, int T, int HS, uint32_t seed, bool compare_old) {
     const int C = NH * HS;
@@ -226,39 +281,15 @@ static void test_case(int B, int NH, int T, int HS, uint32_t seed, bool compare_
         // telemetry counts bit for bit those of fp8_quantize_transpose over the BF16 out of the plain run; out
         // and lse still written, bit for bit the plain run's. Then evaluation's form: the row-major codes alone,
         // nothing recorded, no transposed codes written.
-        const long long n_rows = (long long)B * T;
-        float amax1 = 0.0f;
-        for (size_t i = 0; i < n_btc; i++) amax1 = std::max(amax1, (float)std::fabs(float_of_bf16_bits(out1[i])));
-        const float s = 448.0f / amax1 / 2.0f; // as the recipe's delayed scale with margin 1
-        uint8_t *d_rows = dalloc<uint8_t>(n_btc), *d_cols = dalloc<uint8_t>(n_btc);
-        uint8_t *r_rows = dalloc<uint8_t>(n_btc), *r_cols = dalloc<uint8_t>(n_btc);
-        float* d_s = dalloc<float>(1);
-        uint32_t* d_amax = dalloc<uint32_t>(2);
-        unsigned long long* d_counts = dalloc<unsigned long long>(6);
-        floatX* d_ref = dalloc<floatX>(n_btc);
-        cudaCheck(cudaMemcpy(d_s, &s, 4, cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemset(d_amax, 0, 8));
-        cudaCheck(cudaMemset(d_counts, 0, 48));
-        cudaCheck(cudaMemset(d_rows, 0xAA, n_btc));
-        cudaCheck(cudaMemset(d_cols, 0xAA, n_btc));
+        const Fp8OutputCheck<Fp8Kind::E4M3> f(out1, B * T, C);
         cudaCheck(cudaMemset(d_out, 0xFF, n_btc * 2));
         cudaCheck(cudaMemset(d_lse, 0xFF, n_lse * 4));
-        Fp8Target t;
-        t.rows = d_rows; t.cols = d_cols; t.scale = d_s; t.amax = d_amax; t.stats.counts = d_counts;
-        flash_attention_forward(d_out, d_lse, d_qkv, B, T, NH, HS, 0, nullptr, t);
+        flash_attention_forward(d_out, d_lse, d_qkv, B, T, NH, HS, 0, nullptr, f.target());
         std::vector<uint16_t> out3 = to_host(reinterpret_cast<uint16_t*>(d_out), n_btc);
         std::vector<float> lse3 = to_host(d_lse, n_lse);
-        cudaCheck(cudaMemcpy(d_ref, out1.data(), n_btc * 2, cudaMemcpyHostToDevice));
-        Fp8Stats ref_stats;
-        ref_stats.counts = d_counts + 3;
-        fp8_quantize_transpose<Fp8Kind::E4M3>(r_rows, r_cols, d_ref, (int)n_rows, C, d_s, d_amax + 1, ref_stats, 0);
-        cudaCheck(cudaDeviceSynchronize());
-        std::vector<uint8_t> rows = to_host(d_rows, n_btc), cols = to_host(d_cols, n_btc);
-        std::vector<uint8_t> want_rows = to_host(r_rows, n_btc), want_cols = to_host(r_cols, n_btc);
-        std::vector<uint32_t> amax = to_host(d_amax, 2);
-        std::vector<unsigned long long> counts = to_host(d_counts, 6);
-        check(rows == want_rows && cols == want_cols && amax[0] == amax[1] && counts[0] == counts[3] &&
-                  counts[1] == counts[4] && counts[2] == counts[5] && counts[0] == n_btc,
+        std::vector<unsigned long long> counts;
+        std::vector<uint8_t> want_rows;
+        check(f.same_as_pass(counts, want_rows),
               "%s forward with the FP8 input of the attention projection: E4M3 codes (both layouts), amax, counts "
               "(%llu values, %llu saturated, %llu flushed) = the quantize pass over the plain out, bit for bit", tag,
               counts[0], counts[1], counts[2]);
@@ -266,22 +297,17 @@ static void test_case(int B, int NH, int T, int HS, uint32_t seed, bool compare_
               "%s forward with the FP8 input: out and lse still written, bit for bit the plain run's", tag);
         // evaluation: rows only, no amax, no counts
         Fp8Target te;
-        te.rows = d_rows; te.scale = d_s;
-        cudaCheck(cudaMemset(d_rows, 0xAA, n_btc));
-        cudaCheck(cudaMemset(d_cols, 0xAA, n_btc));
-        cudaCheck(cudaMemset(d_amax, 0, 8));
+        te.rows = f.rows; te.scale = f.scale;
+        cudaCheck(cudaMemset(f.rows, 0xAA, n_btc));
+        cudaCheck(cudaMemset(f.cols, 0xAA, n_btc));
+        cudaCheck(cudaMemset(f.amax, 0, 8));
         flash_attention_forward(d_out, d_lse, d_qkv, B, T, NH, HS, 0, nullptr, te);
         cudaCheck(cudaDeviceSynchronize());
-        rows = to_host(d_rows, n_btc);
-        cols = to_host(d_cols, n_btc);
         size_t cols_written = 0;
-        for (uint8_t v : cols) cols_written += v != 0xAA;
-        check(rows == want_rows && cols_written == 0 && to_host(d_amax, 1)[0] == 0u,
+        for (uint8_t v : to_host(f.cols, n_btc)) cols_written += v != 0xAA;
+        check(to_host(f.rows, n_btc) == want_rows && cols_written == 0 && to_host(f.amax, 1)[0] == 0u,
               "%s forward with the row-major E4M3 codes alone (evaluation): rows = the quantize pass's, no transposed "
               "code written (%zu), no amax recorded", tag, cols_written);
-        for (void* p : {(void*)d_rows, (void*)d_cols, (void*)r_rows, (void*)r_cols, (void*)d_s, (void*)d_amax,
-                        (void*)d_counts, (void*)d_ref})
-            cudaCheck(cudaFree(p));
     }
 
     // backward twice, from the first forward's out/lse (the second forward is bitwise the same)
@@ -337,51 +363,29 @@ static void test_case(int B, int NH, int T, int HS, uint32_t seed, bool compare_
     if (flash_attention_backward_gives_fp8(HS)) {
         // the FP8 recipe's E5M2 copy of dqkv (Fp8Target): both layouts, the amax and the telemetry counts bit
         // for bit those of fp8_quantize_transpose over the BF16 dqkv of the plain run; dqkv left unwritten
-        const long long n_rows = (long long)B * T;
-        float amax1 = 0.0f;
-        for (size_t i = 0; i < n_qkv; i++) amax1 = std::max(amax1, (float)std::fabs(float_of_bf16_bits(dqkv1[i])));
-        const float s = 57344.0f / amax1 / 2.0f; // as the recipe's delayed scale with margin 1
-        uint8_t *d_rows = dalloc<uint8_t>(n_qkv), *d_cols = dalloc<uint8_t>(n_qkv);
-        uint8_t *r_rows = dalloc<uint8_t>(n_qkv), *r_cols = dalloc<uint8_t>(n_qkv);
-        float* d_s = dalloc<float>(1);
-        uint32_t* d_amax = dalloc<uint32_t>(2);
-        unsigned long long* d_counts = dalloc<unsigned long long>(6);
+        const Fp8OutputCheck<Fp8Kind::E5M2> f(dqkv1, B * T, 3 * C);
+        const float amax1 = f.plain_amax;
         const size_t n_part = (size_t)flash_attention_bias_partial_rows(B, T) * 3 * C;
         float* d_part = dalloc<float>(n_part);
-        floatX* d_ref = dalloc<floatX>(n_qkv);
-        cudaCheck(cudaMemcpy(d_s, &s, 4, cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemset(d_amax, 0, 8));
-        cudaCheck(cudaMemset(d_counts, 0, 48));
-        cudaCheck(cudaMemset(d_rows, 0xAA, n_qkv));
-        cudaCheck(cudaMemset(d_cols, 0xAA, n_qkv));
         cudaCheck(cudaMemset(d_dqkv, 0xFF, n_qkv * 2));
-        Fp8Target t;
-        t.rows = d_rows; t.cols = d_cols; t.scale = d_s; t.amax = d_amax; t.stats.counts = d_counts;
-        flash_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_scratch, B, T, NH, HS, 0, d_part, t);
+        flash_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_scratch, B, T, NH, HS, 0, d_part, f.target());
         // the reference: the recipe's quantize pass over the plain run's dqkv
-        cudaCheck(cudaMemcpy(d_ref, dqkv1.data(), n_qkv * 2, cudaMemcpyHostToDevice));
-        Fp8Stats ref_stats;
-        ref_stats.counts = d_counts + 3;
-        fp8_quantize_transpose<Fp8Kind::E5M2>(r_rows, r_cols, d_ref, (int)n_rows, 3 * C, d_s, d_amax + 1, ref_stats, 0);
-        cudaCheck(cudaDeviceSynchronize());
-        std::vector<uint8_t> rows = to_host(d_rows, n_qkv), cols = to_host(d_cols, n_qkv);
-        std::vector<uint8_t> want_rows = to_host(r_rows, n_qkv), want_cols = to_host(r_cols, n_qkv);
-        std::vector<uint32_t> amax = to_host(d_amax, 2);
-        std::vector<unsigned long long> counts = to_host(d_counts, 6);
+        std::vector<unsigned long long> counts;
+        std::vector<uint8_t> want_rows;
+        const bool same = f.same_as_pass(counts, want_rows);
         std::vector<uint16_t> dqkv4(n_qkv);
         cudaCheck(cudaMemcpy(dqkv4.data(), d_dqkv, n_qkv * 2, cudaMemcpyDeviceToHost));
         size_t written = 0;
         for (uint16_t v : dqkv4) written += v != 0xFFFF;
-        check(rows == want_rows && cols == want_cols && amax[0] == amax[1] && counts[0] == counts[3] &&
-                  counts[1] == counts[4] && counts[2] == counts[5] && counts[0] == n_qkv && written == 0,
+        check(same && written == 0,
               "%s backward with the FP8 copy: E5M2 codes (both layouts), amax, counts (%llu values, %llu flushed) = the "
               "quantize pass over the plain dqkv, bit for bit; dqkv itself not written (%zu written)", tag, counts[0],
               counts[2], written);
         // the amax alone (Fp8Target::amax_only, TCFP-12's fresh scales): dqkv written as the plain run
         // wrote it, bit for bit, and its amax recorded
         Fp8Target ta;
-        ta.amax = d_amax;
-        cudaCheck(cudaMemset(d_amax, 0, 8));
+        ta.amax = f.amax;
+        cudaCheck(cudaMemset(f.amax, 0, 8));
         cudaCheck(cudaMemset(d_dqkv, 0xFF, n_qkv * 2));
         flash_attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_scratch, B, T, NH, HS, 0, d_part, ta);
         cudaCheck(cudaDeviceSynchronize());
@@ -389,14 +393,12 @@ static void test_case(int B, int NH, int T, int HS, uint32_t seed, bool compare_
         cudaCheck(cudaMemcpy(dqkv5.data(), d_dqkv, n_qkv * 2, cudaMemcpyDeviceToHost));
         uint32_t amax1_bits;
         memcpy(&amax1_bits, &amax1, 4);
-        const uint32_t got_amax = to_host(d_amax, 1)[0];
+        const uint32_t got_amax = to_host(f.amax, 1)[0];
         float got_amax_f;
         memcpy(&got_amax_f, &got_amax, 4);
         check(dqkv5 == dqkv1 && got_amax == amax1_bits, "%s backward with the amax alone: dqkv = the plain run's, bit for "
               "bit; amax %g = max |dqkv| %g", tag, (double)got_amax_f, (double)amax1);
-        for (void* p : {(void*)d_rows, (void*)d_cols, (void*)r_rows, (void*)r_cols, (void*)d_s, (void*)d_amax,
-                        (void*)d_counts, (void*)d_part, (void*)d_ref})
-            cudaCheck(cudaFree(p));
+        cudaCheck(cudaFree(d_part));
     }
 
 #if defined(ENABLE_CUDNN)
