@@ -112,8 +112,8 @@ endif
 all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 build/test_cpu \
      train_gpt2q115cu train_gpt2q115_constrainedcu train_gpt3q115cu train_gpt_q115_scaled \
      build/test_attention build/test_fp8 build/test_nvfp4 build/test_vcast build/test_tcfp12 \
-     build/test_linear build/test_layernorm build/test_q115_attention build/test_gemm_wgmma build/gemm_bench \
-     build/tcfp12_gemm_bench
+     build/test_linear build/test_layernorm build/test_classifier build/test_q115_attention build/test_gemm_wgmma build/gemm_bench \
+     build/tcfp12_gemm_bench build/libkernel_trace.so
 
 # one binary per recipe: -DRECIPE_<NAME> picks llmc/recipe_<name>.h (Q1.15: the seed's -DENABLE_Q115)
 Q115_DEFINES := -DENABLE_Q115 -DSF16_TRUE_FORWARD=$(SF16_TRUE_FORWARD)
@@ -160,6 +160,7 @@ test_gpt_fp32: test_gpt.cu train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
 #   tcfp12     the split bit-exact against tcfp12.h, the dual GEMMs against float64
 #   linear     the plain linear layer (recipe.h) against float64: forward, GELU/DGELU epilogues, dW, the fused bias gradient
 #   layernorm  the LayerNorm kernels against float64 at every width the dispatch distinguishes, and their speed
+#   classifier the fused softmax + cross-entropy kernel against float64 (losses, dlogits, evaluation), and its speed
 #   q115_attention  the Q1.15 attention in the flash kernels against float64, the materialized path, the reality check
 build/test_%: dev/test/test_%.cu dev/test/gpu_check.h $(HEADERS) $(CUDNN_OBJ)
 	@mkdir -p build
@@ -184,6 +185,12 @@ build/%_quantize_bench: dev/bench/%_quantize_bench.cu dev/bench/bench_timer.h $(
 build/nvfp4_stress: dev/bench/nvfp4_stress.cu $(HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
+
+# a CUPTI injection library: every kernel's start and end in the stream, for trace_gaps.py (dev/bench/kernel_trace.cpp)
+build/libkernel_trace.so: dev/bench/kernel_trace.cpp
+	@mkdir -p build
+	$(NVCC) -O2 -std=c++17 -Xcompiler -fPIC,-Wall -shared $< $(addprefix -L,$(CUDA_LIB_DIRS) $(CUDA_HOME)/lib $(CUDA_HOME)/extras/CUPTI/lib64) -lcupti \
+	    -Xlinker -rpath,$(CUDA_HOME)/lib64:$(CUDA_HOME)/lib:$(CUDA_HOME)/extras/CUPTI/lib64 -o $@
 
 # cuDNN's attention (USE_CUDNN=1 only): its own object, since the frontend headers take a minute to compile
 build/cudnn_attention.o: llmc/cudnn_attention.cpp llmc/cudnn_attention.h

@@ -52,8 +52,9 @@ else
     echo "== cpu unit tests: build failed"; failed=$((failed + 1))
 fi
 
-# Python tools: the bench harness's parsers and maths, the loss-protocol report, the SASS counter, the scaling report
-for t in dev/bench/test_bench.py dev/test/test_plot_logs.py dev/test/test_gpu_coredump.py dev/bench/test_sass_counts.py dev/bench/test_scaling_report.py dev/bench/test_kernel_table.py; do
+# Python tools: the bench harness's parsers and maths, the loss-protocol report, the SASS counter, the scaling report,
+# the kernel tables (ncu's, and the in-stream trace's gaps)
+for t in dev/bench/test_bench.py dev/test/test_plot_logs.py dev/test/test_gpu_coredump.py dev/bench/test_sass_counts.py dev/bench/test_scaling_report.py dev/bench/test_kernel_table.py dev/bench/test_trace_gaps.py; do
     python3 "$t" > "$tmp/py.log" 2>&1; rc=$?
     n=$(grep -oE '^Ran [0-9]+ test' "$tmp/py.log" | grep -oE '[0-9]+' || echo 0)
     if [[ $rc -eq 0 ]]; then echo "$t: $n passed, 0 failed" > "$tmp/py.sum"
@@ -142,8 +143,8 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
         done
         # standalone kernel tests: the plain linear layer, LayerNorm, flash attention, the Hopper GEMM with our
         # epilogues, each recipe's quantization kernels
-        for k in linear layernorm attention q115_attention gemm_wgmma fp8 nvfp4 vcast tcfp12; do
-            name="$k kernel tests"; [[ $k == attention || $k == linear || $k == layernorm || $k == q115_attention || $k == gemm_wgmma ]] && name="${k/_/ } tests"
+        for k in linear layernorm classifier attention q115_attention gemm_wgmma fp8 nvfp4 vcast tcfp12; do
+            name="$k kernel tests"; [[ $k == attention || $k == linear || $k == layernorm || $k == classifier || $k == q115_attention || $k == gemm_wgmma ]] && name="${k/_/ } tests"
             if make -s build/test_$k; then
                 ./build/test_$k 2>&1 | tee "$tmp/$k.log"; rc=$?
                 count_suite "$name" $rc "$tmp/$k.log"
