@@ -201,7 +201,7 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
         echo "== GPU tests: writing the reference failed"; failed=$((failed + 1))
     fi
 else
-    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16/FP8/NVFP4/VCAST/TCFP12/Q115, linear layer, LayerNorm, Q1.15 attention, the Hopper GEMM with our epilogues, FP8, NVFP4, vcast and TCFP-12 kernels, resume, multi-GPU, out-of-memory, a recipe setup error)"
+    echo "skipped: no CUDA device (GPU tests: reference comparison FP32/BF16/FP8/NVFP4/VCAST/TCFP12/Q115, linear layer, LayerNorm, classifier, attention, Q1.15 attention, the Hopper GEMM with our epilogues, FP8, NVFP4, vcast and TCFP-12 kernels, resume, multi-GPU, out-of-memory, a recipe setup error)"
     skipped=$((skipped + 1))
 fi
 
