@@ -42,11 +42,15 @@ void check_cupti(CUptiResult r, const char* what) {
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
     *buffer = static_cast<uint8_t*>(aligned_alloc(8, BUFFER_BYTES));
-    *size = BUFFER_BYTES;
-    *max_records = 0; // as many as fit
+    *size = *buffer ? BUFFER_BYTES : 0; // (no buffer: CUPTI drops the records and counts them)
+    *max_records = 0;                   // as many as fit
+    if (*buffer == nullptr) {
+        fprintf(stderr, "kernel_trace: out of host memory for a record buffer; the trace will miss activities\n");
+        g_failed = true;
+    }
 }
 
-void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid_bytes) {
+void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t* buffer, size_t, size_t valid_bytes) {
     std::vector<Activity> got;
     CUpti_Activity* record = nullptr;
     while (cuptiActivityGetNextRecord(buffer, valid_bytes, &record) == CUPTI_SUCCESS) {
@@ -71,8 +75,11 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
         }
     }
     size_t dropped = 0;
-    cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped);
-    if (dropped) fprintf(stderr, "kernel_trace: CUPTI dropped %zu records\n", dropped);
+    cuptiActivityGetNumDroppedRecords(ctx, stream_id, &dropped);
+    if (dropped) {
+        fprintf(stderr, "kernel_trace: CUPTI dropped %zu records\n", dropped);
+        g_failed = true;
+    }
     free(buffer);
     std::lock_guard<std::mutex> lock(g_mutex);
     g_activities.insert(g_activities.end(), got.begin(), got.end());
@@ -91,12 +98,15 @@ void write_trace() {
         return;
     }
     fprintf(f, "kind,start_ns,end_ns,stream,name\n");
-    for (const Activity& a : g_activities)
-        fprintf(f, "%c,%llu,%llu,%u,%s\n", a.kind, (unsigned long long)a.start, (unsigned long long)a.end, a.stream,
-                a.name.c_str());
+    for (const Activity& a : g_activities) {
+        std::string quoted; // (the name as a CSV field: in quotes, its own quotes doubled)
+        for (char c : a.name) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+        fprintf(f, "%c,%llu,%llu,%u,\"%s\"\n", a.kind, (unsigned long long)a.start, (unsigned long long)a.end, a.stream,
+                quoted.c_str());
+    }
     const bool ok = fclose(f) == 0 && rename(tmp.c_str(), path) == 0;
     fprintf(stderr, "kernel_trace: %zu activities %s %s%s\n", g_activities.size(), ok ? "written to" : "NOT written to",
-            path, g_failed ? " (CUPTI reported an error above)" : "");
+            path, g_failed ? " (incomplete: see the errors above)" : "");
 }
 
 } // namespace

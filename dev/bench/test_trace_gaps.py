@@ -5,14 +5,15 @@
 
 A hand-made trace in kernel_trace.cpp's CSV layout, whose steps, overlaps and gaps are known: the step windows
 between marker launches, the busy time as a union (overlapping activities counted once), the idle time split by
-gap length, the longest gaps with their neighbours, and the errors (no marker, an empty file).
+gap length, the longest gaps with their neighbours, and the errors (no marker, an empty file, a missing file,
+another CSV: 'error: ...' and exit status 1, no traceback).
 """
 import io
 import os
 import sys
 import tempfile
 import unittest
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import trace_gaps  # noqa: E402
@@ -70,31 +71,59 @@ class TraceGapsTest(unittest.TestCase):
         self.assertEqual(idle[(5, 20)], 20_000)
         self.assertEqual(counts[(5, 20)], 2)
 
+    def run_main(self, argv):
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            rc = trace_gaps.main(argv)
+        return rc, out.getvalue(), err.getvalue()
+
     def test_report(self):
-        out = io.StringIO()
-        sys.argv = ["trace_gaps.py", self.path, "--by-kernel"]
-        with redirect_stdout(out):
-            trace_gaps.main()
-        text = out.getvalue()
+        rc, text, _ = self.run_main([self.path, "--by-kernel"])
+        self.assertEqual(rc, 0)
         self.assertIn("| 1 | 0.10 | 0.10 | 0.01 | 4 |", text)
         self.assertIn("mean of steps 2-2: span 0.10 ms, busy 0.08 ms, idle 0.02 ms (20.00%)", text)
         self.assertIn("after sum_squares_kernel  before gemm", text)
 
     def test_no_marker(self):
-        sys.argv = ["trace_gaps.py", self.path, "--marker", "adamw"]
-        with self.assertRaises(SystemExit) as e:
-            trace_gaps.main()
-        self.assertIn("no whole step", str(e.exception.code))
+        rc, _, err = self.run_main([self.path, "--marker", "adamw"])
+        self.assertEqual(rc, 1)
+        self.assertIn("error:", err)
+        self.assertIn("no whole step", err)
 
     def test_empty(self):
         path = write_csv([])
         try:
-            with self.assertRaises(SystemExit) as e:
+            with self.assertRaises(ValueError) as e:
                 trace_gaps.load(path)
-            self.assertIn("no activities", str(e.exception.code))
+            self.assertIn("no activities", str(e.exception))
+            rc, _, err = self.run_main([path])
+            self.assertEqual(rc, 1)
+            self.assertIn("no activities", err)
         finally:
             os.unlink(path)
 
+    def test_missing_file(self):
+        rc, _, err = self.run_main(["/nonexistent/trace.csv"])
+        self.assertEqual(rc, 1)
+        self.assertIn("error:", err)
+
+    def test_not_a_trace(self):
+        f = tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False)
+        f.write('"ID","Kernel Name","gpu__time_duration.sum"\n"0","k","5"\n')  # ncu's CSV, not the trace's
+        f.close()
+        bad = write_csv([("K", 0, 1_000, "sum_squares_kernel")])
+        with open(bad, "a") as g:
+            g.write("K,zero,10,7,gemm\n")
+        try:
+            rc, _, err = self.run_main([f.name])
+            self.assertEqual(rc, 1)
+            self.assertIn("not a kernel_trace.cpp CSV", err)
+            rc, _, err = self.run_main([bad])
+            self.assertEqual(rc, 1)
+            self.assertIn(":3: not a row", err)
+        finally:
+            os.unlink(f.name)
+            os.unlink(bad)
 
 if __name__ == "__main__":
     unittest.main()

@@ -17,13 +17,23 @@ from collections import defaultdict
 GAP_BUCKETS_US = [(0, 2), (2, 5), (5, 20), (20, 100), (100, float("inf"))]
 
 
+COLUMNS = ("kind", "start_ns", "end_ns", "stream", "name")
+
+
 def load(path):
+    """the trace's activities as (start, end, kind, name), sorted; ValueError if it is not kernel_trace's CSV"""
     rows = []
     with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            rows.append((int(r["start_ns"]), int(r["end_ns"]), r["kind"], r["name"]))
+        reader = csv.DictReader(f)
+        if tuple(reader.fieldnames or ()) != COLUMNS:
+            raise ValueError(f"{path}: not a kernel_trace.cpp CSV (header {reader.fieldnames}, expected {list(COLUMNS)})")
+        for line, r in enumerate(reader, start=2):
+            try:
+                rows.append((int(r["start_ns"]), int(r["end_ns"]), r["kind"], r["name"]))
+            except (TypeError, ValueError):
+                raise ValueError(f"{path}:{line}: not a row of kernel_trace.cpp's CSV") from None
     if not rows:
-        sys.exit(f"{path}: no activities")
+        raise ValueError(f"{path}: no activities")
     rows.sort()
     return rows
 
@@ -63,17 +73,21 @@ def short(name, n=70):
     return name if len(name) <= n else name[: n - 3] + "..."
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("trace")
+    p.add_argument("trace", help="the CSV that build/libkernel_trace.so wrote (KERNEL_TRACE_OUT)")
     p.add_argument("--marker", default="sum_squares_kernel", help="a kernel that runs once a step (substring)")
     p.add_argument("--top", type=int, default=6, help="the longest gaps to list for the last step")
     p.add_argument("--by-kernel", action="store_true", help="the last step's time per kernel name")
-    a = p.parse_args()
-    rows = load(a.trace)
-    windows = step_windows(rows, a.marker)
-    if not windows:
-        sys.exit(f"{a.trace}: fewer than two launches of a kernel named like '{a.marker}': no whole step")
+    a = p.parse_args(argv)
+    try:  # a missing file, not the trace's CSV, no whole step: say so, exit 1
+        rows = load(a.trace)
+        windows = step_windows(rows, a.marker)
+        if not windows:
+            raise ValueError(f"{a.trace}: fewer than two launches of a kernel named like '{a.marker}': no whole step")
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     hdr = "| step | span ms | busy ms | idle ms | activities | " + " | ".join(
         f"idle in gaps {lo}-{hi if hi != float('inf') else ''} us (n)" for lo, hi in GAP_BUCKETS_US) + " |"
     print(hdr)
@@ -106,7 +120,8 @@ def main():
         print("\nthe last step, time per kernel (in the stream):")
         for name, (t, n) in sorted(per.items(), key=lambda x: -x[1][0]):
             print(f"  {t / 1e6:8.3f} ms {n:5d}  {short(name, 110)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
