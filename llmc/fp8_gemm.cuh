@@ -52,7 +52,8 @@ constexpr int PRE_BYTES = 128 * PRE_LD * 2;
 //   epilogue   warps 9-16 (256 threads): each reads its 4 x 4 blocks of the pre tile once and stores
 //              them to global memory as the pre-activation, then gelu, the E4M3 codes (rows staged,
 //              columns staged through byte permutes, as the quantize kernels do) and the amax; both code
-//              layouts to global memory.
+//              layouts to global memory;
+//   transposer warp 17, when asked: x^T for the backward from the A tiles in the ring (ws_transpose_x_block).
 // The consumers build their wgmma descriptors once and move them on by offsets (desc_advance), and every
 // shared-memory pointer derives from smem_raw by pointer arithmetic (WsShared), so that the compiler emits
 // LDS/STS: these are issue slots the epilogue needs (doc/perf.md, "the fused epilogues' instructions").
@@ -104,11 +105,13 @@ struct WsShared {
     __device__ __forceinline__ uint64_t b_desc0() const { return gemm_wgmma::tile_desc(ring + gemm_wgmma::A_TILE_BYTES, 0); }
     // thread 0 initializes the barriers (epi_threads: how many epilogue threads free a staged tile), then
     // the whole CTA syncs
-    __device__ __forceinline__ void init_barriers(int epi_threads) const {
+    // (empty_arrivals: the warps that free a ring slot: the two consumer warpgroups, and fc_gelu_ws's
+    // transposer warp when it runs)
+    __device__ __forceinline__ void init_barriers(int epi_threads, int empty_arrivals = 2) const {
         if (threadIdx.x == 0) {
             for (int s = 0; s < WS_STAGES; s++) {
                 gemm_wgmma::bar_init(&full[s], 1);
-                gemm_wgmma::bar_init(&empty[s], 2);
+                gemm_wgmma::bar_init(&empty[s], empty_arrivals);
             }
             for (int b = 0; b < 2; b++) {
                 gemm_wgmma::bar_init(&tile_full[b], gemm_wgmma::CONSUMER_THREADS);
@@ -197,11 +200,52 @@ __device__ __forceinline__ float2 ws_round_bf16_amax(float a, float b, uint32_t&
 __device__ __forceinline__ uint32_t ws_amax_bits(uint32_t amax2) { return max(amax2 & 0xFFFFu, amax2 >> 16) << 16; }
 #endif
 
-__global__ void __launch_bounds__(WS_THREADS, 1)
+// fc_gelu_ws's transposer warp (warp 17, when x_t is given): the fc layer's x^T (K x M), which the backward's
+// wgrad reads, from the A tiles this kernel loads anyway, instead of a separate fp8_transpose pass over x
+// (1 byte read and 1 written a value). Tile (row block m0, column block n) transposes x's 32 columns
+// kc = 32 n .. kc + 31 of rows m0 .. m0 + 127, from the ring slot of the K step that holds them; for the fc layer
+// N = 4K, so the N / 128 tiles of a row block cover x's K columns once, and every tile has the same small share
+// (4 KB), whichever CTA runs it. Lane (p, q): rows 16 p .. 16 p + 15 of the tile, columns 8 q .. 8 q + 7 of the 32:
+// 16 8-byte loads (TMA stored the tile with the 128-byte swizzle: 16-byte chunk c of row r sits at chunk
+// c ^ (r % 8)), 8 4 x 4 byte transposes, and 8 16-byte stores, one a row of x_t (the warp's 32 stores of one
+// pass fill 4 rows x 128 bytes: whole lines).
+__device__ __forceinline__ void ws_transpose_x_block(uint8_t* __restrict__ x_t, const unsigned char* a_tile, int col_in_slot,
+                                                     int m0, int kc, int M, int lane) {
+    const int p = lane % 8, q = lane / 8;
+    const int col = col_in_slot + 8 * q, chunk = col / 16, half = col % 16;
+    uint32_t lo[16], hi[16]; // rows 16 p + i: columns col .. col + 3, col + 4 .. col + 7
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const int r = 16 * p + i;
+        const uint2 v = *reinterpret_cast<const uint2*>(a_tile + r * 128 + ((chunk ^ (r & 7)) * 16) + half);
+        lo[i] = v.x;
+        hi[i] = v.y;
+    }
+    uint32_t out[8][4]; // column col + c, rows 16 p + 4 w .. + 3 as word w
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        const uint32_t rl[4] = {lo[4 * w], lo[4 * w + 1], lo[4 * w + 2], lo[4 * w + 3]};
+        const uint32_t rh[4] = {hi[4 * w], hi[4 * w + 1], hi[4 * w + 2], hi[4 * w + 3]};
+        uint32_t cl[4], ch[4];
+        fp8_transpose4x4(rl, cl);
+        fp8_transpose4x4(rh, ch);
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            out[c][w] = cl[c];
+            out[4 + c][w] = ch[c];
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < 8; c++)
+        *reinterpret_cast<uint4*>(x_t + (size_t)(kc + 8 * q + c) * M + m0 + 16 * p) = make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]);
+}
+constexpr int WS_GELU_THREADS = WS_THREADS + 32, WS_TRANSPOSER_WARP = WS_THREADS / 32;
+
+__global__ void __launch_bounds__(WS_GELU_THREADS, 1)
 fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w, int M, int N, int K,
                   const float* __restrict__ x_inv, const float* __restrict__ w_inv, const floatX* __restrict__ bias,
                   floatX* __restrict__ pre, uint8_t* __restrict__ codes, uint8_t* __restrict__ codes_t,
-                  const float* __restrict__ scale, uint32_t* __restrict__ amax) {
+                  const float* __restrict__ scale, uint32_t* __restrict__ amax, uint8_t* __restrict__ x_t) {
 #if GEMM_WGMMA_DEVICE
     using namespace gemm_wgmma;
     using Ops = Fp8Operands<false, false>;
@@ -210,7 +254,7 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
     const int tiles_n = sh.tiles_n, num_tiles = sh.num_tiles;
     uint64_t *full = sh.full, *empty = sh.empty, *pre_full = sh.tile_full, *pre_empty = sh.tile_empty;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    sh.init_barriers(WS_EPI_THREADS);
+    sh.init_barriers(WS_EPI_THREADS, x_t != nullptr ? 3 : 2);
 
     if (warp == 8) {
         if (lane == 0) ws_produce<Ops>(sh, &map_x, &map_w);
@@ -253,6 +297,25 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
             if (j >= 2) bar_wait(&pre_empty[b], ((j / 2) + 1) & 1);
             ws_stage_bf16(sh.tile(b), d, ab, bias2, r_lo, q);
             bar_arrive(&pre_full[b]);
+        }
+    } else if (warp == WS_TRANSPOSER_WARP) {
+        if (x_t == nullptr) return;
+        // the transposer: every K step's slot waited for and freed (it is the third arrival on empty), the
+        // tile's 32 columns of x transposed from the slot that holds them
+        int it = 0;
+        for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+            const int m0 = (tile / tiles_n) * 128, kc = 32 * (tile % tiles_n);
+            for (int kt = 0; kt < sh.k_steps; kt++, it++) {
+                const int s = it % WS_STAGES;
+                bar_wait(&full[s], (it / WS_STAGES) & 1);
+                const int col_in_slot = kc - kt * Ops::ELEMS_PER_STEP;
+                if (kc < K && col_in_slot >= 0 && col_in_slot < Ops::ELEMS_PER_STEP)
+                    ws_transpose_x_block(x_t, sh.ring + s * 32768, col_in_slot, m0, kc, M, lane);
+                // (the slot's generic-proxy reads ordered before the TMA that refills it)
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                __syncwarp();
+                if (lane == 0) bar_arrive(&empty[s]);
+            }
         }
     } else {
         // epilogue warpgroup: thread et handles the 4 x 4 blocks (row group br, column group bc = et % 32)
@@ -298,23 +361,32 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
 #endif
 }
 
+// Whether fc_gelu_ws can write x^T as well (x_t): its tiles' 32-column shares must cover K (N >= 4K; the fc
+// layer has N = 4K)
+inline bool writes_x_t_supported(int N, int K) { return K % 32 == 0 && (N / 128) * 32 >= K; }
+
 // The fc forward above: x (M x K), W (N x K) E4M3 codes; pre (M x N) BF16, codes (M x N) and codes_t
-// (N x M) E4M3 at *scale; amax raised. The caller checked supported().
+// (N x M) E4M3 at *scale; amax raised; when x_t is given, x's codes transposed into it (K x M). The caller
+// checked supported() (and writes_x_t_supported() for x_t).
 inline void fc_gelu_ws(floatX* pre, uint8_t* codes, uint8_t* codes_t, const uint8_t* x, const float* x_inv, const uint8_t* w,
                        const float* w_inv, const floatX* bias, const float* scale, uint32_t* amax, int M, int N, int K,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, uint8_t* x_t = nullptr) {
     using Ops = gemm_wgmma::Fp8Operands<false, false>;
     static bool configured = false;
     if (!configured) {
         cudaCheck(cudaFuncSetAttribute(fc_gelu_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WS_SMEM_BYTES));
         configured = true;
     }
+    if (x_t != nullptr && (!writes_x_t_supported(N, K) || (uintptr_t)x_t % 16 != 0)) {
+        fprintf(stderr, "error: fc_gelu_ws cannot write x^T for N=%d K=%d (needs K %% 32 == 0, N >= 4K, 16-byte alignment)\n", N, K);
+        exit(1);
+    }
     const CUtensorMap map_x = gemm_wgmma::tensor_map<Ops>(x, M, K, 128);
     const CUtensorMap map_w = gemm_wgmma::tensor_map<Ops>(w, N, K, 128);
     const int tiles = (M / 128) * (N / 128);
     const int grid = std::min(tiles, device_sm_count());
-    fc_gelu_ws_kernel<<<grid, WS_THREADS, WS_SMEM_BYTES, stream>>>(map_x, map_w, M, N, K, x_inv, w_inv, bias, pre, codes,
-                                                                   codes_t, scale, amax);
+    fc_gelu_ws_kernel<<<grid, WS_GELU_THREADS, WS_SMEM_BYTES, stream>>>(map_x, map_w, M, N, K, x_inv, w_inv, bias, pre,
+                                                                        codes, codes_t, scale, amax, x_t);
     cudaCheckLaunch();
 }
 

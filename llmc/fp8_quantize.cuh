@@ -185,15 +185,23 @@ __device__ __forceinline__ void fp8_tile_origin(long long tile, int tiles_x, int
 // epilogue). Thread (br, bc) holds the codes of its 4 x 4 block as 4 row words (byte j = column bc + j);
 // 8 byte permutes make them 4 column words (byte i = row br + i), stored at tile_t[column][row group],
 // STRIDE words a column.
-template <int STRIDE = FP8_TILE_T_STRIDE>
-__device__ __forceinline__ void fp8_tile_stage_columns(uint32_t* tile_t, const uint32_t (&row_word)[4], int br, int bc) {
+// A 4 x 4 block of bytes transposed in registers: row_word[i] byte j -> col_word[j] byte i (8 byte permutes:
+// first the byte pairs of rows 0-1 and 2-3, then the halfword pairs).
+__device__ __forceinline__ void fp8_transpose4x4(const uint32_t (&row_word)[4], uint32_t (&col_word)[4]) {
     const uint32_t lo01 = __byte_perm(row_word[0], row_word[1], 0x5140), hi01 = __byte_perm(row_word[0], row_word[1], 0x7362);
     const uint32_t lo23 = __byte_perm(row_word[2], row_word[3], 0x5140), hi23 = __byte_perm(row_word[2], row_word[3], 0x7362);
+    col_word[0] = __byte_perm(lo01, lo23, 0x5410);
+    col_word[1] = __byte_perm(lo01, lo23, 0x7632);
+    col_word[2] = __byte_perm(hi01, hi23, 0x5410);
+    col_word[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+template <int STRIDE = FP8_TILE_T_STRIDE>
+__device__ __forceinline__ void fp8_tile_stage_columns(uint32_t* tile_t, const uint32_t (&row_word)[4], int br, int bc) {
+    uint32_t col_word[4];
+    fp8_transpose4x4(row_word, col_word);
     uint32_t* col = tile_t + bc * STRIDE + br / 4;
-    col[0 * STRIDE] = __byte_perm(lo01, lo23, 0x5410);
-    col[1 * STRIDE] = __byte_perm(lo01, lo23, 0x7632);
-    col[2 * STRIDE] = __byte_perm(hi01, hi23, 0x5410);
-    col[3 * STRIDE] = __byte_perm(hi01, hi23, 0x7632);
+#pragma unroll
+    for (int j = 0; j < 4; j++) col[j * STRIDE] = col_word[j];
 }
 // After the barrier: column c0 + tid / 4 of the tile is row c0 + tid / 4 of out_t (rows x cols input,
 // cols x rows output); thread tid writes its 16 bytes at r0 + 16 (tid % 4), in one store when vec

@@ -300,11 +300,12 @@ inline bool fp8_take_given(LinearId& slot, LinearId id, const char* what) { retu
 // x (N x C) -> r.x8 with x's scale, and in training also x^T for the backward pass (one read of x);
 // returns the dequantization factor. With gelu_of_input, `inp` is a GELU's input and x = gelu(inp)
 // (x's scale must exist already: a first calibration reads x itself).
+// xt_elsewhere: when the codes were given, x^T is left to the caller's GEMM (fc_gelu_ws writes it).
 inline const float* fp8_quantize_input(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st,
-                                       bool gelu_of_input = false) {
+                                       bool gelu_of_input = false, bool xt_elsewhere = false) {
     const int t = fp8_tensor(r, id, FP8_X);
     if (fp8_take_given(r.x_given, id, "E4M3 input")) { // the LayerNorm (or the fused fc GEMM) wrote the codes into r.x8
-        if (training && !r.x_given_with_t) fp8_transpose(fp8_saved_xt(r, id), r.x8, N, C, st);
+        if (training && !r.x_given_with_t && !xt_elsewhere) fp8_transpose(fp8_saved_xt(r, id), r.x8, N, C, st);
         r.x_given_with_t = false;
         return fp8_inv(r, t);
     }
@@ -360,19 +361,24 @@ inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX
         plain_linear_forward_gelu(gelu_out, pre_gelu, inp, weight, bias, N, C, OC, st);
         return;
     }
-    PHASE("fp8: quantize x");
-    const float* x_inv = fp8_quantize_input(r, id, inp, N, C, training, st);
     Fp8Operand a{fp8_weight(r, id), CUDA_R_8F_E4M3, fp8_inv(r, fp8_tensor(r, id, FP8_W))};
-    Fp8Operand b{r.x8, CUDA_R_8F_E4M3, x_inv};
-    PHASE("fp8: gemm forward");
     const LinearId fcp{id.layer, LIN_FCPROJ};
     const int t_xp = fp8_tensor(r, fcp, FP8_X);
-    if (training && r.fused_gemm && !r.count_stats && fp8_applies(r, fcp, N, OC, C) && r.calibrated[t_xp] &&
-        fp8_gemm::supported(N, OC, C, {pre_gelu, r.x8, r.dy8, a.data, fp8_saved_xt(r, fcp), bias})) {
+    const bool fused = training && r.fused_gemm && !r.count_stats && fp8_applies(r, fcp, N, OC, C) && r.calibrated[t_xp] &&
+                       fp8_gemm::supported(N, OC, C, {pre_gelu, r.x8, r.dy8, a.data, fp8_saved_xt(r, fcp), bias});
+    // x's codes from the LayerNorm (no quantize pass, which would write x^T too): the fused GEMM, which loads
+    // every tile of x anyway, writes x^T, instead of a transpose pass over x
+    const bool xt_in_gemm = fused && r.x_given.layer == id.layer && r.x_given.kind == id.kind && !r.x_given_with_t &&
+                            fp8_gemm::writes_x_t_supported(OC, C) && (uintptr_t)fp8_saved_xt(r, id) % 16 == 0;
+    PHASE("fp8: quantize x");
+    const float* x_inv = fp8_quantize_input(r, id, inp, N, C, training, st, false, xt_in_gemm);
+    Fp8Operand b{r.x8, CUDA_R_8F_E4M3, x_inv};
+    PHASE("fp8: gemm forward");
+    if (fused) {
         // the fc projection's codes go to r.dy8 (free during the forward pass; the GEMM reads r.x8), then
         // the two buffers trade places, so that the fc projection finds its input in r.x8 as usual
         fp8_gemm::fc_gelu_ws(pre_gelu, r.dy8, fp8_saved_xt(r, fcp), r.x8, x_inv, fp8_weight(r, id), a.scale, bias,
-                             r.scale + t_xp, r.amax_now + t_xp, N, OC, C, st);
+                             r.scale + t_xp, r.amax_now + t_xp, N, OC, C, st, xt_in_gemm ? fp8_saved_xt(r, id) : nullptr);
         std::swap(r.x8, r.dy8);
         r.pending_gelu_out.leave(gelu_out, pre_gelu, (long long)N * OC, id.layer);
         r.x_given = fcp;

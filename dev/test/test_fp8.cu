@@ -333,7 +333,14 @@ static void test_fused_fc_gelu(int M, int N, int K, bool timing) {
     cudaCheck(cudaMalloc(&amax, 8));
     cudaCheck(cudaMemset(pre_f, 0xFF, n * 2)); cudaCheck(cudaMemset(q_f, 0xFF, n)); cudaCheck(cudaMemset(qt_f, 0xFF, n));
     cudaCheck(cudaMemset(amax, 0, 8));
-    auto fused = [&] { fp8_gemm::fc_gelu_ws(pre_f, q_f, qt_f, dx, inv, dw, inv + 4, dbias, inv + 8, amax, M, N, K, 0); };
+    // where the tiles' 32-column shares cover K (N >= 4K, as in the fc layer), the kernel writes x^T too
+    const bool with_xt = fp8_gemm::writes_x_t_supported(N, K);
+    uint8_t *xt_f = nullptr, *xt_r = nullptr;
+    if (with_xt) {
+        cudaCheck(cudaMalloc(&xt_f, (size_t)M * K)); cudaCheck(cudaMalloc(&xt_r, (size_t)M * K));
+        cudaCheck(cudaMemset(xt_f, 0xAA, (size_t)M * K));
+    }
+    auto fused = [&] { fp8_gemm::fc_gelu_ws(pre_f, q_f, qt_f, dx, inv, dw, inv + 4, dbias, inv + 8, amax, M, N, K, 0, xt_f); };
     Fp8Operand a{dw, CUDA_R_8F_E4M3, inv + 4}, b{dx, CUDA_R_8F_E4M3, inv};
     auto cublas = [&] {
         if (!matmul_fp8(pre_r, false, a, b, dbias, N, M, K, 0.0f, true, 0)) exit(1);
@@ -364,7 +371,13 @@ static void test_fused_fc_gelu(int M, int N, int K, bool timing) {
     const std::vector<uint32_t> am = to_host(amax, 2);
     const bool same = to_host(q_f, n) == to_host(q_r, n) && to_host(qt_f, n) == to_host(qt_r, n) && am[0] == am[1] && am[0] != 0;
     check(same, "fused fc GEMM M=%d N=%d K=%d: E4M3 codes of gelu(pre) in both layouts and amax = the pass over its "
-          "pre-activation, bit for bit", M, N, K);
+          "pre-activation, bit for bit%s", M, N, K, with_xt ? " (the kernel writing x^T as well)" : "");
+    if (with_xt) {
+        fp8_transpose(xt_r, dx, M, K, 0);
+        check(to_host(xt_f, (size_t)M * K) == to_host(xt_r, (size_t)M * K),
+              "fused fc GEMM M=%d N=%d K=%d: x^T from its transposer warp = fp8_transpose of x, bit for bit (every byte "
+              "written: the buffer started as 0xAA)", M, N, K);
+    }
     if (timing) {
         const float t_r = mean_ms(cublas, 20);
         const float t_g = mean_ms([&] { if (!matmul_fp8(pre_r, false, a, b, dbias, N, M, K, 0.0f, true, 0)) exit(1); }, 20);
@@ -378,7 +391,14 @@ static void test_fused_fc_gelu(int M, int N, int K, bool timing) {
         const float t_p = mean_ms(plain, 20);
         printf("    fused %.4f ms (%.0f TFLOP/s); gemm_wgmma's kernel with FP8 operands and the BF16 store alone %.4f ms (%.0f TFLOP/s)\n",
                t_f, 2.0 * M * N * K / t_f / 1e9, t_p, 2.0 * M * N * K / t_p / 1e9);
+        if (with_xt) {
+            const float t_nox = mean_ms([&] { fp8_gemm::fc_gelu_ws(pre_f, q_f, qt_f, dx, inv, dw, inv + 4, dbias, inv + 8, amax, M, N, K, 0); }, 20);
+            const float t_tr = mean_ms([&] { fp8_transpose(xt_r, dx, M, K, 0); }, 20);
+            printf("    fused writing x^T %.4f ms, against fused without it %.4f + fp8_transpose %.4f = %.4f ms\n", t_f, t_nox,
+                   t_tr, t_nox + t_tr);
+        }
     }
+    if (with_xt) { cudaFree(xt_f); cudaFree(xt_r); }
     cudaFree(dx); cudaFree(dw); cudaFree(inv); cudaFree(dbias); cudaFree(pre_f); cudaFree(pre_r);
     cudaFree(q_f); cudaFree(qt_f); cudaFree(q_r); cudaFree(qt_r); cudaFree(amax);
 }
@@ -850,6 +870,9 @@ int main() {
     test_fused_fc_gelu(256, 256, 128, false);
     test_fused_fc_gelu(384, 640, 1600, false);
     test_fused_fc_gelu(1024, 384, 256, false); // 24 tiles: fewer than the SMs, one each
+    test_fused_fc_gelu(384, 512, 128, false);  // N = 4K: x^T written too (one K step)
+    test_fused_fc_gelu(256, 1024, 256, false); // N = 4K, two K steps: the shares of the second come from its slot
+    test_fused_fc_gelu(256, 1024, 128, false); // N = 8K: the tiles past K transpose nothing
     test_fused_fc_gelu(65536, 3072, 768, true);
     test_fused_fc_gelu(16384, 6400, 1600, true);
     test_fused_fc_dy(256, 256, 128, false);
