@@ -417,80 +417,81 @@ __device__ __forceinline__ void tiles_amax(const Fp8Target& t, const bf16* const
 // t.cols is null); and the tiles' amax (and telemetry counts) into the tensor's (t.amax null: evaluation,
 // nothing recorded). Uses: the backward's dqkv (the qkv layer's output gradient, 64-row tiles, 128 threads)
 // and the forward's output (the attention projection's input, one 128-row tile, 256 threads). By a CTA of
-// 2 * ROWS threads, after a barrier (the tiles are complete); codes_t: NT * fp8_codes_t_bytes(ROWS) of free
-// shared memory, where the codes are staged transposed (rows of ROWS + 16 bytes: 16-byte aligned, and the
-// byte stores of a warp spread over the banks). The codes are those the recipe's quantize pass makes from the
-// BF16 values stored otherwise (fp8_pack2, the same saturating conversion): the two agree bit for bit
-// (build/test_attention). The amax of all NT tiles goes to the tensor's with one atomic per CTA, and only
-// where it would raise it (fp8_commit; an atomic per warp and tile on one address serialized: +30 ms per d12
-// step in a first version). The dK/dV kernel hands over both its tiles at once, so that the CTA syncs once
-// for both, not twice each. last: the kernel's final use of codes_t and fp8_commit's shared sums (no barrier
-// after it).
-__host__ __device__ constexpr int fp8_codes_t_stride(int rows) { return rows + 16; }
-__host__ __device__ constexpr int fp8_codes_t_bytes(int rows) { return 64 * fp8_codes_t_stride(rows); }
+// 2 * ROWS threads, after a barrier (the tiles are complete).
+//
+// Each thread quantizes a 4 x 8 patch: rows r0 .. r0 + 3, columns c0 .. c0 + 7. A warp covers 32 rows x 32
+// columns (lane % 4 picks the 8 columns, lane / 4 the 4 rows), so that both layouts are written in whole
+// 32-byte sectors: in t.rows, 4 lanes write a row's 32 contiguous codes (8 bytes each); in t.cols, the 4
+// rows' codes of one column are one 32-bit word (a 4 x 4 byte transpose in registers, fp8_transpose4x4),
+// and 8 lanes write a column's 32 contiguous codes. (Until 2026-11-28 the codes went through shared memory
+// byte by byte for the transposed layout: +12% on the dK/dV kernel against its BF16 store, ncu on an H200.)
+// The codes are those the recipe's quantize pass makes from the BF16 values stored otherwise (fp8_pack2, the
+// same saturating conversion): the two agree bit for bit (build/test_attention). The amax of all NT tiles
+// goes to the tensor's with one atomic per CTA, and only where it would raise it (fp8_commit; an atomic per
+// warp and tile on one address serialized: +30 ms per d12 step in a first version). The dK/dV kernel hands
+// over both its tiles at once, so that the CTA syncs once for both, not twice each. The kernels call this
+// last (nothing reuses fp8_commit's shared sums after it, so no barrier at its end).
 template <Fp8Kind K, int NT, int ROWS = 64>
 __device__ __forceinline__ void tiles_to_fp8(const Fp8Target& t, const bf16* const (&tiles)[NT], const int (&col0)[NT],
-                                             uint8_t* codes_t, long long grow0, int nvalid, long long n_rows, int m_cols,
-                                             int tid) {
-    constexpr int LDS = Tile<64>::LDS, STRIDE = fp8_codes_t_stride(ROWS), PIECES = ROWS / 32;
-    static_assert(ROWS % 32 == 0, "32-row pieces of the transposed codes");
+                                             long long grow0, int nvalid, long long n_rows, int m_cols, int tid) {
+    constexpr int LDS = Tile<64>::LDS, ROW_BLOCKS = ROWS / 32;
+    static_assert(ROWS % 32 == 0, "warps of 32 rows x 32 columns: 2 * ROWS threads");
     const float s = *t.scale;
     const uint32_t amax_seen = tid == 0 && t.amax ? __ldcg(t.amax) : 0u;
-    const int half = tid & 1, line = tid >> 1; // a row and which 32 of its 64 values
+    const int warp = tid >> 5, lane = tid & 31;
+    const int r0 = 32 * (warp % ROW_BLOCKS) + 4 * (lane >> 2); // this thread's rows r0 .. r0 + 3
+    const int c0 = 32 * (warp / ROW_BLOCKS) + 8 * (lane & 3);  // and columns c0 .. c0 + 7 of each tile
+    const int nrows = min(4, nvalid - r0);                     // how many of the 4 rows are in the matrix
+    // t.cols in 32-bit words: all 4 rows present and the words aligned; else byte by byte
+    const bool words = nrows == 4 && n_rows % 4 == 0 && grow0 % 4 == 0 && ((uintptr_t)t.cols & 3) == 0;
     uint32_t amax = 0, sat = 0, ftz = 0, count = 0;
-    // row-major: thread -> row `line`, columns 32 * half .. + 31 of each tile; the codes also to
-    // tile i's codes_t[column][row]
-    if (line < nvalid) {
+    if (nrows > 0) {
 #pragma unroll
         for (int i = 0; i < NT; i++) {
-            uint8_t* staged = codes_t + i * fp8_codes_t_bytes(ROWS);
-            uint32_t words[8];
+            uint32_t codes[2][4] = {}; // codes[h][k]: row r0 + k, columns c0 + 4h .. + 3 (first column in the low byte)
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const uint4 v = *reinterpret_cast<const uint4*>(tiles[i] + line * LDS + 32 * half + 8 * q);
-                const bf16* x = reinterpret_cast<const bf16*>(&v);
+            for (int k = 0; k < 4; k++) {
+                if (k < nrows) {
+                    const uint4 v = *reinterpret_cast<const uint4*>(tiles[i] + (r0 + k) * LDS + c0);
+                    const bf16* x = reinterpret_cast<const bf16*>(&v);
 #pragma unroll
-                for (int w = 0; w < 2; w++) {
-                    float a[4];
+                    for (int h = 0; h < 2; h++) {
+                        float a[4];
 #pragma unroll
-                    for (int j = 0; j < 4; j++) a[j] = __bfloat162float(x[4 * w + j]);
-                    const uint32_t code = fp8_pack2<K>(a[0] * s, a[1] * s) | ((uint32_t)fp8_pack2<K>(a[2] * s, a[3] * s) << 16);
-                    if (t.stats.counts) {
+                        for (int j = 0; j < 4; j++) a[j] = __bfloat162float(x[4 * h + j]);
+                        const uint32_t code = fp8_pack2<K>(a[0] * s, a[1] * s) | ((uint32_t)fp8_pack2<K>(a[2] * s, a[3] * s) << 16);
+                        if (t.stats.counts) {
 #pragma unroll
-                        for (int j = 0; j < 4; j++) fp8_account<K, true>(a[j], s, (uint8_t)(code >> (8 * j)), amax, sat, ftz);
-                    } else {
+                            for (int j = 0; j < 4; j++) fp8_account<K, true>(a[j], s, (uint8_t)(code >> (8 * j)), amax, sat, ftz);
+                        } else {
 #pragma unroll
-                        for (int j = 0; j < 4; j++) amax = max(amax, llmc::amax_bits(a[j]));
+                            for (int j = 0; j < 4; j++) amax = max(amax, llmc::amax_bits(a[j]));
+                        }
+                        codes[h][k] = code;
                     }
-                    words[2 * q + w] = code;
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        staged[(32 * half + 8 * q + 4 * w + j) * STRIDE + line] = (uint8_t)(code >> (8 * j));
+                    count += 8;
+                    *reinterpret_cast<uint2*>(t.rows + (grow0 + r0 + k) * m_cols + col0[i] + c0) = make_uint2(codes[0][k], codes[1][k]);
                 }
             }
-            count += 32;
-            uint8_t* dst = t.rows + (grow0 + line) * m_cols + col0[i] + 32 * half;
-            *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
-            *reinterpret_cast<uint4*>(dst + 16) = make_uint4(words[4], words[5], words[6], words[7]);
-        }
-    }
-    fp8_commit(amax, sat, ftz, count, t.amax, t.stats, amax_seen); // (its barrier also completes codes_t)
-    if (t.cols == nullptr) return;
-    // transposed: thread -> column tid / PIECES, rows 32 (tid % PIECES) .. + 31 of each tile's codes_t
-    const int column = tid / PIECES, r_begin = 32 * (tid % PIECES), r_end = min(nvalid, r_begin + 32);
-    const bool vec = r_end - r_begin == 32 && n_rows % 16 == 0 && grow0 % 16 == 0;
+            if (t.cols != nullptr) {
 #pragma unroll
-    for (int i = 0; i < NT; i++) {
-        const uint8_t* src = codes_t + i * fp8_codes_t_bytes(ROWS) + column * STRIDE + r_begin;
-        uint8_t* dst = t.cols + (long long)(col0[i] + column) * n_rows + grow0 + r_begin;
-        if (vec) {
-            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-            *reinterpret_cast<uint4*>(dst + 16) = *reinterpret_cast<const uint4*>(src + 16);
-        } else {
-            for (int r = r_begin; r < r_end; r++) dst[r - r_begin] = src[r - r_begin];
+                for (int h = 0; h < 2; h++) {
+                    uint32_t col_word[4]; // col_word[j]: column c0 + 4h + j, rows r0 .. r0 + 3
+                    fp8_transpose4x4(codes[h], col_word);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        uint8_t* dst = t.cols + (long long)(col0[i] + c0 + 4 * h + j) * n_rows + grow0 + r0;
+                        if (words) {
+                            *reinterpret_cast<uint32_t*>(dst) = col_word[j];
+                        } else {
+                            for (int k = 0; k < nrows; k++) dst[k] = (uint8_t)(col_word[j] >> (8 * k));
+                        }
+                    }
+                }
+            }
         }
     }
-    // (the kernels call this last: nothing reuses codes_t or fp8_commit's sums, so no barrier here)
+    fp8_commit(amax, sat, ftz, count, t.amax, t.stats, amax_seen);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1490,13 +1491,12 @@ flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf
     tile_rows_to_global<16, HS>(out + ((long long)b * T + w_lo) * C + (long long)h * HS, C, rows16, T - w_lo, lane);
     if (out8.rows != nullptr) {
         // the FP8 recipe's input of the attention projection: E4M3 codes of the output in both layouts, from
-        // the CTA's 128 staged rows, staged transposed in the K ring (every warp is done with it after the barrier)
-        static_assert(FWG_STAGES * FWG_TILE * sizeof(bf16) >= fp8_codes_t_bytes(FWG_QR), "the K ring holds the staged codes");
+        // the CTA's 128 staged rows (written by every warp: hence the barrier)
         cp_async_wait<0>();
         __syncthreads();
         const bf16* tiles[1] = {sQ};
         const int col0[1] = {h * HS};
-        tiles_to_fp8<Fp8Kind::E4M3, 1, FWG_QR>(out8, tiles, col0, reinterpret_cast<uint8_t*>(sK), (long long)b * T + q0,
+        tiles_to_fp8<Fp8Kind::E4M3, 1, FWG_QR>(out8, tiles, col0, (long long)b * T + q0,
                                                min(FWG_QR, T - q0), (long long)(gridDim.y / NH) * T, C, tid);
     }
 #else
@@ -1646,11 +1646,10 @@ flash_bwd_dq_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, flo
     if (bias_part != nullptr || dqkv8.active() || dqkv8.amax_only()) __syncthreads();
     if (bias_part != nullptr)   // this block's column sums of dq (the q part of the qkv bias gradient)
         tile_column_sums64(bias_part + ((long long)b * gridDim.x + q0 / 64) * 3 * C + (long long)h * HS, sQ, T - q0, tid);
-    static_assert(64 * LDS * sizeof(bf16) >= fp8_codes_t_bytes(64), "the dO tile holds the staged codes");
     const bf16* const tiles[1] = {sQ};
-    if (dqkv8.active()) { // (sdO, read by the loop only, stages the codes)
+    if (dqkv8.active()) {
         const int col0[1] = {h * HS};
-        tiles_to_fp8<Fp8Kind::E5M2, 1>(dqkv8, tiles, col0, reinterpret_cast<uint8_t*>(sdO), (long long)b * T + q0, T - q0, n_rows, 3 * C, tid);
+        tiles_to_fp8<Fp8Kind::E5M2, 1>(dqkv8, tiles, col0, (long long)b * T + q0, T - q0, n_rows, 3 * C, tid);
     } else if (dqkv8.amax_only()) {
         tiles_amax<1>(dqkv8, tiles, T - q0, tid);
     }
@@ -1828,10 +1827,8 @@ flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ bias_par
     }
     const bf16* const tiles[2] = {kst, vst};
     if (dqkv8.active()) {
-        // (the dO ring, no longer read after the barrier above, stages the codes of both tiles)
-        static_assert(DKVWG_STAGES * DKVWG_TILE * sizeof(bf16) >= 2 * fp8_codes_t_bytes(64), "the dO ring holds the staged codes");
         const int col0[2] = {C + h * HS, 2 * C + h * HS};
-        tiles_to_fp8<Fp8Kind::E5M2, 2>(dqkv8, tiles, col0, reinterpret_cast<uint8_t*>(sdO), (long long)b * T + k0, T - k0, n_rows, 3 * C, tid);
+        tiles_to_fp8<Fp8Kind::E5M2, 2>(dqkv8, tiles, col0, (long long)b * T + k0, T - k0, n_rows, 3 * C, tid);
     } else if (dqkv8.amax_only()) {
         tiles_amax<2>(dqkv8, tiles, T - k0, tid);
     }
