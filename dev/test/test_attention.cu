@@ -514,6 +514,27 @@ static void time_case(int B, int NH, int T, int HS) {
         for (void* p : {(void*)rows8, (void*)cols8, (void*)s8, (void*)amax8}) cudaCheck(cudaFree(p));
     }
     double f_bwd = median_ms([&] { flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, HS, 0); });
+    if (flash_attention_backward_gives_fp8(HS)) {
+        // the backward as the recipes run it in training, with the qkv bias's column sums: BF16 dqkv (bf16) against
+        // the E5M2 copy in both layouts in place of it (fp8, tiles_to_fp8), and dqkv with its amax (tcfp12)
+        const size_t n_part = (size_t)flash_attention_bias_partial_rows(B, T) * 3 * C;
+        float* part = dalloc<float>(n_part);
+        uint8_t *rows8 = dalloc<uint8_t>(n_qkv), *cols8 = dalloc<uint8_t>(n_qkv);
+        float* s8 = dalloc<float>(1);
+        uint32_t* amax8 = dalloc<uint32_t>(1);
+        const float one = 1.0f;
+        cudaCheck(cudaMemcpy(s8, &one, 4, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemset(amax8, 0, 4));
+        Fp8Target t8, ta;
+        t8.rows = rows8; t8.cols = cols8; t8.scale = s8; t8.amax = amax8;
+        ta.amax = amax8;
+        const double t_bf16 = median_ms([&] { flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, HS, 0, part); });
+        const double t_fp8 = median_ms([&] { flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, HS, 0, part, t8); });
+        const double t_amax = median_ms([&] { flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, HS, 0, part, ta); });
+        printf("  backward with the bias sums: BF16 dqkv %.3f ms, its E5M2 copy in both layouts instead %.3f ms (%.2fx), "
+               "BF16 dqkv and its amax %.3f ms\n", t_bf16, t_fp8, t_fp8 / t_bf16, t_amax);
+        for (void* p : {(void*)part, (void*)rows8, (void*)cols8, (void*)s8, (void*)amax8}) cudaCheck(cudaFree(p));
+    }
     // the backward's two kernels alone (step 1 writes the D that step 2 reads; both see the same inputs)
     float* Dvec = static_cast<float*>(scratch);
     double f_dq = median_ms([&] {
