@@ -477,6 +477,26 @@ static void test_case(int B, int NH, int T, int HS, uint32_t seed, bool compare_
 }
 
 // ---- timing ----------------------------------------------------------------------------------------
+// An FP8 output of n values in both layouts for the timings (scale 1, amax from 0): t() is the training form
+struct Fp8TimingTarget {
+    uint8_t *rows, *cols;
+    float* scale;
+    uint32_t* amax;
+    explicit Fp8TimingTarget(size_t n) : rows(dalloc<uint8_t>(n)), cols(dalloc<uint8_t>(n)), scale(dalloc<float>(1)), amax(dalloc<uint32_t>(1)) {
+        const float one = 1.0f;
+        cudaCheck(cudaMemcpy(scale, &one, 4, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemset(amax, 0, 4));
+    }
+    ~Fp8TimingTarget() {
+        for (void* p : {(void*)rows, (void*)cols, (void*)scale, (void*)amax}) cudaCheck(cudaFree(p));
+    }
+    Fp8Target t() const {
+        Fp8Target x;
+        x.rows = rows; x.cols = cols; x.scale = scale; x.amax = amax;
+        return x;
+    }
+};
+
 static void time_case(int B, int NH, int T, int HS) {
     const int C = NH * HS;
     const size_t n_qkv = (size_t)B * T * 3 * C, n_btc = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
@@ -496,22 +516,14 @@ static void time_case(int B, int NH, int T, int HS) {
     if (flash_attention_forward_gives_fp8(HS)) {
         // the FP8 recipe's attention projection input: the quantize-transpose pass after the forward, against
         // the codes from the forward's epilogue
-        uint8_t *rows8 = dalloc<uint8_t>(n_btc), *cols8 = dalloc<uint8_t>(n_btc);
-        float* s8 = dalloc<float>(1);
-        uint32_t* amax8 = dalloc<uint32_t>(1);
-        const float one = 1.0f;
-        cudaCheck(cudaMemcpy(s8, &one, 4, cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemset(amax8, 0, 4));
-        Fp8Target t;
-        t.rows = rows8; t.cols = cols8; t.scale = s8; t.amax = amax8;
+        const Fp8TimingTarget f(n_btc);
         const double t_pass = median_ms([&] {
             flash_attention_forward(out, lse, qkv, B, T, NH, HS, 0);
-            fp8_quantize_transpose<Fp8Kind::E4M3>(rows8, cols8, out, B * T, C, s8, amax8, Fp8Stats(), 0);
+            fp8_quantize_transpose<Fp8Kind::E4M3>(f.rows, f.cols, out, B * T, C, f.scale, f.amax, Fp8Stats(), 0);
         });
-        const double t_fused = median_ms([&] { flash_attention_forward(out, lse, qkv, B, T, NH, HS, 0, nullptr, t); });
+        const double t_fused = median_ms([&] { flash_attention_forward(out, lse, qkv, B, T, NH, HS, 0, nullptr, f.t()); });
         printf("  FP8 input of the attention projection: forward + quantize-transpose pass %.3f ms, the forward writing the "
                "codes %.3f ms (%.2fx)\n", t_pass, t_fused, t_pass / t_fused);
-        for (void* p : {(void*)rows8, (void*)cols8, (void*)s8, (void*)amax8}) cudaCheck(cudaFree(p));
     }
     double f_bwd = median_ms([&] { flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, HS, 0); });
     if (flash_attention_backward_gives_fp8(HS)) {
@@ -519,21 +531,16 @@ static void time_case(int B, int NH, int T, int HS) {
         // the E5M2 copy in both layouts in place of it (fp8, tiles_to_fp8), and dqkv with its amax (tcfp12)
         const size_t n_part = (size_t)flash_attention_bias_partial_rows(B, T) * 3 * C;
         float* part = dalloc<float>(n_part);
-        uint8_t *rows8 = dalloc<uint8_t>(n_qkv), *cols8 = dalloc<uint8_t>(n_qkv);
-        float* s8 = dalloc<float>(1);
-        uint32_t* amax8 = dalloc<uint32_t>(1);
-        const float one = 1.0f;
-        cudaCheck(cudaMemcpy(s8, &one, 4, cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemset(amax8, 0, 4));
-        Fp8Target t8, ta;
-        t8.rows = rows8; t8.cols = cols8; t8.scale = s8; t8.amax = amax8;
-        ta.amax = amax8;
+        const Fp8TimingTarget f(n_qkv);
+        const Fp8Target t8 = f.t();
+        Fp8Target ta;
+        ta.amax = f.amax;
         const double t_bf16 = median_ms([&] { flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, HS, 0, part); });
         const double t_fp8 = median_ms([&] { flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, HS, 0, part, t8); });
         const double t_amax = median_ms([&] { flash_attention_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, HS, 0, part, ta); });
         printf("  backward with the bias sums: BF16 dqkv %.3f ms, its E5M2 copy in both layouts instead %.3f ms (%.2fx), "
                "BF16 dqkv and its amax %.3f ms\n", t_bf16, t_fp8, t_fp8 / t_bf16, t_amax);
-        for (void* p : {(void*)part, (void*)rows8, (void*)cols8, (void*)s8, (void*)amax8}) cudaCheck(cudaFree(p));
+        cudaCheck(cudaFree(part));
     }
     // the backward's two kernels alone (step 1 writes the D that step 2 reads; both see the same inputs)
     float* Dvec = static_cast<float*>(scratch);
