@@ -114,6 +114,7 @@ struct LinearId {
     int layer;
     LinearKind kind;
 };
+inline bool same_linear(LinearId a, LinearId b) { return a.layer == b.layer && a.kind == b.kind; }
 
 // Data parallel: a recipe whose state must agree across the processes, or which keeps a piece of its
 // state per process, asks through this. train_gpt.cu fills it in once NCCL is up; with one process (and
@@ -185,7 +186,7 @@ inline size_t quantized_linears_layout(const RecipeOptions& o, int L, int C, std
 // which that linear's next call takes: whether `slot` holds id, emptying it. A slot held for another
 // linear means the model broke the contract at the top of this file: an error naming both.
 inline bool take_given_for(LinearId& slot, LinearId id, const char* recipe, const char* what) {
-    const bool given = slot.layer == id.layer && slot.kind == id.kind;
+    const bool given = same_linear(slot, id);
     if (slot.layer >= 0 && !given) {
         fprintf(stderr, "error: %s: the %s of layer %d's %s was not taken by the next call\n", recipe, what, slot.layer,
                 LINEAR_NAMES[slot.kind]);

@@ -368,7 +368,7 @@ inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX
                        fp8_gemm::supported(N, OC, C, {pre_gelu, r.x8, r.dy8, a.data, fp8_saved_xt(r, fcp), bias});
     // x's codes from the LayerNorm (no quantize pass, which would write x^T too): the fused GEMM, which loads
     // every tile of x anyway, writes x^T, instead of a transpose pass over x
-    const bool xt_in_gemm = fused && r.x_given.layer == id.layer && r.x_given.kind == id.kind && !r.x_given_with_t &&
+    const bool xt_in_gemm = fused && same_linear(r.x_given, id) && !r.x_given_with_t &&
                             fp8_gemm::writes_x_t_supported(OC, C) && (uintptr_t)fp8_saved_xt(r, id) % 16 == 0;
     PHASE("fp8: quantize x");
     const float* x_inv = fp8_quantize_input(r, id, inp, N, C, training, st, false, xt_in_gemm);

@@ -590,7 +590,7 @@ inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int O
 // again (under the flag, with the fresh scale) where the guess differed
 inline Fp8Target recipe_fp8_gradient_redo(Recipe& r, LinearId id, cudaStream_t st) {
     Fp8Target t;
-    if (r.dy_codes_given.layer != id.layer || r.dy_codes_given.kind != id.kind || !r.dy_codes_rows_only ||
+    if (!same_linear(r.dy_codes_given, id) || !r.dy_codes_rows_only ||
         r.dy_codes_checked)
         return t;
     const int li = tcfp_linear_index(id);
@@ -829,7 +829,7 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
     // wgrad: Recipe::dy_codes_given), or its column sums and amax (the fc projection's GELU pass:
     // Recipe::dy_sums_given), or the amax (the LayerNorm backward that wrote dy: Recipe::dy_amax_given)
     const bool codes_given = tcfp12_take_given(r.dy_codes_given, id, "output gradient codes");
-    const bool sums_given = r.dy_sums_given.layer == id.layer && r.dy_sums_given.kind == id.kind;
+    const bool sums_given = same_linear(r.dy_sums_given, id);
     if (r.dy_sums_given.layer >= 0 && !sums_given) {
         fprintf(stderr, "error: tcfp12: the output gradient sums of layer %d's %s were not taken by the next call\n",
                 r.dy_sums_given.layer, LINEAR_NAMES[r.dy_sums_given.kind]);

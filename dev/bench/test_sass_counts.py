@@ -8,17 +8,16 @@ uniform predicates, the encoding words and blank lines between instructions, two
 table with and without a baseline, and the command line's errors (no cuobjdump, no such binary,
 no matching kernel) with a stand-in cuobjdump script.
 """
-import io
 import os
 import stat
 import sys
 import tempfile
 import textwrap
 import unittest
-from contextlib import redirect_stderr, redirect_stdout
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sass_counts  # noqa: E402
+from cli_capture import run_captured  # noqa: E402
 
 SASS = textwrap.dedent("""\
 
@@ -119,10 +118,7 @@ class CommandLineTest(unittest.TestCase):
         self.dir.cleanup()
 
     def run_main(self, args):
-        out, err = io.StringIO(), io.StringIO()
-        with redirect_stdout(out), redirect_stderr(err):
-            rc = sass_counts.main(args)
-        return rc, out.getvalue(), err.getvalue()
+        return run_captured(sass_counts.main, args)
 
     def test_table_through_the_tool(self):
         rc, out, err = self.run_main([self.binary, "--cuobjdump", self.tool, "--kernel", "kernel_a"])

@@ -8,15 +8,14 @@ between marker launches, the busy time as a union (overlapping activities counte
 gap length, the longest gaps with their neighbours, and the errors (no marker, an empty file, a missing file,
 another CSV: 'error: ...' and exit status 1, no traceback).
 """
-import io
 import os
 import sys
 import tempfile
 import unittest
-from contextlib import redirect_stderr, redirect_stdout
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import trace_gaps  # noqa: E402
+from cli_capture import run_captured  # noqa: E402
 
 # two whole steps (markers at 0, 100,000 and 200,000 ns) and a third marker that closes the second
 ROWS = [
@@ -72,10 +71,7 @@ class TraceGapsTest(unittest.TestCase):
         self.assertEqual(counts[(5, 20)], 2)
 
     def run_main(self, argv):
-        out, err = io.StringIO(), io.StringIO()
-        with redirect_stdout(out), redirect_stderr(err):
-            rc = trace_gaps.main(argv)
-        return rc, out.getvalue(), err.getvalue()
+        return run_captured(trace_gaps.main, argv)
 
     def test_report(self):
         rc, text, _ = self.run_main([self.path, "--by-kernel"])
