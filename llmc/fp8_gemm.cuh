@@ -209,8 +209,7 @@ __device__ __forceinline__ uint32_t ws_amax_bits(uint32_t amax2) { return max(am
 // 16 8-byte loads (TMA stored the tile with the 128-byte swizzle: 16-byte chunk c of row r sits at chunk
 // c ^ (r % 8)), 8 4 x 4 byte transposes, and 8 16-byte stores, one a row of x_t (the warp's 32 stores of one
 // pass fill 4 rows x 128 bytes: whole lines).
-__device__ __forceinline__ void ws_transpose_x_block(uint8_t* __restrict__ x_t, const unsigned char* a_tile, int col_in_slot,
-                                                     int m0, int kc, int M, int lane) {
+__device__ __forceinline__ void ws_gather_transposed(uint32_t (&out)[8][4], const unsigned char* a_tile, int col_in_slot, int lane) {
     const int p = lane % 8, q = lane / 8;
     const int col = col_in_slot + 8 * q, chunk = col / 16, half = col % 16;
     uint32_t lo[16], hi[16]; // rows 16 p + i: columns col .. col + 3, col + 4 .. col + 7
@@ -221,9 +220,8 @@ __device__ __forceinline__ void ws_transpose_x_block(uint8_t* __restrict__ x_t, 
         lo[i] = v.x;
         hi[i] = v.y;
     }
-    uint32_t out[8][4]; // column col + c, rows 16 p + 4 w .. + 3 as word w
 #pragma unroll
-    for (int w = 0; w < 4; w++) {
+    for (int w = 0; w < 4; w++) { // out[c][w]: column col + c, rows 16 p + 4 w .. + 3
         const uint32_t rl[4] = {lo[4 * w], lo[4 * w + 1], lo[4 * w + 2], lo[4 * w + 3]};
         const uint32_t rh[4] = {hi[4 * w], hi[4 * w + 1], hi[4 * w + 2], hi[4 * w + 3]};
         uint32_t cl[4], ch[4];
@@ -235,10 +233,86 @@ __device__ __forceinline__ void ws_transpose_x_block(uint8_t* __restrict__ x_t, 
             out[4 + c][w] = ch[c];
         }
     }
+}
+__device__ __forceinline__ void ws_store_transposed(uint8_t* __restrict__ x_t, const uint32_t (&out)[8][4], int m0, int kc, int M, int lane) {
+    const int p = lane % 8, q = lane / 8;
 #pragma unroll
     for (int c = 0; c < 8; c++)
         *reinterpret_cast<uint4*>(x_t + (size_t)(kc + 8 * q + c) * M + m0 + 16 * p) = make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]);
 }
+__device__ __forceinline__ void ws_transpose_x_block(uint8_t* __restrict__ x_t, const unsigned char* a_tile, int col_in_slot,
+                                                     int m0, int kc, int M, int lane) {
+    uint32_t out[8][4];
+    ws_gather_transposed(out, a_tile, col_in_slot, lane);
+    ws_store_transposed(x_t, out, m0, kc, M, lane);
+}
+#if GEMM_WGMMA_DEVICE
+// fc_dy_ws's producer warp when a_t is given: lane 0 loads every K step into the ring as ws_produce does,
+// and the whole warp, WS_STAGES - 1 steps behind, transposes each tile's 32-column share of the A operand
+// into a_t (as fc_gelu_ws's transposer warp does for x, ws_transpose_x_block) and frees the slot (the
+// third arrival on empty). fc_dy_ws has no registers for a 17th warp: 17 warps put 5 on one scheduler and
+// cap every thread at 96 registers (ptxas then spilled its consumers' 96 accumulators), so
+// the producer warp's 31 idle lanes do it. Lagging by WS_STAGES - 1 costs the ring nothing: loading step
+// it + 1 needs slot (it + 1) % WS_STAGES freed from step it + 1 - WS_STAGES = it - 2, so the producer waits
+// for that step's data anyway. Step it - 2's arrival comes after step it is loaded, and loading step it + 1
+// waits for it: no cycle. Steps without the tile's columns are freed without waiting for their data (their
+// empty phase is the one after step u - WS_STAGES's, which completed before step u + 1 was loaded).
+template <class Ops>
+__device__ __forceinline__ void ws_produce_transpose_a(const WsShared& sh, const CUtensorMap* map_a, const CUtensorMap* map_b,
+                                                       uint8_t* __restrict__ a_t, int M, int K, int lane) {
+    constexpr int LAG = WS_STAGES - 1;
+    const int my_tiles = sh.num_tiles > (int)blockIdx.x ? (sh.num_tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    const int total = my_tiles * sh.k_steps; // this CTA's K steps over all its tiles
+    // Two cursors walk the CTA's K steps: the one loaded next (l) and the one transposed and freed next (u).
+    // They advance by increments, with one division a tile: divisions in every step (it / k_steps, then
+    // tile / tiles_n) put ~100 dependent integer instructions between a slot's release and its refill.
+    int l_tile = blockIdx.x, l_kt = 0, l_s = 0, l_phase = 0; // l_phase = (step / WS_STAGES) & 1
+    int l_m0 = (l_tile / sh.tiles_n) * 128, l_n0 = (l_tile % sh.tiles_n) * 128;
+    int u_tile = blockIdx.x, u_kt = 0, u_s = 0, u_phase = 0;
+    int u_m0 = l_m0, u_kc = 32 * (u_tile % sh.tiles_n); // the tile's 32 columns of A: K step u_kc / ELEMS_PER_STEP
+    for (int it = 0; it < total + LAG; it++) {
+        if (it < total) {
+            if (lane == 0) { // load step it
+                if (it >= WS_STAGES) gemm_wgmma::bar_wait(&sh.empty[l_s], l_phase ^ 1);
+                unsigned char* slot = sh.ring + l_s * 32768;
+                gemm_wgmma::bar_expect_bytes(&sh.full[l_s], 32768);
+                gemm_wgmma::tma_load_2d(slot, map_a, l_kt * Ops::ELEMS_PER_STEP, l_m0, &sh.full[l_s]);
+                gemm_wgmma::tma_load_2d(slot + gemm_wgmma::A_TILE_BYTES, map_b, l_kt * Ops::ELEMS_PER_STEP, l_n0, &sh.full[l_s]);
+            }
+            if (++l_kt == sh.k_steps) {
+                l_kt = 0;
+                l_tile += gridDim.x;
+                l_m0 = (l_tile / sh.tiles_n) * 128;
+                l_n0 = (l_tile % sh.tiles_n) * 128;
+            }
+            if (++l_s == WS_STAGES) { l_s = 0; l_phase ^= 1; }
+        }
+        __syncwarp();
+        if (it < LAG) continue;
+        // step it - LAG: transposed if it holds the tile's columns (their generic-proxy reads done and ordered
+        // before the TMA that refills the slot), freed, then the transposed columns stored
+        const int col_in_slot = u_kc - u_kt * Ops::ELEMS_PER_STEP;
+        const bool mine = u_kc < K && col_in_slot >= 0 && col_in_slot < Ops::ELEMS_PER_STEP;
+        uint32_t out[8][4];
+        if (mine) {
+            gemm_wgmma::bar_wait(&sh.full[u_s], u_phase);
+            ws_gather_transposed(out, sh.ring + u_s * 32768, col_in_slot, lane);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncwarp();
+        }
+        if (lane == 0) gemm_wgmma::bar_arrive(&sh.empty[u_s]);
+        if (mine) ws_store_transposed(a_t, out, u_m0, u_kc, M, lane);
+        if (++u_kt == sh.k_steps) {
+            u_kt = 0;
+            u_tile += gridDim.x;
+            u_m0 = (u_tile / sh.tiles_n) * 128;
+            u_kc = 32 * (u_tile % sh.tiles_n);
+        }
+        if (++u_s == WS_STAGES) { u_s = 0; u_phase ^= 1; }
+    }
+}
+#endif
+
 constexpr int WS_GELU_THREADS = WS_THREADS + 32, WS_TRANSPOSER_WARP = WS_THREADS / 32;
 
 __global__ void __launch_bounds__(WS_GELU_THREADS, 1)
@@ -364,6 +438,13 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
 // Whether fc_gelu_ws can write x^T as well (x_t): its tiles' 32-column shares must cover K (N >= 4K; the fc
 // layer has N = 4K)
 inline bool writes_x_t_supported(int N, int K) { return K % 32 == 0 && (N / 128) * 32 >= K; }
+// Whether fc_dy_ws's producer warp should write dy^T (it can where writes_x_t_supported): the transposes sit
+// in the producer's path between a slot's release and its refill, so they pay where the kernel waits on its
+// epilogue, with few K steps a tile, and cost where it waits on its main loop. H200, 2026-11-28, the kernel
+// alone: K = 768 (6 steps a tile) 0.535 ms writing dy^T against 0.564 + 0.032 for the kernel without it and
+// the transpose pass; K = 1600 (13 steps) 0.451 against 0.405 + 0.017. Between them (K = 1024, 1280) not
+// measured: up to 8 steps a tile counts as epilogue-bound.
+inline bool fc_dy_writes_dy_t_pays(int N, int K) { return writes_x_t_supported(N, K) && K <= 8 * 128; }
 
 // The fc forward above: x (M x K), W (N x K) E4M3 codes; pre (M x N) BF16, codes (M x N) and codes_t
 // (N x M) E4M3 at *scale; amax raised; when x_t is given, x's codes transposed into it (K x M). The caller
@@ -405,7 +486,9 @@ inline void fc_gelu_ws(floatX* pre, uint8_t* codes, uint8_t* codes_t, const uint
 // for tests, writes it). H100, 2026-11-27: d12's shape (65536, 3072, 768) in 0.52 ms against cuBLASLt's
 // dgrad + the dy pass, 0.28 + 0.46 ms (0.70x); d48's (16384, 6400, 1600) in 0.42 against 0.28 + 0.24 (0.81x).
 // Same roles, ring and hand-over as fc_gelu_ws (7 epilogue warps); the epilogue reads the pre-activation
-// from global memory (8 bytes a row of a 4 x 4 block, a warp's 32 blocks side by side).
+// from global memory (8 bytes a row of a 4 x 4 block, a warp's 32 blocks side by side). When dy_t is given,
+// the producer warp also writes dy^T (the fc projection's wgrad operand) from the dy tiles in the ring
+// (ws_produce_transpose_a), in place of an fp8_transpose pass over dy.
 // Seven epilogue warps, not eight: the consumers hold 96 accumulators (64 + the 32 of a K step's partial sums),
 // and 16 warps (4 a scheduler) leave them 128 registers, where 17 leave 96 (ptxas spilled there).
 constexpr int WS_DY_EPI_THREADS = 224, WS_DY_THREADS = WS_EPI_THREAD0 + WS_DY_EPI_THREADS;
@@ -415,7 +498,8 @@ __global__ void __launch_bounds__(WS_DY_THREADS, 1)
 fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constant__ CUtensorMap map_wt, int M, int N, int K,
                 const float* __restrict__ dy_inv, const float* __restrict__ w_inv, const floatX* __restrict__ pre,
                 uint8_t* __restrict__ codes, uint8_t* __restrict__ codes_t, float* __restrict__ col_partials,
-                const float* __restrict__ scale, uint32_t* __restrict__ amax, floatX* __restrict__ dgelu_out) {
+                const float* __restrict__ scale, uint32_t* __restrict__ amax, floatX* __restrict__ dgelu_out,
+                uint8_t* __restrict__ dy_t) {
 #if GEMM_WGMMA_DEVICE
     using namespace gemm_wgmma;
     using Ops = Fp8Operands<true, false>; // A: dy (E5M2), B: W^T (E4M3)
@@ -425,10 +509,11 @@ fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constan
     uint64_t *full = sh.full, *empty = sh.empty, *dg_full = sh.tile_full, *dg_empty = sh.tile_empty;
     float* s_colsum = reinterpret_cast<float*>(sh.extra); // [epilogue warp][128]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    sh.init_barriers(WS_DY_EPI_THREADS);
+    sh.init_barriers(WS_DY_EPI_THREADS, dy_t != nullptr ? 3 : 2);
 
     if (warp == 8) {
-        if (lane == 0) ws_produce<Ops>(sh, &map_dy, &map_wt);
+        if (dy_t != nullptr) ws_produce_transpose_a<Ops>(sh, &map_dy, &map_wt, dy_t, M, K, lane);
+        else if (lane == 0) ws_produce<Ops>(sh, &map_dy, &map_wt);
     } else if (warp < 8) {
         // consumers: warpgroup g computes rows 64g..64g+63 of each tile, promoting each K step's sums
         const int g = warp / 4, wq = warp % 4, gq = lane / 4, q = lane % 4;
@@ -548,23 +633,29 @@ fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constan
 
 // The fc layer's output gradient from the fc projection's dgrad, as above: dy (M x K E5M2), Wt (N x K E4M3,
 // the fc projection's W^T), pre (M x N, the fc pre-activation); codes (M x N) and codes_t (N x M) E5M2 at
-// *scale, col_partials (M / 128 x N), amax raised; dgelu_out (may be null) gets d(gelu output). The caller
-// checked supported() and finishes the bias gradient with bias_backward_reduce(.., col_partials, N, M / 128).
+// *scale, col_partials (M / 128 x N), amax raised; dgelu_out (may be null) gets d(gelu output); dy_t (may be
+// null) gets dy's codes transposed (K x M: the fc projection's wgrad operand; its producer warp writes it,
+// ws_produce_transpose_a). The caller checked supported() (and writes_x_t_supported(N, K) for dy_t) and
+// finishes the bias gradient with bias_backward_reduce(.., col_partials, N, M / 128).
 inline void fc_dy_ws(uint8_t* codes, uint8_t* codes_t, float* col_partials, const uint8_t* dy, const float* dy_inv,
                      const uint8_t* wt, const float* w_inv, const floatX* pre, const float* scale, uint32_t* amax, int M, int N,
-                     int K, cudaStream_t stream, floatX* dgelu_out = nullptr) {
+                     int K, cudaStream_t stream, floatX* dgelu_out = nullptr, uint8_t* dy_t = nullptr) {
     using Ops = gemm_wgmma::Fp8Operands<true, false>;
     static bool configured = false;
     if (!configured) {
         cudaCheck(cudaFuncSetAttribute(fc_dy_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WS_DY_SMEM_BYTES));
         configured = true;
     }
+    if (dy_t != nullptr && (!writes_x_t_supported(N, K) || (uintptr_t)dy_t % 16 != 0)) {
+        fprintf(stderr, "error: fc_dy_ws cannot write dy^T for N=%d K=%d (needs K %% 32 == 0, N >= 4K, 16-byte alignment)\n", N, K);
+        exit(1);
+    }
     const CUtensorMap map_dy = gemm_wgmma::tensor_map<Ops>(dy, M, K, 128);
     const CUtensorMap map_wt = gemm_wgmma::tensor_map<Ops>(wt, N, K, 128);
     const int tiles = (M / 128) * (N / 128);
     const int grid = std::min(tiles, device_sm_count());
     fc_dy_ws_kernel<<<grid, WS_DY_THREADS, WS_DY_SMEM_BYTES, stream>>>(map_dy, map_wt, M, N, K, dy_inv, w_inv, pre, codes, codes_t,
-                                                                    col_partials, scale, amax, dgelu_out);
+                                                                    col_partials, scale, amax, dgelu_out, dy_t);
     cudaCheckLaunch();
 }
 

@@ -445,6 +445,17 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         return;
     }
     const int t_dy = fp8_tensor(r, id, FP8_DY), t_x = fp8_tensor(r, id, FP8_X), t_w = fp8_tensor(r, id, FP8_W);
+    Fp8Operand wt{fp8_weight_t(r, id), CUDA_R_8F_E4M3, fp8_inv(r, t_w)};
+    // The fc projection's dgrad with the fc layer's dy pass in its epilogue (fp8_gemm::fc_dy_ws; below), when it
+    // applies. When this layer's dy came as rows only (the LayerNorm backward), that kernel's producer warp also
+    // writes dy^T from the dy tiles it loads, in place of the fp8_transpose pass, into the part of r.dy8's buffer
+    // that dy (N x OC of its N x 4C bytes) leaves free, where that pays (fc_dy_writes_dy_t_pays: C <= 1024); the
+    // wgrad then runs after the dgrad.
+    const LinearId fc{id.layer, LIN_FC};
+    const int t_dyf = fp8_tensor(r, fc, FP8_DY);
+    const bool fused_dy = pre_gelu && id.kind == LIN_FCPROJ && r.fused_gemm && !r.count_stats && fp8_applies(r, fc, N, OC, C) &&
+                          r.calibrated[t_dyf] && fp8_gemm::supported(N, C, OC, {r.x8, r.dyt8, r.dy8, wt.data, pre_gelu});
+    const bool dyt_in_dgrad = fused_dy && dy_given && r.dy_given_rows_only && fp8_gemm::fc_dy_writes_dy_t_pays(C, OC);
     // dy and dy^T in E5M2, and the bias gradient (column sums of the BF16 dy), from one read of dy
     // (unless the kernel that wrote dy gave them: recipe_fp8_gradient_target)
     PHASE("fp8: quantize dy + bias grad");
@@ -455,40 +466,43 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
                                               r.count_stats ? fp8_stats_of(r, t_dy) : Fp8Stats(), st, dbias,
                                               dbias ? r.col_partials : nullptr, gelu_pre);
     } else if (r.dy_given_rows_only) {
-        fp8_transpose(r.dyt8, r.dy8, N, OC, st);
+        if (!dyt_in_dgrad) fp8_transpose(r.dyt8, r.dy8, N, OC, st);
     } else if (bias_partials && dbias) {
         bias_backward_reduce(dbias, r.col_partials, OC, N / gemm_wgmma::BM, st); // the fused fc projection dgrad left them
     }
-    // wgrad: x^T as the training forward pass saved it (same scale, same codes)
+    // wgrad: x^T as the training forward pass saved it (same scale, same codes), against dy^T
     (void)inp;
-    Fp8Operand xt{fp8_saved_xt(r, id), CUDA_R_8F_E4M3, fp8_inv(r, t_x)}, dyt{r.dyt8, CUDA_R_8F_E5M2, sdy.inv};
-    PHASE("fp8: gemm wgrad");
-    if (!matmul_fp8(dweight, true, xt, dyt, nullptr, C, OC, N, 1.0f, false, st)) {
-        fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the weight gradient (m=%d n=%d k=%d)\n", C, OC, N);
-        exit(1);
-    }
+    auto wgrad = [&](uint8_t* dyt_codes) {
+        Fp8Operand xt{fp8_saved_xt(r, id), CUDA_R_8F_E4M3, fp8_inv(r, t_x)}, dyt{dyt_codes, CUDA_R_8F_E5M2, sdy.inv};
+        PHASE("fp8: gemm wgrad");
+        if (!matmul_fp8(dweight, true, xt, dyt, nullptr, C, OC, N, 1.0f, false, st)) {
+            fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the weight gradient (m=%d n=%d k=%d)\n", C, OC, N);
+            exit(1);
+        }
+    };
+    if (!dyt_in_dgrad) wgrad(r.dyt8);
     PHASE("fp8: gemm dgrad");
     // dgrad: W^T (C x OC) against dy (N x OC), with the GELU derivative in the epilogue when asked
-    Fp8Operand wt{fp8_weight_t(r, id), CUDA_R_8F_E4M3, fp8_inv(r, t_w)}, dy{r.dy8, CUDA_R_8F_E5M2, sdy.inv};
-    // The GELU derivative is a separate pass, not cuBLASLt's DGELU epilogue: with FP8 operands that
-    // epilogue ran the fc projection's dgrad at 158 ms per d12 step (B=64, H100), against 48 ms for
-    // the other three dgrads together (doc/perf.md).
-    const LinearId fc{id.layer, LIN_FC};
-    const int t_dyf = fp8_tensor(r, fc, FP8_DY);
-    if (pre_gelu && id.kind == LIN_FCPROJ && r.fused_gemm && !r.count_stats && fp8_applies(r, fc, N, OC, C) &&
-        r.calibrated[t_dyf] && fp8_gemm::supported(N, C, OC, {r.x8, r.dyt8, r.dy8, wt.data, pre_gelu})) {
+    Fp8Operand dy{r.dy8, CUDA_R_8F_E5M2, sdy.inv};
+    if (fused_dy) {
         // the fc layer's output gradient straight from this dgrad (fp8_gemm::fc_dy_ws): its E5M2 rows go to
         // r.x8 (free in the backward pass; the kernel reads r.dy8), then the two buffers trade places; its
-        // dy^T to r.dyt8 (this layer's, read by the wgrad above); the bias sums to col_partials. dinp, the
-        // BF16 d(gelu output), is not written: the fc layer's backward, next, takes the codes.
+        // dy^T to r.dyt8 (this layer's, read by the wgrad above unless written here); the bias sums to
+        // col_partials. dinp, the BF16 d(gelu output), is not written: the fc layer's backward, next, takes
+        // the codes.
+        uint8_t* dyt_here = dyt_in_dgrad ? r.dy8 + (size_t)N * OC : nullptr; // (16-byte aligned: N % 128 == 0)
         fp8_gemm::fc_dy_ws(r.x8, r.dyt8, r.col_partials, r.dy8, sdy.inv, fp8_weight_t(r, id), wt.scale, pre_gelu,
-                           r.scale + t_dyf, r.amax_now + t_dyf, N, C, OC, st);
+                           r.scale + t_dyf, r.amax_now + t_dyf, N, C, OC, st, nullptr, dyt_here);
         std::swap(r.x8, r.dy8);
         r.dy_given = fc;
         r.dy_given_rows_only = false;
         r.dy_given_bias_partials = true;
+        if (dyt_in_dgrad) wgrad(dyt_here); // (dyt_here now lies in r.x8's buffer, which nothing else uses before it)
         return;
     }
+    // The GELU derivative is a separate pass, not cuBLASLt's DGELU epilogue: with FP8 operands that
+    // epilogue ran the fc projection's dgrad at 158 ms per d12 step (B=64, H100), against 48 ms for
+    // the other three dgrads together (doc/perf.md).
     if (!matmul_fp8(dinp, false, wt, dy, nullptr, C, N, OC, 0.0f, false, st)) {
         fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the input gradient (m=%d n=%d k=%d)\n", C, N, OC);
         exit(1);

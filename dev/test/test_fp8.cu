@@ -433,7 +433,15 @@ static void test_fused_fc_dy(int M, int N, int K, bool timing) {
     cudaCheck(cudaMalloc(&sums, (size_t)2 * N * 4)); cudaCheck(cudaMalloc(&amax, 8));
     cudaCheck(cudaMemset(dg_f, 0xFF, n * 2)); cudaCheck(cudaMemset(q_f, 0xFF, n)); cudaCheck(cudaMemset(qt_f, 0xFF, n));
     cudaCheck(cudaMemset(sums, 0, (size_t)2 * N * 4)); cudaCheck(cudaMemset(amax, 0, 8));
-    fp8_gemm::fc_dy_ws(q_f, qt_f, part_f, ddy, inv, dw, inv + 4, dpre, inv + 8, amax, M, N, K, 0, dg_f);
+    // where the tiles' 32-column shares cover K (N >= 4K, as in the fc projection's dgrad), the kernel's producer
+    // warp writes dy^T too (the fc projection's wgrad operand)
+    const bool with_dyt = fp8_gemm::writes_x_t_supported(N, K);
+    uint8_t *dyt_f = nullptr, *dyt_r = nullptr;
+    if (with_dyt) {
+        cudaCheck(cudaMalloc(&dyt_f, (size_t)M * K)); cudaCheck(cudaMalloc(&dyt_r, (size_t)M * K));
+        cudaCheck(cudaMemset(dyt_f, 0xAA, (size_t)M * K));
+    }
+    fp8_gemm::fc_dy_ws(q_f, qt_f, part_f, ddy, inv, dw, inv + 4, dpre, inv + 8, amax, M, N, K, 0, dg_f, dyt_f);
     bias_backward_reduce(sums, part_f, N, M / 128, 0);
     Fp8Operand a{dw, CUDA_R_8F_E4M3, inv + 4}, b{ddy, CUDA_R_8F_E5M2, inv};
     if (!matmul_fp8(dg_r, false, a, b, nullptr, N, M, K, 0.0f, false, 0)) exit(1);
@@ -462,9 +470,16 @@ static void test_fused_fc_dy(int M, int N, int K, bool timing) {
     const double es = std::sqrt(num / std::max(den, 1e-300));
     const bool same = to_host(q_f, n) == to_host(q_r, n) && to_host(qt_f, n) == to_host(qt_r, n) && am[0] == am[1] && am[0] != 0;
     check(same && es < 1e-5, "fused fc dy M=%d N=%d K=%d: E5M2 codes of d(gelu output) gelu'(pre) in both layouts and amax = the "
-          "pass over its d(gelu output), bit for bit (%s); column sums rel L2 %.1e (tol 1e-5)", M, N, K, same ? "same" : "DIFFERENT", es);
+          "pass over its d(gelu output), bit for bit (%s); column sums rel L2 %.1e (tol 1e-5)%s", M, N, K, same ? "same" : "DIFFERENT",
+          es, with_dyt ? " (the kernel writing dy^T as well)" : "");
+    if (with_dyt) {
+        fp8_transpose(dyt_r, ddy, M, K, 0);
+        check(to_host(dyt_f, (size_t)M * K) == to_host(dyt_r, (size_t)M * K),
+              "fused fc dy M=%d N=%d K=%d: dy^T from its producer warp = fp8_transpose of dy, bit for bit (every byte written: "
+              "the buffer started as 0xAA)", M, N, K);
+    }
     if (timing) {
-        auto fused = [&] { fp8_gemm::fc_dy_ws(q_f, qt_f, part_f, ddy, inv, dw, inv + 4, dpre, inv + 8, amax, M, N, K, 0); };
+        auto fused = [&] { fp8_gemm::fc_dy_ws(q_f, qt_f, part_f, ddy, inv, dw, inv + 4, dpre, inv + 8, amax, M, N, K, 0, nullptr, dyt_f); };
         auto cublas = [&] {
             if (!matmul_fp8(dg_r, false, a, b, nullptr, N, M, K, 0.0f, false, 0)) exit(1);
             fp8_quantize_transpose<Fp8Kind::E5M2>(q_r, qt_r, dg_r, M, N, inv + 8, amax + 1, Fp8Stats(), 0, nullptr, part_r, dpre);
@@ -473,7 +488,14 @@ static void test_fused_fc_dy(int M, int N, int K, bool timing) {
         const float t_g = mean_ms([&] { if (!matmul_fp8(dg_r, false, a, b, nullptr, N, M, K, 0.0f, false, 0)) exit(1); }, 20);
         printf("  timing M=%d N=%d K=%d: fused fc dy %.4f ms against cuBLASLt dgrad %.4f + dy pass %.4f = %.4f ms\n", M, N, K, t_f,
                t_g, t_r - t_g, t_r);
+        if (with_dyt) {
+            const float t_nodyt = mean_ms([&] { fp8_gemm::fc_dy_ws(q_f, qt_f, part_f, ddy, inv, dw, inv + 4, dpre, inv + 8, amax, M, N, K, 0); }, 20);
+            const float t_tr = mean_ms([&] { fp8_transpose(dyt_r, ddy, M, K, 0); }, 20);
+            printf("    fused writing dy^T %.4f ms, against fused without it %.4f + fp8_transpose %.4f = %.4f ms\n", t_f, t_nodyt,
+                   t_tr, t_nodyt + t_tr);
+        }
     }
+    if (with_dyt) { cudaFree(dyt_f); cudaFree(dyt_r); }
     cudaFree(ddy); cudaFree(dw); cudaFree(inv); cudaFree(dpre); cudaFree(dg_f); cudaFree(dg_r); cudaFree(q_f); cudaFree(qt_f);
     cudaFree(q_r); cudaFree(qt_r); cudaFree(part_f); cudaFree(part_r); cudaFree(sums); cudaFree(amax);
 }
@@ -878,6 +900,10 @@ int main() {
     test_fused_fc_dy(256, 256, 128, false);
     test_fused_fc_dy(384, 640, 1600, false);
     test_fused_fc_dy(1024, 384, 256, false);
+    test_fused_fc_dy(384, 512, 128, false);  // N = 4K: dy^T written too (one K step)
+    test_fused_fc_dy(256, 1024, 256, false); // N = 4K, two K steps
+    test_fused_fc_dy(256, 1024, 128, false); // N = 8K: the tiles past K transpose nothing
+    test_fused_fc_dy(8192, 1024, 256, false); // N = 4K, 256 tiles: several tiles a CTA (the producer's flat step count)
     test_fused_fc_dy(65536, 3072, 768, true);
     test_fused_fc_dy(16384, 6400, 1600, true);
     test_recipe();
