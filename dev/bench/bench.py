@@ -634,6 +634,10 @@ def render_table(rows, meta):
            f"{meta['warmup']} warm-up + median of {meta['steps']} timed steps · synthetic uniform tokens", ""]
     if meta["steps"] < 10:
         out += [f"**Below protocol: {meta['steps']} timed steps (the protocol asks for at least 10).**", ""]
+    if meta.get("partial"):
+        done, total = meta["partial"]
+        out += [f"**Partial: {done} of {total} runs done when this was written; the bench had not finished "
+                f"(the last run's ratios may still lack their baseline).**", ""]
     out.append("| size | recipe | GPUs | B | T | ms/step | tok/s | MFU % | peak GiB | vs peer | vs bf16 | vs 1 GPU | notes |")
     out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
@@ -881,6 +885,14 @@ def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
             print(tail, flush=True)
 
     rows = []
+    total_runs = sum(len(meta["gpus"]) for _ in plan for _ in recipes) + (0 if args.no_peer else len(plan))
+
+    def checkpoint_report():
+        # the report so far after every run, so that a bench cut short (a time limit, a lost machine)
+        # keeps the runs it finished; the final write below drops the "partial" mark
+        if args.out:
+            write_report(args.out, compute_ratios([dict(r) for r in rows]), dict(meta, partial=(len(rows), total_runs)))
+
     for size, start_B, T in plan:
         for entry in recipes:
             label, r, _ = entry
@@ -890,6 +902,7 @@ def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
                     row["status"] = "not built" if args.no_build else "build failed"
                     row["error"] = error_line(built[r][1])
                     rows.append(row)
+                    checkpoint_report()
                     continue
                 print(f"[{size}] {label}: {g} GPU{'s' if g > 1 else ''}, B={start_B} T={T}", flush=True)
                 row = with_halving(start_B, T, args.total_batch // g,
@@ -897,24 +910,33 @@ def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
                                                                                 log_dir, peak, g))
                 report_row(row)
                 rows.append(row)
+                checkpoint_report()
         if not args.no_peer:
             print(f"[{size}] {PEER_LABEL}: B={start_B} T={T}", flush=True)
             row = with_halving(start_B, T, args.total_batch,
                                lambda B, size=size, T=T: run_peer(size, B, T, args, log_dir, peak))
             report_row(row)
             rows.append(row)
+            checkpoint_report()
 
     compute_ratios(rows)
-    table = render_table(rows, meta)
-    print("\n" + table)
+    print("\n" + render_table(rows, meta))
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(table)
-        json_path = os.path.splitext(args.out)[0] + ".json"
-        with open(json_path, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        json_path = write_report(args.out, rows, meta)
         print(f"wrote {args.out}, {json_path} and logs in {log_dir}")
     return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+def write_report(out, rows, meta):
+    """The markdown table at out and the raw rows beside it (.json), each written whole: a temporary
+    file renamed over the old one, so that a reader never sees half a report. Returns the JSON's path."""
+    json_path = os.path.splitext(out)[0] + ".json"
+    for path, text in ((out, render_table(rows, meta)), (json_path, json.dumps({"meta": meta, "rows": rows}, indent=1))):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    return json_path
 
 
 def report_row(row):

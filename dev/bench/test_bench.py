@@ -336,6 +336,42 @@ class TestRuns(unittest.TestCase):
             shutil.rmtree(tmp)
 
 
+class TestPartialReport(unittest.TestCase):
+    def test_a_bench_cut_short_keeps_its_finished_runs(self):
+        """run_all writes the report after every run: when the second run never returns (here it raises,
+        as a kill would end it), the first run's row is on disk, marked partial, with no temporary left."""
+        tmp = tempfile.mkdtemp()
+        saved = bench.REPO_ROOT, bench.run_ours
+        try:
+            for r in ("bf16", "fp8"):
+                open(os.path.join(tmp, f"train_gpt_{r}"), "w").close()
+            out = os.path.join(tmp, "report.md")
+            args = bench.build_arg_parser().parse_args(["--recipes", "bf16,fp8", "--no-build", "--no-peer", "--out", out])
+            meta = {"gpu": "test GPU", "date": "2025-01-01 00:00 UTC", "commit": "abc", "total_batch": 524288,
+                    "warmup": 5, "steps": 10, "peak_flops": 989.4e12, "gpus": [1], "argv": []}
+
+            def fake_run_ours(entry, size, B, T, *rest):
+                if entry[1] == "fp8":
+                    raise KeyboardInterrupt
+                row = dict(bench.new_row(size, entry[0], "ours", B, T), status="ok", step_ms=[900.0] * 15,
+                           params=124475904, L=12, C=768, peak_gib=25.0)
+                return bench.fill_speed(row, 524288, 5, 989.4e12)
+            bench.REPO_ROOT, bench.run_ours = tmp, fake_run_ours
+            with self.assertRaises(KeyboardInterrupt):
+                bench.run_all(args, bench.resolve_plan(args), bench.parse_recipes("bf16,fp8"), meta, 989.4e12, tmp, tmp)
+            md = open(out).read()
+            self.assertIn("**Partial: 1 of 2 runs done", md)
+            self.assertIn("| d12 | bf16 | 1 | 64 | 1024 | 900.0 |", md)
+            self.assertNotIn("| d12 | fp8 |", md)
+            saved_json = json.load(open(os.path.join(tmp, "report.json")))
+            self.assertEqual([r["recipe"] for r in saved_json["rows"]], ["bf16"])
+            self.assertEqual(saved_json["meta"]["partial"], [1, 2])
+            self.assertFalse([f for f in os.listdir(tmp) if f.endswith(".tmp")])
+        finally:
+            bench.REPO_ROOT, bench.run_ours = saved
+            shutil.rmtree(tmp)
+
+
 class TestTable(unittest.TestCase):
     def test_render(self):
         ok = dict(bench.new_row("d12", "bf16", "ours", 64, 1024), status="ok", step_ms=[850.0] * 15,
