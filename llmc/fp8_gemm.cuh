@@ -252,10 +252,11 @@ __device__ __forceinline__ void ws_transpose_x_block(uint8_t* __restrict__ x_t, 
 // into a_t (as fc_gelu_ws's transposer warp does for x, ws_transpose_x_block) and frees the slot (the
 // third arrival on empty). fc_dy_ws has no registers for a 17th warp: 17 warps put 5 on one scheduler and
 // cap every thread at 96 registers (ptxas then spilled its consumers' 96 accumulators), so
-// the producer warp's 31 idle lanes do it. Lagging by WS_STAGES - 1 costs the ring nothing: loading step
-// it + 1 needs slot (it + 1) % WS_STAGES freed from step it + 1 - WS_STAGES = it - 2, so the producer waits
-// for that step's data anyway. Step it - 2's arrival comes after step it is loaded, and loading step it + 1
-// waits for it: no cycle. Steps without the tile's columns are freed without waiting for their data (their
+// the producer warp's 31 idle lanes do it. Lagging by WS_STAGES - 1 adds no wait to the ring's protocol:
+// loading step it + 1 needs slot (it + 1) % WS_STAGES freed from step it + 1 - WS_STAGES = it - 2, so the
+// producer waits for that step's data anyway. Step it - 2's arrival comes after step it is loaded, and loading
+// step it + 1 waits for it: no cycle. The transposes do take the producer's time between two loads, which
+// shows where the main loop bounds the kernel (fc_dy_writes_dy_t_pays). Steps without the tile's columns are freed without waiting for their data (their
 // empty phase is the one after step u - WS_STAGES's, which completed before step u + 1 was loaded).
 template <class Ops>
 __device__ __forceinline__ void ws_produce_transpose_a(const WsShared& sh, const CUtensorMap* map_a, const CUtensorMap* map_b,
