@@ -247,6 +247,25 @@ __device__ __forceinline__ void ws_transpose_x_block(uint8_t* __restrict__ x_t, 
     ws_store_transposed(x_t, out, m0, kc, M, lane);
 }
 #if GEMM_WGMMA_DEVICE
+// A CTA's walk over its K steps (tiles blockIdx.x, + gridDim.x, ...; k_steps each), by increments: the tile's
+// row block m0 and column block n_block (one division a tile), the K step kt, and the ring slot s with its
+// mbarrier phase parity (phase = (step / WS_STAGES) & 1)
+struct WsStepCursor {
+    int tile, kt = 0, s = 0, phase = 0, m0 = 0, n_block = 0;
+    __device__ __forceinline__ explicit WsStepCursor(const WsShared& sh) : tile(blockIdx.x) { locate(sh); }
+    __device__ __forceinline__ void locate(const WsShared& sh) {
+        m0 = (tile / sh.tiles_n) * 128;
+        n_block = tile % sh.tiles_n;
+    }
+    __device__ __forceinline__ void advance(const WsShared& sh) {
+        if (++kt == sh.k_steps) {
+            kt = 0;
+            tile += gridDim.x;
+            locate(sh);
+        }
+        if (++s == WS_STAGES) { s = 0; phase ^= 1; }
+    }
+};
 // fc_dy_ws's producer warp when a_t is given: lane 0 loads every K step into the ring as ws_produce does,
 // and the whole warp, WS_STAGES - 1 steps behind, transposes each tile's 32-column share of the A operand
 // into a_t (as fc_gelu_ws's transposer warp does for x, ws_transpose_x_block) and frees the slot (the
@@ -267,49 +286,35 @@ __device__ __forceinline__ void ws_produce_transpose_a(const WsShared& sh, const
     // Two cursors walk the CTA's K steps: the one loaded next (l) and the one transposed and freed next (u).
     // They advance by increments, with one division a tile: divisions in every step (it / k_steps, then
     // tile / tiles_n) put ~100 dependent integer instructions between a slot's release and its refill.
-    int l_tile = blockIdx.x, l_kt = 0, l_s = 0, l_phase = 0; // l_phase = (step / WS_STAGES) & 1
-    int l_m0 = (l_tile / sh.tiles_n) * 128, l_n0 = (l_tile % sh.tiles_n) * 128;
-    int u_tile = blockIdx.x, u_kt = 0, u_s = 0, u_phase = 0;
-    int u_m0 = l_m0, u_kc = 32 * (u_tile % sh.tiles_n); // the tile's 32 columns of A: K step u_kc / ELEMS_PER_STEP
+    WsStepCursor l(sh), u(sh);
     for (int it = 0; it < total + LAG; it++) {
         if (it < total) {
             if (lane == 0) { // load step it
-                if (it >= WS_STAGES) gemm_wgmma::bar_wait(&sh.empty[l_s], l_phase ^ 1);
-                unsigned char* slot = sh.ring + l_s * 32768;
-                gemm_wgmma::bar_expect_bytes(&sh.full[l_s], 32768);
-                gemm_wgmma::tma_load_2d(slot, map_a, l_kt * Ops::ELEMS_PER_STEP, l_m0, &sh.full[l_s]);
-                gemm_wgmma::tma_load_2d(slot + gemm_wgmma::A_TILE_BYTES, map_b, l_kt * Ops::ELEMS_PER_STEP, l_n0, &sh.full[l_s]);
+                if (it >= WS_STAGES) gemm_wgmma::bar_wait(&sh.empty[l.s], l.phase ^ 1);
+                unsigned char* slot = sh.ring + l.s * 32768;
+                gemm_wgmma::bar_expect_bytes(&sh.full[l.s], 32768);
+                gemm_wgmma::tma_load_2d(slot, map_a, l.kt * Ops::ELEMS_PER_STEP, l.m0, &sh.full[l.s]);
+                gemm_wgmma::tma_load_2d(slot + gemm_wgmma::A_TILE_BYTES, map_b, l.kt * Ops::ELEMS_PER_STEP, 128 * l.n_block,
+                                        &sh.full[l.s]);
             }
-            if (++l_kt == sh.k_steps) {
-                l_kt = 0;
-                l_tile += gridDim.x;
-                l_m0 = (l_tile / sh.tiles_n) * 128;
-                l_n0 = (l_tile % sh.tiles_n) * 128;
-            }
-            if (++l_s == WS_STAGES) { l_s = 0; l_phase ^= 1; }
+            l.advance(sh);
         }
         __syncwarp();
         if (it < LAG) continue;
-        // step it - LAG: transposed if it holds the tile's columns (their generic-proxy reads done and ordered
-        // before the TMA that refills the slot), freed, then the transposed columns stored
-        const int col_in_slot = u_kc - u_kt * Ops::ELEMS_PER_STEP;
-        const bool mine = u_kc < K && col_in_slot >= 0 && col_in_slot < Ops::ELEMS_PER_STEP;
+        // step it - LAG: transposed if it holds the tile's 32 columns of A (kc; their generic-proxy reads done
+        // and ordered before the TMA that refills the slot), freed, then the transposed columns stored
+        const int kc = 32 * u.n_block, col_in_slot = kc - u.kt * Ops::ELEMS_PER_STEP;
+        const bool mine = kc < K && col_in_slot >= 0 && col_in_slot < Ops::ELEMS_PER_STEP;
         uint32_t out[8][4];
         if (mine) {
-            gemm_wgmma::bar_wait(&sh.full[u_s], u_phase);
-            ws_gather_transposed(out, sh.ring + u_s * 32768, col_in_slot, lane);
+            gemm_wgmma::bar_wait(&sh.full[u.s], u.phase);
+            ws_gather_transposed(out, sh.ring + u.s * 32768, col_in_slot, lane);
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             __syncwarp();
         }
-        if (lane == 0) gemm_wgmma::bar_arrive(&sh.empty[u_s]);
-        if (mine) ws_store_transposed(a_t, out, u_m0, u_kc, M, lane);
-        if (++u_kt == sh.k_steps) {
-            u_kt = 0;
-            u_tile += gridDim.x;
-            u_m0 = (u_tile / sh.tiles_n) * 128;
-            u_kc = 32 * (u_tile % sh.tiles_n);
-        }
-        if (++u_s == WS_STAGES) { u_s = 0; u_phase ^= 1; }
+        if (lane == 0) gemm_wgmma::bar_arrive(&sh.empty[u.s]);
+        if (mine) ws_store_transposed(a_t, out, u.m0, kc, M, lane);
+        u.advance(sh);
     }
 }
 #endif

@@ -206,6 +206,17 @@ static void test_transpose() {
     }
 }
 
+// A fused kernel that writes a transposed operand (x^T, dy^T) itself, t_with ms a call, against the same kernel
+// without it plus an fp8_transpose of its rows x cols operand (into t_out)
+template <typename Without>
+static void time_transpose_in_kernel(const char* what, float t_with, Without without, uint8_t* t_out, const uint8_t* in,
+                                     int rows, int cols) {
+    const float t_without = mean_ms(without, 20);
+    const float t_tr = mean_ms([&] { fp8_transpose(t_out, in, rows, cols, 0); }, 20);
+    printf("    fused writing %s %.4f ms, against fused without it %.4f + fp8_transpose %.4f = %.4f ms\n", what, t_with, t_without,
+           t_tr, t_without + t_tr);
+}
+
 // ---- 2. FP8 GEMMs ----------------------------------------------------------------------------------
 struct QTensor {
     std::vector<float> raw;        // the unquantized values
@@ -391,12 +402,9 @@ static void test_fused_fc_gelu(int M, int N, int K, bool timing) {
         const float t_p = mean_ms(plain, 20);
         printf("    fused %.4f ms (%.0f TFLOP/s); gemm_wgmma's kernel with FP8 operands and the BF16 store alone %.4f ms (%.0f TFLOP/s)\n",
                t_f, 2.0 * M * N * K / t_f / 1e9, t_p, 2.0 * M * N * K / t_p / 1e9);
-        if (with_xt) {
-            const float t_nox = mean_ms([&] { fp8_gemm::fc_gelu_ws(pre_f, q_f, qt_f, dx, inv, dw, inv + 4, dbias, inv + 8, amax, M, N, K, 0); }, 20);
-            const float t_tr = mean_ms([&] { fp8_transpose(xt_r, dx, M, K, 0); }, 20);
-            printf("    fused writing x^T %.4f ms, against fused without it %.4f + fp8_transpose %.4f = %.4f ms\n", t_f, t_nox,
-                   t_tr, t_nox + t_tr);
-        }
+        if (with_xt)
+            time_transpose_in_kernel("x^T", t_f, [&] { fp8_gemm::fc_gelu_ws(pre_f, q_f, qt_f, dx, inv, dw, inv + 4, dbias, inv + 8, amax, M, N, K, 0); },
+                                     xt_r, dx, M, K);
     }
     if (with_xt) { cudaFree(xt_f); cudaFree(xt_r); }
     cudaFree(dx); cudaFree(dw); cudaFree(inv); cudaFree(dbias); cudaFree(pre_f); cudaFree(pre_r);
@@ -488,12 +496,9 @@ static void test_fused_fc_dy(int M, int N, int K, bool timing) {
         const float t_g = mean_ms([&] { if (!matmul_fp8(dg_r, false, a, b, nullptr, N, M, K, 0.0f, false, 0)) exit(1); }, 20);
         printf("  timing M=%d N=%d K=%d: fused fc dy %.4f ms against cuBLASLt dgrad %.4f + dy pass %.4f = %.4f ms\n", M, N, K, t_f,
                t_g, t_r - t_g, t_r);
-        if (with_dyt) {
-            const float t_nodyt = mean_ms([&] { fp8_gemm::fc_dy_ws(q_f, qt_f, part_f, ddy, inv, dw, inv + 4, dpre, inv + 8, amax, M, N, K, 0); }, 20);
-            const float t_tr = mean_ms([&] { fp8_transpose(dyt_r, ddy, M, K, 0); }, 20);
-            printf("    fused writing dy^T %.4f ms, against fused without it %.4f + fp8_transpose %.4f = %.4f ms\n", t_f, t_nodyt,
-                   t_tr, t_nodyt + t_tr);
-        }
+        if (with_dyt)
+            time_transpose_in_kernel("dy^T", t_f, [&] { fp8_gemm::fc_dy_ws(q_f, qt_f, part_f, ddy, inv, dw, inv + 4, dpre, inv + 8, amax, M, N, K, 0); },
+                                     dyt_r, ddy, M, K);
     }
     if (with_dyt) { cudaFree(dyt_f); cudaFree(dyt_r); }
     cudaFree(ddy); cudaFree(dw); cudaFree(inv); cudaFree(dpre); cudaFree(dg_f); cudaFree(dg_r); cudaFree(q_f); cudaFree(qt_f);
