@@ -184,10 +184,13 @@ static void test_quantize_shapes(const char* name) {
 }
 
 // fp8_transpose (the second layout of codes a LayerNorm wrote) against a CPU transpose: full and partial
-// tiles, widths that are not a multiple of 4, more tiles than resident blocks
-static void test_transpose() {
+// tiles, widths that are not a multiple of 4, more tiles than resident blocks; both kernels (the 128 x 128 one
+// where rows and cols are multiples of 16: full tiles, partial row and column tiles, d48's 1600 columns), each
+// into a buffer pre-filled with 0xAA, so a byte left unwritten shows. timing: both kernels at d12's and d48's shapes.
+static void test_transpose(bool timing) {
     std::mt19937 rng(11);
-    const int shapes[][2] = {{64, 64}, {100, 72}, {37, 50}, {1, 1000}, {8192, 2304}, {8200, 1000}, {130, 6}};
+    const int shapes[][2] = {{64, 64}, {100, 72}, {37, 50}, {1, 1000}, {8192, 2304}, {8200, 1000}, {130, 6},
+                             {16, 16}, {48, 208}, {272, 1600}, {4096, 768}, {2064, 1040}};
     for (auto& sh : shapes) {
         const int rows = sh[0], cols = sh[1];
         std::vector<uint8_t> in((size_t)rows * cols);
@@ -195,13 +198,32 @@ static void test_transpose() {
         uint8_t* d_in = to_device(in);
         uint8_t* d_t;
         cudaCheck(cudaMalloc(&d_t, in.size()));
-        cudaCheck(cudaMemset(d_t, 0xAA, in.size()));
-        fp8_transpose(d_t, d_in, rows, cols, 0);
-        const std::vector<uint8_t> t = to_host(d_t, in.size());
-        long long bad = 0;
-        for (int r = 0; r < rows; r++)
-            for (int c = 0; c < cols; c++) bad += t[(size_t)c * rows + r] != in[(size_t)r * cols + c];
-        check(bad == 0, "fp8_transpose %d x %d: every byte in place (%lld wrong)", rows, cols, bad);
+        const bool wide = fp8_transpose_wide_supported(d_t, d_in, rows, cols);
+        for (int small = 0; small < (wide ? 2 : 1); small++) {
+            cudaCheck(cudaMemset(d_t, 0xAA, in.size()));
+            fp8_transpose(d_t, d_in, rows, cols, 0, small == 1);
+            const std::vector<uint8_t> t = to_host(d_t, in.size());
+            long long bad = 0;
+            for (int r = 0; r < rows; r++)
+                for (int c = 0; c < cols; c++) bad += t[(size_t)c * rows + r] != in[(size_t)r * cols + c];
+            check(bad == 0, "fp8_transpose %d x %d (%s tiles): every byte in place (%lld wrong)", rows, cols,
+                  wide && small == 0 ? "128 x 128" : "64 x 64", bad);
+        }
+        cudaFree(d_in); cudaFree(d_t);
+    }
+    if (!timing) return;
+    const int timed[][2] = {{65536, 768}, {16384, 1600}};
+    for (auto& sh : timed) {
+        const int rows = sh[0], cols = sh[1];
+        const size_t n = (size_t)rows * cols;
+        uint8_t *d_in, *d_t;
+        cudaCheck(cudaMalloc(&d_in, n));
+        cudaCheck(cudaMalloc(&d_t, n));
+        cudaCheck(cudaMemset(d_in, 0x3C, n));
+        const float t_wide = mean_ms([&] { fp8_transpose(d_t, d_in, rows, cols, 0); }, 20);
+        const float t_small = mean_ms([&] { fp8_transpose(d_t, d_in, rows, cols, 0, true); }, 20);
+        printf("  timing fp8_transpose %d x %d: 128 x 128 tiles %.4f ms (%.0f GB/s), 64 x 64 tiles %.4f ms (%.0f GB/s)\n", rows,
+               cols, t_wide, 2e-6 * n / t_wide, t_small, 2e-6 * n / t_small);
         cudaFree(d_in); cudaFree(d_t);
     }
 }
@@ -883,7 +905,7 @@ int main() {
     test_quantize_all_bf16<Fp8Kind::E5M2>("E5M2");
     test_quantize_shapes<Fp8Kind::E4M3>("E4M3");
     test_quantize_shapes<Fp8Kind::E5M2>("E5M2");
-    test_transpose();
+    test_transpose(true);
     // forward: E4M3 x E4M3, fast accumulation, bias, BF16 out (BF16 rounding ~1e-3 dominates)
     test_gemm("gemm forward E4M3xE4M3 fast-accum +bias", Fp8Kind::E4M3, Fp8Kind::E4M3, false, true, true, 384, 256, 768, 5e-3, 8e-2);
     test_gemm("gemm forward E4M3xE4M3 fast-accum (scales apart)", Fp8Kind::E4M3, Fp8Kind::E4M3, false, true, false, 384, 256, 768, 5e-3, 8e-2, true);
