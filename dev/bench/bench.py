@@ -46,14 +46,15 @@ KNOWN_RECIPES = ["bf16", "fp8", "tcfp12", "nvfp4", "q115", "vcast"]
 # The B values are starting points for an 80 GB H100 (the protocol's "largest B that fits"); on OOM the
 # run is retried with B/2. On an H100 (2026-11-25): d24 64 fits ours (63 GiB) and the peer (75 GiB); d36
 # 32 fits both; gpt3:c768 64 fits ours (47 GiB), the peer falls back to 32. d48: 16 fits ours (bf16 70.5 GiB,
-# fp8 72.6 GiB; H100, 2026-11-26), so it starts there (until then it started at 8, which left the protocol's
-# largest B untried); recipes that need more (tcfp12) and the peer fall back to 8.
+# fp8 72.6 GiB; H100, 2026-11-26). On an H200 (139.8 GiB) 32 fits both (bf16 113.5 GiB, fp8 105.7 GiB;
+# 2026-11-28), so d48 starts at 32: an H200 runs the protocol's largest B, an 80 GB H100 runs out of memory
+# at allocation (seconds) and falls back to 16; recipes that need more (tcfp12) and the peer fall back further.
 SIZE_DEFAULTS = {
     "d6": (64, 1024),
     "d12": (64, 1024),
     "d24": (64, 1024),
     "d36": (32, 1024),
-    "d48": (16, 1024),
+    "d48": (32, 1024),
     "gpt3:c768": (64, 2048),
 }
 

@@ -65,7 +65,7 @@ class TestArguments(unittest.TestCase):
     def test_sizes_and_per_size_B(self):
         a = args_for(["--sizes", "d12, d24,gpt2:d36,d48,gpt3:c768,d12"])
         self.assertEqual(bench.resolve_plan(a), [("d12", 64, 1024), ("d24", 64, 1024), ("d36", 32, 1024),
-                                                 ("d48", 16, 1024), ("gpt3:c768", 64, 2048)])
+                                                 ("d48", 32, 1024), ("gpt3:c768", 64, 2048)])
 
     def test_B_overrides(self):
         self.assertEqual(bench.parse_b_overrides("16", ["d12", "d24"]), {"d12": 16, "d24": 16})
