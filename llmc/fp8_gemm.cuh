@@ -11,6 +11,7 @@
 // dequantization factors x_inv and w_inv (1 / their scales), bias (N):
 //     pre[m][n]     = bf16(x_inv w_inv sum_k x[m][k] W[n][k] + bias[n])
 //     g             = bf16(gelu(pre[m][n]))                    (as gelu_forward stores it)
+//     stored:         pre[m][n], or bf16(gelu'(pre[m][n])) for the backward (FcPreOut)
 //     codes[m][n]   = e4m3(g * s)      codes_t[n][m] = the same code      (s: the fc projection's input scale)
 //     amax         |= max |g|          (atomicMax on the float bits)
 // Exactly what cuBLASLt's GEMM followed by fp8_quantize_transpose(gelu_of_input) computes from the same
@@ -197,6 +198,10 @@ __device__ __forceinline__ float2 ws_round_bf16_amax(float a, float b, uint32_t&
     amax2 = __vmaxu2(amax2, w & 0x7FFF7FFFu);
     return ws_bf16x2_to_float2(w);
 }
+__device__ __forceinline__ uint32_t ws_float2_to_bf16x2(float a, float b) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&p);
+}
 __device__ __forceinline__ uint32_t ws_amax_bits(uint32_t amax2) { return max(amax2 & 0xFFFFu, amax2 >> 16) << 16; }
 #endif
 
@@ -321,6 +326,7 @@ __device__ __forceinline__ void ws_produce_transpose_a(const WsShared& sh, const
 
 constexpr int WS_GELU_THREADS = WS_THREADS + 32, WS_TRANSPOSER_WARP = WS_THREADS / 32;
 
+template <bool STORE_DERIVATIVE>
 __global__ void __launch_bounds__(WS_GELU_THREADS, 1)
 fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w, int M, int N, int K,
                   const float* __restrict__ x_inv, const float* __restrict__ w_inv, const floatX* __restrict__ bias,
@@ -417,11 +423,21 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
                 for (int k = 0; k < 4; k++) {
                     const int r = 4 * br + k;
                     const uint2 raw = *reinterpret_cast<const uint2*>(tile_pre + r * PRE_LD + 4 * bc);
-                    // the pre-activation from the same read: a warp stores 256 contiguous bytes of row r
-                    *reinterpret_cast<uint2*>(pre + (size_t)(m0 + r) * N + n0 + 4 * bc) = raw;
                     const float2 p01 = ws_bf16x2_to_float2(raw.x), p23 = ws_bf16x2_to_float2(raw.y);
-                    const float2 g01 = ws_round_bf16_amax(gelu_value(p01.x), gelu_value(p01.y), amax2);
-                    const float2 g23 = ws_round_bf16_amax(gelu_value(p23.x), gelu_value(p23.y), amax2);
+                    float2 g01, g23;
+                    uint2 out = raw; // (a warp stores 256 contiguous bytes of row r)
+                    if constexpr (STORE_DERIVATIVE) {
+                        // gelu and its derivative from one tanh; the derivative, rounded to BF16, is what the
+                        // backward multiplies by (gelu.cuh, GeluFactor::GIVEN)
+                        float d0, d1, d2, d3;
+                        g01 = ws_round_bf16_amax(gelu_value_and_derivative(p01.x, d0), gelu_value_and_derivative(p01.y, d1), amax2);
+                        g23 = ws_round_bf16_amax(gelu_value_and_derivative(p23.x, d2), gelu_value_and_derivative(p23.y, d3), amax2);
+                        out = make_uint2(ws_float2_to_bf16x2(d0, d1), ws_float2_to_bf16x2(d2, d3));
+                    } else {
+                        g01 = ws_round_bf16_amax(gelu_value(p01.x), gelu_value(p01.y), amax2);
+                        g23 = ws_round_bf16_amax(gelu_value(p23.x), gelu_value(p23.y), amax2);
+                    }
+                    *reinterpret_cast<uint2*>(pre + (size_t)(m0 + r) * N + n0 + 4 * bc) = out;
                     row_word[k] = fp8_pack2<Fp8Kind::E4M3>(g01.x * s, g01.y * s) |
                                   ((uint32_t)fp8_pack2<Fp8Kind::E4M3>(g23.x * s, g23.y * s) << 16);
                     *reinterpret_cast<uint32_t*>(sh.codes + r * 128 + 4 * bc) = row_word[k];
@@ -452,17 +468,25 @@ inline bool writes_x_t_supported(int N, int K) { return K % 32 == 0 && (N / 128)
 // measured: up to 8 steps a tile counts as epilogue-bound.
 inline bool fc_dy_writes_dy_t_pays(int N, int K) { return writes_x_t_supported(N, K) && K <= 8 * 128; }
 
-// The fc forward above: x (M x K), W (N x K) E4M3 codes; pre (M x N) BF16, codes (M x N) and codes_t
-// (N x M) E4M3 at *scale; amax raised; when x_t is given, x's codes transposed into it (K x M). The caller
-// checked supported() (and writes_x_t_supported() for x_t).
-inline void fc_gelu_ws(floatX* pre, uint8_t* codes, uint8_t* codes_t, const uint8_t* x, const float* x_inv, const uint8_t* w,
-                       const float* w_inv, const floatX* bias, const float* scale, uint32_t* amax, int M, int N, int K,
-                       cudaStream_t stream, uint8_t* x_t = nullptr) {
+// What fc_gelu_ws stores in its BF16 output: the pre-activation, or bf16(gelu'(pre)), the GELU factor of the
+// backward (gelu.cuh, GeluFactor::GIVEN), which the FP8 recipe keeps in place of the pre-activation: fc_dy_ws
+// then multiplies by it instead of evaluating gelu' (H200, 2026-11-28: fc_dy_ws -0.063 ms a call at d12's
+// shape, fc_gelu_ws +0.033; -0.025 / +0.008 at d48's)
+enum class FcPreOut { PRE_ACTIVATION, GELU_DERIVATIVE };
+
+// The fc forward above: x (M x K), W (N x K) E4M3 codes; pre (M x N) BF16 (what `what` says), codes (M x N)
+// and codes_t (N x M) E4M3 at *scale; amax raised; when x_t is given, x's codes transposed into it (K x M).
+// The caller checked supported() (and writes_x_t_supported() for x_t).
+inline void fc_gelu_ws(floatX* pre, FcPreOut what, uint8_t* codes, uint8_t* codes_t, const uint8_t* x, const float* x_inv,
+                       const uint8_t* w, const float* w_inv, const floatX* bias, const float* scale, uint32_t* amax, int M,
+                       int N, int K, cudaStream_t stream, uint8_t* x_t = nullptr) {
     using Ops = gemm_wgmma::Fp8Operands<false, false>;
-    static bool configured = false;
-    if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fc_gelu_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WS_SMEM_BYTES));
-        configured = true;
+    const bool derivative = what == FcPreOut::GELU_DERIVATIVE;
+    auto kernel = derivative ? fc_gelu_ws_kernel<true> : fc_gelu_ws_kernel<false>;
+    static bool configured[2] = {false, false};
+    if (!configured[derivative]) {
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WS_SMEM_BYTES));
+        configured[derivative] = true;
     }
     if (x_t != nullptr && (!writes_x_t_supported(N, K) || (uintptr_t)x_t % 16 != 0)) {
         fprintf(stderr, "error: fc_gelu_ws cannot write x^T for N=%d K=%d (needs K %% 32 == 0, N >= 4K, 16-byte alignment)\n", N, K);
@@ -472,8 +496,8 @@ inline void fc_gelu_ws(floatX* pre, uint8_t* codes, uint8_t* codes_t, const uint
     const CUtensorMap map_w = gemm_wgmma::tensor_map<Ops>(w, N, K, 128);
     const int tiles = (M / 128) * (N / 128);
     const int grid = std::min(tiles, device_sm_count());
-    fc_gelu_ws_kernel<<<grid, WS_GELU_THREADS, WS_SMEM_BYTES, stream>>>(map_x, map_w, M, N, K, x_inv, w_inv, bias, pre,
-                                                                        codes, codes_t, scale, amax, x_t);
+    kernel<<<grid, WS_GELU_THREADS, WS_SMEM_BYTES, stream>>>(map_x, map_w, M, N, K, x_inv, w_inv, bias, pre, codes, codes_t,
+                                                             scale, amax, x_t);
     cudaCheckLaunch();
 }
 
@@ -482,7 +506,8 @@ inline void fc_gelu_ws(floatX* pre, uint8_t* codes, uint8_t* codes_t, const uint
 // of the fc projection's output gradient, W^T: N x K E4M3 codes, K = C, N = 4C), and the fc layer's dy pass
 // after it (GELU', E5M2 in both layouts, the bias gradient's column sums), in one persistent kernel:
 //     g[m][n]       = bf16(dy_inv w_inv sum_k dy[m][k] Wt[n][k])     (what cuBLASLt's dgrad writes, BF16)
-//     dyf[m][n]     = bf16(g * gelu'(pre[m][n]))                       (as gelu_backward stores it)
+//     dyf[m][n]     = bf16(g * bf16(gelu'(pre[m][n])))                 (as gelu_backward stores it, GeluFactor
+//                                                                        ROUNDED; or the stored factor, GIVEN)
 //     codes[m][n]   = e5m2(dyf * s)    codes_t[n][m] = the same code    amax |= max |dyf|
 //     col_partials[m / 128][n] = sum of dyf over the tile's 128 rows   (bias_backward_reduce finishes them)
 // Its sums are not "fast": the FP8 recipe's backward GEMMs accumulate in FP32. Each K step's MMAs (four
@@ -500,6 +525,7 @@ inline void fc_gelu_ws(floatX* pre, uint8_t* codes, uint8_t* codes_t, const uint
 constexpr int WS_DY_EPI_THREADS = 224, WS_DY_THREADS = WS_EPI_THREAD0 + WS_DY_EPI_THREADS;
 constexpr int WS_DY_SMEM_BYTES = WS_SMEM_BYTES + WS_DY_EPI_THREADS / 32 * 128 * 4; // + the column sums of each epilogue warp
 
+template <GeluFactor FACTOR>
 __global__ void __launch_bounds__(WS_DY_THREADS, 1)
 fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constant__ CUtensorMap map_wt, int M, int N, int K,
                 const float* __restrict__ dy_inv, const float* __restrict__ w_inv, const floatX* __restrict__ pre,
@@ -603,8 +629,10 @@ fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constan
                     const uint2 raw = *reinterpret_cast<const uint2*>(tile_dg + r * PRE_LD + 4 * bc);
                     const float2 g01 = ws_bf16x2_to_float2(raw.x), g23 = ws_bf16x2_to_float2(raw.y);
                     const float2 p01 = ws_bf16x2_to_float2(pre4[k].x), p23 = ws_bf16x2_to_float2(pre4[k].y);
-                    const float2 a01 = ws_round_bf16_amax(g01.x * gelu_derivative(p01.x), g01.y * gelu_derivative(p01.y), amax2);
-                    const float2 a23 = ws_round_bf16_amax(g23.x * gelu_derivative(p23.x), g23.y * gelu_derivative(p23.y), amax2);
+                    const float2 a01 = ws_round_bf16_amax(g01.x * gelu_backward_factor<FACTOR>(p01.x),
+                                                          g01.y * gelu_backward_factor<FACTOR>(p01.y), amax2);
+                    const float2 a23 = ws_round_bf16_amax(g23.x * gelu_backward_factor<FACTOR>(p23.x),
+                                                          g23.y * gelu_backward_factor<FACTOR>(p23.y), amax2);
                     colsum[0] += a01.x;
                     colsum[1] += a01.y;
                     colsum[2] += a23.x;
@@ -638,19 +666,27 @@ fc_dy_ws_kernel(const __grid_constant__ CUtensorMap map_dy, const __grid_constan
 }
 
 // The fc layer's output gradient from the fc projection's dgrad, as above: dy (M x K E5M2), Wt (N x K E4M3,
-// the fc projection's W^T), pre (M x N, the fc pre-activation); codes (M x N) and codes_t (N x M) E5M2 at
+// the fc projection's W^T), pre (M x N: the fc pre-activation, or the GELU factor itself, as `factor` says:
+// GeluFactor ROUNDED or GIVEN, the FP8 recipe's two forms); codes (M x N) and codes_t (N x M) E5M2 at
 // *scale, col_partials (M / 128 x N), amax raised; dgelu_out (may be null) gets d(gelu output); dy_t (may be
 // null) gets dy's codes transposed (K x M: the fc projection's wgrad operand; its producer warp writes it,
 // ws_produce_transpose_a). The caller checked supported() (and writes_x_t_supported(N, K) for dy_t) and
 // finishes the bias gradient with bias_backward_reduce(.., col_partials, N, M / 128).
 inline void fc_dy_ws(uint8_t* codes, uint8_t* codes_t, float* col_partials, const uint8_t* dy, const float* dy_inv,
-                     const uint8_t* wt, const float* w_inv, const floatX* pre, const float* scale, uint32_t* amax, int M, int N,
-                     int K, cudaStream_t stream, floatX* dgelu_out = nullptr, uint8_t* dy_t = nullptr) {
+                     const uint8_t* wt, const float* w_inv, const floatX* pre, GeluFactor factor, const float* scale,
+                     uint32_t* amax, int M, int N, int K, cudaStream_t stream, floatX* dgelu_out = nullptr,
+                     uint8_t* dy_t = nullptr) {
     using Ops = gemm_wgmma::Fp8Operands<true, false>;
-    static bool configured = false;
-    if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(fc_dy_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WS_DY_SMEM_BYTES));
-        configured = true;
+    if (factor == GeluFactor::EXACT) {
+        fprintf(stderr, "error: fc_dy_ws takes the FP8 recipe's GELU factor (GeluFactor ROUNDED or GIVEN)\n");
+        exit(1);
+    }
+    const bool given = factor == GeluFactor::GIVEN;
+    auto kernel = given ? fc_dy_ws_kernel<GeluFactor::GIVEN> : fc_dy_ws_kernel<GeluFactor::ROUNDED>;
+    static bool configured[2] = {false, false};
+    if (!configured[given]) {
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WS_DY_SMEM_BYTES));
+        configured[given] = true;
     }
     if (dy_t != nullptr && (!writes_x_t_supported(N, K) || (uintptr_t)dy_t % 16 != 0)) {
         fprintf(stderr, "error: fc_dy_ws cannot write dy^T for N=%d K=%d (needs K %% 32 == 0, N >= 4K, 16-byte alignment)\n", N, K);
@@ -660,8 +696,8 @@ inline void fc_dy_ws(uint8_t* codes, uint8_t* codes_t, float* col_partials, cons
     const CUtensorMap map_wt = gemm_wgmma::tensor_map<Ops>(wt, N, K, 128);
     const int tiles = (M / 128) * (N / 128);
     const int grid = std::min(tiles, device_sm_count());
-    fc_dy_ws_kernel<<<grid, WS_DY_THREADS, WS_DY_SMEM_BYTES, stream>>>(map_dy, map_wt, M, N, K, dy_inv, w_inv, pre, codes, codes_t,
-                                                                    col_partials, scale, amax, dgelu_out, dy_t);
+    kernel<<<grid, WS_DY_THREADS, WS_DY_SMEM_BYTES, stream>>>(map_dy, map_wt, M, N, K, dy_inv, w_inv, pre, codes, codes_t,
+                                                             col_partials, scale, amax, dgelu_out, dy_t);
     cudaCheckLaunch();
 }
 

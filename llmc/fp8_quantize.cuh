@@ -140,9 +140,10 @@ __global__ void fp8_quantize_kernel(uint8_t* out, const floatX* in, long long n8
 // col_partials[tile_row * cols + c] = sum of in[r][c] over the tile's rows, in a fixed order (so
 // the bias gradient built from them is deterministic; bias_backward_reduce finishes it).
 // gelu_pre (may be null, same layout as in): the input is a gradient w.r.t. a GELU's output and the
-// tensor to quantize is the gradient w.r.t. its input, in * gelu'(gelu_pre), rounded to floatX exactly
-// as gelu_backward would have stored it, so the codes, amax and sums equal those of gelu_backward
-// followed by this kernel, without writing and re-reading that tensor.
+// tensor to quantize is the gradient w.r.t. its input, in * (the GELU factor of gelu_pre: gelu.cuh's
+// GeluFactor, gelu_factor), rounded to floatX exactly as gelu_backward would have stored it, so the codes,
+// amax and sums equal those of gelu_backward followed by this kernel, without writing and re-reading that
+// tensor.
 // gelu_of_input: the input is a GELU's input (pre-activation) and the tensor to quantize is its output,
 // gelu(in) rounded to floatX exactly as gelu_forward would have stored it (the FP8 recipe's fc layer
 // leaves its GELU output to the fc projection's quantize pass, which reads the pre-activation instead).
@@ -237,7 +238,7 @@ __global__ void __launch_bounds__(256, 4) fp8_quantize_transpose_kernel(uint8_t*
                                                                      const float* scale, uint32_t* amax_out, Fp8Stats stats,
                                                                      float* __restrict__ col_partials,
                                                                      const floatX* __restrict__ gelu_pre, bool gelu_of_input,
-                                                                     const int* run_only_if) {
+                                                                     const int* run_only_if, GeluFactor gelu_factor) {
     __shared__ uint32_t tile_t[2][FP8_TILE * FP8_TILE_T_STRIDE];
     __shared__ float warp_sums[2][8][FP8_TILE];
     if (run_only_if && *run_only_if == 0) return; // (a second, conditional pass: see fp8_quantize_transpose)
@@ -293,7 +294,7 @@ __global__ void __launch_bounds__(256, 4) fp8_quantize_transpose_kernel(uint8_t*
                     floatX pre[4];
                     memcpy(pre, &p[i], 8);
 #pragma unroll
-                    for (int j = 0; j < 4; j++) x[j] = (floatX)((float)x[j] * gelu_derivative((float)pre[j]));
+                    for (int j = 0; j < 4; j++) x[j] = (floatX)((float)x[j] * gelu_backward_factor(gelu_factor, (float)pre[j]));
                 }
                 float a[4];
 #pragma unroll
@@ -316,7 +317,7 @@ __global__ void __launch_bounds__(256, 4) fp8_quantize_transpose_kernel(uint8_t*
                     if (r < rows && c < cols) {
                         float a = (float)in[(size_t)r * cols + c];
                         if (gelu_of_input) a = (float)(floatX)gelu_value(a);
-                        if (gelu_pre) a = (float)(floatX)(a * gelu_derivative((float)gelu_pre[(size_t)r * cols + c]));
+                        if (gelu_pre) a = (float)(floatX)(a * gelu_backward_factor(gelu_factor, (float)gelu_pre[(size_t)r * cols + c]));
                         colsum[j] += a;
                         const uint8_t code = (uint8_t)(fp8_pack2<K>(a * s, 0.0f) & 0xFF);
                         fp8_account<K, COUNT>(a, s, code, amax, sat, ftz);
@@ -502,7 +503,8 @@ inline void fp8_quantize(uint8_t* out, const floatX* in, long long n, const floa
         // unaligned: the tile kernel treats the tensor as one row
         auto kernel = count ? fp8_quantize_transpose_kernel<K, true> : fp8_quantize_transpose_kernel<K, false>;
         kernel<<<fp8_grid_size(ceil_div(n, FP8_TILE), 1), 256, 0, stream>>>(out, nullptr, in, 1, (int)n, scale, amax_out,
-                                                                           stats, nullptr, nullptr, false, run_only_if);
+                                                                           stats, nullptr, nullptr, false, run_only_if,
+                                                                           GeluFactor::EXACT);
     }
     cudaCheckLaunch();
 }
@@ -510,20 +512,21 @@ inline void fp8_quantize(uint8_t* out, const floatX* in, long long n, const floa
 // out (rows x cols, may be null) and out_t (cols x rows, may be null) from in (rows x cols); with
 // col_partials (ceil(rows / 64) * cols floats), the column sums of the input per 64-row tile (the bias
 // gradient's partial sums, from the same read), and with col_sums as well, col_sums[c] += their total.
-// With gelu_pre, the input is first multiplied by gelu'(gelu_pre); with gelu_of_input, the tensor
-// quantized is gelu(in) (see the kernel). run_only_if: as fp8_quantize's.
+// With gelu_pre, the input is first multiplied by the GELU factor of gelu_pre (gelu_factor: gelu'(gelu_pre) in
+// FP32 by default; the FP8 recipe's rounded or stored one); with gelu_of_input, the tensor quantized is gelu(in)
+// (see the kernel). run_only_if: as fp8_quantize's.
 template <Fp8Kind K>
 inline void fp8_quantize_transpose(uint8_t* out, uint8_t* out_t, const floatX* in, int rows, int cols,
                                    const float* scale, uint32_t* amax_out, Fp8Stats stats, cudaStream_t stream,
                                    float* col_sums = nullptr, float* col_partials = nullptr,
                                    const floatX* gelu_pre = nullptr, bool gelu_of_input = false,
-                                   const int* run_only_if = nullptr) {
+                                   const int* run_only_if = nullptr, GeluFactor gelu_factor = GeluFactor::EXACT) {
     const long long tiles = (long long)ceil_div(cols, FP8_TILE) * ceil_div(rows, FP8_TILE);
     auto kernel = stats.counts ? fp8_quantize_transpose_kernel<K, true> : fp8_quantize_transpose_kernel<K, false>;
     // as many blocks as are resident at once (each walks over tiles, prefetching the next)
     const int grid = (int)std::min<long long>(tiles, resident_blocks(kernel, 256));
     kernel<<<grid, 256, 0, stream>>>(out, out_t, in, rows, cols, scale, amax_out, stats, col_partials, gelu_pre,
-                                     gelu_of_input, run_only_if);
+                                     gelu_of_input, run_only_if, gelu_factor);
     cudaCheckLaunch();
     if (col_sums) {
         // the per-tile rows added in a fixed order (matmul.cuh; not one thread per column walking them all)

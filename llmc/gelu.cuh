@@ -32,6 +32,39 @@ __device__ __forceinline__ float gelu_derivative(float x) {
     return fmaf(x * half_du, one_minus_t2, half_one_plus_t);
 }
 
+// gelu(x) and gelu'(x) from one tanh, each bit for bit the function above (the FP8 recipe's fused fc forward
+// stores the derivative for the backward while it makes the GELU output's codes)
+__device__ __forceinline__ float gelu_value_and_derivative(float x, float& derivative) {
+    const float x2 = x * x;
+    const float u = x * fmaf(x2, GELU_K_C, GELU_SQRT_2_OVER_PI);
+    const float t = tanhf(u);
+    const float half_du = fmaf(x2, 0.5f * GELU_3K_C, 0.5f * GELU_SQRT_2_OVER_PI);
+    derivative = fmaf(x * half_du, fmaf(-t, t, 1.0f), fmaf(0.5f, t, 0.5f));
+    const float h = 0.5f * x;
+    return fmaf(h, t, h);
+}
+
+// The factor that takes a gradient w.r.t. the GELU's output to one w.r.t. its input, from `src`:
+//   EXACT:   gelu'(src), src the pre-activation (the BF16 recipe, cuBLASLt's DGELU alike)
+//   ROUNDED: gelu'(src) rounded to floatX, src the pre-activation (the FP8 recipe)
+//   GIVEN:   src itself, which holds that rounded derivative (the FP8 recipe's fused fc forward stores it in
+//            place of the pre-activation: the backward then multiplies instead of evaluating gelu')
+// ROUNDED and GIVEN give the same factor, so the FP8 recipe's paths agree bit for bit whichever the forward took.
+enum class GeluFactor { EXACT, ROUNDED, GIVEN };
+template <GeluFactor F>
+__device__ __forceinline__ float gelu_backward_factor(float src) {
+    if constexpr (F == GeluFactor::GIVEN) return src;
+    else if constexpr (F == GeluFactor::ROUNDED) return (float)(floatX)gelu_derivative(src);
+    else return gelu_derivative(src);
+}
+
+// the same with the kind known only at run time (uniform across a kernel)
+__device__ __forceinline__ float gelu_backward_factor(GeluFactor f, float src) {
+    if (f == GeluFactor::GIVEN) return gelu_backward_factor<GeluFactor::GIVEN>(src);
+    if (f == GeluFactor::ROUNDED) return gelu_backward_factor<GeluFactor::ROUNDED>(src);
+    return gelu_backward_factor<GeluFactor::EXACT>(src);
+}
+
 // the forward through the boundary hooks (boundaries.h): read through gelu_input, store through gelu_output
 template <class Bd>
 __device__ __forceinline__ float gelu_forward_value(float x) {
@@ -43,10 +76,11 @@ __global__ void gelu_forward_kernel(floatX* out, const floatX* inp, long long n)
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = (floatX)gelu_forward_value<Bd>((float)inp[i]);
 }
-// dinout: gradient w.r.t. the GELU output in, w.r.t. its input out (in place)
-__global__ void gelu_backward_kernel(floatX* dinout, const floatX* inp, long long n) {
+// dinout: gradient w.r.t. the GELU output in, w.r.t. its input out (in place); src: see GeluFactor
+template <GeluFactor F>
+__global__ void gelu_backward_kernel(floatX* dinout, const floatX* src, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dinout[i] = (floatX)((float)dinout[i] * gelu_derivative((float)inp[i]));
+    if (i < n) dinout[i] = (floatX)((float)dinout[i] * gelu_backward_factor<F>((float)src[i]));
 }
 
 // 16 bytes per thread (8 BF16 or 4 FP32 values): the form used when n and the pointers allow it
@@ -72,25 +106,34 @@ inline void gelu_forward(floatX* out, const floatX* inp, long long n, cudaStream
     }
     cudaCheckLaunch();
 }
-__global__ void gelu_backward_vec_kernel(floatX* dinout, const floatX* inp, long long n_vec) {
+template <GeluFactor F>
+__global__ void gelu_backward_vec_kernel(floatX* dinout, const floatX* src, long long n_vec) {
     constexpr int PER = 16 / sizeof(floatX);
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_vec) return;
     uint4 d = reinterpret_cast<const uint4*>(dinout)[i];
-    uint4 x = reinterpret_cast<const uint4*>(inp)[i];
+    uint4 x = reinterpret_cast<const uint4*>(src)[i];
     floatX* dv = reinterpret_cast<floatX*>(&d);
     const floatX* xv = reinterpret_cast<const floatX*>(&x);
 #pragma unroll
-    for (int j = 0; j < PER; j++) dv[j] = (floatX)((float)dv[j] * gelu_derivative((float)xv[j]));
+    for (int j = 0; j < PER; j++) dv[j] = (floatX)((float)dv[j] * gelu_backward_factor<F>((float)xv[j]));
     reinterpret_cast<uint4*>(dinout)[i] = d;
 }
 
-inline void gelu_backward(floatX* dinout, const floatX* inp, long long n, cudaStream_t stream) {
+template <GeluFactor F>
+inline void gelu_backward_launch(floatX* dinout, const floatX* src, long long n, cudaStream_t stream) {
     constexpr int PER = 16 / sizeof(floatX);
-    if (n % PER == 0 && ((uintptr_t)dinout % 16) == 0 && ((uintptr_t)inp % 16) == 0) {
-        gelu_backward_vec_kernel<<<ceil_div(n / PER, 256), 256, 0, stream>>>(dinout, inp, n / PER);
+    if (n % PER == 0 && ((uintptr_t)dinout % 16) == 0 && ((uintptr_t)src % 16) == 0) {
+        gelu_backward_vec_kernel<F><<<ceil_div(n / PER, 256), 256, 0, stream>>>(dinout, src, n / PER);
     } else {
-        gelu_backward_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(dinout, inp, n);
+        gelu_backward_kernel<F><<<ceil_div(n, 256), 256, 0, stream>>>(dinout, src, n);
     }
     cudaCheckLaunch();
+}
+// dinout *= the GELU factor of src (GeluFactor; EXACT: src is the pre-activation, gelu' in FP32)
+inline void gelu_backward(floatX* dinout, const floatX* src, long long n, cudaStream_t stream,
+                          GeluFactor factor = GeluFactor::EXACT) {
+    if (factor == GeluFactor::GIVEN) gelu_backward_launch<GeluFactor::GIVEN>(dinout, src, n, stream);
+    else if (factor == GeluFactor::ROUNDED) gelu_backward_launch<GeluFactor::ROUNDED>(dinout, src, n, stream);
+    else gelu_backward_launch<GeluFactor::EXACT>(dinout, src, n, stream);
 }

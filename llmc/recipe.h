@@ -205,8 +205,12 @@ struct PendingGeluOut {
     const floatX* pre = nullptr; // the GELU's input, the fc layer's pre-activation
     long long n = 0;
     int layer = -1;
-    void leave(floatX* gelu_out, const floatX* pre_gelu, long long count, int fc_layer) {
-        out = gelu_out; pre = pre_gelu; n = count; layer = fc_layer;
+    // the fc layer's buffer holds its GELU factor instead of the pre-activation (the FP8 recipe's fused fc
+    // GEMM, fp8_gemm::FcPreOut): the GELU output can no longer be made from it, only the fc projection that
+    // already has its input's codes may take it over
+    bool pre_is_derivative = false;
+    void leave(floatX* gelu_out, const floatX* pre_gelu, long long count, int fc_layer, bool derivative = false) {
+        out = gelu_out; pre = pre_gelu; n = count; layer = fc_layer; pre_is_derivative = derivative;
     }
     // whether linear id, reading inp, is the fc projection this output was left for
     bool is_for(LinearId id, const floatX* inp) const { return out != nullptr && out == inp && layer == id.layer && id.kind == LIN_FCPROJ; }
@@ -214,6 +218,11 @@ struct PendingGeluOut {
     const floatX* take() { out = nullptr; return pre; }
     void write(cudaStream_t st) {
         if (!out) return;
+        if (pre_is_derivative) {
+            fprintf(stderr, "error: layer %d's GELU output is read by something other than its fc projection, but its "
+                            "fc GEMM kept the GELU derivative, not the pre-activation (FP8 recipe, fused fc GEMM)\n", layer);
+            exit(1);
+        }
         PHASE("gelu (for a BF16 reader)");
         gelu_forward(out, pre, n, st);
         out = nullptr;

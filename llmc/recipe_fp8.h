@@ -82,14 +82,20 @@ struct Recipe {
     // The GELU derivative between the fc projection's input gradient and the fc layer's output
     // gradient is applied by the fc layer's dy quantization pass, not by gelu_backward: the fc
     // projection's backward leaves d(gelu output) in its dinp and notes it here; the fc layer's
-    // backward, which runs next, quantizes dinp * gelu'(pre). Saves writing and re-reading that
+    // backward, which runs next, quantizes dinp * bf16(gelu'(pre)). Saves writing and re-reading that
     // N x 4C tensor (d12, B=64: ~77 GB per step). Bit-identical to the separate pass.
     struct {
         floatX* grad = nullptr;      // d(gelu output), to become d(gelu input)
-        const floatX* pre = nullptr; // the GELU's input
+        const floatX* pre = nullptr; // the GELU's input (or its factor: see fc_keeps_gelu_factor)
+        GeluFactor factor = GeluFactor::ROUNDED;
         long long n = 0;
         int layer = -1;
     } pending_gelu;
+    // The recipe's GELU backward multiplies by bf16(gelu'(pre)), the derivative rounded to BF16 (gelu.cuh,
+    // GeluFactor::ROUNDED), on every path. The fused fc GEMM (below) stores that factor in place of the
+    // pre-activation (fp8_gemm::FcPreOut), so that the fused dgrad multiplies instead of evaluating gelu'
+    // (GeluFactor::GIVEN); per layer, whether its forward did (set by linear_forward_gelu, read by the backward).
+    std::vector<uint8_t> fc_keeps_gelu_factor;
     bool count_stats = false;          // this step's activations and gradients are counted (-lq)
     // the linear whose output gradient a kernel wrote as E5M2 codes into dy8 / dyt8 (with its amax)
     // through recipe_fp8_gradient_target: its linear_backward, the next call, takes them as they are
@@ -104,9 +110,9 @@ struct Recipe {
     bool x_given_with_t = false;
     // The MLP's fused FP8 GEMMs (fp8_gemm.cuh's persistent kernels; Hopper, training steps without
     // telemetry, once the tensors have scales): the fc layer's GEMM writes the fc projection's input,
-    // E4M3 codes of gelu(pre) in both layouts, and the fc projection's dgrad writes the fc layer's output
-    // gradient, E5M2 codes of d(gelu output) gelu'(pre) in both layouts with its bias sums, each from its
-    // epilogue, instead of cuBLASLt's GEMM and a pass. LLMC_FP8_FUSED_GEMM=0 turns them off (A/B runs).
+    // E4M3 codes of gelu(pre) in both layouts (and keeps bf16(gelu'(pre)), not pre), and the fc projection's
+    // dgrad writes the fc layer's output gradient, E5M2 codes of d(gelu output) bf16(gelu'(pre)) in both layouts
+    // with its bias sums, each from its epilogue, instead of cuBLASLt's GEMM and a pass. LLMC_FP8_FUSED_GEMM=0 turns them off (A/B runs).
     bool fused_gemm = true;
 };
 
@@ -135,6 +141,7 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
     cudaCheck(cudaMemset(r.history, 0, nt * H * sizeof(float)));
     cudaCheck(cudaMemset(r.stats, 0, nt * 3 * sizeof(unsigned long long)));
     r.calibrated.assign(nt, 0);
+    r.fc_keeps_gelu_factor.assign(r.L, 0);
     r.steps_pushed = 0;
     // per quantized linear: its FP8 weights (W and W^T) and the x^T its forward saves for backward
     const size_t weight_bytes =
@@ -161,7 +168,8 @@ inline std::string recipe_describe(const Recipe& r) {
     const RecipeOptions& o = r.options;
     int q0 = o.skip_first, q1 = r.L - o.skip_last;
     std::string layers = q1 > q0 ? strfmt("layers %d-%d in FP8", q0, q1 - 1) : std::string("no layer in FP8");
-    return strfmt("fp8: E4M3 forward / E5M2 backward, delayed scaling (history %d, margin %d), %s, -sqf %d -sql %d%s",
+    return strfmt("fp8: E4M3 forward / E5M2 backward, delayed scaling (history %d, margin %d), %s, -sqf %d -sql %d, "
+                  "GELU' rounded to BF16%s",
                   o.amax_history, o.scale_margin, layers.c_str(), o.skip_first, o.skip_last,
                   r.fused_gemm && gemm_wgmma::available() ? "; the MLP's FP8 operands from the fc GEMM's and the fc projection dgrad's epilogues" : "");
 }
@@ -337,6 +345,11 @@ inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* in
                                (r.calibrated[fp8_tensor(r, id, FP8_X)] != 0);
     const floatX* x_source = inp;
     if (gelu_of_input) {
+        if (r.pending_gelu_out.pre_is_derivative && !same_linear(r.x_given, id)) {
+            fprintf(stderr, "error: fp8: layer %d's fc projection has no input codes, and its fc layer kept the GELU "
+                            "derivative, not the pre-activation\n", id.layer);
+            exit(1);
+        }
         x_source = r.pending_gelu_out.take();
     } else {
         fp8_write_gelu_out(r, st);
@@ -357,6 +370,7 @@ inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX
                                 const floatX* weight, const floatX* bias, int N, int C, int OC, bool training,
                                 cudaStream_t st) {
     fp8_write_gelu_out(r, st);
+    r.fc_keeps_gelu_factor[id.layer] = 0;
     if (!fp8_applies(r, id, N, C, OC)) {
         plain_linear_forward_gelu(gelu_out, pre_gelu, inp, weight, bias, N, C, OC, st);
         return;
@@ -377,10 +391,13 @@ inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX
     if (fused) {
         // the fc projection's codes go to r.dy8 (free during the forward pass; the GEMM reads r.x8), then
         // the two buffers trade places, so that the fc projection finds its input in r.x8 as usual
-        fp8_gemm::fc_gelu_ws(pre_gelu, r.dy8, fp8_saved_xt(r, fcp), r.x8, x_inv, fp8_weight(r, id), a.scale, bias,
-                             r.scale + t_xp, r.amax_now + t_xp, N, OC, C, st, xt_in_gemm ? fp8_saved_xt(r, id) : nullptr);
+        // pre_gelu gets the backward's GELU factor, bf16(gelu'(pre)), in place of the pre-activation (fc_keeps_gelu_factor)
+        fp8_gemm::fc_gelu_ws(pre_gelu, fp8_gemm::FcPreOut::GELU_DERIVATIVE, r.dy8, fp8_saved_xt(r, fcp), r.x8, x_inv,
+                             fp8_weight(r, id), a.scale, bias, r.scale + t_xp, r.amax_now + t_xp, N, OC, C, st,
+                             xt_in_gemm ? fp8_saved_xt(r, id) : nullptr);
         std::swap(r.x8, r.dy8);
-        r.pending_gelu_out.leave(gelu_out, pre_gelu, (long long)N * OC, id.layer);
+        r.fc_keeps_gelu_factor[id.layer] = 1;
+        r.pending_gelu_out.leave(gelu_out, pre_gelu, (long long)N * OC, id.layer, true);
         r.x_given = fcp;
         r.x_given_with_t = true;
         return;
@@ -431,12 +448,14 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
     // a GELU derivative left for this layer's dy pass (see Recipe::pending_gelu); applied here as a
     // separate pass if anything else comes first
     const floatX* gelu_pre = nullptr;
+    GeluFactor gelu_factor = GeluFactor::ROUNDED;
     if (r.pending_gelu.grad) {
         if (r.pending_gelu.grad == dout && r.pending_gelu.layer == id.layer && id.kind == LIN_FC &&
             fp8_applies(r, id, N, C, OC)) {
             gelu_pre = r.pending_gelu.pre;
+            gelu_factor = r.pending_gelu.factor;
         } else {
-            gelu_backward(r.pending_gelu.grad, r.pending_gelu.pre, r.pending_gelu.n, st);
+            gelu_backward(r.pending_gelu.grad, r.pending_gelu.pre, r.pending_gelu.n, st, r.pending_gelu.factor);
         }
         r.pending_gelu.grad = nullptr;
     }
@@ -444,6 +463,8 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         plain_linear_backward(dweight, dbias, dinp, dout, inp, weight, pre_gelu, r.scratch, N, C, OC, st);
         return;
     }
+    // the GELU factor behind the fc projection's input gradient: what its fc layer's forward kept in pre_gelu
+    const GeluFactor pre_factor = pre_gelu && r.fc_keeps_gelu_factor[id.layer] ? GeluFactor::GIVEN : GeluFactor::ROUNDED;
     const int t_dy = fp8_tensor(r, id, FP8_DY), t_x = fp8_tensor(r, id, FP8_X), t_w = fp8_tensor(r, id, FP8_W);
     Fp8Operand wt{fp8_weight_t(r, id), CUDA_R_8F_E4M3, fp8_inv(r, t_w)};
     // The fc projection's dgrad with the fc layer's dy pass in its epilogue (fp8_gemm::fc_dy_ws; below), when it
@@ -464,7 +485,7 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         sdy = fp8_scale_for(r, t_dy, dout, (long long)N * OC, true, st);
         fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, r.dyt8, dout, N, OC, sdy.scale, r.amax_now + t_dy,
                                               r.count_stats ? fp8_stats_of(r, t_dy) : Fp8Stats(), st, dbias,
-                                              dbias ? r.col_partials : nullptr, gelu_pre);
+                                              dbias ? r.col_partials : nullptr, gelu_pre, false, nullptr, gelu_factor);
     } else if (r.dy_given_rows_only) {
         if (!dyt_in_dgrad) fp8_transpose(r.dyt8, r.dy8, N, OC, st);
     } else if (bias_partials && dbias) {
@@ -491,7 +512,7 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         // col_partials. dinp, the BF16 d(gelu output), is not written: the fc layer's backward, next, takes
         // the codes.
         uint8_t* dyt_here = dyt_in_dgrad ? r.dy8 + (size_t)N * OC : nullptr; // (16-byte aligned: N % 128 == 0)
-        fp8_gemm::fc_dy_ws(r.x8, r.dyt8, r.col_partials, r.dy8, sdy.inv, fp8_weight_t(r, id), wt.scale, pre_gelu,
+        fp8_gemm::fc_dy_ws(r.x8, r.dyt8, r.col_partials, r.dy8, sdy.inv, fp8_weight_t(r, id), wt.scale, pre_gelu, pre_factor,
                            r.scale + t_dyf, r.amax_now + t_dyf, N, C, OC, st, nullptr, dyt_here);
         std::swap(r.x8, r.dy8);
         r.dy_given = fc;
@@ -513,12 +534,13 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
     if (id.kind == LIN_FCPROJ && fp8_applies(r, fc, N, OC, C) && r.calibrated[t_dyf]) {
         r.pending_gelu.grad = dinp;
         r.pending_gelu.pre = pre_gelu;
+        r.pending_gelu.factor = pre_factor;
         r.pending_gelu.n = (long long)N * C;
         r.pending_gelu.layer = id.layer;
         return;
     }
     PHASE("fp8: gelu backward");
-    gelu_backward(dinp, pre_gelu, (long long)N * C, st);
+    gelu_backward(dinp, pre_gelu, (long long)N * C, st, pre_factor);
 }
 
 // ---- checkpoint state -----------------------------------------------------------------------------

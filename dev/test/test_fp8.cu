@@ -146,25 +146,44 @@ static void test_quantize_shapes(const char* name) {
         check(bad == 0 && got_amax == amax, "%s %d x %d: both layouts = CPU codec (%lld mismatches), amax %g = %g",
               name, rows, cols, bad, got_amax, amax);
         // with gelu_pre: the same bits as gelu_backward followed by the plain pass (codes in both
-        // layouts, amax, column sums); partial tiles and odd widths take the guarded path
+        // layouts, amax, column sums), for each GELU factor (gelu.cuh: EXACT from the pre-activation, ROUNDED,
+        // and GIVEN from the rounded derivative stored as BF16, which must equal ROUNDED's codes);
+        // partial tiles and odd widths take the guarded path
         {
             std::vector<floatX> pre((size_t)rows * cols);
             for (auto& v : pre) v = f2bf(nd(rng));
-            floatX *d_pre = to_device(pre), *d_g = to_device(in);
-            gelu_backward(d_g, d_pre, (long long)rows * cols, 0);
+            floatX* d_pre = to_device(pre);
+            // the stored factor bf16(gelu'(pre)): ones times the ROUNDED factor (exact products)
+            floatX* d_deriv = to_device(std::vector<floatX>((size_t)rows * cols, f2bf(1.0f)));
+            gelu_backward(d_deriv, d_pre, (long long)rows * cols, 0, GeluFactor::ROUNDED);
             float* d_part;
             cudaCheck(cudaMalloc(&d_part, (size_t)ceil_div(rows, FP8_TILE) * cols * sizeof(float)));
-            float *d_s1 = to_device(sums0), *d_s2 = to_device(sums0);
-            uint32_t *d_a1 = to_device(std::vector<uint32_t>{0}), *d_a2 = to_device(std::vector<uint32_t>{0});
-            fp8_quantize_transpose<K>(d_out, d_t, d_in, rows, cols, d_scale, d_a1, Fp8Stats(), 0, d_s1, d_part, d_pre);
-            std::vector<uint8_t> f_out = to_host(d_out, in.size()), f_t = to_host(d_t, in.size());
-            fp8_quantize_transpose<K>(d_out, d_t, d_g, rows, cols, d_scale, d_a2, Fp8Stats(), 0, d_s2, d_part);
-            const bool same = f_out == to_host(d_out, in.size()) && f_t == to_host(d_t, in.size()) &&
-                              to_host(d_a1, 1) == to_host(d_a2, 1) &&
-                              memcmp(to_host(d_s1, cols).data(), to_host(d_s2, cols).data(), cols * sizeof(float)) == 0;
-            check(same, "%s %d x %d: the dy pass with GELU' (gelu_pre) = gelu_backward + the plain pass, bit for bit", name,
-                  rows, cols);
+            const GeluFactor factors[3] = {GeluFactor::EXACT, GeluFactor::ROUNDED, GeluFactor::GIVEN};
+            const char* factor_names[3] = {"EXACT", "ROUNDED", "GIVEN"};
+            std::vector<uint8_t> rounded_out;
+            for (int f = 0; f < 3; f++) {
+                const floatX* src = factors[f] == GeluFactor::GIVEN ? d_deriv : d_pre;
+                floatX* d_g = to_device(in);
+                gelu_backward(d_g, src, (long long)rows * cols, 0, factors[f]);
+                float *d_s1 = to_device(sums0), *d_s2 = to_device(sums0);
+                uint32_t *d_a1 = to_device(std::vector<uint32_t>{0}), *d_a2 = to_device(std::vector<uint32_t>{0});
+                fp8_quantize_transpose<K>(d_out, d_t, d_in, rows, cols, d_scale, d_a1, Fp8Stats(), 0, d_s1, d_part, src, false,
+                                          nullptr, factors[f]);
+                std::vector<uint8_t> f_out = to_host(d_out, in.size()), f_t = to_host(d_t, in.size());
+                fp8_quantize_transpose<K>(d_out, d_t, d_g, rows, cols, d_scale, d_a2, Fp8Stats(), 0, d_s2, d_part);
+                const bool same = f_out == to_host(d_out, in.size()) && f_t == to_host(d_t, in.size()) &&
+                                  to_host(d_a1, 1) == to_host(d_a2, 1) &&
+                                  memcmp(to_host(d_s1, cols).data(), to_host(d_s2, cols).data(), cols * sizeof(float)) == 0;
+                if (factors[f] == GeluFactor::ROUNDED) rounded_out = f_out;
+                const bool as_rounded = factors[f] != GeluFactor::GIVEN || f_out == rounded_out;
+                check(same && as_rounded, "%s %d x %d: the dy pass with GELU' (gelu_pre, factor %s) = gelu_backward + the "
+                      "plain pass, bit for bit%s", name, rows, cols, factor_names[f],
+                      factors[f] == GeluFactor::GIVEN ? "; the same codes as ROUNDED" : "");
+                cudaFree(d_g); cudaFree(d_s1); cudaFree(d_s2); cudaFree(d_a1); cudaFree(d_a2);
+            }
+            cudaFree(d_deriv);
             // gelu_of_input: the same bits as gelu_forward followed by the plain pass
+            uint32_t *d_a1 = to_device(std::vector<uint32_t>{0}), *d_a2 = to_device(std::vector<uint32_t>{0});
             floatX* d_gelu;
             cudaCheck(cudaMalloc(&d_gelu, in.size() * sizeof(floatX)));
             gelu_forward(d_gelu, d_pre, (long long)rows * cols, 0);
@@ -177,7 +196,7 @@ static void test_quantize_shapes(const char* name) {
             check(same_fwd, "%s %d x %d: quantizing gelu(input) (gelu_of_input) = gelu_forward + the plain pass, bit for bit",
                   name, rows, cols);
             cudaFree(d_gelu);
-            cudaFree(d_pre); cudaFree(d_g); cudaFree(d_part); cudaFree(d_s1); cudaFree(d_s2); cudaFree(d_a1); cudaFree(d_a2);
+            cudaFree(d_pre); cudaFree(d_part); cudaFree(d_a1); cudaFree(d_a2);
         }
         cudaFree(d_in); cudaFree(d_out); cudaFree(d_t); cudaFree(d_scale); cudaFree(d_amax);
     }
@@ -343,6 +362,8 @@ static Bf16Agreement compare_bf16(const std::vector<floatX>& got, const std::vec
 //     (both round FP32 sums of another order to BF16: at most a few rare BF16 ulps apart);
 //   - the codes in both layouts and the amax bit for bit what the pass makes of the fused kernel's own
 //     pre-activation (every output written: the buffers start as NaN / 0xFF);
+//   - the recipe's form (FcPreOut::GELU_DERIVATIVE): the same codes, x^T and amax, and bf16(gelu'(pre)) in
+//     place of the pre-activation, bit for bit gelu_backward's ROUNDED factor of it;
 //   - timing at d12's and d48's fc shapes (printed): fused against cuBLASLt + the pass.
 static void test_fused_fc_gelu(int M, int N, int K, bool timing) {
     if (!fp8_gemm::supported(M, N, K, {})) {
@@ -373,7 +394,10 @@ static void test_fused_fc_gelu(int M, int N, int K, bool timing) {
         cudaCheck(cudaMalloc(&xt_f, (size_t)M * K)); cudaCheck(cudaMalloc(&xt_r, (size_t)M * K));
         cudaCheck(cudaMemset(xt_f, 0xAA, (size_t)M * K));
     }
-    auto fused = [&] { fp8_gemm::fc_gelu_ws(pre_f, q_f, qt_f, dx, inv, dw, inv + 4, dbias, inv + 8, amax, M, N, K, 0, xt_f); };
+    auto fused = [&] {
+        fp8_gemm::fc_gelu_ws(pre_f, fp8_gemm::FcPreOut::PRE_ACTIVATION, q_f, qt_f, dx, inv, dw, inv + 4, dbias, inv + 8, amax,
+                             M, N, K, 0, xt_f);
+    };
     Fp8Operand a{dw, CUDA_R_8F_E4M3, inv + 4}, b{dx, CUDA_R_8F_E4M3, inv};
     auto cublas = [&] {
         if (!matmul_fp8(pre_r, false, a, b, dbias, N, M, K, 0.0f, true, 0)) exit(1);
@@ -411,11 +435,37 @@ static void test_fused_fc_gelu(int M, int N, int K, bool timing) {
               "fused fc GEMM M=%d N=%d K=%d: x^T from its transposer warp = fp8_transpose of x, bit for bit (every byte "
               "written: the buffer started as 0xAA)", M, N, K);
     }
+    // the recipe's form: the GELU factor kept in place of the pre-activation (into the reference buffers, which
+    // start as NaN / 0xFF / 0xAA again)
+    cudaCheck(cudaMemset(pre_r, 0xFF, n * 2)); cudaCheck(cudaMemset(q_r, 0xFF, n)); cudaCheck(cudaMemset(qt_r, 0xFF, n));
+    cudaCheck(cudaMemset(amax + 1, 0, 4));
+    if (with_xt) cudaCheck(cudaMemset(xt_r, 0xAA, (size_t)M * K));
+    auto fused_factor = [&](uint8_t* x_t) {
+        fp8_gemm::fc_gelu_ws(pre_r, fp8_gemm::FcPreOut::GELU_DERIVATIVE, q_r, qt_r, dx, inv, dw, inv + 4, dbias, inv + 8,
+                             amax + 1, M, N, K, 0, x_t);
+    };
+    fused_factor(xt_r);
+    floatX* factor_want = to_device(std::vector<floatX>(n, f2bf(1.0f))); // ones times the ROUNDED factor of pre_f
+    gelu_backward(factor_want, pre_f, (long long)n, 0, GeluFactor::ROUNDED);
+    cudaCheck(cudaDeviceSynchronize());
+    {
+        const std::vector<floatX> fk = to_host(pre_r, n), fw = to_host(factor_want, n);
+        const std::vector<uint32_t> am2 = to_host(amax, 2);
+        const bool same_factor = memcmp(fk.data(), fw.data(), n * sizeof(floatX)) == 0;
+        const bool same_codes = to_host(q_f, n) == to_host(q_r, n) && to_host(qt_f, n) == to_host(qt_r, n) && am2[0] == am2[1] &&
+                                (!with_xt || to_host(xt_f, (size_t)M * K) == to_host(xt_r, (size_t)M * K));
+        check(same_factor && same_codes, "fused fc GEMM M=%d N=%d K=%d, keeping the GELU factor: bf16(gelu'(pre)) = "
+              "gelu_backward's ROUNDED factor, bit for bit (%s); codes, amax%s as with the pre-activation (%s)", M, N, K,
+              same_factor ? "same" : "DIFFERENT", with_xt ? ", x^T" : "", same_codes ? "same" : "DIFFERENT");
+    }
+    cudaFree(factor_want);
     if (timing) {
         const float t_r = mean_ms(cublas, 20);
         const float t_g = mean_ms([&] { if (!matmul_fp8(pre_r, false, a, b, dbias, N, M, K, 0.0f, true, 0)) exit(1); }, 20);
         printf("  timing M=%d N=%d K=%d: cuBLASLt GEMM %.4f + pass %.4f = %.4f ms\n", M, N, K, t_g, t_r - t_g, t_r);
-        const float t_f = mean_ms(fused, 20);
+        const float t_pre = mean_ms(fused, 20);
+        const float t_f = mean_ms([&] { fused_factor(xt_r); }, 20); // the recipe's form
+        printf("    fused keeping the pre-activation %.4f ms, keeping the GELU factor (the recipe's form) %.4f ms\n", t_pre, t_f);
         // gemm_wgmma's kernel with FP8 operands and the plain BF16 store (no scales, no codes): a mainloop's speed
         auto plain = [&] {
             gemm_wgmma::launch<gemm_wgmma::Fp8Operands<false, false>, gemm_wgmma::StoreBf16, gemm_wgmma::Tile128>(
@@ -425,8 +475,7 @@ static void test_fused_fc_gelu(int M, int N, int K, bool timing) {
         printf("    fused %.4f ms (%.0f TFLOP/s); gemm_wgmma's kernel with FP8 operands and the BF16 store alone %.4f ms (%.0f TFLOP/s)\n",
                t_f, 2.0 * M * N * K / t_f / 1e9, t_p, 2.0 * M * N * K / t_p / 1e9);
         if (with_xt)
-            time_transpose_in_kernel("x^T", t_f, [&] { fp8_gemm::fc_gelu_ws(pre_f, q_f, qt_f, dx, inv, dw, inv + 4, dbias, inv + 8, amax, M, N, K, 0); },
-                                     xt_r, dx, M, K);
+            time_transpose_in_kernel("x^T", t_f, [&] { fused_factor(nullptr); }, xt_r, dx, M, K);
     }
     if (with_xt) { cudaFree(xt_f); cudaFree(xt_r); }
     cudaFree(dx); cudaFree(dw); cudaFree(inv); cudaFree(dbias); cudaFree(pre_f); cudaFree(pre_r);
@@ -437,7 +486,10 @@ static void test_fused_fc_gelu(int M, int N, int K, bool timing) {
 // dgrad (no fast accumulation) and the dy pass with GELU':
 //   - d(gelu output) (the kernel's test output) against float64 of the dequantized operands and cuBLASLt's;
 //   - the E5M2 codes in both layouts and the amax bit for bit what the pass makes of the kernel's own
-//     d(gelu output); the bias gradient's column sums within float rounding of the pass's (other order);
+//     d(gelu output), both with the FP8 recipe's rounded GELU factor; the bias gradient's column sums within
+//     float rounding of the pass's (other order);
+//   - with the factor stored (GeluFactor::GIVEN, the recipe's fused form): the codes, amax and column sums of
+//     the run from the pre-activation, bit for bit;
 //   - timing at d12's and d48's shapes (printed).
 static void test_fused_fc_dy(int M, int N, int K, bool timing) {
     if (!fp8_gemm::supported(M, N, K, {})) {
@@ -471,7 +523,7 @@ static void test_fused_fc_dy(int M, int N, int K, bool timing) {
         cudaCheck(cudaMalloc(&dyt_f, (size_t)M * K)); cudaCheck(cudaMalloc(&dyt_r, (size_t)M * K));
         cudaCheck(cudaMemset(dyt_f, 0xAA, (size_t)M * K));
     }
-    fp8_gemm::fc_dy_ws(q_f, qt_f, part_f, ddy, inv, dw, inv + 4, dpre, inv + 8, amax, M, N, K, 0, dg_f, dyt_f);
+    fp8_gemm::fc_dy_ws(q_f, qt_f, part_f, ddy, inv, dw, inv + 4, dpre, GeluFactor::ROUNDED, inv + 8, amax, M, N, K, 0, dg_f, dyt_f);
     bias_backward_reduce(sums, part_f, N, M / 128, 0);
     Fp8Operand a{dw, CUDA_R_8F_E4M3, inv + 4}, b{ddy, CUDA_R_8F_E5M2, inv};
     if (!matmul_fp8(dg_r, false, a, b, nullptr, N, M, K, 0.0f, false, 0)) exit(1);
@@ -491,7 +543,8 @@ static void test_fused_fc_dy(int M, int N, int K, bool timing) {
     check(e < 4e-3 && far == 0, "fused fc dy M=%d N=%d K=%d: d(gelu output) vs float64 rel L2 %.2e (tol 4e-3); vs cuBLASLt %lld "
           "of %zu differ, %lld by more than 2 BF16 ulps + 1e-3 RMS", M, N, K, e, differ, n, far);
     // the pass over the kernel's own d(gelu output)
-    fp8_quantize_transpose<Fp8Kind::E5M2>(q_r, qt_r, dg_f, M, N, inv + 8, amax + 1, Fp8Stats(), 0, sums + N, part_r, dpre);
+    fp8_quantize_transpose<Fp8Kind::E5M2>(q_r, qt_r, dg_f, M, N, inv + 8, amax + 1, Fp8Stats(), 0, sums + N, part_r, dpre, false,
+                                          nullptr, GeluFactor::ROUNDED);
     cudaCheck(cudaDeviceSynchronize());
     const std::vector<uint32_t> am = to_host(amax, 2);
     const std::vector<float> s_f = to_host(sums, N), s_r = to_host(sums + N, N);
@@ -508,23 +561,48 @@ static void test_fused_fc_dy(int M, int N, int K, bool timing) {
               "fused fc dy M=%d N=%d K=%d: dy^T from its producer warp = fp8_transpose of dy, bit for bit (every byte written: "
               "the buffer started as 0xAA)", M, N, K);
     }
+    // the factor stored in place of the pre-activation (what the recipe's fused fc forward keeps): the same
+    // codes, amax and column sums, bit for bit
+    floatX* dfactor = to_device(std::vector<floatX>(n, f2bf(1.0f))); // ones times the ROUNDED factor of pre
+    gelu_backward(dfactor, dpre, (long long)n, 0, GeluFactor::ROUNDED);
+    float* part_g;
+    cudaCheck(cudaMalloc(&part_g, (size_t)(M / 128) * N * 4));
+    cudaCheck(cudaMemset(q_r, 0xFF, n)); cudaCheck(cudaMemset(qt_r, 0xFF, n)); cudaCheck(cudaMemset(amax + 1, 0, 4));
+    auto fused_given = [&] {
+        fp8_gemm::fc_dy_ws(q_r, qt_r, part_g, ddy, inv, dw, inv + 4, dfactor, GeluFactor::GIVEN, inv + 8, amax + 1, M, N, K, 0);
+    };
+    fused_given();
+    cudaCheck(cudaDeviceSynchronize());
+    {
+        const std::vector<uint32_t> am2 = to_host(amax, 2);
+        const std::vector<float> pf = to_host(part_f, (size_t)(M / 128) * N), pg = to_host(part_g, (size_t)(M / 128) * N);
+        const bool same_given = to_host(q_f, n) == to_host(q_r, n) && to_host(qt_f, n) == to_host(qt_r, n) && am2[0] == am2[1] &&
+                                memcmp(pf.data(), pg.data(), pf.size() * sizeof(float)) == 0;
+        check(same_given, "fused fc dy M=%d N=%d K=%d, the GELU factor given (GIVEN) = from the pre-activation (ROUNDED): codes "
+              "in both layouts, amax, column sums bit for bit", M, N, K);
+    }
     if (timing) {
-        auto fused = [&] { fp8_gemm::fc_dy_ws(q_f, qt_f, part_f, ddy, inv, dw, inv + 4, dpre, inv + 8, amax, M, N, K, 0, nullptr, dyt_f); };
+        // the recipe's fused form: the factor given (GIVEN); from the pre-activation (ROUNDED) for comparison
+        auto fused = [&](GeluFactor f, uint8_t* dy_t) {
+            fp8_gemm::fc_dy_ws(q_f, qt_f, part_f, ddy, inv, dw, inv + 4, f == GeluFactor::GIVEN ? dfactor : dpre, f, inv + 8, amax,
+                               M, N, K, 0, nullptr, dy_t);
+        };
         auto cublas = [&] {
             if (!matmul_fp8(dg_r, false, a, b, nullptr, N, M, K, 0.0f, false, 0)) exit(1);
-            fp8_quantize_transpose<Fp8Kind::E5M2>(q_r, qt_r, dg_r, M, N, inv + 8, amax + 1, Fp8Stats(), 0, nullptr, part_r, dpre);
+            fp8_quantize_transpose<Fp8Kind::E5M2>(q_r, qt_r, dg_r, M, N, inv + 8, amax + 1, Fp8Stats(), 0, nullptr, part_r, dpre,
+                                                  false, nullptr, GeluFactor::ROUNDED);
         };
-        const float t_f = mean_ms(fused, 20), t_r = mean_ms(cublas, 20);
+        const float t_f = mean_ms([&] { fused(GeluFactor::GIVEN, dyt_f); }, 20), t_r = mean_ms(cublas, 20);
+        const float t_rounded = mean_ms([&] { fused(GeluFactor::ROUNDED, dyt_f); }, 20);
         const float t_g = mean_ms([&] { if (!matmul_fp8(dg_r, false, a, b, nullptr, N, M, K, 0.0f, false, 0)) exit(1); }, 20);
-        printf("  timing M=%d N=%d K=%d: fused fc dy %.4f ms against cuBLASLt dgrad %.4f + dy pass %.4f = %.4f ms\n", M, N, K, t_f,
-               t_g, t_r - t_g, t_r);
-        if (with_dyt)
-            time_transpose_in_kernel("dy^T", t_f, [&] { fp8_gemm::fc_dy_ws(q_f, qt_f, part_f, ddy, inv, dw, inv + 4, dpre, inv + 8, amax, M, N, K, 0); },
-                                     dyt_r, ddy, M, K);
+        printf("  timing M=%d N=%d K=%d: fused fc dy %.4f ms (the factor given; %.4f from the pre-activation) against cuBLASLt "
+               "dgrad %.4f + dy pass %.4f = %.4f ms\n", M, N, K, t_f, t_rounded, t_g, t_r - t_g, t_r);
+        if (with_dyt) time_transpose_in_kernel("dy^T", t_f, [&] { fused(GeluFactor::GIVEN, nullptr); }, dyt_r, ddy, M, K);
     }
     if (with_dyt) { cudaFree(dyt_f); cudaFree(dyt_r); }
     cudaFree(ddy); cudaFree(dw); cudaFree(inv); cudaFree(dpre); cudaFree(dg_f); cudaFree(dg_r); cudaFree(q_f); cudaFree(qt_f);
     cudaFree(q_r); cudaFree(qt_r); cudaFree(part_f); cudaFree(part_r); cudaFree(sums); cudaFree(amax);
+    cudaFree(dfactor); cudaFree(part_g);
 }
 
 // ---- 3. the recipe on a small model ------------------------------------------------------------------
@@ -738,8 +816,8 @@ static void test_recipe() {
         cudaCheck(cudaMemcpy(g2, g1, (size_t)N * K * 2, cudaMemcpyDeviceToDevice));
         linear_backward(r, fc, dxf, dWf, dbf, g1, dx, dw[LIN_FC], nullptr, N, C, K, 0);
         std::vector<uint8_t> q_fused = to_host(r.dy8, (size_t)N * K), qt_fused = to_host(r.dyt8, (size_t)N * K);
-        // the reference: the separate pass, then the fc layer's backward with nothing pending
-        gelu_backward(g2, dpre, (long long)N * K, 0);
+        // the reference: the separate pass (the recipe's rounded factor), then the fc layer's backward with nothing pending
+        gelu_backward(g2, dpre, (long long)N * K, 0, GeluFactor::ROUNDED);
         cudaCheck(cudaMemset(dWr, 0, (size_t)K * C * 4)); cudaCheck(cudaMemset(dbr, 0, (size_t)K * 4));
         linear_backward(r, fc, dxr, dWr, dbr, g2, dx, dw[LIN_FC], nullptr, N, C, K, 0);
         std::vector<uint8_t> q_ref = to_host(r.dy8, (size_t)N * K), qt_ref = to_host(r.dyt8, (size_t)N * K);
@@ -759,8 +837,10 @@ static void test_recipe() {
 
     // The fused fc GEMM (Recipe::fused_gemm; after the check above, which needs the fc layer's dy
     // uncalibrated until its first backward): once the fc projection's input has a scale, the fc layer's
-    // GEMM writes that input itself. Its codes in both layouts and the amax are bit for bit what the pass
-    // makes of the pre-activation the fused GEMM wrote; the fc projection finds them in r.x8 and runs.
+    // GEMM writes that input itself, and keeps the GELU factor bf16(gelu'(pre)) in place of the pre-activation.
+    // Its codes in both layouts and the amax are bit for bit those of the same kernel keeping the
+    // pre-activation (whose codes test_fused_fc_gelu checks against the pass), and the factor is gelu_backward's
+    // ROUNDED factor of that pre-activation; the fc projection finds the codes in r.x8 and runs.
     if (gemm_wgmma::available()) {
         const LinearId fcp{0, LIN_FCPROJ};
         const int K = 4 * C, t = fp8_tensor(r, fcp, FP8_X);
@@ -768,29 +848,41 @@ static void test_recipe() {
         uint8_t *q, *qt;
         cudaCheck(cudaMalloc(&y, (size_t)N * C * 2));
         cudaCheck(cudaMalloc(&q, (size_t)N * K)); cudaCheck(cudaMalloc(&qt, (size_t)N * K));
+        const LinearId fc0{0, LIN_FC};
+        floatX* pre_ref;
+        uint32_t* amax_ref;
+        cudaCheck(cudaMalloc(&pre_ref, (size_t)N * K * 2)); cudaCheck(cudaMalloc(&amax_ref, 4));
+        cudaCheck(cudaMemset(amax_ref, 0, 4));
         r.fused_gemm = true;
         cudaCheck(cudaMemset(r.amax_now + t, 0, 4));
         cudaCheck(cudaMemset(dgelu, 0xFF, (size_t)N * K * 2)); // NaN: a read of an unwritten GELU output shows
-        linear_forward_gelu(r, {0, LIN_FC}, dgelu, dpre, dx, dw[LIN_FC], dfcb, N, C, K, true, 0);
+        linear_forward_gelu(r, fc0, dgelu, dpre, dx, dw[LIN_FC], dfcb, N, C, K, true, 0);
         const bool given = r.x_given.layer == 0 && r.x_given.kind == LIN_FCPROJ && r.x_given_with_t;
+        const bool kept = r.fc_keeps_gelu_factor[0] != 0;
+        // the same kernel keeping the pre-activation, on the operands the recipe gave it (the fc layer's codes are
+        // in r.dy8 after the buffers traded places)
+        fp8_gemm::fc_gelu_ws(pre_ref, fp8_gemm::FcPreOut::PRE_ACTIVATION, q, qt, r.dy8, fp8_inv(r, fp8_tensor(r, fc0, FP8_X)),
+                             fp8_weight(r, fc0), fp8_inv(r, fp8_tensor(r, fc0, FP8_W)), dfcb, r.scale + t, amax_ref, N, K, C, 0);
         linear_forward(r, fcp, y, dgelu, dw[LIN_FCPROJ], nullptr, N, K, C, true, 0);
         r.fused_gemm = false;
+        floatX* factor_want = to_device(std::vector<floatX>((size_t)N * K, f2bf(1.0f)));
+        gelu_backward(factor_want, pre_ref, (long long)N * K, 0, GeluFactor::ROUNDED);
         cudaCheck(cudaDeviceSynchronize());
         const std::vector<uint8_t> xf = to_host(r.x8, (size_t)N * K), xtf = to_host(fp8_saved_xt(r, fcp), (size_t)N * K);
-        const std::vector<uint32_t> af = to_host(r.amax_now + t, 1);
         const std::vector<floatX> yf = to_host(y, (size_t)N * C);
         bool finite = true;
         for (floatX v : yf) finite = finite && std::isfinite(bf2f(v));
-        cudaCheck(cudaMemset(r.amax_now + t, 0, 4));
-        fp8_quantize_transpose<Fp8Kind::E4M3>(q, qt, dpre, N, K, r.scale + t, r.amax_now + t, Fp8Stats(), 0, nullptr, nullptr,
-                                              nullptr, true);
-        cudaCheck(cudaDeviceSynchronize());
-        const bool same = xf == to_host(q, (size_t)N * K) && xtf == to_host(qt, (size_t)N * K) && af == to_host(r.amax_now + t, 1);
-        check(given && same && finite && r.x_given.layer < 0,
-              "recipe: the fused fc GEMM leaves the fc projection its input (given %d), = the pass over its pre-activation "
-              "bit for bit (x, x^T, amax): %s; the fc projection's output finite %d", given, same ? "same" : "DIFFERENT", finite);
-        gelu_forward(dgelu, dpre, (long long)N * K, 0); // the GELU output, which the backward below reads
-        cudaFree(y); cudaFree(q); cudaFree(qt);
+        const bool same = xf == to_host(q, (size_t)N * K) && xtf == to_host(qt, (size_t)N * K) &&
+                          to_host(r.amax_now + t, 1) == to_host(amax_ref, 1);
+        const std::vector<floatX> fk = to_host(dpre, (size_t)N * K), fw = to_host(factor_want, (size_t)N * K);
+        const bool factor = memcmp(fk.data(), fw.data(), fk.size() * sizeof(floatX)) == 0;
+        check(given && same && finite && r.x_given.layer < 0 && kept && factor,
+              "recipe: the fused fc GEMM leaves the fc projection its input (given %d), = the kernel keeping the "
+              "pre-activation, bit for bit (x, x^T, amax): %s; it keeps the GELU factor (%d) = gelu_backward's ROUNDED "
+              "factor of that pre-activation: %s; the fc projection's output finite %d", given, same ? "same" : "DIFFERENT",
+              kept, factor ? "same" : "DIFFERENT", finite);
+        gelu_forward(dgelu, pre_ref, (long long)N * K, 0); // the GELU output (the FP8 backward below does not read it)
+        cudaFree(y); cudaFree(q); cudaFree(qt); cudaFree(amax_ref); cudaFree(factor_want);
 
         // and the fused backward: the fc projection's dgrad writes the fc layer's dy codes and bias sums, the
         // fc layer's backward takes them. Against the cuBLASLt path (whose d(gelu output) differs in rare
@@ -805,18 +897,28 @@ static void test_recipe() {
         cudaCheck(cudaMalloc(&dWp, (size_t)K * C * 4)); cudaCheck(cudaMalloc(&dbp, (size_t)C * 4));
         cudaCheck(cudaMalloc(&dWf, (size_t)K * C * 4)); cudaCheck(cudaMalloc(&dbf, (size_t)K * 4));
         struct Grads { std::vector<floatX> dx; std::vector<float> dWp, dbp, dWf, dbf; std::vector<uint8_t> dy; };
-        auto backward = [&](bool fused) {
+        // pre: what the fc layer's forward kept (factor_kept: the GELU factor, else the pre-activation)
+        auto backward = [&](bool fused, const floatX* pre, bool factor_kept) {
             r.fused_gemm = fused;
+            r.fc_keeps_gelu_factor[0] = factor_kept;
             for (float* p : {dWp, dWf}) cudaCheck(cudaMemset(p, 0, (size_t)K * C * 4));
             cudaCheck(cudaMemset(dbp, 0, (size_t)C * 4)); cudaCheck(cudaMemset(dbf, 0, (size_t)K * 4));
-            linear_backward(r, fcp, g, dWp, dbp, ddout, dgelu, dw[LIN_FCPROJ], dpre, N, K, C, 0);
+            linear_backward(r, fcp, g, dWp, dbp, ddout, dgelu, dw[LIN_FCPROJ], pre, N, K, C, 0);
             linear_backward(r, fc, dxo, dWf, dbf, g, dx, dw[LIN_FC], nullptr, N, C, K, 0);
             r.fused_gemm = false;
             cudaCheck(cudaDeviceSynchronize());
             return Grads{to_host(dxo, (size_t)N * C), to_host(dWp, (size_t)K * C), to_host(dbp, C), to_host(dWf, (size_t)K * C),
                          to_host(dbf, K), to_host(r.dy8, (size_t)N * K)};
         };
-        const Grads plain = backward(false), fusedg = backward(true);
+        const Grads plain = backward(false, dpre, true), fusedg = backward(true, dpre, true);
+        // the cuBLASLt path from the pre-activation (the factor rounded there) = with the factor kept, bit for bit
+        const Grads plain_pre = backward(false, pre_ref, false);
+        const bool paths_agree = plain_pre.dy == plain.dy && plain_pre.dx.size() == plain.dx.size() &&
+                                 memcmp(plain_pre.dx.data(), plain.dx.data(), plain.dx.size() * sizeof(floatX)) == 0 &&
+                                 memcmp(plain_pre.dWf.data(), plain.dWf.data(), plain.dWf.size() * 4) == 0 &&
+                                 memcmp(plain_pre.dbf.data(), plain.dbf.data(), plain.dbf.size() * 4) == 0;
+        check(paths_agree, "recipe: the fc layer's backward from the kept GELU factor = from the pre-activation "
+              "(rounded factor), bit for bit (dy codes, dx, dW, db)");
         auto rel = [](const auto& a, const auto& b) {
             double num = 0, den = 0;
             for (size_t i = 0; i < a.size(); i++) {
@@ -835,6 +937,7 @@ static void test_recipe() {
               "1e-3), %lld of %zu dy codes differ (< 1%%); the fc projection's own gradients bit for bit %d", e_dx, e_dw, e_db,
               codes_differ, plain.dy.size(), own);
         cudaFree(ddout); cudaFree(g); cudaFree(dxo); cudaFree(dWp); cudaFree(dbp); cudaFree(dWf); cudaFree(dbf);
+        cudaFree(pre_ref);
     }
 
     // a skipped layer (-sql 1: layer 1) is the plain BF16 linear, bit for bit
