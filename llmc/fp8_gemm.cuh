@@ -189,18 +189,18 @@ __device__ __forceinline__ void ws_store_bf16(floatX* out, const __nv_bfloat16* 
 __device__ __forceinline__ float2 ws_bf16x2_to_float2(uint32_t w) {
     return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
 }
+// Two values rounded to BF16 as one 32-bit word (the first in the low half)
+__device__ __forceinline__ uint32_t ws_float2_to_bf16x2(float a, float b) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&p);
+}
 // Two values rounded to BF16 as a pair (as the passes store them), the bits of their magnitudes raised into
 // amax2 (two 16-bit lanes, one VIMNMX for both; the order of |bf16| bits is that of the magnitudes, NaN above
 // infinity), and the pair back as floats. ws_amax_bits turns the lanes into llmc::amax_bits of the largest.
 __device__ __forceinline__ float2 ws_round_bf16_amax(float a, float b, uint32_t& amax2) {
-    const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
-    const uint32_t w = *reinterpret_cast<const uint32_t*>(&p);
+    const uint32_t w = ws_float2_to_bf16x2(a, b);
     amax2 = __vmaxu2(amax2, w & 0x7FFF7FFFu);
     return ws_bf16x2_to_float2(w);
-}
-__device__ __forceinline__ uint32_t ws_float2_to_bf16x2(float a, float b) {
-    const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&p);
 }
 __device__ __forceinline__ uint32_t ws_amax_bits(uint32_t amax2) { return max(amax2 & 0xFFFFu, amax2 >> 16) << 16; }
 #endif
