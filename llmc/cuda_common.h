@@ -54,6 +54,16 @@ inline void cublas_check_impl(cublasStatus_t status, const char* file, int line)
 // after a kernel launch: catch bad launch configurations at once
 #define cudaCheckLaunch() cudaCheck(cudaGetLastError())
 
+// Let KERNEL use `smem` bytes of dynamic shared memory (above the default 48 KB): the opt-in, once per kernel
+template <auto KERNEL>
+void allow_dynamic_smem(int smem) {
+    static bool done = false;
+    if (!done) {
+        cudaCheck(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        done = true;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Device allocation. Running out of memory is something the user can fix, so it gets its own
 // message: how much was asked for, what is free, and what to change.

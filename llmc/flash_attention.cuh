@@ -1889,16 +1889,6 @@ inline bool wgmma_built() {
 // whether the wgmma kernels run at head size HS (HS = 64, built in, and in the loaded device code)
 inline bool wgmma_kernels_run(int HS) { return HS == 64 && FLASH_ATTENTION_WGMMA && wgmma_built(); }
 
-// Let KERNEL use `smem` bytes of dynamic shared memory (above the default 48 KB), once per kernel
-template <auto KERNEL>
-void allow_dynamic_smem(int smem) {
-    static bool done = false;
-    if (!done) {
-        cudaCheck(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        done = true;
-    }
-}
-
 // one forward pass (PASS) of the kernels
 template <class Bd, int PASS, int HS>
 void forward_pass_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, bf16* probs,

@@ -483,11 +483,8 @@ inline void fc_gelu_ws(floatX* pre, FcPreOut what, uint8_t* codes, uint8_t* code
     using Ops = gemm_wgmma::Fp8Operands<false, false>;
     const bool derivative = what == FcPreOut::GELU_DERIVATIVE;
     auto kernel = derivative ? fc_gelu_ws_kernel<true> : fc_gelu_ws_kernel<false>;
-    static bool configured[2] = {false, false};
-    if (!configured[derivative]) {
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WS_SMEM_BYTES));
-        configured[derivative] = true;
-    }
+    if (derivative) allow_dynamic_smem<fc_gelu_ws_kernel<true>>(WS_SMEM_BYTES);
+    else allow_dynamic_smem<fc_gelu_ws_kernel<false>>(WS_SMEM_BYTES);
     if (x_t != nullptr && (!writes_x_t_supported(N, K) || (uintptr_t)x_t % 16 != 0)) {
         fprintf(stderr, "error: fc_gelu_ws cannot write x^T for N=%d K=%d (needs K %% 32 == 0, N >= 4K, 16-byte alignment)\n", N, K);
         exit(1);
@@ -683,11 +680,8 @@ inline void fc_dy_ws(uint8_t* codes, uint8_t* codes_t, float* col_partials, cons
     }
     const bool given = factor == GeluFactor::GIVEN;
     auto kernel = given ? fc_dy_ws_kernel<GeluFactor::GIVEN> : fc_dy_ws_kernel<GeluFactor::ROUNDED>;
-    static bool configured[2] = {false, false};
-    if (!configured[given]) {
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WS_DY_SMEM_BYTES));
-        configured[given] = true;
-    }
+    if (given) allow_dynamic_smem<fc_dy_ws_kernel<GeluFactor::GIVEN>>(WS_DY_SMEM_BYTES);
+    else allow_dynamic_smem<fc_dy_ws_kernel<GeluFactor::ROUNDED>>(WS_DY_SMEM_BYTES);
     if (dy_t != nullptr && (!writes_x_t_supported(N, K) || (uintptr_t)dy_t % 16 != 0)) {
         fprintf(stderr, "error: fc_dy_ws cannot write dy^T for N=%d K=%d (needs K %% 32 == 0, N >= 4K, 16-byte alignment)\n", N, K);
         exit(1);

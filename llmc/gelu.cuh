@@ -14,14 +14,11 @@
 //   u = x (k + k c x^2)                      one FMUL for x^2, one FFMA, one FMUL
 //   gelu  = h + h tanh(u),  h = x / 2         MUFU.TANH, one FMUL, one FFMA
 //   gelu' = (1 + t) / 2 + x (k + 3 k c x^2) / 2 (1 - t^2),  t = tanh(u)
-// Every kernel that applies GELU calls these two, so fused and separate passes agree bit for bit.
-__device__ __forceinline__ float gelu_value(float x) {
-    const float x2 = x * x;
-    const float u = x * fmaf(x2, GELU_K_C, GELU_SQRT_2_OVER_PI);
-    const float h = 0.5f * x;
-    return fmaf(h, tanhf(u), h);
-}
-__device__ __forceinline__ float gelu_derivative(float x) {
+// Every kernel that applies GELU calls these, so fused and separate passes agree bit for bit. One body:
+// gelu_value and gelu_derivative are gelu_value_and_derivative with the other result unused (dead code the
+// compiler drops), so the three agree by construction; the fused fc forward takes both from one tanh and stores
+// the derivative for the backward (the FP8 recipe, fp8_gemm.cuh).
+__device__ __forceinline__ float gelu_value_and_derivative(float x, float& derivative) {
     const float x2 = x * x;
     const float u = x * fmaf(x2, GELU_K_C, GELU_SQRT_2_OVER_PI);
     const float t = tanhf(u);
@@ -29,19 +26,18 @@ __device__ __forceinline__ float gelu_derivative(float x) {
     const float half_du = fmaf(x2, 0.5f * GELU_3K_C, 0.5f * GELU_SQRT_2_OVER_PI);
     const float half_one_plus_t = fmaf(0.5f, t, 0.5f);
     const float one_minus_t2 = fmaf(-t, t, 1.0f);
-    return fmaf(x * half_du, one_minus_t2, half_one_plus_t);
-}
-
-// gelu(x) and gelu'(x) from one tanh, each bit for bit the function above (the FP8 recipe's fused fc forward
-// stores the derivative for the backward while it makes the GELU output's codes)
-__device__ __forceinline__ float gelu_value_and_derivative(float x, float& derivative) {
-    const float x2 = x * x;
-    const float u = x * fmaf(x2, GELU_K_C, GELU_SQRT_2_OVER_PI);
-    const float t = tanhf(u);
-    const float half_du = fmaf(x2, 0.5f * GELU_3K_C, 0.5f * GELU_SQRT_2_OVER_PI);
-    derivative = fmaf(x * half_du, fmaf(-t, t, 1.0f), fmaf(0.5f, t, 0.5f));
+    derivative = fmaf(x * half_du, one_minus_t2, half_one_plus_t);
     const float h = 0.5f * x;
     return fmaf(h, t, h);
+}
+__device__ __forceinline__ float gelu_value(float x) {
+    float unused;
+    return gelu_value_and_derivative(x, unused);
+}
+__device__ __forceinline__ float gelu_derivative(float x) {
+    float derivative;
+    gelu_value_and_derivative(x, derivative);
+    return derivative;
 }
 
 // The factor that takes a gradient w.r.t. the GELU's output to one w.r.t. its input, from `src`:
@@ -58,11 +54,14 @@ __device__ __forceinline__ float gelu_backward_factor(float src) {
     else return gelu_derivative(src);
 }
 
-// the same with the kind known only at run time (uniform across a kernel)
+// the same with the kind known only at run time (uniform across a kernel), as selects rather than branches: a
+// branch per kind made the quantize pass that uses it (fp8_quantize_transpose_kernel) compile each unrolled
+// loop three times over (4,176 -> 7,680 instructions). GIVEN evaluates gelu' for nothing, but only the FP8
+// recipe's unfused dy pass after a fused forward takes it, which a training step does not combine.
 __device__ __forceinline__ float gelu_backward_factor(GeluFactor f, float src) {
-    if (f == GeluFactor::GIVEN) return gelu_backward_factor<GeluFactor::GIVEN>(src);
-    if (f == GeluFactor::ROUNDED) return gelu_backward_factor<GeluFactor::ROUNDED>(src);
-    return gelu_backward_factor<GeluFactor::EXACT>(src);
+    const float d = gelu_derivative(src);
+    const float factor = f == GeluFactor::EXACT ? d : (float)(floatX)d;
+    return f == GeluFactor::GIVEN ? src : factor;
 }
 
 // the forward through the boundary hooks (boundaries.h): read through gelu_input, store through gelu_output

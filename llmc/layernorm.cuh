@@ -484,12 +484,7 @@ template <auto KERNEL, int MAX_C>
 inline void layernorm_backward_wide_launch(float* dinp, floatX* dinp_x, float* scratch, const floatX* dout,
                                            const float* inp, const floatX* w, const float* mean, const float* rstd,
                                            int N, int C, float branch_scale, cudaStream_t stream, Fp8Target q = Fp8Target()) {
-    static bool allowed = false; // (> 48 KB of dynamic shared memory needs the opt-in, once per kernel)
-    if (!allowed) {
-        cudaCheck(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)layernorm_backward_wide_smem(MAX_C)));
-        allowed = true;
-    }
+    allow_dynamic_smem<KERNEL>((int)layernorm_backward_wide_smem(MAX_C));
     const int grid = LN_BACKWARD_WARPS / (LN_WIDE_THREADS / WARP_SIZE);
     KERNEL<<<grid, LN_WIDE_THREADS, layernorm_backward_wide_smem(C), stream>>>(dinp, dinp_x, scratch, dout, inp, w,
                                                                               mean, rstd, N, C, branch_scale, q);

@@ -87,7 +87,6 @@ struct Recipe {
     struct {
         floatX* grad = nullptr;      // d(gelu output), to become d(gelu input)
         const floatX* pre = nullptr; // the GELU's input (or its factor: see fc_keeps_gelu_factor)
-        GeluFactor factor = GeluFactor::ROUNDED;
         long long n = 0;
         int layer = -1;
     } pending_gelu;
@@ -449,13 +448,15 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
     // separate pass if anything else comes first
     const floatX* gelu_pre = nullptr;
     GeluFactor gelu_factor = GeluFactor::ROUNDED;
+    // what the fc layer's forward kept in the pre-activation's buffer: the GELU factor itself, or the pre-activation
+    auto kept_factor = [&](int layer) { return r.fc_keeps_gelu_factor[layer] ? GeluFactor::GIVEN : GeluFactor::ROUNDED; };
     if (r.pending_gelu.grad) {
         if (r.pending_gelu.grad == dout && r.pending_gelu.layer == id.layer && id.kind == LIN_FC &&
             fp8_applies(r, id, N, C, OC)) {
             gelu_pre = r.pending_gelu.pre;
-            gelu_factor = r.pending_gelu.factor;
+            gelu_factor = kept_factor(r.pending_gelu.layer);
         } else {
-            gelu_backward(r.pending_gelu.grad, r.pending_gelu.pre, r.pending_gelu.n, st, r.pending_gelu.factor);
+            gelu_backward(r.pending_gelu.grad, r.pending_gelu.pre, r.pending_gelu.n, st, kept_factor(r.pending_gelu.layer));
         }
         r.pending_gelu.grad = nullptr;
     }
@@ -463,8 +464,7 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         plain_linear_backward(dweight, dbias, dinp, dout, inp, weight, pre_gelu, r.scratch, N, C, OC, st);
         return;
     }
-    // the GELU factor behind the fc projection's input gradient: what its fc layer's forward kept in pre_gelu
-    const GeluFactor pre_factor = pre_gelu && r.fc_keeps_gelu_factor[id.layer] ? GeluFactor::GIVEN : GeluFactor::ROUNDED;
+    const GeluFactor pre_factor = kept_factor(id.layer); // (used only with pre_gelu: the fc projection's)
     const int t_dy = fp8_tensor(r, id, FP8_DY), t_x = fp8_tensor(r, id, FP8_X), t_w = fp8_tensor(r, id, FP8_W);
     Fp8Operand wt{fp8_weight_t(r, id), CUDA_R_8F_E4M3, fp8_inv(r, t_w)};
     // The fc projection's dgrad with the fc layer's dy pass in its epilogue (fp8_gemm::fc_dy_ws; below), when it
@@ -534,7 +534,6 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
     if (id.kind == LIN_FCPROJ && fp8_applies(r, fc, N, OC, C) && r.calibrated[t_dyf]) {
         r.pending_gelu.grad = dinp;
         r.pending_gelu.pre = pre_gelu;
-        r.pending_gelu.factor = pre_factor;
         r.pending_gelu.n = (long long)N * C;
         r.pending_gelu.layer = id.layer;
         return;

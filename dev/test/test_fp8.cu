@@ -92,6 +92,14 @@ static void test_quantize_all_bf16(const char* name) {
     cudaFree(d_in); cudaFree(d_out); cudaFree(d_t); cudaFree(d_rm); cudaFree(d_scale); cudaFree(d_amax); cudaFree(d_counts);
 }
 
+// The FP8 recipe's GELU factor bf16(gelu'(pre)) of n pre-activations, as a new device buffer: gelu_backward's
+// ROUNDED factor applied to ones (exact products), the reference for the kernels that store or take it
+static floatX* rounded_gelu_factor(const floatX* pre, size_t n) {
+    floatX* f = to_device(std::vector<floatX>(n, f2bf(1.0f)));
+    gelu_backward(f, pre, (long long)n, 0, GeluFactor::ROUNDED);
+    return f;
+}
+
 template <Fp8Kind K>
 static void test_quantize_shapes(const char* name) {
     std::mt19937 rng(7);
@@ -153,9 +161,7 @@ static void test_quantize_shapes(const char* name) {
             std::vector<floatX> pre((size_t)rows * cols);
             for (auto& v : pre) v = f2bf(nd(rng));
             floatX* d_pre = to_device(pre);
-            // the stored factor bf16(gelu'(pre)): ones times the ROUNDED factor (exact products)
-            floatX* d_deriv = to_device(std::vector<floatX>((size_t)rows * cols, f2bf(1.0f)));
-            gelu_backward(d_deriv, d_pre, (long long)rows * cols, 0, GeluFactor::ROUNDED);
+            floatX* d_deriv = rounded_gelu_factor(d_pre, (size_t)rows * cols); // the stored factor
             float* d_part;
             cudaCheck(cudaMalloc(&d_part, (size_t)ceil_div(rows, FP8_TILE) * cols * sizeof(float)));
             const GeluFactor factors[3] = {GeluFactor::EXACT, GeluFactor::ROUNDED, GeluFactor::GIVEN};
@@ -445,8 +451,7 @@ static void test_fused_fc_gelu(int M, int N, int K, bool timing) {
                              amax + 1, M, N, K, 0, x_t);
     };
     fused_factor(xt_r);
-    floatX* factor_want = to_device(std::vector<floatX>(n, f2bf(1.0f))); // ones times the ROUNDED factor of pre_f
-    gelu_backward(factor_want, pre_f, (long long)n, 0, GeluFactor::ROUNDED);
+    floatX* factor_want = rounded_gelu_factor(pre_f, n);
     cudaCheck(cudaDeviceSynchronize());
     {
         const std::vector<floatX> fk = to_host(pre_r, n), fw = to_host(factor_want, n);
@@ -563,8 +568,7 @@ static void test_fused_fc_dy(int M, int N, int K, bool timing) {
     }
     // the factor stored in place of the pre-activation (what the recipe's fused fc forward keeps): the same
     // codes, amax and column sums, bit for bit
-    floatX* dfactor = to_device(std::vector<floatX>(n, f2bf(1.0f))); // ones times the ROUNDED factor of pre
-    gelu_backward(dfactor, dpre, (long long)n, 0, GeluFactor::ROUNDED);
+    floatX* dfactor = rounded_gelu_factor(dpre, n);
     float* part_g;
     cudaCheck(cudaMalloc(&part_g, (size_t)(M / 128) * N * 4));
     cudaCheck(cudaMemset(q_r, 0xFF, n)); cudaCheck(cudaMemset(qt_r, 0xFF, n)); cudaCheck(cudaMemset(amax + 1, 0, 4));
@@ -865,8 +869,7 @@ static void test_recipe() {
                              fp8_weight(r, fc0), fp8_inv(r, fp8_tensor(r, fc0, FP8_W)), dfcb, r.scale + t, amax_ref, N, K, C, 0);
         linear_forward(r, fcp, y, dgelu, dw[LIN_FCPROJ], nullptr, N, K, C, true, 0);
         r.fused_gemm = false;
-        floatX* factor_want = to_device(std::vector<floatX>((size_t)N * K, f2bf(1.0f)));
-        gelu_backward(factor_want, pre_ref, (long long)N * K, 0, GeluFactor::ROUNDED);
+        floatX* factor_want = rounded_gelu_factor(pre_ref, (size_t)N * K);
         cudaCheck(cudaDeviceSynchronize());
         const std::vector<uint8_t> xf = to_host(r.x8, (size_t)N * K), xtf = to_host(fp8_saved_xt(r, fcp), (size_t)N * K);
         const std::vector<floatX> yf = to_host(y, (size_t)N * C);
