@@ -386,13 +386,25 @@ __device__ __forceinline__ void tile_column_sums64(float* out, const bf16* tile,
     if (half == 0) out[c] = sum + upper_half[c];
 }
 
+// The scale and the tensor's amax so far come from Fp8EpilogueInputs, which the kernels load at their start:
+// loaded here, their latency (an L2 round trip) came after the main loop, with every thread of the CTA waiting.
+struct Fp8EpilogueInputs {
+    float scale = 1.0f;
+    uint32_t amax_seen = 0; // (thread 0's only: fp8_commit's test)
+    __device__ __forceinline__ void load(const Fp8Target& t, int tid) {
+        if (t.active()) scale = __ldg(t.scale);
+        if (tid == 0 && t.amax) amax_seen = __ldcg(t.amax);
+    }
+};
+
 // The amax alone of NT staged 64-row tiles (the backward's dqkv under Fp8Target::amax_only, TCFP-12's fresh
 // scales), where the kernel stores the BF16 tiles as usual: one atomic per CTA, where it would raise the
 // tensor's (fp8_commit). By the 128 threads, after a barrier.
 template <int NT>
-__device__ __forceinline__ void tiles_amax(const Fp8Target& t, const bf16* const (&tiles)[NT], int nvalid, int tid) {
+__device__ __forceinline__ void tiles_amax(const Fp8Target& t, const Fp8EpilogueInputs& in, const bf16* const (&tiles)[NT],
+                                           int nvalid, int tid) {
     constexpr int LDS = Tile<64>::LDS;
-    const uint32_t amax_seen = tid == 0 ? __ldcg(t.amax) : 0u;
+    const uint32_t amax_seen = in.amax_seen;
     const int half = tid & 1, line = tid >> 1;
     uint32_t amax = 0;
     if (line < nvalid) {
@@ -432,12 +444,13 @@ __device__ __forceinline__ void tiles_amax(const Fp8Target& t, const bf16* const
 // over both its tiles at once, so that the CTA syncs once for both, not twice each. The kernels call this
 // last (nothing reuses fp8_commit's shared sums after it, so no barrier at its end).
 template <Fp8Kind K, int NT, int ROWS = 64>
-__device__ __forceinline__ void tiles_to_fp8(const Fp8Target& t, const bf16* const (&tiles)[NT], const int (&col0)[NT],
-                                             long long grow0, int nvalid, long long n_rows, int m_cols, int tid) {
+__device__ __forceinline__ void tiles_to_fp8(const Fp8Target& t, const Fp8EpilogueInputs& in, const bf16* const (&tiles)[NT],
+                                             const int (&col0)[NT], long long grow0, int nvalid, long long n_rows, int m_cols,
+                                             int tid) {
     constexpr int LDS = Tile<64>::LDS, ROW_BLOCKS = ROWS / 32;
     static_assert(ROWS % 32 == 0, "warps of 32 rows x 32 columns: 2 * ROWS threads");
-    const float s = *t.scale;
-    const uint32_t amax_seen = tid == 0 && t.amax ? __ldcg(t.amax) : 0u;
+    const float s = in.scale;
+    const uint32_t amax_seen = in.amax_seen;
     const int warp = tid >> 5, lane = tid & 31;
     const int r0 = 32 * (warp % ROW_BLOCKS) + 4 * (lane >> 2); // this thread's rows r0 .. r0 + 3
     const int c0 = 32 * (warp / ROW_BLOCKS) + 8 * (lane & 3);  // and columns c0 .. c0 + 7 of each tile
@@ -1317,6 +1330,8 @@ flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf
     const int w_lo = g_lo + 16 * wq;                 // this warp's first query row
     const int r0 = w_lo + g, r1 = r0 + 8;            // this thread's rows
     const int nkb = (min(q0 + FWG_QR, T) + FWG_KB - 1) / FWG_KB;
+    Fp8EpilogueInputs fp8_in;                        // (the FP8 epilogue's scale and amax, loaded now)
+    fp8_in.load(out8, tid);
 
     auto load_kv = [&](int j) {
         const int st = j % FWG_STAGES;
@@ -1496,7 +1511,7 @@ flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf
         __syncthreads();
         const bf16* tiles[1] = {sQ};
         const int col0[1] = {h * HS};
-        tiles_to_fp8<Fp8Kind::E4M3, 1, FWG_QR>(out8, tiles, col0, (long long)b * T + q0,
+        tiles_to_fp8<Fp8Kind::E4M3, 1, FWG_QR>(out8, fp8_in, tiles, col0, (long long)b * T + q0,
                                                min(FWG_QR, T - q0), (long long)(gridDim.y / NH) * T, C, tid);
     }
 #else
@@ -1540,6 +1555,8 @@ flash_bwd_dq_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, flo
     const int w_lo = q0 + 16 * warp;
     const int r0 = w_lo + g, r1 = r0 + 8;
     const int nkb = (min(q0 + 64, T) + DQWG_KB - 1) / DQWG_KB;
+    Fp8EpilogueInputs fp8_in;                        // (the FP8 epilogue's scale and amax, loaded now)
+    fp8_in.load(dqkv8, tid);
 
     auto load_kv = [&](int j) {
         const int st = j % DQWG_STAGES;
@@ -1649,9 +1666,9 @@ flash_bwd_dq_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, flo
     const bf16* const tiles[1] = {sQ};
     if (dqkv8.active()) {
         const int col0[1] = {h * HS};
-        tiles_to_fp8<Fp8Kind::E5M2, 1>(dqkv8, tiles, col0, (long long)b * T + q0, T - q0, n_rows, 3 * C, tid);
+        tiles_to_fp8<Fp8Kind::E5M2, 1>(dqkv8, fp8_in, tiles, col0, (long long)b * T + q0, T - q0, n_rows, 3 * C, tid);
     } else if (dqkv8.amax_only()) {
-        tiles_amax<1>(dqkv8, tiles, T - q0, tid);
+        tiles_amax<1>(dqkv8, fp8_in, tiles, T - q0, tid);
     }
 #else
     __trap();
@@ -1699,6 +1716,8 @@ flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ bias_par
     const int w_hi = k0 + 16 * warp + 15;                   // this warp's last key
     const int i0 = k0 / QB;
     const int nq = (T + QB - 1) / QB - i0;
+    Fp8EpilogueInputs fp8_in;                               // (the FP8 epilogue's scale and amax, loaded now)
+    fp8_in.load(dqkv8, tid);
 
     auto load_q_block = [&](int it) {
         const int qs = (i0 + it) * QB, st = it % DKVWG_STAGES;
@@ -1828,9 +1847,9 @@ flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ bias_par
     const bf16* const tiles[2] = {kst, vst};
     if (dqkv8.active()) {
         const int col0[2] = {C + h * HS, 2 * C + h * HS};
-        tiles_to_fp8<Fp8Kind::E5M2, 2>(dqkv8, tiles, col0, (long long)b * T + k0, T - k0, n_rows, 3 * C, tid);
+        tiles_to_fp8<Fp8Kind::E5M2, 2>(dqkv8, fp8_in, tiles, col0, (long long)b * T + k0, T - k0, n_rows, 3 * C, tid);
     } else if (dqkv8.amax_only()) {
-        tiles_amax<2>(dqkv8, tiles, T - k0, tid);
+        tiles_amax<2>(dqkv8, fp8_in, tiles, T - k0, tid);
     }
 #else
     __trap();
