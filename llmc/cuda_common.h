@@ -65,6 +65,33 @@ void allow_dynamic_smem(int smem) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Asynchronous copies into shared memory (cp.async, sm_80 and newer): the flash attention's tile ring,
+// the classifier's staged row. A thread's copies are visible to that thread after cp_async_wait; to the
+// others only after a barrier as well.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+// 16-byte global -> shared copy; when !valid the destination is zero-filled and nothing is read
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes) : "memory");
+}
+// 4-byte global -> shared copy, zero-filled when !valid
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+    int src_bytes = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Device allocation. Running out of memory is something the user can fix, so it gets its own
 // message: how much was asked for, what is free, and what to change.
 inline void* cuda_malloc_or_die(size_t bytes, const char* what) {

@@ -115,26 +115,6 @@ template <> struct Config<128> {
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers
 
-// 16-byte global -> shared copy; when !valid the destination is zero-filled and nothing is read
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-    int src_bytes = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes) : "memory");
-}
-// 4-byte global -> shared copy, zero-filled when !valid
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-    int src_bytes = valid ? 4 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
-                 :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
-}
-
 // four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, register i gets it
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

@@ -13,11 +13,7 @@
 // its accumulators, so reg_fence() on the accumulators (an empty volatile asm that "modifies" them)
 // pins their writes before a batch and their reads after the wait.
 #pragma once
-#include "cuda_common.h"
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
+#include "cuda_common.h" // smem_addr
 
 // Descriptor of a 128-byte-swizzled, 64-column bf16 tile whose k-step starts at `start`: start address
 // (>> 4) in bits 0-13, leading-dimension byte offset (>> 4) in 16-29 (unused by this swizzle with

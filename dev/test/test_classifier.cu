@@ -1,11 +1,13 @@
 // test_classifier.cu: the fused softmax + cross-entropy kernel (llmc/fused_classifier.cuh) against float64 on
 // the CPU, for training (the losses, and the logits overwritten by their gradient, 0 in the padded columns) and
 // for evaluation (the losses; the logits left as they were, or mapped by an active boundary); vocabularies from
-// 1,000 to 70,000, GPT-2's padded one among them. Then its time at one d12 micro-step chunk (8192 rows of
-// 50,304 logits), with the bandwidth it reaches (each logit read once from DRAM and written once).
-// (2026-11-28, H200: 0.576 ms, 2.86 TB/s. A version holding the row in registers, one read of it instead of
-// two, gave the same bits but took 0.625 ms: 63 registers x 1024 threads left one CTA an SM where the
-// two-pass kernel has two; branch wip/classifier-registers.)
+// 1,000 to 70,000, GPT-2's padded one among them. Both forms of the kernel where the row fits the staged one:
+// each against float64, and the two bit for bit against each other. Then their time at one d12 micro-step chunk
+// (8192 rows of 50,304 logits), with the bandwidth they reach (each logit read once from DRAM and written once).
+// (2026-11-28, H200: the unstaged form 0.576 ms, 2.86 TB/s. A version holding the row in registers, one read
+// of it instead of two, gave the same bits but took 0.625 ms: 63 registers x 1024 threads left one CTA an SM
+// where the two-pass kernel has two; branch wip/classifier-registers. The staged form holds the row in shared
+// memory instead, two CTAs an SM.)
 #include "dev/test/gpu_check.h"
 #include "llmc/fused_classifier.cuh"
 #include <cmath>
@@ -23,6 +25,39 @@ static double ref_logit(float x) {
     return (double)Bd::LOGIT_SCALE * (double)Bd::logits(x);
 }
 
+// One form's results (x: the logits after the kernel, loss) against float64: lse, loss, and the gradient (or the
+// mapped logits)
+template <class Bd>
+static void check_against_float64(const std::vector<floatX>& logits, const std::vector<int>& targets, const std::vector<floatX>& x,
+                                  const std::vector<float>& loss, int BT, int V, int Vp, float dloss, bool write,
+                                  const char* what) {
+    double max_loss_err = 0.0, err2 = 0.0, ref2 = 0.0;
+    size_t pad_nonzero = 0;
+    for (int r = 0; r < BT; r++) {
+        const floatX* row = logits.data() + (size_t)r * Vp;
+        double m = -INFINITY;
+        for (int i = 0; i < V; i++) m = std::max(m, ref_logit<Bd>(bf2f(row[i])));
+        double s = 0.0;
+        for (int i = 0; i < V; i++) s += std::exp(ref_logit<Bd>(bf2f(row[i])) - m);
+        const double lse = m + std::log(s);
+        const double want_loss = lse - ref_logit<Bd>(bf2f(row[targets[r]]));
+        max_loss_err = std::max(max_loss_err, std::fabs(loss[r] - want_loss) / std::max(1.0, std::fabs(want_loss)));
+        for (int i = 0; i < Vp; i++) {
+            const float gotv = bf2f(x[(size_t)r * Vp + i]);
+            double want;
+            if (!write) want = Bd::ACTIVE ? (double)Bd::logits(bf2f(row[i])) : (double)bf2f(row[i]); // (every column)
+            else if (i >= V) { pad_nonzero += gotv != 0.0f; continue; }
+            else want = (std::exp(ref_logit<Bd>(bf2f(row[i])) - lse) - (i == targets[r] ? 1.0 : 0.0)) * dloss * Bd::LOGIT_SCALE;
+            err2 += (gotv - want) * (gotv - want);
+            ref2 += want * want;
+        }
+    }
+    const double rel = std::sqrt(err2 / std::max(ref2, 1e-300));
+    check(max_loss_err < 2e-5 && rel < 4e-3 && pad_nonzero == 0,
+          "%s: vs float64 loss rel error %.2e (tol 2e-5), %s rel L2 %.2e (tol 4e-3, BF16), padded columns' gradient 0 (%zu not)",
+          what, max_loss_err, write ? "dlogits" : "logits", rel, pad_nonzero);
+}
+
 template <class Bd>
 static void test_shape(int BT, int V, int Vp, std::mt19937& rng, const char* bd_name) {
     const size_t n = (size_t)BT * Vp;
@@ -34,39 +69,26 @@ static void test_shape(int BT, int V, int Vp, std::mt19937& rng, const char* bd_
     floatX* d_x = to_device(logits);
     int* d_t = to_device(targets);
     float* d_loss = to_device(std::vector<float>(BT, 0.0f));
+    const bool staged = classifier_row_fits_staged(Vp);
     for (int write : {1, 0}) {
-        cudaCheck(cudaMemcpy(d_x, logits.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemset(d_loss, 0xFF, BT * sizeof(float)));
-        fused_classifier<Bd>(d_x, d_loss, d_t, dloss, BT, V, Vp, write, 0);
-        const std::vector<floatX> x = to_host(d_x, n);
-        const std::vector<float> loss = to_host(d_loss, BT);
-        // float64: lse, loss, and the gradient (or the mapped logits)
-        double max_loss_err = 0.0, err2 = 0.0, ref2 = 0.0;
-        size_t pad_nonzero = 0;
-        for (int r = 0; r < BT; r++) {
-            const floatX* row = logits.data() + (size_t)r * Vp;
-            double m = -INFINITY;
-            for (int i = 0; i < V; i++) m = std::max(m, ref_logit<Bd>(bf2f(row[i])));
-            double s = 0.0;
-            for (int i = 0; i < V; i++) s += std::exp(ref_logit<Bd>(bf2f(row[i])) - m);
-            const double lse = m + std::log(s);
-            const double want_loss = lse - ref_logit<Bd>(bf2f(row[targets[r]]));
-            max_loss_err = std::max(max_loss_err, std::fabs(loss[r] - want_loss) / std::max(1.0, std::fabs(want_loss)));
-            for (int i = 0; i < Vp; i++) {
-                const float gotv = bf2f(x[(size_t)r * Vp + i]);
-                double want;
-                if (!write) want = Bd::ACTIVE ? (double)Bd::logits(bf2f(row[i])) : (double)bf2f(row[i]); // (every column)
-                else if (i >= V) { pad_nonzero += gotv != 0.0f; continue; }
-                else want = (std::exp(ref_logit<Bd>(bf2f(row[i])) - lse) - (i == targets[r] ? 1.0 : 0.0)) * dloss * Bd::LOGIT_SCALE;
-                err2 += (gotv - want) * (gotv - want);
-                ref2 += want * want;
-            }
-        }
-        const double rel = std::sqrt(err2 / std::max(ref2, 1e-300));
-        check(max_loss_err < 2e-5 && rel < 4e-3 && pad_nonzero == 0,
-              "%s BT=%d V=%d Vp=%d %s: vs float64 loss rel error %.2e (tol 2e-5), %s rel L2 %.2e (tol 4e-3, BF16), padded "
-              "columns' gradient 0 (%zu not)", bd_name, BT, V, Vp, write ? "training" : "evaluation", max_loss_err,
-              write ? "dlogits" : "logits", rel, pad_nonzero);
+        // the unstaged form, then (where the row fits) the staged one, which must give the same bits
+        auto run = [&](ClassifierForm form, std::vector<floatX>& x, std::vector<float>& loss) {
+            cudaCheck(cudaMemcpy(d_x, logits.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemset(d_loss, 0xFF, BT * sizeof(float)));
+            fused_classifier<Bd>(d_x, d_loss, d_t, dloss, BT, V, Vp, write, 0, form);
+            x = to_host(d_x, n);
+            loss = to_host(d_loss, BT);
+        };
+        char what[160];
+        snprintf(what, sizeof(what), "%s BT=%d V=%d Vp=%d %s", bd_name, BT, V, Vp, write ? "training" : "evaluation");
+        std::vector<floatX> x, x_staged;
+        std::vector<float> loss, loss_staged;
+        run(ClassifierForm::UNSTAGED, x, loss);
+        check_against_float64<Bd>(logits, targets, x, loss, BT, V, Vp, dloss, write, what);
+        if (!staged) continue;
+        run(ClassifierForm::STAGED, x_staged, loss_staged);
+        check(memcmp(x_staged.data(), x.data(), n * sizeof(floatX)) == 0 && memcmp(loss_staged.data(), loss.data(), BT * sizeof(float)) == 0,
+              "%s: the staged form's losses and %s bit for bit the unstaged form's", what, write ? "dlogits" : "logits");
     }
     cudaCheck(cudaFree(d_x));
     cudaCheck(cudaFree(d_t));
@@ -81,9 +103,12 @@ static void time_chunk(int BT, int V, int Vp, std::mt19937& rng) {
     int* d_t = to_device(targets);
     float* d_loss = to_device(std::vector<float>(BT, 0.0f));
     // (each run overwrites the logits with their gradient, which the next run reads as logits: same cost)
-    const double ms = median_ms([&] { fused_classifier(d_x, d_loss, d_t, 1.0f / BT, BT, V, Vp, true, 0); });
-    const double gb = 2.0 * n * sizeof(floatX) / 1e9; // read once from DRAM (the second pass mostly from L2), written once
-    printf("  timing BT=%d Vp=%d: %.4f ms (%.0f GB/s)\n", BT, Vp, ms, gb / ms * 1e3);
+    const double gb = 2.0 * n * sizeof(floatX) / 1e9; // read once from DRAM (the unstaged form's second pass mostly from L2), written once
+    for (ClassifierForm form : {ClassifierForm::UNSTAGED, ClassifierForm::STAGED}) {
+        const double ms = median_ms([&] { fused_classifier(d_x, d_loss, d_t, 1.0f / BT, BT, V, Vp, true, 0, form); });
+        printf("  timing BT=%d Vp=%d, %s: %.4f ms (%.0f GB/s)\n", BT, Vp, form == ClassifierForm::STAGED ? "staged" : "unstaged",
+               ms, gb / ms * 1e3);
+    }
     cudaCheck(cudaFree(d_x));
     cudaCheck(cudaFree(d_t));
     cudaCheck(cudaFree(d_loss));
