@@ -160,7 +160,7 @@ test_gpt_fp32: test_gpt.cu train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
 #   tcfp12     the split bit-exact against tcfp12.h, the dual GEMMs against float64
 #   linear     the plain linear layer (recipe.h) against float64: forward, GELU/DGELU epilogues, dW, the fused bias gradient
 #   layernorm  the LayerNorm kernels against float64 at every width the dispatch distinguishes, and their speed
-#   classifier the fused softmax + cross-entropy kernel against float64 (losses, dlogits, evaluation), and its speed
+#   classifier the fused softmax + cross-entropy kernel against float64 (losses, dlogits, evaluation), its two forms bit for bit, their speed
 #   q115_attention  the Q1.15 attention in the flash kernels against float64, the materialized path, the reality check
 build/test_%: dev/test/test_%.cu dev/test/gpu_check.h $(HEADERS) $(CUDNN_OBJ)
 	@mkdir -p build
