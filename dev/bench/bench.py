@@ -19,6 +19,11 @@ BF16 peak (989.4 TFLOP/s on H100/H200, the trainer's own figure).
 Micro-batch sizes: the defaults below are starting points. A run that runs out of GPU memory is
 retried with B halved (ours and the peer independently), and the table reports the B used.
 
+Rounds (--repeat N): the whole plan runs N times over (every recipe and the peer, then all again), and
+each round's ratios use that round's bf16 and peer rows. The report adds one line per recipe over the
+rounds: the median ms/step and the median and range of its ratios. Where a ratio sits near a target, one
+round cannot say which side it is on: machines and runs of one binary vary by a few ms at d12.
+
 The script itself never imports torch: the peer runs in a subprocess per size (this same file
 with --peer-worker), so one size's GPU memory cannot leak into the next measurement.
 """
@@ -96,6 +101,9 @@ def build_arg_parser():
                    help="comma list of process counts, one GPU each, e.g. 1,2: every recipe runs once per "
                         "count (counts above 1 through scripts/launch.sh, data parallel, the same total batch); "
                         "the peer runs on 1 GPU (default 1)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the whole plan this many times in rounds; the report gives each round's rows and, "
+                        "per recipe, the median and range of the ratios over the rounds (default 1)")
     p.add_argument("--no-peer", action="store_true", help="skip the PyTorch peer")
     p.add_argument("--no-build", action="store_true", help="use the existing train_gpt_<r> binaries")
     p.add_argument("--out", default=None,
@@ -399,24 +407,47 @@ def compute_ratios(rows):
     """vs_peer = tok/s / the peer's tok/s of the same size (the peer row itself, even when flagged
     eager after a failed compile), for 1-GPU rows only (the peer runs on one GPU); vs_bf16 = tok/s /
     our bf16's at the same size and GPU count; vs_1gpu = tok/s / the same recipe's 1-GPU tok/s at
-    the same size (the scaling; 1.0 for the 1-GPU row itself). None where either is missing."""
+    the same size (the scaling; 1.0 for the 1-GPU row itself). Each against the rows of its own round
+    (--repeat). None where either is missing."""
     peer, bf16, one_gpu = {}, {}, {}
     for r in rows:
         if r.get("status") != "ok":
             continue
+        rnd = r.get("round", 1)
         if r["kind"] == "peer":
-            peer[r["size"]] = r["tok_s"]
+            peer[(r["size"], rnd)] = r["tok_s"]
         elif r["recipe"] == "bf16":
-            bf16[(r["size"], r.get("gpus", 1))] = r["tok_s"]
+            bf16[(r["size"], r.get("gpus", 1), rnd)] = r["tok_s"]
         if r["kind"] == "ours" and r.get("gpus", 1) == 1:
-            one_gpu[(r["size"], r["recipe"])] = r["tok_s"]
+            one_gpu[(r["size"], r["recipe"], rnd)] = r["tok_s"]
     for r in rows:
         ok = r.get("status") == "ok"
-        g = r.get("gpus", 1)
-        r["vs_peer"] = ratio(r["tok_s"], peer.get(r["size"])) if ok and g == 1 else None
-        r["vs_bf16"] = ratio(r["tok_s"], bf16.get((r["size"], g))) if ok else None
-        r["vs_1gpu"] = ratio(r["tok_s"], one_gpu.get((r["size"], r["recipe"]))) if ok and r["kind"] == "ours" else None
+        g, rnd = r.get("gpus", 1), r.get("round", 1)
+        r["vs_peer"] = ratio(r["tok_s"], peer.get((r["size"], rnd))) if ok and g == 1 else None
+        r["vs_bf16"] = ratio(r["tok_s"], bf16.get((r["size"], g, rnd))) if ok else None
+        r["vs_1gpu"] = (ratio(r["tok_s"], one_gpu.get((r["size"], r["recipe"], rnd)))
+                        if ok and r["kind"] == "ours" else None)
     return rows
+
+
+def summarize_rounds(rows):
+    """Per (size, recipe, GPUs), in the order of first appearance: how many rounds ran ok, the median
+    ms/step and tok/s, and the median, min and max of each ratio over those rounds (None where a ratio
+    has no value in any round)."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["size"], r["recipe"], r.get("gpus", 1)), []).append(r)
+    out = []
+    for (size, recipe, g), rs in groups.items():
+        ok = [r for r in rs if r.get("status") == "ok"]
+        s = {"size": size, "recipe": recipe, "gpus": g, "rounds": len(rs), "rounds_ok": len(ok),
+             "ms": statistics.median(r["ms"] for r in ok) if ok else None,
+             "tok_s": statistics.median(r["tok_s"] for r in ok) if ok else None}
+        for key in ("vs_peer", "vs_bf16", "vs_1gpu"):
+            vals = [r[key] for r in ok if r.get(key) is not None]
+            s[key] = (statistics.median(vals), min(vals), max(vals)) if vals else None
+        out.append(s)
+    return out
 
 
 # ================================================================================================
@@ -504,21 +535,27 @@ def with_halving(start_B, T, total_batch, attempt):
     return row
 
 
-def new_row(size, recipe, kind, B, T, gpus=1):
-    return {"size": size, "recipe": recipe, "kind": kind, "gpus": gpus, "B": B, "T": T, "status": "failed", "error": None,
+def new_row(size, recipe, kind, B, T, gpus=1, rnd=1):
+    return {"size": size, "recipe": recipe, "kind": kind, "gpus": gpus, "round": rnd, "B": B, "T": T, "status": "failed", "error": None,
             "notes": [], "step_ms": [], "ms": None, "tok_s": None, "mfu": None, "flops_per_token": None,
             "params": None, "L": None, "C": None, "peak_gib": None, "loss_last": None}
 
 
-def run_ours(entry, size, B, T, args, shard, log_dir, peak, gpus=1):
+def round_suffix(rnd, args):
+    """The log files' round mark: none with one round, _r1, _r2, ... with --repeat"""
+    return f"_r{rnd}" if getattr(args, "repeat", 1) > 1 else ""
+
+
+def run_ours(entry, size, B, T, args, shard, log_dir, peak, gpus=1, rnd=1):
     """One trainer run of entry = (label, recipe, flags) (on `gpus` GPUs); a row with status ok / oom /
     failed / timeout. With several GPUs the step times and memory are process 0's (a step ends for all
     at its all-gather)."""
     label, recipe, flags = entry
-    row = new_row(size, label, "ours", B, T, gpus)
+    row = new_row(size, label, "ours", B, T, gpus, rnd)
     n = args.warmup + args.steps
     cmd = trainer_command(recipe, size, B, T, args.total_batch, n, shard, gpus, flags)
-    log_path = os.path.join(log_dir, f"{safe(size)}_{safe(label)}_B{B}" + (f"_{gpus}gpus" if gpus > 1 else "") + ".log")
+    log_path = os.path.join(log_dir, f"{safe(size)}_{safe(label)}_B{B}" + (f"_{gpus}gpus" if gpus > 1 else "")
+                            + round_suffix(rnd, args) + ".log")
     row["log"] = log_path
     rc, text, timed_out = run_logged(cmd, REPO_ROOT, args.timeout, log_path)
     parsed = parse_trainer_output(text)
@@ -539,11 +576,11 @@ def run_ours(entry, size, B, T, args, shard, log_dir, peak, gpus=1):
     return row
 
 
-def run_peer(size, B, T, args, log_dir, peak):
+def run_peer(size, B, T, args, log_dir, peak, rnd=1):
     """One peer run in a fresh python process; a row like run_ours'."""
-    row = new_row(size, PEER_LABEL, "peer", B, T)
-    json_out = os.path.join(log_dir, f"{safe(size)}_peer_B{B}.json")
-    log_path = os.path.join(log_dir, f"{safe(size)}_peer_B{B}.log")
+    row = new_row(size, PEER_LABEL, "peer", B, T, rnd=rnd)
+    stem = os.path.join(log_dir, f"{safe(size)}_peer_B{B}" + round_suffix(rnd, args))
+    json_out, log_path = stem + ".json", stem + ".log"
     row["log"] = log_path
     cmd = peer_command(args.peer_python, size, B, T, args.total_batch, args.warmup, args.steps, json_out,
                        args.peer_eager)
@@ -639,8 +676,13 @@ def render_table(rows, meta):
         done, total = meta["partial"]
         out += [f"**Partial: {done} of {total} runs done when this was written; the bench had not finished "
                 f"(the last run's ratios may still lack their baseline).**", ""]
-    out.append("| size | recipe | GPUs | B | T | ms/step | tok/s | MFU % | peak GiB | vs peer | vs bf16 | vs 1 GPU | notes |")
-    out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    rounds = meta.get("repeat", 1)
+    if rounds > 1:
+        out += [f"{rounds} rounds: the whole plan ran {rounds} times over; each row's ratios are against its own "
+                f"round's rows, and the table after this one gives each recipe's median over the rounds.", ""]
+    round_col = ("| round ", "| ---: ") if rounds > 1 else ("", "")
+    out.append("| size | recipe " + round_col[0] + "| GPUs | B | T | ms/step | tok/s | MFU % | peak GiB | vs peer | vs bf16 | vs 1 GPU | notes |")
+    out.append("| --- | --- " + round_col[1] + "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         notes = list(r.get("notes", []))
         if r["status"] != "ok":
@@ -648,11 +690,23 @@ def render_table(rows, meta):
         if len(r.get("B_tried", [])) > 1:
             notes.append("B tried " + "→".join(str(b) for b in r["B_tried"]))
         note = "; ".join(notes).replace("|", "\\|").replace("\n", " ")
-        out.append(f"| {r['size']} | {r['recipe']} | {r.get('gpus', 1)} | {r['B']} | {r['T']} | {fmt(r['ms'], '.1f')} | "
+        rc = f"| {r.get('round', 1)} " if rounds > 1 else ""
+        out.append(f"| {r['size']} | {r['recipe']} {rc}| {r.get('gpus', 1)} | {r['B']} | {r['T']} | {fmt(r['ms'], '.1f')} | "
                    f"{fmt(r['tok_s'], ',.0f')} | {fmt(r['mfu'], '.1f')} | {fmt(r['peak_gib'], '.2f')} | "
                    f"{fmt(r.get('vs_peer'), '.2f')} | {fmt(r.get('vs_bf16'), '.2f')} | "
                    f"{fmt(r.get('vs_1gpu'), '.2f')} | {note} |")
     out.append("")
+    if rounds > 1:
+        def spread(v):
+            return "—" if v is None else f"{v[0]:.3f} ({v[1]:.3f}–{v[2]:.3f})"
+        out += [f"Over the rounds: the median of the rounds that ran (ms/step, tok/s), and of each ratio with its "
+                f"lowest and highest round in brackets (three decimals: the rows above round to two).", "",
+                "| size | recipe | GPUs | rounds ok | median ms/step | median tok/s | vs peer | vs bf16 | vs 1 GPU |",
+                "| --- | --- | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+        for g in summarize_rounds(rows):
+            out.append(f"| {g['size']} | {g['recipe']} | {g['gpus']} | {g['rounds_ok']} of {g['rounds']} | {fmt(g['ms'], '.1f')} | "
+                       f"{fmt(g['tok_s'], ',.0f')} | {spread(g['vs_peer'])} | {spread(g['vs_bf16'])} | {spread(g['vs_1gpu'])} |")
+        out.append("")
     peak = meta.get("peak_flops")
     out.append(f"- MFU = FLOPs per token × tok/s / {fmt(peak and peak / 1e12, '.1f', 'unknown')} TFLOP/s "
                f"(dense BF16 peak of the GPU, the trainer's figure); FLOPs per token = 6·N + 6·L·C·T, "
@@ -826,6 +880,9 @@ def main(argv=None):
     if max(gpus) > 1 and not args.dry_run and available < max(gpus):
         print(f"error: --gpus {args.gpus} needs {max(gpus)} GPUs; nvidia-smi lists {available}", file=sys.stderr)
         return 2
+    if args.repeat < 1:
+        print(f"error: --repeat {args.repeat}: at least 1 round", file=sys.stderr)
+        return 2
     if args.steps < 10:
         print(f"warning: {args.steps} timed steps is below the protocol's 10", file=sys.stderr)
 
@@ -833,7 +890,8 @@ def main(argv=None):
     peak = peak_flops_for(gpu_name, args.peak_tflops)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     meta = {"gpu": gpu_line, "date": date, "commit": git_revision(), "total_batch": args.total_batch,
-            "warmup": args.warmup, "steps": args.steps, "peak_flops": peak, "gpus": gpus, "argv": argv}
+            "warmup": args.warmup, "steps": args.steps, "peak_flops": peak, "gpus": gpus, "argv": argv,
+            "repeat": args.repeat}
     print(f"GPU: {gpu_line}\ndate: {date}\ncommit: {meta['commit']}", flush=True)
 
     print(f"recipes: {', '.join(e[0] for e in recipes) or '(none)'}; sizes: "
@@ -886,7 +944,8 @@ def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
             print(tail, flush=True)
 
     rows = []
-    total_runs = sum(len(meta["gpus"]) for _ in plan for _ in recipes) + (0 if args.no_peer else len(plan))
+    rounds = getattr(args, "repeat", 1)
+    total_runs = rounds * (sum(len(meta["gpus"]) for _ in plan for _ in recipes) + (0 if args.no_peer else len(plan)))
 
     def checkpoint_report():
         # the report so far after every run, so that a bench cut short (a time limit, a lost machine)
@@ -894,31 +953,34 @@ def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
         if args.out:
             write_report(args.out, compute_ratios([dict(r) for r in rows]), dict(meta, partial=(len(rows), total_runs)))
 
-    for size, start_B, T in plan:
-        for entry in recipes:
-            label, r, _ = entry
-            for g in meta["gpus"]:
-                if not built[r][0]:
-                    row = new_row(size, label, "ours", start_B, T, g)
-                    row["status"] = "not built" if args.no_build else "build failed"
-                    row["error"] = error_line(built[r][1])
+    for rnd in range(1, rounds + 1):
+        if rounds > 1:
+            print(f"=== round {rnd} of {rounds}", flush=True)
+        for size, start_B, T in plan:
+            for entry in recipes:
+                label, r, _ = entry
+                for g in meta["gpus"]:
+                    if not built[r][0]:
+                        row = new_row(size, label, "ours", start_B, T, g, rnd)
+                        row["status"] = "not built" if args.no_build else "build failed"
+                        row["error"] = error_line(built[r][1])
+                        rows.append(row)
+                        checkpoint_report()
+                        continue
+                    print(f"[{size}] {label}: {g} GPU{'s' if g > 1 else ''}, B={start_B} T={T}", flush=True)
+                    row = with_halving(start_B, T, args.total_batch // g,
+                                       lambda B, e=entry, size=size, T=T, g=g: run_ours(e, size, B, T, args, shard,
+                                                                                    log_dir, peak, g, rnd))
+                    report_row(row)
                     rows.append(row)
                     checkpoint_report()
-                    continue
-                print(f"[{size}] {label}: {g} GPU{'s' if g > 1 else ''}, B={start_B} T={T}", flush=True)
-                row = with_halving(start_B, T, args.total_batch // g,
-                                   lambda B, e=entry, size=size, T=T, g=g: run_ours(e, size, B, T, args, shard,
-                                                                                log_dir, peak, g))
+            if not args.no_peer:
+                print(f"[{size}] {PEER_LABEL}: B={start_B} T={T}", flush=True)
+                row = with_halving(start_B, T, args.total_batch,
+                                   lambda B, size=size, T=T: run_peer(size, B, T, args, log_dir, peak, rnd))
                 report_row(row)
                 rows.append(row)
                 checkpoint_report()
-        if not args.no_peer:
-            print(f"[{size}] {PEER_LABEL}: B={start_B} T={T}", flush=True)
-            row = with_halving(start_B, T, args.total_batch,
-                               lambda B, size=size, T=T: run_peer(size, B, T, args, log_dir, peak))
-            report_row(row)
-            rows.append(row)
-            checkpoint_report()
 
     compute_ratios(rows)
     print("\n" + render_table(rows, meta))

@@ -255,6 +255,92 @@ class TestNumbers(unittest.TestCase):
         self.assertAlmostEqual(row["mfu"], one["mfu"])
 
 
+class TestRounds(unittest.TestCase):
+    """--repeat: each round's ratios against its own round's rows, and the summary over the rounds"""
+
+    @staticmethod
+    def row(recipe, rnd, tok_s, kind="ours", status="ok"):
+        r = dict(bench.new_row("d12", recipe, kind, 64, 1024, rnd=rnd), status=status, tok_s=tok_s)
+        r["ms"] = 524288 / tok_s * 1000 if tok_s else None
+        return r
+
+    def rows(self):
+        return [self.row("bf16", 1, 3.0e6), self.row("fp8", 1, 3.6e6), self.row(bench.PEER_LABEL, 1, 2.0e6, "peer"),
+                self.row("bf16", 2, 2.0e6), self.row("fp8", 2, 2.5e6), self.row(bench.PEER_LABEL, 2, 1.0e6, "peer"),
+                self.row("bf16", 3, 4.0e6), self.row("fp8", 3, None, status="failed"),
+                self.row(bench.PEER_LABEL, 3, 2.0e6, "peer")]
+
+    def test_ratios_against_the_same_round(self):
+        rows = bench.compute_ratios(self.rows())
+        self.assertAlmostEqual(rows[1]["vs_bf16"], 1.2)    # 3.6 / 3.0, not against round 2's or 3's bf16
+        self.assertAlmostEqual(rows[4]["vs_bf16"], 1.25)   # 2.5 / 2.0
+        self.assertAlmostEqual(rows[4]["vs_peer"], 2.5)
+        self.assertAlmostEqual(rows[6]["vs_peer"], 2.0)
+        self.assertIsNone(rows[7]["vs_bf16"])
+
+    def test_summary(self):
+        summary = bench.summarize_rounds(bench.compute_ratios(self.rows()))
+        self.assertEqual([(g["recipe"], g["rounds"], g["rounds_ok"]) for g in summary],
+                         [("bf16", 3, 3), ("fp8", 3, 2), (bench.PEER_LABEL, 3, 3)])
+        bf16, fp8, peer = summary
+        self.assertEqual(bf16["tok_s"], 3.0e6)                         # median of 3, 2, 4
+        self.assertEqual(bf16["vs_peer"], (2.0, 1.5, 2.0))             # rounds 1.5, 2.0, 2.0: median, lowest, highest
+        self.assertAlmostEqual(fp8["vs_bf16"][0], 1.225)               # median of 1.2 and 1.25
+        self.assertEqual((fp8["vs_bf16"][1], fp8["vs_bf16"][2]), (1.2, 1.25))
+        self.assertEqual(peer["vs_bf16"][:2], (0.5, 0.5))              # rounds 2/3, 1/2, 1/2
+        self.assertAlmostEqual(peer["vs_bf16"][2], 2.0 / 3.0)
+        self.assertIsNone(peer["vs_1gpu"])                             # (the peer has no scaling ratio)
+
+    def test_render_with_rounds(self):
+        rows = bench.compute_ratios(self.rows())
+        meta = {"gpu": "test GPU", "date": "2025-01-01 00:00 UTC", "commit": "abc", "total_batch": 524288,
+                "warmup": 5, "steps": 10, "peak_flops": 989.4e12, "repeat": 3}
+        md = bench.render_table(rows, meta)
+        self.assertIn("| size | recipe | round | GPUs |", md)
+        self.assertIn("| d12 | fp8 | 2 | 1 | 64 | 1024 |", md)
+        self.assertIn("| d12 | fp8 | 1 | 2 of 3 | ", md)
+        self.assertIn("| 1.225 (1.200–1.250) |", md)
+        one_round = bench.render_table(bench.compute_ratios(self.rows()[:3]), dict(meta, repeat=1))
+        self.assertNotIn("round", one_round)
+        self.assertNotIn("Over the rounds", one_round)
+
+    def test_run_all_runs_the_plan_in_rounds(self):
+        tmp = tempfile.mkdtemp()
+        saved = bench.REPO_ROOT, bench.run_ours
+        try:
+            for r in ("bf16", "fp8"):
+                open(os.path.join(tmp, f"train_gpt_{r}"), "w").close()
+            out = os.path.join(tmp, "report.md")
+            args = bench.build_arg_parser().parse_args(["--recipes", "bf16,fp8", "--no-build", "--no-peer", "--out", out,
+                                                        "--repeat", "2"])
+            meta = {"gpu": "test GPU", "date": "2025-01-01 00:00 UTC", "commit": "abc", "total_batch": 524288,
+                    "warmup": 5, "steps": 10, "peak_flops": 989.4e12, "gpus": [1], "argv": [], "repeat": 2}
+            calls = []
+
+            def fake_run_ours(entry, size, B, T, args, shard, log_dir, peak, gpus=1, rnd=1):
+                calls.append((entry[1], rnd))
+                ms = {("bf16", 1): 900.0, ("fp8", 1): 750.0, ("bf16", 2): 920.0, ("fp8", 2): 760.0}[(entry[1], rnd)]
+                row = dict(bench.new_row(size, entry[0], "ours", B, T, gpus, rnd), status="ok", step_ms=[ms] * 15,
+                           params=124475904, L=12, C=768, peak_gib=25.0)
+                return bench.fill_speed(row, 524288, 5, 989.4e12)
+            bench.REPO_ROOT, bench.run_ours = tmp, fake_run_ours
+            self.assertEqual(bench.run_all(args, bench.resolve_plan(args), bench.parse_recipes("bf16,fp8"), meta,
+                                           989.4e12, tmp, tmp), 0)
+            self.assertEqual(calls, [("bf16", 1), ("fp8", 1), ("bf16", 2), ("fp8", 2)])   # interleaved, round by round
+            md = open(out).read()
+            self.assertIn("| d12 | fp8 | 1 | 2 of 2 | 755.0 |", md)
+            self.assertIn(f"| {(900 / 750 + 920 / 760) / 2:.3f} ({900 / 750:.3f}–{920 / 760:.3f}) |", md)
+            self.assertNotIn("Partial", md)
+            self.assertEqual(bench.round_suffix(2, args), "_r2")
+            self.assertEqual(bench.round_suffix(1, bench.build_arg_parser().parse_args([])), "")
+        finally:
+            bench.REPO_ROOT, bench.run_ours = saved
+            shutil.rmtree(tmp)
+
+    def test_repeat_below_one_is_refused(self):
+        self.assertEqual(bench.main(["--repeat", "0", "--dry-run", "--no-peer", "--recipes", "bf16"]), 2)
+
+
 class TestRecipes(unittest.TestCase):
     def test_make_database(self):
         db = textwrap.dedent("""\
