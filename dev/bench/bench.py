@@ -543,7 +543,7 @@ def new_row(size, recipe, kind, B, T, gpus=1, rnd=1):
 
 def round_suffix(rnd, args):
     """The log files' round mark: none with one round, _r1, _r2, ... with --repeat"""
-    return f"_r{rnd}" if getattr(args, "repeat", 1) > 1 else ""
+    return f"_r{rnd}" if args.repeat > 1 else ""
 
 
 def run_ours(entry, size, B, T, args, shard, log_dir, peak, gpus=1, rnd=1):
@@ -944,7 +944,7 @@ def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
             print(tail, flush=True)
 
     rows = []
-    rounds = getattr(args, "repeat", 1)
+    rounds = args.repeat
     total_runs = rounds * (sum(len(meta["gpus"]) for _ in plan for _ in recipes) + (0 if args.no_peer else len(plan)))
 
     def checkpoint_report():

@@ -255,6 +255,18 @@ class TestNumbers(unittest.TestCase):
         self.assertAlmostEqual(row["mfu"], one["mfu"])
 
 
+def fake_bench(tmp, *extra):
+    """run_all's inputs for a bench of bf16 and fp8 in tmp (empty train_gpt_<r> files stand in for the binaries,
+    --no-build, --no-peer): (args, meta, the report's path); extra: more bench.py arguments"""
+    for r in ("bf16", "fp8"):
+        open(os.path.join(tmp, f"train_gpt_{r}"), "w").close()
+    out = os.path.join(tmp, "report.md")
+    args = bench.build_arg_parser().parse_args(["--recipes", "bf16,fp8", "--no-build", "--no-peer", "--out", out, *extra])
+    meta = {"gpu": "test GPU", "date": "2025-01-01 00:00 UTC", "commit": "abc", "total_batch": 524288,
+            "warmup": 5, "steps": 10, "peak_flops": 989.4e12, "gpus": [1], "argv": [], "repeat": args.repeat}
+    return args, meta, out
+
+
 class TestRounds(unittest.TestCase):
     """--repeat: each round's ratios against its own round's rows, and the summary over the rounds"""
 
@@ -308,13 +320,7 @@ class TestRounds(unittest.TestCase):
         tmp = tempfile.mkdtemp()
         saved = bench.REPO_ROOT, bench.run_ours
         try:
-            for r in ("bf16", "fp8"):
-                open(os.path.join(tmp, f"train_gpt_{r}"), "w").close()
-            out = os.path.join(tmp, "report.md")
-            args = bench.build_arg_parser().parse_args(["--recipes", "bf16,fp8", "--no-build", "--no-peer", "--out", out,
-                                                        "--repeat", "2"])
-            meta = {"gpu": "test GPU", "date": "2025-01-01 00:00 UTC", "commit": "abc", "total_batch": 524288,
-                    "warmup": 5, "steps": 10, "peak_flops": 989.4e12, "gpus": [1], "argv": [], "repeat": 2}
+            args, meta, out = fake_bench(tmp, "--repeat", "2")
             calls = []
 
             def fake_run_ours(entry, size, B, T, args, shard, log_dir, peak, gpus=1, rnd=1):
@@ -402,7 +408,7 @@ class TestRuns(unittest.TestCase):
                     json.dump(res, open(out, "w"))
                     sys.exit(3 if B > 32 else 0)
                     """))
-            args = argparse.Namespace(peer_python=sys.executable, total_batch=524288, warmup=5, steps=10,
+            args = argparse.Namespace(peer_python=sys.executable, repeat=1, total_batch=524288, warmup=5, steps=10,
                                       peer_eager=False, peer_timeout=None, timeout=60)
             # point the worker command at the stand-in instead of bench.py
             real = bench.peer_command
@@ -429,12 +435,7 @@ class TestPartialReport(unittest.TestCase):
         tmp = tempfile.mkdtemp()
         saved = bench.REPO_ROOT, bench.run_ours
         try:
-            for r in ("bf16", "fp8"):
-                open(os.path.join(tmp, f"train_gpt_{r}"), "w").close()
-            out = os.path.join(tmp, "report.md")
-            args = bench.build_arg_parser().parse_args(["--recipes", "bf16,fp8", "--no-build", "--no-peer", "--out", out])
-            meta = {"gpu": "test GPU", "date": "2025-01-01 00:00 UTC", "commit": "abc", "total_batch": 524288,
-                    "warmup": 5, "steps": 10, "peak_flops": 989.4e12, "gpus": [1], "argv": []}
+            args, meta, out = fake_bench(tmp)
 
             def fake_run_ours(entry, size, B, T, *rest):
                 if entry[1] == "fp8":
