@@ -26,8 +26,9 @@ metadata (trainers since 2026-11-26 write it), or else the end of its label ("bf
 its configuration is the label without that end. The first run's configuration is the baseline. For
 every other configuration the report gives, per seed, the lowest validation loss and the train loss of
 steps 301-350 as ratios to the baseline's run with the same seed, then the mean of those ratios and their
-sample standard deviation (one seed's spread), and the mean over the seeds of each configuration's two
-figures. With --table it is written after the main table.
+sample standard deviation (one seed's spread) and the 95% confidence interval of that mean (Student's t
+with n-1 degrees of freedom, seeds taken as independent draws), and the mean over the seeds of each
+configuration's two figures. With --table it is written after the main table.
 
 Boundary telemetry (the q115 recipe): "s:STEP lq:q115.BOUNDARY clamp:F ftz:F amax:A", one line per
 forward boundary (embedding, norm, qkv, scores, softmax, ...). Each such run gets a summary (the
@@ -359,6 +360,32 @@ def mean_sd(xs):
     return m, sd
 
 
+# Two-sided 95% quantiles of Student's t, t(0.975, df), for df = 1..30 (standard tables, three decimals).
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def t975(df):
+    """t(0.975, df): the table above for df <= 30; beyond it the Cornish-Fisher expansion around z = 1.959964,
+    z + (z^3 + z) / (4 df) + (5 z^5 + 16 z^3 + 3 z) / (96 df^2), which is within 0.001 of the exact value there."""
+    if df < 1:
+        raise ValueError("t975: df must be >= 1")
+    if df <= len(T975):
+        return T975[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df * df)
+
+
+def mean_interval95(xs):
+    """The 95% confidence interval of the mean of xs (seeds as independent draws): mean -/+ t(0.975, n-1) sd / sqrt(n);
+    None for fewer than 2 values."""
+    if len(xs) < 2:
+        return None
+    m, sd = mean_sd(xs)
+    half = t975(len(xs) - 1) * sd / math.sqrt(len(xs))
+    return m - half, m + half
+
+
 def seed_report(entries):
     """entries: (configuration, seed, summary) per run, in command-line order; the first configuration is the
     baseline. Returns markdown lines (see the top of the file), or raises ValueError for a run without a seed
@@ -376,9 +403,9 @@ def seed_report(entries):
     seeds = sorted(sd for c, sd in runs if c == base)
     keys = ("min_val", "train_301_350")
     lines = [f"Per seed, the ratio to the same seed's {base} run (lowest val loss / train loss 301-350), then the mean "
-             "of the ratios (sample sd):", "",
-             "| run | " + " | ".join(f"seed {sd}" for sd in seeds) + " | mean of the ratios (sd) |",
-             "| --- | " + " | ".join("---" for _ in seeds) + " | --- |"]
+             "of the ratios (sample sd) and its 95% confidence interval (Student's t over the seeds):", "",
+             "| run | " + " | ".join(f"seed {sd}" for sd in seeds) + " | mean of the ratios (sd) | 95% interval of the mean |",
+             "| --- | " + " | ".join("---" for _ in seeds) + " | --- | --- |"]
     for config in configs[1:]:
         cells, ratios = [], {k: [] for k in keys}
         for sd in seeds:
@@ -389,14 +416,17 @@ def seed_report(entries):
                     r[k] = s[k] / b[k]
                     ratios[k].append(r[k])
             cells.append(" / ".join(f"{r[k]:.4f}" if k in r else "n/a" for k in keys))
-        summary = []
+        summary, intervals = [], []
         for k in keys:
             if not ratios[k]:
                 summary.append("n/a")
+                intervals.append("n/a")
                 continue
             m, sdev = mean_sd(ratios[k])
             summary.append(f"{m:.4f}" + (f" ({sdev:.4f})" if sdev is not None else ""))
-        lines.append(f"| {config} | " + " | ".join(cells) + " | " + " / ".join(summary) + " |")
+            ci = mean_interval95(ratios[k])
+            intervals.append(f"{ci[0]:.4f}-{ci[1]:.4f}" if ci else "n/a")
+        lines.append(f"| {config} | " + " | ".join(cells) + " | " + " / ".join(summary) + " | " + " / ".join(intervals) + " |")
     lines += ["", "| run | seeds | mean lowest val loss | mean train loss 301-350 |", "| --- | ---: | ---: | ---: |"]
     for config in configs:
         mine = [runs[(c, sd)] for c, sd in runs if c == config]

@@ -52,9 +52,9 @@ else
     echo "== cpu unit tests: build failed"; failed=$((failed + 1))
 fi
 
-# Python tools: the bench harness's parsers and maths, the loss-protocol report, the SASS counter, the scaling report,
+# Python tools: the bench harness's parsers and maths, the loss-protocol report and its runner over seeds, the SASS counter, the scaling report,
 # the kernel tables (ncu's, and the in-stream trace's gaps)
-for t in dev/bench/test_bench.py dev/test/test_plot_logs.py dev/test/test_gpu_coredump.py dev/bench/test_sass_counts.py dev/bench/test_scaling_report.py dev/bench/test_kernel_table.py dev/bench/test_trace_gaps.py; do
+for t in dev/bench/test_bench.py dev/test/test_plot_logs.py dev/test/test_loss_seeds.py dev/test/test_gpu_coredump.py dev/bench/test_sass_counts.py dev/bench/test_scaling_report.py dev/bench/test_kernel_table.py dev/bench/test_trace_gaps.py; do
     python3 "$t" > "$tmp/py.log" 2>&1; rc=$?
     n=$(grep -oE '^Ran [0-9]+ test' "$tmp/py.log" | grep -oE '[0-9]+' || echo 0)
     if [[ $rc -eq 0 ]]; then echo "$t: $n passed, 0 failed" > "$tmp/py.sum"

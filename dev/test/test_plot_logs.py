@@ -94,17 +94,35 @@ class PlotLogsTest(unittest.TestCase):
         entries = [("bf16", 0, summ(5.0, 4.0)), ("bf16", 1, summ(4.0, 2.0)),
                    ("fp8", 1, summ(4.4, 2.2)), ("fp8", 0, summ(4.5, 4.4)), ("nvfp4", 0, summ(5.5, 4.0))]
         lines = plot_logs.seed_report(entries)
-        self.assertIn("| run | seed 0 | seed 1 | mean of the ratios (sd) |", lines)
-        # fp8: ratios 0.9 and 1.1 (val), 1.1 and 1.1 (train): means 1.0 and 1.1, sample sd 0.1414 and 0
-        self.assertIn("| fp8 | 0.9000 / 1.1000 | 1.1000 / 1.1000 | 1.0000 (0.1414) / 1.1000 (0.0000) |", lines)
-        # nvfp4 has seed 0 only: seed 1 is n/a, and one ratio has no sd
-        self.assertIn("| nvfp4 | 1.1000 / 1.0000 | n/a / n/a | 1.1000 / 1.0000 |", lines)
+        self.assertIn("| run | seed 0 | seed 1 | mean of the ratios (sd) | 95% interval of the mean |", lines)
+        # fp8: ratios 0.9 and 1.1 (val), 1.1 and 1.1 (train): means 1.0 and 1.1, sample sd 0.1414 and 0; the
+        # interval is mean -/+ t(0.975, 1) sd / sqrt(2) = 12.706 * 0.1 = 1.2706 (val), and zero wide (train)
+        self.assertIn("| fp8 | 0.9000 / 1.1000 | 1.1000 / 1.1000 | 1.0000 (0.1414) / 1.1000 (0.0000) | "
+                      "-0.2706-2.2706 / 1.1000-1.1000 |", lines)
+        # nvfp4 has seed 0 only: seed 1 is n/a, and one ratio has no sd and no interval
+        self.assertIn("| nvfp4 | 1.1000 / 1.0000 | n/a / n/a | 1.1000 / 1.0000 | n/a / n/a |", lines)
         self.assertIn("| bf16 | 2 | 4.5000 | 3.0000 |", lines)
         self.assertIn("| fp8 | 2 | 4.4500 | 3.3000 |", lines)
         with self.assertRaises(ValueError):
             plot_logs.seed_report(entries + [("fp8", 1, summ(1.0, 1.0))])
         with self.assertRaises(ValueError):
             plot_logs.seed_report([("bf16", None, summ(1.0, 1.0))])
+
+    def test_t975_and_interval(self):
+        self.assertEqual(plot_logs.t975(1), 12.706)
+        self.assertEqual(plot_logs.t975(7), 2.365)
+        self.assertEqual(plot_logs.t975(30), 2.042)
+        # beyond the table: the expansion, against the exact t(0.975, 40) = 2.0211 and t(0.975, 120) = 1.9799
+        self.assertAlmostEqual(plot_logs.t975(40), 2.0211, delta=0.001)
+        self.assertAlmostEqual(plot_logs.t975(120), 1.9799, delta=0.001)
+        self.assertLess(plot_logs.t975(31), plot_logs.t975(30))  # decreasing across the table's end
+        with self.assertRaises(ValueError):
+            plot_logs.t975(0)
+        self.assertIsNone(plot_logs.mean_interval95([1.0]))
+        # three values 1, 2, 3: mean 2, sd 1, half width t(0.975, 2) / sqrt(3) = 4.303 / 1.7320508 = 2.48434
+        lo, hi = plot_logs.mean_interval95([1.0, 2.0, 3.0])
+        self.assertAlmostEqual(lo, 2.0 - 2.48434, places=4)
+        self.assertAlmostEqual(hi, 2.0 + 2.48434, places=4)
 
     def test_cli_by_seed_from_labels_and_metadata(self):
         def run(recipe, seed, val, meta_seed=True):
@@ -114,7 +132,8 @@ class PlotLogsTest(unittest.TestCase):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):  # labels from the metadata (the recipe), seeds from the metadata
             self.assertEqual(plot_logs.main(logs + ["--by-seed"]), 0)
-        self.assertIn("| fp8 | 1.1000 / 1.1250 | 1.0500 / 1.0667 | 1.0750 (0.0354) / 1.0958 (0.0412) |", out.getvalue())
+        self.assertIn("| fp8 | 1.1000 / 1.1250 | 1.0500 / 1.0667 | 1.0750 (0.0354) / 1.0958 (0.0412) | "
+                      "0.7573-1.3927 / 0.7252-1.4664 |", out.getvalue())
         unseeded = [run("bf16", 0, 5.0, False), run("fp8", 0, 5.5, False)]
         with contextlib.redirect_stdout(io.StringIO()):  # seeds from the labels
             self.assertEqual(plot_logs.main(unseeded + ["--by-seed", "--labels", "bf16 sd0,fp8 sd0"]), 0)
