@@ -23,8 +23,11 @@ Recipes that time a choice when a shape is first seen (cuBLASLt algorithms and T
 the default) may choose differently when the GPU is shared; the runs are then as valid, but not bit for bit
 those of a lone run. Give -ga 0 in a recipe's flags for runs that repeat bit for bit.
 
+A SIGTERM or SIGINT (Ctrl-C, or `timeout` around a device call) ends the runs in flight, which are then not done,
+writes the report of what is done, and exits with 130; the next invocation runs the rest.
+
 Exit status: 0 when every run is done and the report is written; 1 when a run failed (the report still covers
-the runs that are done); 2 for bad arguments or a failed build.
+the runs that are done); 2 for bad arguments or a failed build; 130 when interrupted.
 """
 import argparse
 import concurrent.futures
@@ -32,8 +35,10 @@ import glob
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,6 +80,57 @@ def trainer_command(bin_dir, recipe, flags, run_dir, seed):
     return [os.path.join(bin_dir, f"train_gpt_{recipe}"), "-o", run_dir, "-sd", str(seed), *flags]
 
 
+class Interrupted(Exception):
+    """SIGTERM or SIGINT (e.g. `timeout` around a device call): the study stops."""
+
+
+# The trainers running now (their Popen objects), so that a stop can end them: each runs in a process group
+# of its own, which a signal to this script does not reach.
+_running = set()
+_running_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+def run_trainer(cmd, log_path, timeout):
+    """Runs cmd from the repo root with stdout+stderr into log_path (a '$ command' line first). Returns (rc, text,
+    timed_out); a run ended by a stop of the study returns rc -9."""
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(bench.quote_arg(c) for c in cmd) + "\n")
+        log.flush()
+        with _running_lock:
+            if _stopping.is_set():
+                return -9, "", False
+            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            _running.add(proc)
+        timed_out = False
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_group(proc)
+            rc = proc.wait()
+        finally:
+            with _running_lock:
+                _running.discard(proc)
+    with open(log_path, errors="replace") as f:
+        return rc, f.read(), timed_out
+
+
+def kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)   # the group this Popen made: the trainer and anything it started
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_all():
+    """Ends every trainer running now and keeps new ones from starting."""
+    with _running_lock:
+        _stopping.set()
+        for proc in list(_running):
+            kill_group(proc)
+
+
 def read_status(run_dir):
     try:
         with open(os.path.join(run_dir, "status.json")) as f:
@@ -101,18 +157,23 @@ def run_one(run, args, out_dir):
     run_dir = os.path.join(out_dir, name)
     if is_done(run_dir):
         return name, read_status(run_dir), True
+    if _stopping.is_set():
+        return name, None, False
     os.makedirs(run_dir, exist_ok=True)
     if os.path.exists(os.path.join(run_dir, "main.log")):
         os.remove(os.path.join(run_dir, "main.log"))   # an unfinished run's log: the trainer would append to it
     remove_checkpoints(run_dir)                          # ... and resume from its checkpoint
     cmd = trainer_command(args.bin_dir, recipe, flags, run_dir, seed)
     t0 = time.time()
-    rc, text, timed_out = bench.run_logged(cmd, REPO_ROOT, args.timeout, os.path.join(run_dir, "stdout.txt"))
+    rc, text, timed_out = run_trainer(cmd, os.path.join(run_dir, "stdout.txt"), args.timeout)
     status = {"rc": rc, "timed_out": timed_out, "seconds": round(time.time() - t0, 1), "label": label,
               "seed": seed, "command": " ".join(bench.quote_arg(c) for c in cmd)}
-    if rc != 0 or timed_out:
+    if _stopping.is_set() and rc != 0:
+        status["error"] = "stopped: the study was interrupted"
+    elif rc != 0 or timed_out:
         status["rc"] = rc if rc != 0 else 124
-        status["error"] = bench.error_line(text) or ("timed out" if timed_out else f"exit status {rc}")
+        status["error"] = (f"timed out after {args.timeout:.0f} s" if timed_out else
+                           bench.error_line(text) or f"exit status {rc}")
     elif not args.keep_checkpoints:
         remove_checkpoints(run_dir)
     with open(os.path.join(run_dir, "status.json.tmp"), "w") as f:
@@ -174,6 +235,7 @@ def build_arg_parser():
 
 def main(argv=None):
     args = build_arg_parser().parse_args(argv)
+    _stopping.clear()
     try:
         recipes = bench.parse_recipes(args.recipes)
         seeds = parse_seeds(args.seeds)
@@ -208,25 +270,43 @@ def main(argv=None):
     gpu = bench.gpu_info()[1]
     print(f"{len(runs)} runs ({len(recipes)} recipes x {len(seeds)} seeds), {args.jobs} at a time; GPU: {gpu}; "
           f"commit {bench.git_revision()}", flush=True)
-    failed = 0
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+    failed, interrupted = 0, False
+
+    def on_signal(signum, frame):
+        raise Interrupted()
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs)
+    try:
         futures = [pool.submit(run_one, run, args, out_dir) for run in runs]
         for fut in concurrent.futures.as_completed(futures):
             name, st, skipped = fut.result()
             if skipped:
                 print(f"  {name}: done before, skipped", flush=True)
+            elif st is None:
+                continue
             elif st["rc"] == 0:
                 print(f"  {name}: ok, {st['seconds']:.0f} s", flush=True)
             else:
                 failed += 1
                 print(f"  {name}: FAILED ({st['error']}); see {os.path.join(out_dir, name, 'stdout.txt')}", flush=True)
+    except Interrupted:
+        interrupted = True
+        print("interrupted: stopping the runs in flight; they are not done and run again next time", flush=True)
+        stop_all()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    done = sum(is_done(os.path.join(out_dir, run_name(label, seed))) for label, _, _, seed in runs)
     header = (f"{gpu} · {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · commit {bench.git_revision()} · "
               f"`python3 dev/loss_seeds.py {' '.join(bench.quote_arg(a) for a in (argv if argv is not None else sys.argv[1:]))}`"
-              f" · {len(runs) - failed} of {len(runs)} runs done")
+              f" · {done} of {len(runs)} runs done")
     rc = write_report(runs, out_dir, header)
     if rc == 0:
-        print(f"report: {os.path.join(out_dir, 'report.md')}")
-    return 1 if failed or rc else 0
+        print(f"report: {os.path.join(out_dir, 'report.md')} ({done} of {len(runs)} runs done)")
+    if interrupted:
+        return 130
+    return 1 if failed or rc or done < len(runs) else 0
 
 
 if __name__ == "__main__":

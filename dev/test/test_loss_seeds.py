@@ -8,9 +8,11 @@ import contextlib
 import io
 import json
 import os
+import signal
 import stat
 import sys
 import tempfile
+import threading
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -23,10 +25,12 @@ args = sys.argv[1:]
 out, seed = args[args.index("-o") + 1], int(args[args.index("-sd") + 1])
 with open(os.path.join(os.path.dirname(sys.argv[0]), "calls.txt"), "a") as f:
     f.write(f"{{recipe}} {{seed}} start {{time.time()}} {{' '.join(args)}}\n")
+with open(os.path.join(os.path.dirname(sys.argv[0]), "pids.txt"), "a") as f:
+    f.write(f"{{os.getpid()}}\n")
 if recipe == "broken":
     print("error: token id 50304 out of range in shard x.bin")
     sys.exit(1)
-time.sleep(0.2)
+time.sleep(float(os.environ.get("STAND_IN_SECONDS", "0.2")))
 scale = {{"bf16": (1.0, 1.0), "fp8": (1.01, 1.02)}}.get(recipe, (1.0, 1.0))
 with open(os.path.join(out, "main.log"), "a") as f:   # the trainer appends to an existing main.log
     f.write(f"# recipe:{{recipe}} model:d12 B:8 T:1024 seed:{{seed}}\n")
@@ -186,6 +190,39 @@ class TestStudy(unittest.TestCase):
             n = len(calls(tmp))
             self.assertEqual(run_main(argv)[0], 1)   # again: the failed runs run again, the others not
             self.assertEqual(sorted((x[0], x[1]) for x in calls(tmp)[n:]), [("broken", "0"), ("broken", "1")])
+
+    def test_a_stop_ends_the_runs_in_flight(self):
+        """SIGTERM (what `timeout` sends): the trainers running end, no new one starts, exit status 130; the next
+        invocation runs them all again"""
+        with tempfile.TemporaryDirectory() as tmp:
+            stand_ins(tmp)
+            out_dir = os.path.join(tmp, "study")
+            argv = ["--recipes", "bf16,fp8", "--seeds", "0-3", "--jobs", "2", "--out", out_dir, "--bin-dir", tmp,
+                    "--no-build", "--no-data"]
+            os.environ["STAND_IN_SECONDS"] = "60"
+            timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
+            try:
+                timer.start()
+                rc, out = run_main(argv)
+            finally:
+                timer.cancel()
+                del os.environ["STAND_IN_SECONDS"]
+            self.assertEqual(rc, 130, out)
+            self.assertIn("interrupted", out)
+            with open(os.path.join(tmp, "pids.txt")) as f:
+                pids = [int(l) for l in f]
+            self.assertEqual(len(pids), 2)   # two jobs were running; none started after the stop
+            for pid in pids:
+                with self.assertRaises(ProcessLookupError):
+                    os.kill(pid, 0)          # ended (and reaped), not left running on the GPU
+            with open(os.path.join(out_dir, "bf16_sd0", "status.json")) as f:
+                st = json.load(f)
+            self.assertNotEqual(st["rc"], 0)
+            self.assertIn("interrupted", st["error"])
+            self.assertEqual(signal.getsignal(signal.SIGTERM), signal.SIG_DFL)   # the handler is put back
+            rc, out = run_main(argv)        # next time: all eight run (the two stopped ones again)
+            self.assertEqual(rc, 0, out)
+            self.assertEqual(len([c for c in calls(tmp) if c[2] == "start"]), 10)
 
 
 if __name__ == "__main__":
