@@ -44,7 +44,7 @@ import time
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO_ROOT, "dev", "bench"))
 sys.path.insert(0, os.path.join(REPO_ROOT, "dev"))
-import bench  # noqa: E402  (recipe lists, subprocess runs with a timeout, builds, GPU and git details)
+import bench  # noqa: E402  (recipe lists, builds, error lines, GPU and git details)
 import plot_logs  # noqa: E402  (the report)
 
 DATA_FILES = ("dev/data/tinyshakespeare/tiny_shakespeare_train.bin", "dev/data/tinyshakespeare/tiny_shakespeare_val.bin")
@@ -100,7 +100,10 @@ def run_trainer(cmd, log_path, timeout):
         with _running_lock:
             if _stopping.is_set():
                 return -9, "", False
-            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            except OSError as e:
+                return 127, f"error: cannot run {cmd[0]}: {e}", False
             _running.add(proc)
         timed_out = False
         try:
