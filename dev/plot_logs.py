@@ -28,7 +28,11 @@ every other configuration the report gives, per seed, the lowest validation loss
 steps 301-350 as ratios to the baseline's run with the same seed, then the mean of those ratios and their
 sample standard deviation (one seed's spread) and the 95% confidence interval of that mean (Student's t
 with n-1 degrees of freedom, seeds taken as independent draws), and the mean over the seeds of each
-configuration's two figures. With --table it is written after the main table.
+configuration's two figures. With --table it is written after the main table. With --out the PNG is drawn per
+configuration rather than per run (one color each): the mean train loss over the seeds (smoothed), the
+validation losses (each seed thin, their mean bold), and each configuration's validation loss divided by the
+baseline's of the same seed at every validation step (the mean over the seeds, with a band from the lowest to
+the highest seed).
 
 Boundary telemetry (the q115 recipe): "s:STEP lq:q115.BOUNDARY clamp:F ftz:F amax:A", one line per
 forward boundary (embedding, norm, qkv, scores, softmax, ...). Each such run gets a summary (the
@@ -437,6 +441,90 @@ def seed_report(entries):
     return lines
 
 
+def moving_average(ys, window):
+    """Trailing mean over the last `window` values (fewer at the start)."""
+    out, acc = [], 0.0
+    for i, y in enumerate(ys):
+        acc += y
+        if i >= window:
+            acc -= ys[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def seed_curves(entries, smooth=25):
+    """The curves of a --by-seed PNG. entries: (configuration, seed, train {step: loss}, val {step: loss}) per run in
+    command-line order; the first configuration is the baseline. Returns, per configuration in order,
+    (configuration, seeds, data) with
+      data["train"]: (steps, the mean over the seeds of the train loss, then a trailing `smooth`-step mean), over
+                     the steps every seed logged;
+      data["val"]:   (steps, the mean over the seeds), over the validation steps every seed logged, and
+                     data["val_runs"] the seeds' own (steps, losses);
+      data["ratio"]: (steps, mean, lowest, highest) over the seeds of val / the baseline's val of the same seed,
+                     at the validation steps both logged, for the seeds the baseline has (not for the baseline)."""
+    configs, runs = [], {}
+    for config, seed, train, val in entries:
+        if config not in configs:
+            configs.append(config)
+        runs.setdefault(config, {})[seed] = (train, val)
+    base = runs[configs[0]]
+    out = []
+    for config in configs:
+        mine = runs[config]
+        data = {}
+        steps = sorted(set.intersection(*(set(t) for t, _ in mine.values())))
+        if steps:
+            mean = [sum(t[s] for t, _ in mine.values()) / len(mine) for s in steps]
+            data["train"] = (steps, moving_average(mean, smooth))
+        vsteps = sorted(set.intersection(*(set(v) for _, v in mine.values())))
+        if vsteps:
+            data["val"] = (vsteps, [sum(v[s] for _, v in mine.values()) / len(mine) for s in vsteps])
+        data["val_runs"] = [(sorted(v), [v[s] for s in sorted(v)]) for _, v in mine.values()]
+        if config != configs[0]:
+            paired = [sd for sd in mine if sd in base]
+            rsteps = sorted(set.intersection(*(set(mine[sd][1]) & set(base[sd][1]) for sd in paired))) if paired else []
+            rsteps = [s for s in rsteps if all(base[sd][1][s] for sd in paired)]
+            if rsteps:
+                per = [[mine[sd][1][s] / base[sd][1][s] for sd in paired] for s in rsteps]
+                data["ratio"] = (rsteps, [sum(r) / len(r) for r in per], [min(r) for r in per], [max(r) for r in per])
+        out.append((config, sorted(mine), data))
+    return out
+
+
+def plot_seed_curves(png, curves):
+    """Three panels: the mean train loss per configuration (smoothed), the validation loss (each seed thin, the
+    mean bold), and each configuration's validation loss over the baseline's of the same seed (mean, and the band
+    from the lowest to the highest seed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax_t, ax_v, ax_r) = plt.subplots(1, 3, figsize=(18, 5.2))
+    base = curves[0][0]
+    for k, (config, seeds, data) in enumerate(curves):
+        color, name = f"C{k % 10}", f"{config} ({len(seeds)} seeds)"
+        if "train" in data:
+            ax_t.plot(data["train"][0], data["train"][1], color=color, lw=1.4, label=name)
+        for steps, losses in data["val_runs"]:
+            ax_v.plot(steps, losses, color=color, lw=0.7, alpha=0.3)
+        if "val" in data:
+            ax_v.plot(data["val"][0], data["val"][1], color=color, lw=2.0, marker="o", ms=3, label=name)
+        if "ratio" in data:
+            steps, mean, lo, hi = data["ratio"]
+            ax_r.fill_between(steps, lo, hi, color=color, alpha=0.18, lw=0)
+            ax_r.plot(steps, mean, color=color, lw=2.0, marker="o", ms=3, label=f"{name}: mean, band lowest-highest seed")
+    ax_r.axhline(1.0, color="k", lw=0.8)
+    ax_t.set_title("train loss, mean over seeds (25-step moving average)")
+    ax_v.set_title("validation loss (thin: each seed; bold: mean)")
+    ax_r.set_title(f"validation loss / {base}'s of the same seed")
+    for ax in (ax_t, ax_v, ax_r):
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="run directories (with main.log) or main.log files; the first is the baseline")
@@ -489,7 +577,10 @@ def main(argv=None):
     if args.table:
         with open(args.table, "w") as f:
             f.write("\n".join(lines) + "\n")
-    if args.out:
+    if args.out and args.by_seed:
+        plot_seed_curves(args.out, seed_curves([(c, sd, tr, va) for (c, sd, _), (_, tr, va) in zip(seeded, curves)]))
+        print(f"wrote {args.out}")
+    elif args.out:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt

@@ -108,6 +108,40 @@ class PlotLogsTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             plot_logs.seed_report([("bf16", None, summ(1.0, 1.0))])
 
+    def test_seed_curves(self):
+        def run(level, steps=range(4)):
+            return {s: level + 0.1 * s for s in steps}, {0: level, 2: level * 0.5}
+        entries = [("bf16", 0, *run(4.0)), ("bf16", 1, *run(2.0)),
+                   ("fp8", 0, *run(4.4)), ("fp8", 1, *run(2.4, range(3)))]   # fp8 seed 1 logged steps 0-2 only
+        curves = plot_logs.seed_curves(entries, smooth=2)
+        self.assertEqual([(c, sd) for c, sd, _ in curves], [("bf16", [0, 1]), ("fp8", [0, 1])])
+        bf16, fp8 = curves[0][2], curves[1][2]
+        # bf16's mean train loss 3.0, 3.1, 3.2, 3.3, then the trailing mean of 2: 3.0, 3.05, 3.15, 3.25
+        self.assertEqual(bf16["train"][0], [0, 1, 2, 3])
+        for got, want in zip(bf16["train"][1], [3.0, 3.05, 3.15, 3.25]):
+            self.assertAlmostEqual(got, want)
+        self.assertEqual(fp8["train"][0], [0, 1, 2])   # the steps every seed logged
+        self.assertEqual(bf16["val"], ([0, 2], [3.0, 1.5]))
+        self.assertNotIn("ratio", bf16)                 # the baseline has no ratio to itself
+        steps, mean, lo, hi = fp8["ratio"]             # val ratios: seed 0 4.4 / 4 = 1.1, seed 1 2.4 / 2 = 1.2
+        self.assertEqual(steps, [0, 2])
+        for got, want in zip((mean[0], lo[0], hi[0], mean[1]), (1.15, 1.1, 1.2, 1.15)):
+            self.assertAlmostEqual(got, want)
+        self.assertEqual(len(fp8["val_runs"]), 2)
+        self.assertEqual([round(v, 6) for v in plot_logs.moving_average([1.0, 2.0, 3.0, 4.0], 3)], [1.0, 1.5, 2.0, 3.0])
+
+    def test_cli_by_seed_png(self):
+        with tempfile.TemporaryDirectory() as d:
+            logs = []
+            for recipe, level in (("bf16", 5.0), ("fp8", 5.1)):
+                for seed in range(3):
+                    lines = [f"# recipe:{recipe} seed:{seed}"] + [f"s:{s} trl:{level - s / 200}" for s in range(400)]
+                    logs.append(write_log(lines + [f"s:{s} tel:{level + seed / 10 + s / 1000}" for s in range(0, 400, 50)]))
+            png = os.path.join(d, "seeds.png")
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.assertEqual(plot_logs.main(logs + ["--by-seed", "--out", png]), 0)
+            self.assertGreater(os.path.getsize(png), 10000)
+
     def test_t975_and_interval(self):
         self.assertEqual(plot_logs.t975(1), 12.706)
         self.assertEqual(plot_logs.t975(7), 2.365)
