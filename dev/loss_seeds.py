@@ -18,6 +18,11 @@ At the end dev/plot_logs.py --by-seed writes OUT/report.md: the protocol's figur
 recipe's ratio to the baseline run of the same seed, the mean of the ratios, their sd and the 95% interval of
 the mean; and OUT/curves.png where matplotlib is installed.
 
+--baseline-logs takes the baseline's runs from stored main.log files instead of running them (a third of a
+three-recipe study's device time). That is sound only where the baseline's code has not changed since and
+repeats bit for bit: BF16 does (its seed 0-2 runs of 2026-11-28 are bit for bit those of the earlier studies); a recipe that
+times its choices under -ga 1 need not.
+
 Runs sharing a GPU leave BF16 and FP8-hybrid bit for bit as they are alone (checked on an H200, 2026-11-28).
 Recipes that time a choice when a shape is first seen (cuBLASLt algorithms and TCFP-12's GEMM form under -ga 1,
 the default) may choose differently when the GPU is shared; the runs are then as valid, but not bit for bit
@@ -35,6 +40,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -185,6 +191,27 @@ def run_one(run, args, out_dir):
     return name, status, False
 
 
+def reuse_baseline(pattern, label, seeds, out_dir):
+    """--baseline-logs: the baseline's main.log of every seed from files named by pattern ('{seed}' replaced by
+    the seed) instead of runs: each is copied to OUT/<baseline>_sd<seed>/main.log with a status.json that names
+    its source, so the study counts it done. Returns the seeds whose file is missing (their runs then run)."""
+    missing = []
+    for seed in seeds:
+        src = pattern.replace("{seed}", str(seed))
+        run_dir = os.path.join(out_dir, run_name(label, seed))
+        if is_done(run_dir):
+            continue
+        if not os.path.isfile(src):
+            missing.append(seed)
+            continue
+        os.makedirs(run_dir, exist_ok=True)
+        shutil.copyfile(src, os.path.join(run_dir, "main.log"))
+        with open(os.path.join(run_dir, "status.json"), "w") as f:
+            json.dump({"rc": 0, "timed_out": False, "label": label, "seed": seed, "reused_from": os.path.abspath(src)},
+                      f, indent=1)
+    return missing
+
+
 def prepare_data():
     """The tiny-shakespeare shards the trainer reads by default; made by dev/data/tinyshakespeare.py if missing."""
     if all(os.path.isfile(os.path.join(REPO_ROOT, p)) for p in DATA_FILES):
@@ -231,6 +258,10 @@ def build_arg_parser():
     p.add_argument("--no-build", action="store_true", help="use the existing train_gpt_<recipe> binaries")
     p.add_argument("--no-data", action="store_true", help="do not make the tiny-shakespeare shards if missing")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoint")
+    p.add_argument("--baseline-logs", metavar="PATTERN",
+                   help="take the baseline's runs from these main.log files, '{seed}' standing for the seed "
+                   "(e.g. 'doc/runs/loss_d12_bf16_sd{seed}_seeds8_20261128.log'), instead of running them; only "
+                   "sound where the baseline's code is unchanged and repeats bit for bit (BF16 does)")
     p.add_argument("--bin-dir", default=REPO_ROOT, help="where the train_gpt_<recipe> binaries are (default: the repo)")
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     return p
@@ -248,6 +279,9 @@ def main(argv=None):
     if args.jobs < 1:
         print("error: --jobs must be at least 1", file=sys.stderr)
         return 2
+    if args.baseline_logs is not None and "{seed}" not in args.baseline_logs:
+        print("error: --baseline-logs must contain '{seed}'", file=sys.stderr)
+        return 2
     out_dir = os.path.abspath(args.out)
     runs = plan_runs(recipes, seeds)
     if args.dry_run:
@@ -256,6 +290,10 @@ def main(argv=None):
             print(" ".join(bench.quote_arg(c) for c in cmd))
         return 0
     os.makedirs(out_dir, exist_ok=True)
+    if args.baseline_logs is not None:
+        missing = reuse_baseline(args.baseline_logs, recipes[0][0], seeds, out_dir)
+        if missing:
+            print(f"--baseline-logs: no file for seeds {', '.join(map(str, missing))}: those {recipes[0][0]} runs run")
     if not args.no_build:
         for recipe in dict.fromkeys(r for _, r, _ in recipes):
             ok, tail = bench.build_recipe(REPO_ROOT, recipe, out_dir)

@@ -191,6 +191,27 @@ class TestStudy(unittest.TestCase):
             self.assertEqual(run_main(argv)[0], 1)   # again: the failed runs run again, the others not
             self.assertEqual(sorted((x[0], x[1]) for x in calls(tmp)[n:]), [("broken", "0"), ("broken", "1")])
 
+    def test_baseline_logs_are_reused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            stand_ins(tmp)
+            out_dir, stored = os.path.join(tmp, "study"), os.path.join(tmp, "stored")
+            os.makedirs(stored)
+            for seed in (0, 1):   # stored bf16 logs for seeds 0 and 1 (not 2), val 5.0 + 0.1 seed as the stand-in's
+                with open(os.path.join(stored, f"bf16_{seed}.log"), "w") as f:
+                    f.write(f"# recipe:bf16 seed:{seed}\n" + "".join(f"s:{s} trl:4.0\n" for s in range(1000)) +
+                            "".join(f"s:{s} tel:{5.0 + 0.1 * seed}\n" for s in range(0, 1000, 50)))
+            rc, out = run_main(["--recipes", "bf16,fp8", "--seeds", "0-2", "--out", out_dir, "--bin-dir", tmp,
+                                "--no-build", "--no-data", "--baseline-logs", os.path.join(stored, "bf16_{seed}.log")])
+            self.assertEqual(rc, 0, out)
+            self.assertIn("no file for seeds 2", out)
+            started = sorted((c[0], c[1]) for c in calls(tmp) if c[2] == "start")
+            self.assertEqual(started, [("bf16", "2"), ("fp8", "0"), ("fp8", "1"), ("fp8", "2")])
+            with open(os.path.join(out_dir, "bf16_sd1", "status.json")) as f:
+                self.assertTrue(json.load(f)["reused_from"].endswith("bf16_1.log"))
+            with open(os.path.join(out_dir, "report.md")) as f:
+                self.assertIn("| fp8 | 1.0100 / 1.0200 | 1.0100 / 1.0200 | 1.0100 / 1.0200 |", f.read())
+            self.assertEqual(run_main(["--out", out_dir, "--baseline-logs", "x.log", "--dry-run"])[0], 2)  # no {seed}
+
     def test_a_stop_ends_the_runs_in_flight(self):
         """SIGTERM (what `timeout` sends): the trainers running end, no new one starts, exit status 130; the next
         invocation runs them all again"""
