@@ -286,6 +286,10 @@ def main(argv=None):
     runs = plan_runs(recipes, seeds)
     if args.dry_run:
         for label, recipe, flags, seed in runs:
+            stored = args.baseline_logs.replace("{seed}", str(seed)) if args.baseline_logs is not None else None
+            if label == recipes[0][0] and stored is not None and os.path.isfile(stored):
+                print(f"# {run_name(label, seed)}: from {stored}")
+                continue
             cmd = trainer_command(args.bin_dir, recipe, flags, os.path.join(out_dir, run_name(label, seed)), seed)
             print(" ".join(bench.quote_arg(c) for c in cmd))
         return 0
@@ -294,13 +298,16 @@ def main(argv=None):
         missing = reuse_baseline(args.baseline_logs, recipes[0][0], seeds, out_dir)
         if missing:
             print(f"--baseline-logs: no file for seeds {', '.join(map(str, missing))}: those {recipes[0][0]} runs run")
+    # the binaries the runs still to do need (a baseline taken whole from stored logs needs none)
+    needed = dict.fromkeys(recipe for label, recipe, _, seed in runs
+                           if not is_done(os.path.join(out_dir, run_name(label, seed))))
     if not args.no_build:
-        for recipe in dict.fromkeys(r for _, r, _ in recipes):
+        for recipe in needed:
             ok, tail = bench.build_recipe(REPO_ROOT, recipe, out_dir)
             if not ok:
                 print(f"error: make train_gpt_{recipe} failed:\n{tail}", file=sys.stderr)
                 return 2
-    for _, recipe, _ in recipes:
+    for recipe in needed:
         if not os.access(os.path.join(args.bin_dir, f"train_gpt_{recipe}"), os.X_OK):
             print(f"error: {os.path.join(args.bin_dir, f'train_gpt_{recipe}')} is not an executable "
                   f"(make train_gpt_{recipe}, or drop --no-build)", file=sys.stderr)

@@ -193,6 +193,23 @@ class TestStudy(unittest.TestCase):
 
     def test_baseline_logs_are_reused(self):
         with tempfile.TemporaryDirectory() as tmp:
+            stand_ins(tmp, ("fp8",))   # no bf16 binary: a baseline taken whole from stored logs does not need one
+            out_dir, stored = os.path.join(tmp, "study"), os.path.join(tmp, "stored")
+            os.makedirs(stored)
+            with open(os.path.join(stored, "bf16_0.log"), "w") as f:
+                f.write("# recipe:bf16 seed:0\n" + "".join(f"s:{s} trl:4.0\n" for s in range(1000)) +
+                        "".join(f"s:{s} tel:5.0\n" for s in range(0, 1000, 50)))
+            rc, out = run_main(["--recipes", "bf16,fp8", "--seeds", "0", "--out", out_dir, "--bin-dir", tmp,
+                                "--no-build", "--no-data", "--baseline-logs", os.path.join(stored, "bf16_{seed}.log")])
+            self.assertEqual(rc, 0, out)
+            self.assertEqual([(c[0], c[1]) for c in calls(tmp) if c[2] == "start"], [("fp8", "0")])
+            rc, out = run_main(["--recipes", "bf16,fp8", "--seeds", "0-1", "--out", out_dir, "--bin-dir", tmp, "--dry-run",
+                                "--baseline-logs", os.path.join(stored, "bf16_{seed}.log")])
+            self.assertEqual(out.splitlines()[0], f"# bf16_sd0: from {os.path.join(stored, 'bf16_0.log')}")
+            self.assertEqual(out.splitlines()[2], f"{tmp}/train_gpt_bf16 -o {out_dir}/bf16_sd1 -sd 1")  # no file: runs
+
+    def test_baseline_logs_where_some_are_missing(self):
+        with tempfile.TemporaryDirectory() as tmp:
             stand_ins(tmp)
             out_dir, stored = os.path.join(tmp, "study"), os.path.join(tmp, "stored")
             os.makedirs(stored)
