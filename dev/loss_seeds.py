@@ -50,7 +50,7 @@ import time
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO_ROOT, "dev", "bench"))
 sys.path.insert(0, os.path.join(REPO_ROOT, "dev"))
-import bench  # noqa: E402  (recipe lists, builds, error lines, GPU and git details)
+import bench  # noqa: E402  (recipe lists, runs with a timeout, builds, error lines, GPU and git details)
 import plot_logs  # noqa: E402  (the report)
 
 DATA_FILES = ("dev/data/tinyshakespeare/tiny_shakespeare_train.bin", "dev/data/tinyshakespeare/tiny_shakespeare_val.bin")
@@ -59,7 +59,7 @@ CHECKPOINT_PATTERNS = ("model_*.bin", "state_*.bin", "DONE_*")   # what llmc/che
 
 def parse_seeds(text):
     """'0-7', '0,3,5', '0-2,9': the seeds in order, each once. Raises ValueError."""
-    seeds = []
+    seeds, seen = [], set()
     for item in text.split(","):
         item = item.strip()
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
@@ -68,7 +68,10 @@ def parse_seeds(text):
         lo, hi = int(m.group(1)), int(m.group(2) if m.group(2) is not None else m.group(1))
         if hi < lo:
             raise ValueError(f"--seeds: '{item}' runs backwards")
-        seeds += [s for s in range(lo, hi + 1) if s not in seeds]
+        if hi - lo >= 100000:
+            raise ValueError(f"--seeds: '{item}' is more than 100,000 seeds")
+        seeds += [s for s in range(lo, hi + 1) if s not in seen]
+        seen.update(range(lo, hi + 1))
     return seeds
 
 
@@ -91,45 +94,23 @@ class Interrupted(Exception):
 
 
 # The trainers running now (their Popen objects), so that a stop can end them: each runs in a process group
-# of its own, which a signal to this script does not reach.
+# of its own (bench.run_logged), which a signal to this script does not reach.
 _running = set()
 _running_lock = threading.Lock()
 _stopping = threading.Event()
 
 
-def run_trainer(cmd, log_path, timeout):
-    """Runs cmd from the repo root with stdout+stderr into log_path (a '$ command' line first). Returns (rc, text,
-    timed_out); a run ended by a stop of the study returns rc -9."""
-    with open(log_path, "w") as log:
-        log.write("$ " + " ".join(bench.quote_arg(c) for c in cmd) + "\n")
-        log.flush()
-        with _running_lock:
-            if _stopping.is_set():
-                return -9, "", False
-            try:
-                proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            except OSError as e:
-                return 127, f"error: cannot run {cmd[0]}: {e}", False
-            _running.add(proc)
-        timed_out = False
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            kill_group(proc)
-            rc = proc.wait()
-        finally:
-            with _running_lock:
-                _running.discard(proc)
-    with open(log_path, errors="replace") as f:
-        return rc, f.read(), timed_out
+def track(proc):
+    """run_logged's on_start: a trainer that starts as the study stops is ended at once."""
+    with _running_lock:
+        _running.add(proc)
+        if _stopping.is_set():
+            bench.kill_group(proc)
 
 
-def kill_group(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)   # the group this Popen made: the trainer and anything it started
-    except (ProcessLookupError, PermissionError):
-        pass
+def untrack(proc):
+    with _running_lock:
+        _running.discard(proc)
 
 
 def stop_all():
@@ -137,7 +118,7 @@ def stop_all():
     with _running_lock:
         _stopping.set()
         for proc in list(_running):
-            kill_group(proc)
+            bench.kill_group(proc)
 
 
 def read_status(run_dir):
@@ -174,7 +155,11 @@ def run_one(run, args, out_dir):
     remove_checkpoints(run_dir)                          # ... and resume from its checkpoint
     cmd = trainer_command(args.bin_dir, recipe, flags, run_dir, seed)
     t0 = time.time()
-    rc, text, timed_out = run_trainer(cmd, os.path.join(run_dir, "stdout.txt"), args.timeout)
+    try:
+        rc, text, timed_out = bench.run_logged(cmd, REPO_ROOT, args.timeout, os.path.join(run_dir, "stdout.txt"),
+                                               on_start=track, on_end=untrack)
+    except OSError as e:
+        rc, text, timed_out = 127, f"error: cannot run {cmd[0]}: {e}", False
     status = {"rc": rc, "timed_out": timed_out, "seconds": round(time.time() - t0, 1), "label": label,
               "seed": seed, "command": " ".join(bench.quote_arg(c) for c in cmd)}
     if _stopping.is_set() and rc != 0:
@@ -278,6 +263,9 @@ def main(argv=None):
         return 2
     if args.jobs < 1:
         print("error: --jobs must be at least 1", file=sys.stderr)
+        return 2
+    if not args.timeout > 0:
+        print(f"error: --timeout {args.timeout}: must be a positive number of seconds", file=sys.stderr)
         return 2
     if args.baseline_logs is not None and "{seed}" not in args.baseline_logs:
         print("error: --baseline-logs must contain '{seed}'", file=sys.stderr)

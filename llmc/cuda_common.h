@@ -63,6 +63,13 @@ void allow_dynamic_smem(int smem) {
         done = true;
     }
 }
+// allow_dynamic_smem<KERNEL>(smem), then KERNEL itself: for choosing one of a kernel's instantiations at run time,
+//   auto kernel = flag ? with_dynamic_smem<k<true>>(smem) : with_dynamic_smem<k<false>>(smem);
+template <auto KERNEL>
+auto with_dynamic_smem(int smem) {
+    allow_dynamic_smem<KERNEL>(smem);
+    return KERNEL;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Asynchronous copies into shared memory (cp.async, sm_80 and newer): the flash attention's tile ring,

@@ -482,9 +482,8 @@ inline void fc_gelu_ws(floatX* pre, FcPreOut what, uint8_t* codes, uint8_t* code
                        int N, int K, cudaStream_t stream, uint8_t* x_t = nullptr) {
     using Ops = gemm_wgmma::Fp8Operands<false, false>;
     const bool derivative = what == FcPreOut::GELU_DERIVATIVE;
-    auto kernel = derivative ? fc_gelu_ws_kernel<true> : fc_gelu_ws_kernel<false>;
-    if (derivative) allow_dynamic_smem<fc_gelu_ws_kernel<true>>(WS_SMEM_BYTES);
-    else allow_dynamic_smem<fc_gelu_ws_kernel<false>>(WS_SMEM_BYTES);
+    auto kernel = derivative ? with_dynamic_smem<fc_gelu_ws_kernel<true>>(WS_SMEM_BYTES)
+                             : with_dynamic_smem<fc_gelu_ws_kernel<false>>(WS_SMEM_BYTES);
     if (x_t != nullptr && (!writes_x_t_supported(N, K) || (uintptr_t)x_t % 16 != 0)) {
         fprintf(stderr, "error: fc_gelu_ws cannot write x^T for N=%d K=%d (needs K %% 32 == 0, N >= 4K, 16-byte alignment)\n", N, K);
         exit(1);
@@ -679,9 +678,8 @@ inline void fc_dy_ws(uint8_t* codes, uint8_t* codes_t, float* col_partials, cons
         exit(1);
     }
     const bool given = factor == GeluFactor::GIVEN;
-    auto kernel = given ? fc_dy_ws_kernel<GeluFactor::GIVEN> : fc_dy_ws_kernel<GeluFactor::ROUNDED>;
-    if (given) allow_dynamic_smem<fc_dy_ws_kernel<GeluFactor::GIVEN>>(WS_DY_SMEM_BYTES);
-    else allow_dynamic_smem<fc_dy_ws_kernel<GeluFactor::ROUNDED>>(WS_DY_SMEM_BYTES);
+    auto kernel = given ? with_dynamic_smem<fc_dy_ws_kernel<GeluFactor::GIVEN>>(WS_DY_SMEM_BYTES)
+                        : with_dynamic_smem<fc_dy_ws_kernel<GeluFactor::ROUNDED>>(WS_DY_SMEM_BYTES);
     if (dy_t != nullptr && (!writes_x_t_supported(N, K) || (uintptr_t)dy_t % 16 != 0)) {
         fprintf(stderr, "error: fc_dy_ws cannot write dy^T for N=%d K=%d (needs K %% 32 == 0, N >= 4K, 16-byte alignment)\n", N, K);
         exit(1);

@@ -454,24 +454,37 @@ def summarize_rounds(rows):
 # running things
 
 
-def run_logged(cmd, cwd, timeout, log_path, env=None):
+def kill_group(proc):
+    """SIGKILL to the process group of a Popen made with start_new_session: the command and anything it
+    started, nothing else."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_logged(cmd, cwd, timeout, log_path, env=None, on_start=None, on_end=None):
     """Runs cmd with stdout+stderr into log_path, in its own process group so that a timeout
-    kills it and anything it started (torch.compile's compile workers). Returns (rc, text, timed_out)."""
+    kills it and anything it started (torch.compile's compile workers). Returns (rc, text, timed_out).
+    on_start(proc) / on_end(proc), if given, are called once it runs and once it has ended (a caller that
+    must be able to stop it from elsewhere: dev/loss_seeds.py)."""
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(quote_arg(c) for c in cmd) + "\n")
         log.flush()
         proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
+        if on_start:
+            on_start(proc)
         timed_out = False
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)   # the group this Popen created, nothing else
-            except ProcessLookupError:
-                pass
+            kill_group(proc)
             rc = proc.wait()
+        finally:
+            if on_end:
+                on_end(proc)
     with open(log_path, errors="replace") as f:
         text = f.read()
     return rc, text, timed_out

@@ -74,7 +74,7 @@ class TestParsing(unittest.TestCase):
         self.assertEqual(loss_seeds.parse_seeds("0,3,5"), [0, 3, 5])
         self.assertEqual(loss_seeds.parse_seeds("0-2, 9"), [0, 1, 2, 9])
         self.assertEqual(loss_seeds.parse_seeds("4,4,3-5"), [4, 3, 5])   # each seed once, first place kept
-        for bad in ("", "a", "5-3", "1-", "-1", "1,,2"):
+        for bad in ("", "a", "5-3", "1-", "-1", "1,,2", "0-100000"):
             with self.assertRaises(ValueError, msg=bad):
                 loss_seeds.parse_seeds(bad)
 
@@ -100,6 +100,8 @@ class TestParsing(unittest.TestCase):
             self.assertEqual(run_main(["--seeds", "x", "--out", tmp, "--dry-run"])[0], 2)
             self.assertEqual(run_main(["--recipes", "bf16,bf16", "--out", tmp, "--dry-run"])[0], 2)
             self.assertEqual(run_main(["--jobs", "0", "--out", tmp, "--dry-run"])[0], 2)
+            self.assertEqual(run_main(["--timeout", "0", "--out", tmp, "--dry-run"])[0], 2)
+            self.assertEqual(run_main(["--timeout", "nan", "--out", tmp, "--dry-run"])[0], 2)
             rc, out = run_main(["--recipes", "bf16,nvfp4", "--out", os.path.join(tmp, "o"), "--bin-dir", tmp,
                                 "--no-build", "--no-data"])
             self.assertEqual(rc, 2)   # no such binaries
