@@ -28,6 +28,10 @@ Recipes that time a choice when a shape is first seen (cuBLASLt algorithms and T
 the default) may choose differently when the GPU is shared; the runs are then as valid, but not bit for bit
 those of a lone run. Give -ga 0 in a recipe's flags for runs that repeat bit for bit.
 
+--gpus 0,1 spreads the runs over several GPUs of one machine: --jobs runs at a time on each, every run started with
+CUDA_VISIBLE_DEVICES set to the GPU of the slot it took (its status.json records it). Device time is counted per
+machine, so a two-GPU machine halves a study's cost (2 x H200, 2026-11-28: 40 NVFP4 runs in about 11 minutes).
+
 A SIGTERM or SIGINT (Ctrl-C, or `timeout` around a device call) ends the runs in flight, which are then not done,
 writes the report of what is done, and exits with 130; the next invocation runs the rest.
 
@@ -39,6 +43,7 @@ import concurrent.futures
 import glob
 import json
 import os
+import queue
 import re
 import shutil
 import signal
@@ -140,8 +145,31 @@ def remove_checkpoints(run_dir):
             os.remove(path)
 
 
-def run_one(run, args, out_dir):
-    """Runs one (label, recipe, flags, seed) unless it is done; returns (name, status dict, skipped)."""
+def parse_gpus(text):
+    """'0,1' -> ['0', '1'] (CUDA device indices, each once). Raises ValueError."""
+    gpus = [g.strip() for g in text.split(",")]
+    if not gpus or any(not re.fullmatch(r"\d+", g) for g in gpus):
+        raise ValueError(f"--gpus: '{text}' is not a comma list of device indices such as 0,1")
+    if len(set(gpus)) != len(gpus):
+        raise ValueError(f"--gpus: '{text}' names a device twice")
+    return gpus
+
+
+def gpu_slots(gpus, jobs):
+    """The pool's slots: each GPU `jobs` times, interleaved (a study's first runs spread over every GPU), or
+    None without --gpus (every run on the devices the environment gives)."""
+    if gpus is None:
+        return None
+    slots = queue.Queue()
+    for _ in range(jobs):
+        for g in gpus:
+            slots.put(g)
+    return slots
+
+
+def run_one(run, args, out_dir, slots=None):
+    """Runs one (label, recipe, flags, seed) unless it is done; returns (name, status dict, skipped). With slots
+    (gpu_slots), the run takes a free GPU slot for its time and sees only that GPU."""
     label, recipe, flags, seed = run
     name = run_name(label, seed)
     run_dir = os.path.join(out_dir, name)
@@ -154,14 +182,23 @@ def run_one(run, args, out_dir):
         os.remove(os.path.join(run_dir, "main.log"))   # an unfinished run's log: the trainer would append to it
     remove_checkpoints(run_dir)                          # ... and resume from its checkpoint
     cmd = trainer_command(args.bin_dir, recipe, flags, run_dir, seed)
+    gpu = slots.get() if slots is not None else None   # (the pool has exactly as many workers as slots)
+    env = None
+    if gpu is not None:
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
     t0 = time.time()
     try:
         rc, text, timed_out = bench.run_logged(cmd, REPO_ROOT, args.timeout, os.path.join(run_dir, "stdout.txt"),
-                                               on_start=track, on_end=untrack)
+                                               env=env, on_start=track, on_end=untrack)
     except OSError as e:
         rc, text, timed_out = 127, f"error: cannot run {cmd[0]}: {e}", False
+    finally:
+        if gpu is not None:
+            slots.put(gpu)
     status = {"rc": rc, "timed_out": timed_out, "seconds": round(time.time() - t0, 1), "label": label,
               "seed": seed, "command": " ".join(bench.quote_arg(c) for c in cmd)}
+    if gpu is not None:
+        status["gpu"] = int(gpu)
     if _stopping.is_set() and rc != 0:
         status["error"] = "stopped: the study was interrupted"
     elif rc != 0 or timed_out:
@@ -237,7 +274,10 @@ def build_arg_parser():
     p.add_argument("--recipes", default="bf16,fp8",
                    help="comma list of RECIPE or RECIPE:FLAGS, the first the baseline (default bf16,fp8)")
     p.add_argument("--seeds", default="0-7", help="seeds: N, N-M, comma lists (default 0-7)")
-    p.add_argument("--jobs", type=int, default=8, help="runs at a time on the GPU (default 8)")
+    p.add_argument("--jobs", type=int, default=8, help="runs at a time on the GPU, or on each of --gpus (default 8)")
+    p.add_argument("--gpus", default=None,
+                   help="comma list of CUDA device indices to spread the runs over, --jobs on each (e.g. 0,1); "
+                   "default: the devices the environment gives, --jobs in all")
     p.add_argument("--out", required=True, help="directory of the runs and the report")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run (default 3600)")
     p.add_argument("--no-build", action="store_true", help="use the existing train_gpt_<recipe> binaries")
@@ -258,6 +298,7 @@ def main(argv=None):
     try:
         recipes = bench.parse_recipes(args.recipes)
         seeds = parse_seeds(args.seeds)
+        gpus = parse_gpus(args.gpus) if args.gpus is not None else None
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -273,6 +314,8 @@ def main(argv=None):
     out_dir = os.path.abspath(args.out)
     runs = plan_runs(recipes, seeds)
     if args.dry_run:
+        if gpus:
+            print(f"# spread over GPUs {','.join(gpus)}, {args.jobs} at a time on each (CUDA_VISIBLE_DEVICES set per run)")
         for label, recipe, flags, seed in runs:
             stored = args.baseline_logs.replace("{seed}", str(seed)) if args.baseline_logs is not None else None
             if label == recipes[0][0] and stored is not None and os.path.isfile(stored):
@@ -304,16 +347,18 @@ def main(argv=None):
         print("error: the tiny-shakespeare shards are missing and dev/data/tinyshakespeare.py failed", file=sys.stderr)
         return 2
     gpu = bench.gpu_info()[1]
-    print(f"{len(runs)} runs ({len(recipes)} recipes x {len(seeds)} seeds), {args.jobs} at a time; GPU: {gpu}; "
+    where = f"{args.jobs} at a time" + (f" on each of GPUs {','.join(gpus)}" if gpus else "")
+    print(f"{len(runs)} runs ({len(recipes)} recipes x {len(seeds)} seeds), {where}; GPU: {gpu}; "
           f"commit {bench.git_revision()}", flush=True)
     failed, interrupted = 0, False
 
     def on_signal(signum, frame):
         raise Interrupted()
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs)
+    slots = gpu_slots(gpus, args.jobs)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs * (len(gpus) if gpus else 1))
     try:
-        futures = [pool.submit(run_one, run, args, out_dir) for run in runs]
+        futures = [pool.submit(run_one, run, args, out_dir, slots) for run in runs]
         for fut in concurrent.futures.as_completed(futures):
             name, st, skipped = fut.result()
             if skipped:

@@ -23,6 +23,7 @@ import os, sys, time
 recipe = os.path.basename(sys.argv[0])[len("train_gpt_"):]
 args = sys.argv[1:]
 out, seed = args[args.index("-o") + 1], int(args[args.index("-sd") + 1])
+t_start = time.time()
 with open(os.path.join(os.path.dirname(sys.argv[0]), "calls.txt"), "a") as f:
     f.write(f"{{recipe}} {{seed}} start {{time.time()}} {{' '.join(args)}}\n")
 with open(os.path.join(os.path.dirname(sys.argv[0]), "pids.txt"), "a") as f:
@@ -42,6 +43,8 @@ for name in ("model_00001000.bin", "state_00001000_00000.bin", "DONE_00001000"):
     open(os.path.join(out, name), "w").close()
 with open(os.path.join(os.path.dirname(sys.argv[0]), "calls.txt"), "a") as f:
     f.write(f"{{recipe}} {{seed}} end {{time.time()}}\n")
+with open(os.path.join(os.path.dirname(sys.argv[0]), "gpus.txt"), "a") as f:
+    f.write(f"{{recipe}} {{seed}} {{os.environ.get('CUDA_VISIBLE_DEVICES', '-')}} {{t_start}} {{time.time()}}\n")
 '''
 
 
@@ -102,6 +105,8 @@ class TestParsing(unittest.TestCase):
             self.assertEqual(run_main(["--jobs", "0", "--out", tmp, "--dry-run"])[0], 2)
             self.assertEqual(run_main(["--timeout", "0", "--out", tmp, "--dry-run"])[0], 2)
             self.assertEqual(run_main(["--timeout", "nan", "--out", tmp, "--dry-run"])[0], 2)
+            for bad in ("", "a", "0,", "0,0", "-1", "0;1"):
+                self.assertEqual(run_main(["--gpus", bad, "--out", tmp, "--dry-run"])[0], 2, bad)
             rc, out = run_main(["--recipes", "bf16,nvfp4", "--out", os.path.join(tmp, "o"), "--bin-dir", tmp,
                                 "--no-build", "--no-data"])
             self.assertEqual(rc, 2)   # no such binaries
@@ -153,6 +158,37 @@ class TestStudy(unittest.TestCase):
                                 "--no-build", "--no-data"])
             self.assertEqual(rc, 0, out)
             self.assertEqual(sorted((x[0], x[1]) for x in calls(tmp)[n:] if x[2] == "start"), [("bf16", "3"), ("fp8", "3")])
+
+    def test_runs_spread_over_gpus(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            stand_ins(tmp)
+            out_dir = os.path.join(tmp, "study")
+            os.environ["STAND_IN_SECONDS"] = "0.4"
+            try:
+                rc, out = run_main(["--recipes", "bf16,fp8", "--seeds", "0-3", "--jobs", "2", "--gpus", "3,1",
+                                    "--out", out_dir, "--bin-dir", tmp, "--no-build", "--no-data"])
+            finally:
+                del os.environ["STAND_IN_SECONDS"]
+            self.assertEqual(rc, 0, out)
+            self.assertIn("2 at a time on each of GPUs 3,1", out)
+            with open(os.path.join(tmp, "gpus.txt")) as f:
+                runs = [(l.split()[0], l.split()[1], l.split()[2], float(l.split()[3]), float(l.split()[4])) for l in f]
+            self.assertEqual(len(runs), 8)
+            self.assertEqual({r[2] for r in runs}, {"3", "1"})   # every run saw exactly one of the GPUs named
+            for g in ("3", "1"):
+                # never more than --jobs runs at a time on one GPU, and that many at once at some point
+                spans = [(r[3], r[4]) for r in runs if r[2] == g]
+                most = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)
+                self.assertEqual(most, 2, g)
+            for recipe, seed, g, _, _ in runs:
+                with open(os.path.join(out_dir, f"{recipe}_sd{seed}", "status.json")) as f:
+                    self.assertEqual(json.load(f)["gpu"], int(g))
+            # without --gpus the runs keep the environment's devices and record none
+            rc, out = run_main(["--recipes", "bf16,fp8", "--seeds", "4", "--out", out_dir, "--bin-dir", tmp,
+                                "--no-build", "--no-data"])
+            self.assertEqual(rc, 0, out)
+            with open(os.path.join(out_dir, "fp8_sd4", "status.json")) as f:
+                self.assertNotIn("gpu", json.load(f))
 
     def test_an_unfinished_run_starts_over(self):
         with tempfile.TemporaryDirectory() as tmp:
