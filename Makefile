@@ -52,7 +52,7 @@ GENCODE := -gencode arch=compute_$(subst sm_,,$(GPU_ARCH)),code=$(GPU_ARCH)
 # flash attention at head size 64: wgmma (sm_90a) kernels (1, default) or the mma.sync ones (0);
 # builds for other targets fall back to mma.sync at run time
 FLASH_WGMMA ?= 1
-NVCC_FLAGS := -O3 -std=c++17 $(GENCODE) -Xcompiler -Wall -lineinfo -DFLASH_ATTENTION_WGMMA=$(FLASH_WGMMA)
+NVCC_FLAGS := -O3 -std=c++17 -I. $(GENCODE) -Xcompiler -Wall -lineinfo -DFLASH_ATTENTION_WGMMA=$(FLASH_WGMMA)
 NVCC_LDFLAGS := $(addprefix -L,$(CUDA_LIB_DIRS)) -lcublasLt -lcublas
 # NCCL: multi-GPU data parallelism (llmc/multi_gpu.cuh); every trainer links it
 ifneq ($(NCCL_FOUND),)
@@ -68,9 +68,9 @@ ifeq ($(PRECISION),FP32)
 else ifneq ($(PRECISION),BF16)
   $(error PRECISION must be BF16 or FP32, got '$(PRECISION)')
 endif
-HEADERS := $(wildcard llmc/*.h llmc/*.cuh)
+HEADERS := $(wildcard llmc/*.h llmc/*.cuh llmc/formats/*.h llmc/formats/*.cuh llmc/recipes/*/*.h llmc/recipes/*/*.cuh)
 # The NVFP4 binaries also hold Blackwell code (sm_100a): there its FP4 tensor cores run the native FP4
-# GEMMs, and the binary picks the path by compute capability at run time (llmc/recipe_nvfp4.h). Added
+# GEMMs, and the binary picks the path by compute capability at run time (llmc/recipes/nvfp4/recipe.h). Added
 # where this nvcc knows sm_100 (CUDA 12.8 and newer) and GPU_ARCH is not sm_100a already.
 BLACKWELL_GENCODE := $(if $(filter 1,$(HAVE_NVCC)),$(if $(filter sm_100a,$(GPU_ARCH)),,$(if $(shell $(NVCC) --list-gpu-code 2>/dev/null | grep -x sm_100),-gencode arch=compute_100a$(comma)code=sm_100a)))
 blackwell_for = $(if $(filter nvfp4,$(1)),$(BLACKWELL_GENCODE))
@@ -115,9 +115,11 @@ all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_
      build/test_linear build/test_layernorm build/test_classifier build/test_q115_attention build/test_gemm_wgmma build/gemm_bench \
      build/tcfp12_gemm_bench build/libkernel_trace.so
 
-# one binary per recipe: -DRECIPE_<NAME> picks llmc/recipe_<name>.h (Q1.15: the seed's -DENABLE_Q115)
-Q115_DEFINES := -DENABLE_Q115 -DSF16_TRUE_FORWARD=$(SF16_TRUE_FORWARD)
-recipe_define = $(if $(filter q115,$(1)),$(Q115_DEFINES),-DRECIPE_$(shell echo $(1) | tr a-z A-Z))
+# one binary per recipe: RECIPE_HEADER names its llmc/recipes/<name>/recipe.h, and RECIPE_DEFINES_<name> adds
+# what a recipe's own build needs (Q1.15: the seed's -DENABLE_Q115)
+Q115_DEFINES := -DRECIPE_HEADER='"llmc/recipes/q115/recipe.h"' -DENABLE_Q115 -DSF16_TRUE_FORWARD=$(SF16_TRUE_FORWARD)
+RECIPE_DEFINES_q115 := $(Q115_DEFINES)
+recipe_define = $(if $(RECIPE_DEFINES_$(1)),$(RECIPE_DEFINES_$(1)),-DRECIPE_HEADER='"llmc/recipes/$(1)/recipe.h"' -DRECIPE_$(shell echo $(1) | tr a-z A-Z))
 $(addprefix train_gpt_,$(RECIPES)): train_gpt_%: train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
 	$(NVCC) $(NVCC_FLAGS) $(call blackwell_for,$*) $(FAST_MATH) $(if $(filter bf16,$*),$(PRECISION_FLAGS)) $(call recipe_define,$*) $< $(NVCC_LDFLAGS) -o $@
 
@@ -147,18 +149,18 @@ train_gpt_q115_scaled: train_gpt.cu $(HEADERS)
 
 # the FP32 reference-precision build of the BF16 recipe (no fast math, no TF32)
 train_gpt_fp32: train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
-	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -DRECIPE_BF16 $< $(NVCC_LDFLAGS) -o $@
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 $(call recipe_define,bf16) $< $(NVCC_LDFLAGS) -o $@
 
 test_gpt_fp32: test_gpt.cu train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
-	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -DRECIPE_BF16 $< $(NVCC_LDFLAGS) -o $@
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 $(call recipe_define,bf16) $< $(NVCC_LDFLAGS) -o $@
 
 # the standalone GPU tests, dev/test/test_<name>.cu -> build/test_<name>:
 #   attention  flash attention against a float64 CPU reference, and its speed against the materialized path
 #   fp8        quantization against the CPU codec, FP8 GEMMs against float64, delayed scaling
-#   nvfp4      bit-exact against the CPU reference (nvfp4.h), the emulated GEMM against float64
-#   vcast      bit-exact against the CPU reference (vcast.h), and against the FP8 kernels
-#   tcfp12     the split bit-exact against tcfp12.h, the dual GEMMs against float64
-#   linear     the plain linear layer (recipe.h) against float64: forward, GELU/DGELU epilogues, dW, the fused bias gradient
+#   nvfp4      bit-exact against the CPU reference (formats/nvfp4.h), the emulated GEMM against float64
+#   vcast      bit-exact against the CPU reference (formats/vcast.h), and against the FP8 kernels
+#   tcfp12     the split bit-exact against formats/tcfp12.h, the dual GEMMs against float64
+#   linear     the plain linear layer (recipe_api.h) against float64: forward, GELU/DGELU epilogues, dW, the fused bias gradient
 #   layernorm  the LayerNorm kernels against float64 at every width the dispatch distinguishes, and their speed
 #   classifier the fused softmax + cross-entropy kernel against float64 (losses, dlogits, evaluation), its two forms bit for bit, their speed
 #   q115_attention  the Q1.15 attention in the flash kernels against float64, the materialized path, the reality check

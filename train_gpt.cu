@@ -5,7 +5,7 @@
 // (before the GPU is touched), then the training loop with validation, sampling and logging.
 //
 // The precision recipe is chosen at compile time (make train_gpt_<recipe>); its code lives in one
-// header under llmc/ and the model reaches it only through the recipe API of llmc/recipe.h
+// header under llmc/ and the model reaches it only through the recipe API of llmc/recipe_api.h
 // (linear_forward, linear_forward_gelu, linear_backward, and the recipe_* state hooks) and through
 // the boundary hooks of llmc/boundaries.h (`Boundaries` below: embedding, residual, LayerNorm,
 // softmax, GELU, logits), which only the Q1.15 recipe fills.
@@ -40,21 +40,11 @@
 #include "llmc/adamw.cuh"
 #include "llmc/zero.h"
 #include "llmc/multi_gpu.cuh"
-#if defined(ENABLE_Q115)
-#include "llmc/recipe_q115.h"
-#elif defined(RECIPE_FP8)
-#include "llmc/recipe_fp8.h"
-#elif defined(RECIPE_NVFP4)
-#include "llmc/recipe_nvfp4.h"
-#elif defined(RECIPE_VCAST)
-#include "llmc/recipe_vcast.h"
-#elif defined(RECIPE_TCFP12)
-#include "llmc/recipe_tcfp12.h"
-#elif defined(RECIPE_BF16)
-#include "llmc/recipe_bf16.h"
-#else
-#error "pick a recipe: -DRECIPE_BF16, -DRECIPE_FP8, -DRECIPE_NVFP4, -DRECIPE_VCAST, -DRECIPE_TCFP12 or -DENABLE_Q115 (make train_gpt_<recipe>)"
+// The precision recipe of this binary: the Makefile names its header (llmc/recipes/<name>/recipe.h)
+#ifndef RECIPE_HEADER
+#error "pick a recipe: build with make train_gpt_<recipe>, or pass -DRECIPE_HEADER='\"llmc/recipes/<name>/recipe.h\"'"
 #endif
+#include RECIPE_HEADER
 // the recipe's forward-pass boundaries (llmc/boundaries.h): IdentityBoundaries for all but Q1.15
 using Boundaries = RecipeBoundaries;
 // -Q NAME passes when NAME is the recipe's name or its alias (Q1.15: -Q 115, as the seed runs it)
@@ -505,7 +495,7 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
 
     PHASE("fwd: embedding + layernorm");
     encoder_forward<Boundaries>(a.encoded, model->inputs_dev, p.t[P_WTE], p.t[P_WPE], B, T, C, st);
-    // a LayerNorm in front of a linear may write that linear's quantized input instead (FP8: recipe.h)
+    // a LayerNorm in front of a linear may write that linear's quantized input instead (FP8: recipe_api.h)
     auto ln_target = [&](int layer, LinearKind kind) {
         return layernorm_gives_fp8(C) ? recipe_fp8_input_target(rc, {layer, kind}, N, C, training, st) : Fp8Target();
     };
@@ -674,7 +664,7 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
     Recipe& rc = model->recipe;
 
     // a LayerNorm backward hands its output, the output gradient of the projection that ends the block
-    // below it, as that linear's quantized gradient where the recipe takes it (FP8: recipe.h)
+    // below it, as that linear's quantized gradient where the recipe takes it (FP8: recipe_api.h)
     auto ln_backward_target = [&](int layer, LinearKind kind) {
         return layernorm_backward_gives_fp8(C) ? recipe_fp8_gradient_target(rc, {layer, kind}, N, C, true, st) : Fp8Target();
     };
@@ -1126,7 +1116,7 @@ int main(int argc, char** argv) {
     MultiGpu mg;
     try { multi_gpu_init(&mg, cfg, gpu); }
     catch (const InputError& e) { fprintf(stderr, "error: process %d: %s\n", cfg.process_rank, e.what()); return 1; }
-    if (mg.active) { // what a recipe may ask of the other processes inside a step (recipe.h)
+    if (mg.active) { // what a recipe may ask of the other processes inside a step (recipe_api.h)
         g_cross_process.ctx = &mg;
         g_cross_process.broadcast_u32 = [](void* ctx, uint32_t* x, size_t n, cudaStream_t st) {
             multi_gpu_broadcast_u32((MultiGpu*)ctx, x, n, st, "a recipe's broadcast from process 0");

@@ -15,8 +15,8 @@
 #include <vector>
 #include "common.h"
 #include "recipe_options.h"
-#include "vcast.h"
-#include "tcfp12.h"
+#include "formats/vcast.h"
+#include "formats/tcfp12.h"
 
 // the model a binary trains without -e (train_gpt3q115cu is built with "gpt3:c768")
 #ifndef LLMC_DEFAULT_MODEL
@@ -72,7 +72,7 @@ struct TrainConfig {
     int checkpoint_keep = 0;              // -nk: keep the newest K checkpoints (0 = keep all)
     int resume = 0;                       // -y: 1 = resume from the newest complete checkpoint in -o
     int convert_recipe = 0;               // -cr: 1 = resume another recipe's checkpoint under this one
-    // precision recipe (see llmc/recipe.h; a recipe ignores what it does not use)
+    // precision recipe (see llmc/recipe_api.h; a recipe ignores what it does not use)
     RecipeOptions recipe;                 // -fh -fm -sqf -sql -lq
     // several processes, one GPU each (llmc/process_group.h): -pn and -pr, or what a launcher puts in
     // the environment (scripts/launch.sh, mpirun, srun); the NCCL id goes through -pf or -ps

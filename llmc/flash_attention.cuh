@@ -64,7 +64,7 @@
 #include <type_traits>
 #include "cuda_common.h"
 #include "boundaries.h"
-#include "fp8_quantize.cuh" // Fp8Target: the FP8 recipe's E5M2 copy of dqkv
+#include "formats/fp8_quantize.cuh" // Fp8Target: the FP8 recipe's E5M2 copy of dqkv
 #include "wgmma.cuh"        // smem_addr, the swizzled-tile descriptor, the wgmma fences
 
 #if !defined(ENABLE_FP32)

@@ -17,7 +17,7 @@
 // Every kernel that applies GELU calls these, so fused and separate passes agree bit for bit. One body:
 // gelu_value and gelu_derivative are gelu_value_and_derivative with the other result unused (dead code the
 // compiler drops), so the three agree by construction; the fused fc forward takes both from one tanh and stores
-// the derivative for the backward (the FP8 recipe, fp8_gemm.cuh).
+// the derivative for the backward (the FP8 recipe, recipes/fp8/fp8_gemm.cuh).
 __device__ __forceinline__ float gelu_value_and_derivative(float x, float& derivative) {
     const float x2 = x * x;
     const float u = x * fmaf(x2, GELU_K_C, GELU_SQRT_2_OVER_PI);

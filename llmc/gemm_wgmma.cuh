@@ -42,11 +42,11 @@
 // epilogue no longer overlaps another CTA's MMAs), so Tile128 stays the default. A persistent kernel
 // that overlaps one tile's epilogue with the next tile's MMAs is the next thing to try.
 //
-// FP8 operands (Fp8Operands, fp8_gemm.cuh): the same kernel with 128 E4M3 / E5M2 codes a K step (four
+// FP8 operands (Fp8Operands, recipes/fp8/fp8_gemm.cuh): the same kernel with 128 E4M3 / E5M2 codes a K step (four
 // wgmma k32), the tiles byte for byte as above; K need only be a multiple of 16 (the TMA reads zeros
 // past K). H100, 2026-11-27 (build/test_fp8): with the plain BF16 store, 947 TFLOP/s at d12's fc shape
 // (M = 65536, N = 3072, K = 768) and 1008 at d48's (16384, 6400, 1600), 1.13x and 1.23-1.24x cuBLASLt's
-// FP8 time (the plain store's timing; fp8_gemm.cuh runs the FP8 operands in a persistent kernel of its own).
+// FP8 time (the plain store's timing; recipes/fp8/fp8_gemm.cuh runs the FP8 operands in a persistent kernel of its own).
 //
 // Accumulator layout of m64nNk16 (warp w of the warpgroup, lane = 4 g + q): registers 4j..4j+3 hold
 // rows 16w + g and 16w + g + 8, columns 8j + 2q and 8j + 2q + 1 (j = 0..N/8-1), each row's pair in
@@ -97,7 +97,7 @@ using Tile256 = TileConfig<256, 4, 1>;
 constexpr int N_MULTIPLE = 128; // every supported N is a multiple of this (Tile128's width)
 
 // The operands. A K step is 128 bytes of every row of both tiles, whatever the element: 64 BF16 values
-// (four wgmma k16) or 128 FP8 codes (four wgmma k32, fp8_gemm.cuh). The shared-memory layout, the
+// (four wgmma k16) or 128 FP8 codes (four wgmma k32, recipes/fp8/fp8_gemm.cuh). The shared-memory layout, the
 // descriptors (a k-instruction 32 bytes further into each row) and the accumulator layout are the same.
 // The BF16 operands (floatX), the kernel's first use:
 struct Bf16Operands {
@@ -201,7 +201,7 @@ __device__ __forceinline__ void wgmma_m64n128k32_fp8(float (&d)[64], uint64_t de
 #undef GW_FP8_M64N128K32
 // d (64 x 64 fp32) = (accumulate ? d : 0) + A (64 x 32 FP8) * B (32 x 64 FP8), both K-major: the partial sums
 // of one K step that a kernel without fast accumulation adds into its FP32 accumulators itself
-// (fp8_gemm.cuh's dgrad); the scale-d predicate comes from `accumulate`
+// (recipes/fp8/fp8_gemm.cuh's dgrad); the scale-d predicate comes from `accumulate`
 #define GW_FP8_M64N64K32(TYPES)                                                                                      \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                        \
                  "wgmma.mma_async.sync.aligned.m64n64k32.f32." TYPES " "                                                \

@@ -20,7 +20,7 @@
 #include <type_traits>
 #include "cuda_common.h"
 #include "boundaries.h"
-#include "fp8_quantize.cuh" // Fp8Target: the FP8 recipe's E4M3 copy of the output
+#include "formats/fp8_quantize.cuh" // Fp8Target: the FP8 recipe's E4M3 copy of the output
 
 #define LN_EPS 1e-5f
 
@@ -109,7 +109,7 @@ __device__ __forceinline__ void layernorm_row_registers(floatX* out, float* mean
 #pragma unroll
             for (int k = 0; k < 4; k++) o[k] = (floatX)Bd::norm_output((xs[k] - mean) * rstd * (float)w[c + k] + (float)b[c + k]);
             if (out8) {
-                // the codes the quantize pass would make of the stored BF16 values (fp8_quantize.cuh)
+                // the codes the quantize pass would make of the stored BF16 values (formats/fp8_quantize.cuh)
                 float a[4];
 #pragma unroll
                 for (int k = 0; k < 4; k++) { a[k] = (float)o[k]; *amax8 = max(*amax8, llmc::amax_bits(a[k])); }
@@ -379,7 +379,7 @@ __device__ __forceinline__ void layernorm_backward_row(float* dinp, floatX* dinp
             dinp[off + c] = acc;
             if (amax8) *amax8 = max(*amax8, llmc::amax_bits((float)bx));
             if (out8) {
-                // the code the quantize pass would make of the stored BF16 value (fp8_quantize.cuh)
+                // the code the quantize pass would make of the stored BF16 value (formats/fp8_quantize.cuh)
                 out8[off + c] = (uint8_t)(fp8_pack2<Fp8Kind::E5M2>((float)bx * s8, 0.0f) & 0xFFu);
             } else {
                 dinp_x[off + c] = bx;

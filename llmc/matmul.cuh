@@ -561,7 +561,7 @@ inline bool matmul_fp8_block_scaled(floatX* d, const void* a, cudaDataType_t a_t
 }
 
 // Block-scaled FP4 GEMM (cuBLASLt on Blackwell's FP4 tensor cores, sm_100 and newer; the NVFP4 recipe's
-// native path). The operands are llmc/nvfp4.h's "native operands": packed E2M1 codes, K-major, and
+// native path). The operands are llmc/formats/nvfp4.h's "native operands": packed E2M1 codes, K-major, and
 // their UE4M3 scales per 16 values of K in the 128 x 4 tiled layout. As matmul_fp8 (TN): A is (m x k)
 // and B is (n x k) in row-major terms, both with k contiguous, and
 //     D (n x m, row-major) = alpha * (B A^T)  [+ bias[m] per row]  (+ D when accumulate)

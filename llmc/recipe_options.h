@@ -1,7 +1,7 @@
 // recipe_options.h: the command-line options of the precision recipes (no CUDA: cli.h includes it).
 #pragma once
 #include <string>
-#include "tcfp12.h"
+#include "formats/tcfp12.h"
 
 // cli.h fills these from -fh -fm -sqf -sql -lq -rht -sr -fos -q* -t* (and -sd); a recipe ignores
 // what it does not use.
@@ -16,7 +16,7 @@ struct RecipeOptions {
     int fp4_four_over_six = 1;   // -fos: nvfp4: Four Over Six block scales
     int self_check = 0;          // set by -Q: the recipe checks its device code against the CPU codec at start (q115)
     unsigned long long seed = 0; // -sd: the run's seed (stochastic rounding streams, Hadamard signs)
-    // vcast: TensorCast-style datatypes (llmc/vcast.h) per role, and the cast options
+    // vcast: TensorCast-style datatypes (llmc/formats/vcast.h) per role, and the cast options
     std::string vcast_weights = "mxfp8e4";     // -qw
     std::string vcast_activations = "mxfp8e4"; // -qa
     std::string vcast_gradients = "mxfp8e5";   // -qg
@@ -24,7 +24,7 @@ struct RecipeOptions {
     std::string vcast_grad_round = "even";     // -qgr: gradients
     std::string vcast_scale_mode = "max";      // -qs: max | midmax
     std::string vcast_sparsity = "";           // -qsp: M:N sparsity of the weights ("" = off)
-    // tcfp12 (llmc/tcfp12.h): the split's options, and the weight gradient's precision
+    // tcfp12 (llmc/formats/tcfp12.h): the split's options, and the weight gradient's precision
     int tcfp_block = 0;          // -tb: 0 (one scale pair per tensor), 32, 64, 128
     int tcfp_ef = -1;            // -tef: error feedback (-1: on unless SRR)
     int tcfp_srr = 0;            // -tsrr: stochastic rounding of W_lo instead of the EF buffer
@@ -51,7 +51,7 @@ inline bool layer_is_quantized(const RecipeOptions& o, int layer, int num_layers
     return layer >= o.skip_first && layer < num_layers - o.skip_last;
 }
 
-// The TCFP-12 split's options (tcfp12.h) from the flags
+// The TCFP-12 split's options (formats/tcfp12.h) from the flags
 inline llmc::Tcfp12Options tcfp12_options_of(const RecipeOptions& o) {
     llmc::Tcfp12Options t;
     t.block_size = o.tcfp_block;

@@ -1,6 +1,6 @@
-// fp8_quantize_bench.cu: times the FP8 quantize kernels of llmc/fp8_quantize.cuh at the shapes of one
+// fp8_quantize_bench.cu: times the FP8 quantize kernels of llmc/formats/fp8_quantize.cuh at the shapes of one
 // micro-step (default d12's: B = 64, T = 1024, so 65536 rows, and C = 768: widths C, 3C, 4C), the way
-// recipe_fp8.h calls them, and a device-to-device copy of the same input as the bandwidth yardstick.
+// recipes/fp8/recipe.h calls them, and a device-to-device copy of the same input as the bandwidth yardstick.
 // Prints ms per call and the effective bandwidth (bytes read + written / time).
 //
 //   make build/fp8_quantize_bench && ./build/fp8_quantize_bench [rows] [C]
@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-#include "llmc/fp8_quantize.cuh"
+#include "llmc/formats/fp8_quantize.cuh"
 #include "dev/bench/bench_timer.h"
 
 int main(int argc, char** argv) {

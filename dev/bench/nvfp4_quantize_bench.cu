@@ -1,4 +1,4 @@
-// nvfp4_quantize_bench.cu: times the NVFP4 quantize kernels of llmc/nvfp4_quantize.cuh on one
+// nvfp4_quantize_bench.cu: times the NVFP4 quantize kernels of llmc/recipes/nvfp4/nvfp4_kernels.cuh on one
 // d12-sized activation (65536 x 768 and 65536 x 3072 BF16), one variant at a time, so that the cost
 // of each option (Four Over Six, stochastic rounding, the Hadamard transform, the second direction)
 // is visible. Prints ms per call and the effective bandwidth (bytes read + written / time).
@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-#include "llmc/nvfp4_quantize.cuh"
+#include "llmc/recipes/nvfp4/nvfp4_kernels.cuh"
 #include "dev/bench/bench_timer.h"
 
 int main(int argc, char** argv) {

@@ -6,7 +6,7 @@
 // Written for the launch failures of concurrent NVFP4 runs (doc/nvfp4.md, "Launch failures when several NVFP4 runs share one GPU"; the cause was a cuBLASLt kernel): 200 rounds at
 // 768 and 40 at 3072 columns ran without error on an H200, also under compute-sanitizer memcheck (2026-11-26).
 #include "llmc/cuda_common.h"
-#include "llmc/nvfp4_quantize.cuh"
+#include "llmc/recipes/nvfp4/nvfp4_kernels.cuh"
 #include <random>
 #include <vector>
 #include <cstdio>

@@ -1,4 +1,4 @@
-// q115_quantize_bench.cu: the Q1.15 recipe's post-GEMM passes (llmc/recipe_q115.h) against copies that move
+// q115_quantize_bench.cu: the Q1.15 recipe's post-GEMM passes (llmc/recipes/q115/recipe.h) against copies that move
 // the same bytes, at d12's shapes (65536 rows: B = 64, T = 1024). The passes quantize a linear's BF16 output in
 // place (qkv: 2304 columns; read 2 bytes, write 2 per element) and quantize the fc output and apply the GELU
 // (3072 columns; read 2, write 4). If a pass runs near its copy, only fewer bytes can make it faster; if not,
@@ -8,7 +8,7 @@
 #define SF16_TRUE_FORWARD 1
 #include <cstdio>
 #include <vector>
-#include "llmc/recipe_q115.h"
+#include "llmc/recipes/q115/recipe.h"
 #include "dev/bench/bench_timer.h"
 
 // the roofline of each pass: the same loads and stores, 16 bytes per access, no arithmetic

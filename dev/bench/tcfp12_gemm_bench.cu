@@ -2,7 +2,7 @@
 // GEMM accumulating onto the first, or one GEMM over K-concatenated operands with Hopper's 1x128 /
 // 128x128 block scaling: measure both and keep the faster"):
 //   two GEMMs  D = x W_lo^T (s_x s_lo), BF16; then D = x W_hi^T (s_x s_hi) + D (+ bias): the recipe's
-//              form, per-tensor scales (llmc/recipe_tcfp12.h)
+//              form, per-tensor scales (llmc/recipes/tcfp12/recipe.h)
 //   K-concat   D = [x | x] [W_hi | W_lo]^T, one FP8 GEMM of depth 2K whose block scales give each half
 //              its own factor: the weight side's scale is s_hi on the first K/128 blocks and s_lo on the
 //              rest, the activation side's is s_x everywhere
@@ -13,7 +13,7 @@
 // is tried, and each that runs is checked against the two-GEMM result: a wrong layout puts s_lo on
 // W_hi's blocks, which the check sees at once (relative error ~1 instead of ~1e-3). The scale arrays are
 // written at exactly their block counts; at small shapes (-c 128 -n 192, say) the 128 x 128 arrays then
-// give wrong products, which padding both counts to a multiple of 4 cures (llmc/tcfp12_kernels.cuh).
+// give wrong products, which padding both counts to a multiple of 4 cures (llmc/recipes/tcfp12/tcfp12_kernels.cuh).
 //
 //   make build/tcfp12_gemm_bench && ./build/tcfp12_gemm_bench [-c 768] [-n 65536] [-i 20]
 // Prints, per linear of the model (qkv, attproj, fc, fcproj at channels c, n = B*T rows), the best

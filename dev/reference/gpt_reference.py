@@ -15,7 +15,7 @@ Three things live here:
      the numbers.
 
   4. `--boundaries q115`: the same reference under the Q1.15 true-forward boundaries of the
-     trainer's q115 recipe (llmc/recipe_q115.h, seed 002): every forward boundary through
+     trainer's q115 recipe (llmc/recipes/q115/recipe.h, seed 002): every forward boundary through
      simulate_q115 (GEMM outputs through simulate_q131 first), straight-through in backward.
 
 Usage:
@@ -109,7 +109,7 @@ Q115_OVERFLOW_THRESHOLD = float(np.float32(0.999))  # the trainer's float 0.999f
 
 
 def simulate_fixed(x, scale):
-    """simulate_q115 (scale 2^15) / simulate_q131 (2^31) of llmc/number_formats.h: clamp to +-0.999,
+    """simulate_q115 (scale 2^15) / simulate_q131 (2^31) of llmc/formats/number_formats.h: clamp to +-0.999,
     scale, round to nearest with ties to even (torch.round), scale back."""
     return torch.round(x.clamp(-Q115_OVERFLOW_THRESHOLD, Q115_OVERFLOW_THRESHOLD) * scale) / scale
 
@@ -120,7 +120,7 @@ def straight_through(x, q):
 
 
 class Q115Boundaries:
-    """SF16 true-forward (seed 002), as llmc/recipe_q115.h: logit scale 1, residual scales 1."""
+    """SF16 true-forward (seed 002), as llmc/recipes/q115/recipe.h: logit scale 1, residual scales 1."""
     name, code, active = "q115", 1, True
     attention_residual_scale = mlp_residual_scale = logit_scale = 1.0
 

@@ -89,7 +89,7 @@ if command -v nvcc > /dev/null || [[ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
     else
         echo "skipped: this nvcc does not know sm_100 (the NVFP4 binaries' Blackwell code)"; skipped=$((skipped + 1))
     fi
-    out=$("$nvcc_bin" -E -x cu -DENABLE_Q115 -DSF16_TRUE_FORWARD=1 -DENABLE_CUDNN train_gpt.cu -o /dev/null 2>&1); rc=$?
+    out=$("$nvcc_bin" -E -x cu -I. -DRECIPE_HEADER='"llmc/recipes/q115/recipe.h"' -DENABLE_Q115 -DSF16_TRUE_FORWARD=1 -DENABLE_CUDNN train_gpt.cu -o /dev/null 2>&1); rc=$?
     if [[ $rc -ne 0 ]] && grep -q "ENABLE_CUDNN is not supported with ENABLE_Q115" <<<"$out"; then
         echo "[PASS] Q1.15 with cuDNN stops the build with the seed's #error"; passed=$((passed + 1))
     else

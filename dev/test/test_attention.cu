@@ -24,7 +24,7 @@
 #include "llmc/matmul.cuh"
 #include "llmc/attention.cuh"
 #include "llmc/flash_attention.cuh"
-#include "llmc/fp8_quantize.cuh"
+#include "llmc/formats/fp8_quantize.cuh"
 #if defined(ENABLE_CUDNN)
 #include "llmc/cudnn_attention.h"
 #endif

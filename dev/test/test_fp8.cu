@@ -1,11 +1,11 @@
 // test_fp8.cu: the FP8-hybrid recipe's GPU pieces against CPU references.
-//   1. The quantize kernels (row-major and transposing) against the CPU codec of number_formats.h,
+//   1. The quantize kernels (row-major and transposing) against the CPU codec of formats/number_formats.h,
 //      bit for bit, over every BF16 value and several scales, E4M3 and E5M2; amax and the telemetry
 //      counts against the CPU's; partial tiles; the GELU' applied in the pass = gelu_backward first.
 //   2. cuBLASLt's FP8 GEMMs in the three forms the recipe uses (forward E4M3 x E4M3 with fast
 //      accumulation, dgrad E5M2 x E4M3, wgrad accumulating into FP32) against a float64 product of
 //      the dequantized operands (tight) and against the unquantized product (the FP8 error bound).
-//   2b. The fc forward GEMM with the fc projection's quantization in its epilogue (fp8_gemm.cuh) against
+//   2b. The fc forward GEMM with the fc projection's quantization in its epilogue (recipes/fp8/fp8_gemm.cuh) against
 //      float64 and cuBLASLt, and its codes bit for bit against the pass over its own output; timing.
 //   3. The recipe itself on a small model: weight scales and FP8 copies, linear forward (+GELU),
 //      linear backward (dx with GELU', dW, dbias), skipped layers = the plain BF16 path bit for bit,
@@ -21,9 +21,9 @@
 #include <random>
 #include <vector>
 #include "dev/test/gpu_check.h"
-#include "llmc/number_formats.h"
-#include "llmc/recipe_fp8.h"
-#include "llmc/fp8_gemm.cuh"
+#include "llmc/formats/number_formats.h"
+#include "llmc/recipes/fp8/recipe.h"
+#include "llmc/recipes/fp8/fp8_gemm.cuh"
 #include "dev/bench/bench_timer.h"
 
 
@@ -362,7 +362,7 @@ static Bf16Agreement compare_bf16(const std::vector<floatX>& got, const std::vec
     return a;
 }
 
-// ---- 2b. the fc forward with the fc projection's quantization in its epilogue (fp8_gemm.cuh) --------
+// ---- 2b. the fc forward with the fc projection's quantization in its epilogue (recipes/fp8/fp8_gemm.cuh) --------
 // Against the recipe's other path, cuBLASLt's FP8 GEMM and fp8_quantize_transpose(gelu_of_input):
 //   - the pre-activation against float64 of the dequantized operands (rel L2) and against cuBLASLt's
 //     (both round FP32 sums of another order to BF16: at most a few rare BF16 ulps apart);
@@ -629,7 +629,7 @@ static void test_recipe() {
     opt.amax_history = 4; opt.scale_margin = 1; opt.skip_last = 1; // layer 1 stays BF16
     Recipe r;
     recipe_init(r, opt, shape, B, T);
-    // the fused fc GEMM (fp8_gemm.cuh) has its own section below; the others check the cuBLASLt path
+    // the fused fc GEMM (recipes/fp8/fp8_gemm.cuh) has its own section below; the others check the cuBLASLt path
     r.fused_gemm = false;
     std::mt19937 rng(3);
     std::normal_distribution<float> nd(0.0f, 1.0f);

@@ -1,4 +1,4 @@
-// Tests for llmc/fp8_scaling.h: the delayed-scaling formula and the amax history, on the CPU (the
+// Tests for llmc/formats/fp8_scaling.h: the delayed-scaling formula and the amax history, on the CPU (the
 // GPU runs the same functions; build/test_fp8 checks the kernels against them).
 #include <doctest/doctest.h>
 
@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "llmc/fp8_scaling.h"
+#include "llmc/formats/fp8_scaling.h"
 
 using llmc::fp8_delayed_scale;
 using llmc::fp8_history_push;

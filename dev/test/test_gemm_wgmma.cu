@@ -4,7 +4,7 @@
 //      FP32 accumulation), at small shapes and at d12's forward shapes (a slice of rows);
 //   2. the same against cuBLASLt's BF16 GEMM (llmc/matmul.cuh): at most one BF16 ulp apart anywhere;
 //   3. without a bias; a shape the kernel does not take is reported unsupported;
-//   4. the Q1.15 recipe's epilogues (llmc/recipe_q115.h): the quantized output, and the quantized fc
+//   4. the Q1.15 recipe's epilogues (llmc/recipes/q115/recipe.h): the quantized output, and the quantized fc
 //      output with its GELU, equal bit for bit what the recipe's post-GEMM kernels make of this GEMM's
 //      BF16 output (the fused path differs from cuBLASLt + those kernels only by the order of the sums);
 //   5. timing (printed, not asserted): ours against cuBLASLt at d12's forward linears (M = 65536), and
@@ -21,7 +21,7 @@
 #include "dev/test/gpu_check.h"
 #include "llmc/matmul.cuh"
 #include "llmc/gemm_wgmma.cuh"
-#include "llmc/recipe_q115.h"
+#include "llmc/recipes/q115/recipe.h"
 
 static std::vector<floatX> random_bf16(size_t n, std::mt19937& rng, float scale) {
     return random_floatx(n, rng, -scale, scale);

@@ -20,7 +20,7 @@
 #include <vector>
 #include "dev/test/gpu_check.h"
 #include "llmc/layernorm.cuh"
-#include "llmc/fp8_quantize.cuh"
+#include "llmc/formats/fp8_quantize.cuh"
 
 #if defined(ENABLE_FP32)
 #error "test_layernorm.cu tests the BF16 build"

@@ -1,4 +1,4 @@
-// test_linear.cu: the plain linear layer of llmc/recipe.h (what BF16 is, and what every recipe falls
+// test_linear.cu: the plain linear layer of llmc/recipe_api.h (what BF16 is, and what every recipe falls
 // back to for the layers it keeps in BF16) against float64 products of the same BF16 operands:
 //   1. forward out = x W^T + b, and with the GELU (gelu_out and the kept pre-activation);
 //   2. backward dx = dy W, and times gelu'(pre);
@@ -21,7 +21,7 @@
 #include <random>
 #include <vector>
 #include "dev/test/gpu_check.h"
-#include "llmc/recipe.h"
+#include "llmc/recipe_api.h"
 
 static std::vector<floatX> random_bf16(size_t n, std::mt19937& rng, float scale) {
     return random_floatx(n, rng, -scale, scale);

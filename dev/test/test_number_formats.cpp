@@ -1,4 +1,4 @@
-// Tests for llmc/number_formats.h: the FP8/FP4/scale/fixed-point codecs.
+// Tests for llmc/formats/number_formats.h: the FP8/FP4/scale/fixed-point codecs.
 //
 // The expected values are computed here from first principles, never by the code under test:
 // every format's table of values comes from the spec formula (sign, exponent field, mantissa
@@ -14,7 +14,7 @@
 #include <random>
 #include <vector>
 
-#include "llmc/number_formats.h"
+#include "llmc/formats/number_formats.h"
 #include "dev/test/test_util.h"
 
 using llmc::Overflow;
@@ -699,7 +699,7 @@ TEST_CASE("number formats: Q1.31 clamp, fixed points, ties, decode") {
     CHECK(std::isnan(llmc::simulate_q131(NAN)));
 }
 
-// simulate_q115 / simulate_q131 compute decode(encode(x)) in FP32 arithmetic (number_formats.h):
+// simulate_q115 / simulate_q131 compute decode(encode(x)) in FP32 arithmetic (formats/number_formats.h):
 // the same bits as the integer codec for every BF16 input, a stride through all float bit patterns
 // (both signs, zeros, subnormals, infinities, NaNs) and the neighbourhood of every Q1.15 tie
 TEST_CASE("number formats: simulate_q115 and simulate_q131 equal decode(encode(x)) bit for bit") {
@@ -796,7 +796,7 @@ float bf16_round(float x) {
     return y;
 }
 
-TEST_CASE("number formats: Q1.15 on BF16 values (the identities llmc/recipe_q115.h relies on)") {
+TEST_CASE("number formats: Q1.15 on BF16 values (the identities llmc/recipes/q115/recipe.h relies on)") {
     // over every finite BF16 value v (a GEMM's BF16 output, or a stored BF16 boundary):
     //  1. simulate_q115(simulate_q131(v)) == simulate_q115(v): a reader that applies the GEMM's
     //     post-quantization and then its own simulate_q115 sees what a separate post-GEMM pass gives

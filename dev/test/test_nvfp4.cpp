@@ -1,4 +1,4 @@
-// Tests for llmc/nvfp4.h: NVFP4 two-level block quantization (1x16 blocks, 16x16 tiles), Four Over
+// Tests for llmc/formats/nvfp4.h: NVFP4 two-level block quantization (1x16 blocks, 16x16 tiles), Four Over
 // Six, and the 16-point random Hadamard transform.
 //
 // The expected values are derived here, never by the code under test: the E2M1 and UE4M3 value
@@ -17,7 +17,7 @@
 #include <set>
 #include <vector>
 
-#include "llmc/nvfp4.h"
+#include "llmc/formats/nvfp4.h"
 #include "dev/test/test_util.h"
 
 using llmc::Nvfp4Config;
@@ -79,7 +79,7 @@ uint32_t ref_scale_code(float amax, float g, float m = 6.0f) {
     return nearest_code(t, ue4m3_value, 0x7E);
 }
 
-// The spec's element: y = x * (1 / (s * g)) in float32 (the block's reciprocal, then one product; nvfp4.h's
+// The spec's element: y = x * (1 / (s * g)) in float32 (the block's reciprocal, then one product; formats/nvfp4.h's
 // documented choice), then E2M1 by RNE or SR (round away from zero iff
 // r < floor(2^32 * (|y| - lo) / (hi - lo))), saturating at 6.
 uint32_t ref_encode(float x, uint32_t sc, float g, Rounding rnd = Rounding::NearestEven, uint32_t r = 0) {

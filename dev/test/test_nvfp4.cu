@@ -1,4 +1,4 @@
-// test_nvfp4.cu: the NVFP4 recipe's GPU pieces against the CPU reference of llmc/nvfp4.h.
+// test_nvfp4.cu: the NVFP4 recipe's GPU pieces against the CPU reference of llmc/formats/nvfp4.h.
 //   1. The quantize kernels, bit for bit: 1x16 row blocks (forward / dgrad operands) and rotated
 //      16-row column blocks (wgrad operands), round to nearest even and stochastic, with and without
 //      Four Over Six; the amaxes (plain and after the Hadamard transform) and the GEMMs' alphas;
@@ -24,7 +24,7 @@
 #include <random>
 #include <vector>
 #include "dev/test/gpu_check.h"
-#include "llmc/nvfp4_quantize.cuh"
+#include "llmc/recipes/nvfp4/nvfp4_kernels.cuh"
 #include "llmc/matmul.cuh"
 
 using llmc::Nvfp4Config;

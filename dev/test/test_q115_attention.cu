@@ -23,7 +23,7 @@
 #include "llmc/matmul.cuh"
 #include "llmc/attention.cuh"
 #include "llmc/flash_attention.cuh"
-#include "llmc/recipe_q115.h"
+#include "llmc/recipes/q115/recipe.h"
 
 #if defined(ENABLE_FP32)
 #error "test_q115_attention.cu tests the BF16 build"

@@ -1,4 +1,4 @@
-// Tests for llmc/tcfp12.h: the TCFP-12 split W ~= deq(W_hi) + deq(W_lo), its scales, the
+// Tests for llmc/formats/tcfp12.h: the TCFP-12 split W ~= deq(W_hi) + deq(W_lo), its scales, the
 // zero-residual sentinel, error feedback, SRR, PDDS and the options' exclusions, on the CPU.
 //
 // Expected values are derived independently of the code under test wherever possible: the E4M3
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "llmc/rand.h"
-#include "llmc/tcfp12.h"
+#include "llmc/formats/tcfp12.h"
 
 using llmc::Tcfp12GroupStats;
 using llmc::Tcfp12Matrix;

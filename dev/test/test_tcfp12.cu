@@ -1,4 +1,4 @@
-// test_tcfp12.cu: the TCFP-12 recipe's GPU pieces against the CPU reference of llmc/tcfp12.h.
+// test_tcfp12.cu: the TCFP-12 recipe's GPU pieces against the CPU reference of llmc/formats/tcfp12.h.
 //   1. The split kernels, bit for bit against tcfp12_split_matrix: per tensor and per block of
 //      32/64/128, with error feedback, SRR, PDDS and none, over several consecutive splits of
 //      changing weights (the EF buffer and the PDDS state carry over), BF16 and FP32 input: W_hi and
@@ -7,7 +7,7 @@
 //      counts agree too.
 //   2. Reconstruction: on N(0,1) 4096 x 4096, the SNR of deq(W_hi) + deq(W_lo) from the GPU split is
 //      >= 45 dB (one E4M3 tensor: about 31.5 dB).
-//   3. The recipe's linear layer (recipe_tcfp12.h, as the trainer calls it) under each option set:
+//   3. The recipe's linear layer (recipes/tcfp12/recipe.h, as the trainer calls it) under each option set:
 //      the split it made equals the CPU's; forward (bias, GELU epilogue), dgrad (both halves, or W_hi
 //      alone under ABD) and wgrad (BF16 or FP8) against float64 products of the dequantized
 //      operands, with x and dy quantized on the CPU with the fresh power-of-two scales; and the
@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 #include "dev/test/gpu_check.h"
-#include "llmc/recipe_tcfp12.h"
+#include "llmc/recipes/tcfp12/recipe.h"
 #include "llmc/layernorm.cuh"
 
 using llmc::strfmt;
@@ -508,7 +508,7 @@ static void test_gelu_forward_chain(const char* label, RecipeOptions ro, int cha
     cudaFree(x); cudaFree(bias); cudaFree(h); cudaFree(pre); cudaFree(y);
 }
 
-// Speculative fresh scales (recipe_tcfp12.h): a recipe that speculates and one that runs the amax passes
+// Speculative fresh scales (recipes/tcfp12/recipe.h): a recipe that speculates and one that runs the amax passes
 // first (Recipe::speculate false) give the same bits for every output, gradient, scale and amax of the four
 // linears of a layer run as the model runs them, on three calls: the first misses (the slots are empty),
 // the second hits (the same data), the third misses again (the data 8x larger: a new power of two). The
@@ -849,7 +849,7 @@ static void test_layernorm_gradient_codes(const char* label, RecipeOptions ro, i
 
 // ---- ZeRO-1 on one GPU: the EF buffer in pieces ----------------------------------------------------
 // P host threads (2 to 4) play P processes, each with its own stream and its own recipe (owner q of P,
-// recipe_tcfp12.h: tcfp12_split_pieces); recipe.h's CrossProcess collectives meet in host memory: each
+// recipes/tcfp12/recipe.h: tcfp12_split_pieces); recipe_api.h's CrossProcess collectives meet in host memory: each
 // thread copies its buffer out, waits for the others, combines them in rank order and copies the result
 // back. Against one recipe that owns everything, over consecutive splits of changing weights, the codes
 // and scale codes of both processes, each process's EF pieces, the PDDS state and the split's statistics

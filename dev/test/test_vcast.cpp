@@ -1,4 +1,4 @@
-// Tests for llmc/vcast.h: TensorCast-style datatype specs and the CPU reference of the virtual cast.
+// Tests for llmc/formats/vcast.h: TensorCast-style datatype specs and the CPU reference of the virtual cast.
 //
 // Expected values come from the format definitions, evaluated here in double (value tables built
 // from sign / exponent / mantissa / bias, rounding by a search over the table), or are worked out
@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "llmc/number_formats.h"
+#include "llmc/formats/number_formats.h"
 #include "dev/test/test_util.h"
-#include "llmc/vcast.h"
+#include "llmc/formats/vcast.h"
 
 using namespace llmc::vcast;
 using llmc::InputError;
@@ -996,7 +996,7 @@ TEST_CASE("vcast stochastic rounding: unbiased over 1e6 draws, only the two neig
 }
 
 // =============================================================================================
-// The FP8 recipe's operands: E4M3 / E5M2 per-tensor casts equal number_formats.h's codecs
+// The FP8 recipe's operands: E4M3 / E5M2 per-tensor casts equal formats/number_formats.h's codecs
 
 TEST_CASE("vcast casts: e4m3fn / e5m2 equal the fp8e4m3 / fp8e5m2 codecs") {
     const DataType e4 = parse_datatype("float8_e4m3fn"), e5 = parse_datatype("e5m2");

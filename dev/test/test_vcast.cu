@@ -1,5 +1,5 @@
-// test_vcast.cu: the virtual-cast kernels (llmc/vcast_kernels.cuh) against the CPU reference of
-// llmc/vcast.h (vcast_matrix), and against the FP8 recipe's kernels.
+// test_vcast.cu: the virtual-cast kernels (llmc/recipes/vcast/vcast_kernels.cuh) against the CPU reference of
+// llmc/formats/vcast.h (vcast_matrix), and against the FP8 recipe's kernels.
 //   1. Every predefined datatype and a grid of custom ones (the MX formats, which take the kernels
 //      with a compile-time format, among them), cast along rows and along columns, all four round
 //      modes, scale modes max and midmax, with and without M-of-N sparsity: the GPU's BF16 output
@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 #include "dev/test/gpu_check.h"
-#include "llmc/vcast_kernels.cuh"
-#include "llmc/fp8_quantize.cuh"
+#include "llmc/recipes/vcast/vcast_kernels.cuh"
+#include "llmc/formats/fp8_quantize.cuh"
 
 using llmc::strfmt;
 

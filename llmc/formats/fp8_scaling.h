@@ -1,4 +1,4 @@
-// fp8_scaling.h: per-tensor delayed scaling for FP8 (seed 004's FP8-hybrid recipe).
+// formats/fp8_scaling.h: per-tensor delayed scaling for FP8 (seed 004's FP8-hybrid recipe).
 //
 // A tensor x is stored in FP8 as q = fp8(x * s) and read back as q * (1/s). Delayed scaling picks s
 // from the amax (max |x|) of the same tensor in earlier optimizer steps:
@@ -22,7 +22,7 @@ namespace llmc {
 static const float FP8_E4M3_MAX = 448.0f;
 static const float FP8_E5M2_MAX = 57344.0f;
 
-// IEEE round-to-nearest reciprocal on host and device alike (rn_div: see number_formats.h)
+// IEEE round-to-nearest reciprocal on host and device alike (rn_div: see formats/number_formats.h)
 LLMC_HD inline float fp8_inverse(float s) { return rn_div(1.0f, s); }
 
 // The delayed scale for a history maximum `amax`. Keeps `previous` when amax is zero, negative,

@@ -1,7 +1,7 @@
-// tcfp12_kernels.cuh: the GPU side of the TCFP-12 format (tcfp12.h): the weight split, the
+// recipes/tcfp12/tcfp12_kernels.cuh: the GPU side of the TCFP-12 format (formats/tcfp12.h): the weight split, the
 // layouts the dual GEMMs read, and the fresh power-of-two quantization of activations and gradients.
 //
-// The split. Every kernel below composes the __host__ __device__ element functions of tcfp12.h in
+// The split. Every kernel below composes the __host__ __device__ element functions of formats/tcfp12.h in
 // the order tcfp12_split_group does, so the codes, scale codes, EF buffer and PDDS state equal the
 // CPU reference bit for bit (build/test_tcfp12 checks every option). Maxima and counts are order-
 // independent, so how the work is cut into threads does not matter.
@@ -20,12 +20,12 @@
 //
 // Activations and gradients are quantized afresh for every GEMM with a power-of-two scale from
 // their current amax: s = 2^ceil(log2(amax / FP8_MAX)) as an E8M0 code, the rule the weights use
-// (tcfp12_scale_code; E5M2's 57344 = 448 * 2^7). The quantization itself is fp8_quantize.cuh's.
+// (tcfp12_scale_code; E5M2's 57344 = 448 * 2^7). The quantization itself is formats/fp8_quantize.cuh's.
 #pragma once
-#include "cuda_common.h"
-#include "fp8_quantize.cuh"
-#include "matmul.cuh"
-#include "tcfp12.h"
+#include "llmc/cuda_common.h"
+#include "llmc/formats/fp8_quantize.cuh"
+#include "llmc/matmul.cuh"
+#include "llmc/formats/tcfp12.h"
 
 struct Tcfp12SplitStats {
     uint32_t amax_bits;             // max |W_eff| (bits of a non-negative float)
@@ -223,7 +223,7 @@ __global__ void tcfp12_tensor_finish_kernel(Tcfp12SplitStats* st, uint8_t* hi_sc
 // ---- host wrappers of the split ------------------------------------------------------------------
 // Per tensor, the split in its four phases: 0 the amax pass, 1 the W_hi scale and the W_hi pass, 2 the
 // W_lo scale and the W_lo pass, 3 the scale codes with the sentinel. Under ZeRO-1 a process splits its
-// own piece of a weight (recipe_tcfp12.h), and the processes combine st's maxima after phases 0 and 1
+// own piece of a weight (recipes/tcfp12/recipe.h), and the processes combine st's maxima after phases 0 and 1
 // and its counts after phase 2 (tcfp12_stats_pack_kernel), so that every piece is split with the
 // scales of the whole tensor. st is zeroed in phase 0. (SRR draws its bits from the element's index in
 // w, so a piece would draw other bits than the whole tensor; SRR keeps no EF buffer, and only the EF
@@ -367,7 +367,7 @@ __global__ void tcfp12_act_scale_kernel(float* slot, const uint32_t* amax_bits, 
     tcfp12_set_slot(slot, tcfp12_act_scale_code(llmc::bits_float(*amax_bits), e5m2));
 }
 
-// Speculative fresh scales (recipe_tcfp12.h): a pass has just quantized with the scale the slot held (the
+// Speculative fresh scales (recipes/tcfp12/recipe.h): a pass has just quantized with the scale the slot held (the
 // one this tensor had at its last use) and recorded the tensor's amax. The slot gets the scale of that amax,
 // as tcfp12_act_scale_kernel sets it, and *redo whether it differs from the one the pass used: the pass then
 // runs again under the flag (fp8_quantize's run_only_if), so the codes are always those of the fresh scale.
@@ -478,7 +478,7 @@ inline void tcfp12_fake_quantize(floatX* out, const floatX* in, long long n, con
 // GEMM's BF16 output and the second one's read of it, and its accumulation is FP32 throughout
 // (promoted every 128 values of K); the price is writing the activation's codes twice. On an H100
 // at d12's shapes it ran 5-18% faster than the two GEMMs (dev/bench/tcfp12_gemm_bench.cu); the
-// recipe times both per shape and keeps the faster (recipe_tcfp12.h).
+// recipe times both per shape and keeps the faster (recipes/tcfp12/recipe.h).
 
 // out (rows x 2k) = [a | b], a and b (rows x k) codes
 __global__ void tcfp12_concat_codes_kernel(uint8_t* out, const uint8_t* a, const uint8_t* b, int rows, int k16) {

@@ -1,4 +1,4 @@
-// tcfp12.h: the TCFP-12 weight format (seed 000, issue #5): every weight matrix W is split into two
+// formats/tcfp12.h: the TCFP-12 weight format (seed 000, issue #5): every weight matrix W is split into two
 // FP8 E4M3 tensors,
 //     W  ~=  deq(W_hi) + deq(W_lo),     deq(X) = E4M3 value of X's code * X's power-of-two scale,
 // so that two FP8 tensor-core GEMMs (A*W_hi + A*W_lo) see about 8 significant bits of W instead of
@@ -6,7 +6,7 @@
 // __host__ __device__ functions, so the two agree bit for bit (see "Bit-exactness" below).
 //
 // Header-only, no CUDA headers needed (plain g++ -std=c++17 compiles it). It builds on the exact
-// codecs of number_formats.h (E4M3 encode/decode with nearest-even or stochastic rounding, E8M0).
+// codecs of formats/number_formats.h (E4M3 encode/decode with nearest-even or stochastic rounding, E8M0).
 //
 // ==================================================================================================
 // The split of one scale group (the whole tensor, or one block of B = 32/64/128 values of a row)

@@ -1,5 +1,5 @@
-// vcast_kernels.cuh: virtual casts (quantize, then dequantize) of BF16 GEMM operands to any
-// TensorCast-style datatype parsed by llmc/vcast.h, on the GPU. The kernels call vcast.h's
+// recipes/vcast/vcast_kernels.cuh: virtual casts (quantize, then dequantize) of BF16 GEMM operands to any
+// TensorCast-style datatype parsed by llmc/formats/vcast.h, on the GPU. The kernels call formats/vcast.h's
 // __host__ __device__ functions per tile, so a cast equals the CPU reference vcast_matrix value for
 // value (build/test_vcast checks it); the result is then stored in BF16, which is exact for every
 // cast value with at most 8 significant bits inside BF16's range (all the MX, BFP and FP8/FP6/FP4
@@ -23,9 +23,9 @@
 // as the CPU reference does, whatever the direction.
 #pragma once
 #include <cuda_fp8.h>
-#include "cuda_common.h"
-#include "matmul.cuh" // bias_backward, bias_backward_reduce
-#include "vcast.h"
+#include "llmc/cuda_common.h"
+#include "llmc/matmul.cuh" // bias_backward, bias_backward_reduce
+#include "llmc/formats/vcast.h"
 
 namespace vc = llmc::vcast;
 

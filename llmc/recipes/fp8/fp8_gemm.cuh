@@ -1,4 +1,4 @@
-// fp8_gemm.cuh: FP8 GEMMs of the MLP whose epilogue writes the next GEMM's FP8 operands itself (Hopper,
+// recipes/fp8/fp8_gemm.cuh: FP8 GEMMs of the MLP whose epilogue writes the next GEMM's FP8 operands itself (Hopper,
 // sm_90a), on the FP8 operands of gemm_wgmma.cuh (its TMA ring, mbarriers and wgmma wrappers).
 //
 // Why: with cuBLASLt's FP8 GEMMs, the FP8 recipe's fc layer writes its BF16 pre-activation and a pass
@@ -24,7 +24,7 @@
 // Status (H100, 2026-11-27, build/test_fp8; doc/perf.md): exact (the checks above); d12's fc (M = 65536,
 // N = 3072, K = 768) in 0.44 ms against cuBLASLt's GEMM + the pass, 0.29 + 0.32 ms (0.72x), d48's
 // (16384, 6400, 1600) in 0.44 against 0.27 + 0.16 ms (parity). The FP8 recipe uses both kernels of this
-// file in its training steps (recipe_fp8.h, Recipe::fused_gemm). At d12 the epilogue warps are the slower
+// file in its training steps (recipes/fp8/recipe.h, Recipe::fused_gemm). At d12 the epilogue warps are the slower
 // side (with the epilogue skipped both kernels take 0.31 ms); at d48 the mainloop is, and it is bound by
 // its loads (half the A tile loaded: 0.35 -> 0.30 ms), which a 2-CTA cluster multicasting A could halve.
 // A first form, gemm_wgmma's kernel itself with the epilogue between each CTA's MMAs (two CTAs an SM),
@@ -33,9 +33,9 @@
 // Tried in the epilogues and dropped (doc/perf.md): staged code columns in an XOR swizzle, and the next row
 // group's staged rows read before the current group's math; both exact, both slower (fc_dy_ws 0.52 -> 0.60-0.66 ms).
 #pragma once
-#include "gemm_wgmma.cuh"
-#include "fp8_quantize.cuh" // fp8_pack2, Fp8Kind
-#include "gelu.cuh"
+#include "llmc/gemm_wgmma.cuh"
+#include "llmc/formats/fp8_quantize.cuh" // fp8_pack2, Fp8Kind
+#include "llmc/gelu.cuh"
 
 namespace fp8_gemm {
 

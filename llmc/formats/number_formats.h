@@ -1,4 +1,4 @@
-// number_formats.h: exact encoders/decoders for the low-precision number formats that the
+// formats/number_formats.h: exact encoders/decoders for the low-precision number formats that the
 // precision recipes share: FP8 E4M3 and E5M2, FP4 E2M1, the block-scale formats UE4M3 and E8M0,
 // and the fixed-point formats Q1.15 and Q1.31.
 //
@@ -352,7 +352,7 @@ LLMC_HD inline float minifloat_decode(uint32_t code, MinifloatFormat f) {
 // Round to nearest even in the VALUE domain, saturating: the float value
 // minifloat_decode(minifloat_encode(x, f, Overflow::Saturate, Rounding::NearestEven)) for every
 // x that is not NaN (NaN is returned as it is), in a handful of instructions instead of the
-// bit-level encoder and decoder. The virtual-cast kernels' hot loop (vcast_kernels.cuh); the CPU
+// bit-level encoder and decoder. The virtual-cast kernels' hot loop (recipes/vcast/vcast_kernels.cuh); the CPU
 // test checks it against the pair for every float32 sign, exponent and top 11 mantissa bits,
 // with the low 12 bits all the patterns that matter to rounding.
 //
@@ -679,7 +679,7 @@ LLMC_HD inline float simulate_q131(float x) {
 // bit for bit: simulate_q131 is the identity from |x| >= 2^-24 up (a BF16 value there is a multiple
 // of 2^-31) and below that both roads give +0 (checked for every BF16 value in
 // dev/test/test_number_formats.cpp). The recipe's hooks rely on that and apply simulate_q115 alone
-// (llmc/recipe_q115.h); this function is the general composition, for other floats.
+// (llmc/recipes/q115/recipe.h); this function is the general composition, for other floats.
 LLMC_HD inline float simulate_q115_of_q131(float x) { return simulate_q115(simulate_q131(x)); }
 
 } // namespace llmc

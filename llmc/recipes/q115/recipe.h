@@ -1,10 +1,10 @@
-// recipe_q115.h: the Q1.15 "true-forward" recipe, SF16 (seed 002; issue #7), exactly as the seed
+// recipes/q115/recipe.h: the Q1.15 "true-forward" recipe, SF16 (seed 002; issue #7), exactly as the seed
 // describes it. Built with -DENABLE_Q115 -DSF16_TRUE_FORWARD=1 (make train_gpt_q115, train_gpt2q115cu,
 // train_gpt2q115_constrainedcu, train_gpt3q115cu).
 //
 // SF16 is a simulation: tensors are stored in BF16 and the GEMMs run on BF16 tensor cores (cuBLASLt,
 // compute type CUBLAS_COMPUTE_32F_FAST_16BF), while every forward boundary the seed names passes
-// through simulate_q115 (number_formats.h: clamp to +-0.999, x 2^15, round to nearest even, x 2^-15):
+// through simulate_q115 (formats/number_formats.h: clamp to +-0.999, x 2^15, round to nearest even, x 2^-15):
 //   matmul outputs    simulate_q131 then simulate_q115 after each forward GEMM: the four linears (a
 //                     post-GEMM kernel below for qkv and fc; the residual add, for the attention and
 //                     MLP projections: it reads them, quantizes them and stores them back), the
@@ -71,10 +71,10 @@
 #endif
 #include <algorithm>
 #include <vector>
-#include "recipe.h"
-#include "number_formats.h"
-#include "gelu.cuh"
-#include "gemm_wgmma.cuh"
+#include "llmc/recipe_api.h"
+#include "llmc/formats/number_formats.h"
+#include "llmc/gelu.cuh"
+#include "llmc/gemm_wgmma.cuh"
 
 #define RECIPE_NAME "q115"
 #define RECIPE_CHECK_ALIAS "115"
@@ -238,7 +238,7 @@ LLMC_BD float q115_boundary(int which, float x) {
 // x is always the BF16 value the GEMM stored (the post-GEMM kernels read it from memory; the flash
 // attention rounds its scores and outputs to BF16 before the hook; the classifier reads BF16
 // logits), and on a BF16 value simulate_q115 alone gives simulate_q115(simulate_q131(x)) bit for bit
-// (number_formats.h, simulate_q115_of_q131; a power-of-two range keeps xs a BF16 value). So one
+// (formats/number_formats.h, simulate_q115_of_q131; a power-of-two range keeps xs a BF16 value). So one
 // rounding: these hooks run on every score of the attention several times.
 template <bool OBSERVE = true>
 LLMC_BD float q115_matmul_output(int which, float x) {

@@ -1,7 +1,7 @@
-// recipe_nvfp4.h: the NVFP4 precision recipe (seed 004's FP4 recipe, issue #6), emulated exactly on
+// recipes/nvfp4/recipe.h: the NVFP4 precision recipe (seed 004's FP4 recipe, issue #6), emulated exactly on
 // Hopper's BF16 tensor cores.
 //
-// Format (nvfp4.h): E2M1 values, one UE4M3 scale per block of 16 and one FP32 global scale per
+// Format (formats/nvfp4.h): E2M1 values, one UE4M3 scale per block of 16 and one FP32 global scale per
 // tensor (g = amax / (448 * 6)). Blocks run along each GEMM's K dimension; weights use 16x16 tiles so
 // that W and W^T share one quantization. Per transformer linear (x the input, W the weight, dy the
 // output gradient, N tokens):
@@ -12,7 +12,7 @@
 // Four Over Six (-fos) picks, per block, the block max mapped to 6 or to 4, whichever quantizes the
 // block with the lower squared error (always with RNE errors, so that SR stays unbiased).
 //
-// Emulation (nvfp4_quantize.cuh): the quantize kernels write e2m1 * ue4m3 per element, exact in
+// Emulation (recipes/nvfp4/nvfp4_kernels.cuh): the quantize kernels write e2m1 * ue4m3 per element, exact in
 // BF16, and the BF16 GEMM multiplies by alpha = g_a * g_b read from device memory. The products are
 // then those of an FP4 tensor core; only the FP32 accumulation order differs. The bias, GELU and
 // GELU-derivative epilogues apply to the scaled product, as in the plain linear. The wgrad GEMM
@@ -20,7 +20,7 @@
 // (nvfp4_scaled_accumulate: a cuBLASLt kernel of the device-alpha form faulted on a shared GPU).
 //
 // Native FP4 GEMMs (Blackwell, compute capability 10.0 and newer; chosen at run time). The quantize
-// kernels write the operands as packed E2M1 codes with tiled UE4M3 scales (nvfp4_quantize.cuh) and
+// kernels write the operands as packed E2M1 codes with tiled UE4M3 scales (recipes/nvfp4/nvfp4_kernels.cuh) and
 // cuBLASLt's block-scaled FP4 GEMM (matmul_fp4) multiplies them, with the same alphas. The codes,
 // scales and alphas are those of the emulation, so only the accumulation order differs. The recipe
 // takes this path when the GPU has FP4 tensor cores and cuBLASLt has an algorithm for every GEMM of
@@ -47,9 +47,9 @@
 #pragma once
 #include <cmath>
 #include <vector>
-#include "recipe.h"
-#include "nvfp4_quantize.cuh"
-#include "profiler.h"
+#include "llmc/recipe_api.h"
+#include "nvfp4_kernels.cuh"
+#include "llmc/profiler.h"
 
 #define RECIPE_NAME "nvfp4"
 using RecipeBoundaries = IdentityBoundaries; // no boundaries outside the linears (boundaries.h)

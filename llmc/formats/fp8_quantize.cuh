@@ -1,10 +1,10 @@
-// fp8_quantize.cuh: BF16 -> FP8 quantization kernels (E4M3 / E5M2), with the tensor's amax and,
+// formats/fp8_quantize.cuh: BF16 -> FP8 quantization kernels (E4M3 / E5M2), with the tensor's amax and,
 // on request, saturation / flush-to-zero counts recorded in the same pass.
 //
 //   q = fp8(x * s)   round to nearest even, saturating (|x * s| above FP8_MAX -> +-FP8_MAX)
 //
 // The conversion is the hardware's cvt.rn.satfinite (cuda_fp8.h). It is the same function as the
-// CPU codec fp8e4m3_encode / fp8e5m2_encode(x, Overflow::Saturate) of number_formats.h for every
+// CPU codec fp8e4m3_encode / fp8e5m2_encode(x, Overflow::Saturate) of formats/number_formats.h for every
 // non-NaN input; build/test_fp8 checks that bit for bit over every BF16 value and several scales
 // (a NaN becomes a NaN code, whose bits may differ).
 //
@@ -14,10 +14,10 @@
 #pragma once
 #include <cuda_fp8.h>
 #include <map>
-#include "cuda_common.h"
+#include "llmc/cuda_common.h"
 #include "fp8_scaling.h"
-#include "gelu.cuh"
-#include "matmul.cuh" // bias_backward_reduce
+#include "llmc/gelu.cuh"
+#include "llmc/matmul.cuh" // bias_backward_reduce
 
 enum class Fp8Kind { E4M3, E5M2 };
 
@@ -28,7 +28,7 @@ struct Fp8Stats {
 };
 
 // Where a kernel that produces a tensor also writes its FP8 codes in the two layouts the FP8 GEMMs read
-// (the flash attention backward for the qkv layer's output gradient, see recipe.h): row-major rows
+// (the flash attention backward for the qkv layer's output gradient, see recipe_api.h): row-major rows
 // (n x m), its transpose cols (m x n), the scale s of q = fp8(x * s), the tensor's amax (atomicMax on
 // the bits) and, on telemetry steps, its counts. With amax alone (rows null: amax_only), the kernel
 // writes its usual output and records that output's amax (a recipe with fresh scales, TCFP-12).
@@ -182,7 +182,7 @@ __device__ __forceinline__ void fp8_tile_origin(long long tile, int tiles_x, int
     c0 = ct * FP8_TILE;
 }
 
-// The transposed tile (shared by the quantize-transpose and the transpose kernels, and fp8_gemm.cuh's
+// The transposed tile (shared by the quantize-transpose and the transpose kernels, and recipes/fp8/fp8_gemm.cuh's
 // epilogue). Thread (br, bc) holds the codes of its 4 x 4 block as 4 row words (byte j = column bc + j);
 // 8 byte permutes make them 4 column words (byte i = row br + i), stored at tile_t[column][row group],
 // STRIDE words a column.
@@ -491,7 +491,7 @@ inline int fp8_grid_size(long long work, int threads) {
 }
 
 // run_only_if (may be null): a device flag; the pass does nothing unless it is non-zero (a redone pass
-// after a speculative one, recipe_tcfp12.h's speculative fresh scales), decided on the GPU with no sync.
+// after a speculative one, recipes/tcfp12/recipe.h's speculative fresh scales), decided on the GPU with no sync.
 template <Fp8Kind K>
 inline void fp8_quantize(uint8_t* out, const floatX* in, long long n, const float* scale, uint32_t* amax_out,
                          Fp8Stats stats, cudaStream_t stream, const int* run_only_if = nullptr) {

@@ -1,11 +1,11 @@
-// nvfp4.h: NVFP4 quantization, the reference numerics of the NVFP4 recipe (seed 004's "FP4" recipe,
+// formats/nvfp4.h: NVFP4 quantization, the reference numerics of the NVFP4 recipe (seed 004's "FP4" recipe,
 // issue #6 items 1 and 2): two-level block scaling, 1x16 and 16x16 blocks, Four Over Six, and the
 // 16-point random Hadamard transform.
 //
 // Everything that works on one element, one 16-value block or one 16x16 tile is LLMC_HD (host and
 // device; plain g++ -std=c++17 needs no CUDA header), so a GPU kernel calls the very functions the CPU
 // tests check and gets the same bits. The whole-matrix functions at the end are the host-only CPU
-// reference (std::vector). The E2M1 and UE4M3 codecs are llmc/number_formats.h's; nothing here
+// reference (std::vector). The E2M1 and UE4M3 codecs are llmc/formats/number_formats.h's; nothing here
 // rounds to E2M1 or E4M3 by itself.
 //
 // ==================================================================================================
@@ -33,7 +33,7 @@
 // division per element (a subroutine with a slow path on the GPU) cost the emulation about a tenth of its
 // quantize kernels' instructions. y can differ from RN(x / d) by one unit in the last place, which moves
 // an element across an E2M1 rounding boundary only when x / d lies within that unit of it.
-// On the device the helpers rn_mul/add/sub/div (number_formats.h) use the __f*_rn intrinsics, which --use_fast_math
+// On the device the helpers rn_mul/add/sub/div (formats/number_formats.h) use the __f*_rn intrinsics, which --use_fast_math
 // does not approximate and the compiler never fuses into FMAs; on the host they are plain operators
 // (x86-64 SSE, no FP contraction with the default flags; a host build with -mfma needs
 // -ffp-contract=off to stay bit-exact). Results agree whenever no float32 subnormal is involved;
@@ -58,7 +58,7 @@
 //   merge is commutative and associative, so a warp reduction in any order gives the same value.
 // Block scale (nvfp4_scale_code):
 //   * NaN or +-inf block amax, or NaN g: the scale is the NaN code 0x7F; the block's codes are all
-//     0x7 (E2M1 has no NaN; number_formats.h encodes NaN as +6) and the block dequantizes to NaN.
+//     0x7 (E2M1 has no NaN; formats/number_formats.h encodes NaN as +6) and the block dequantizes to NaN.
 //   * t = block_amax / 6 / g rounds to 0 (t <= 2^-10, half of E4M3's smallest subnormal; a tie rounds
 //     to the even code 0): the scale code is 0 and every element of the block is encoded as a zero
 //     with the element's sign (code 0x0 or 0x8), dequantizing to +-0. Dividing by a zero scale is
@@ -70,7 +70,7 @@
 //     the tensor's true amax.
 // Elements (nvfp4_encode): E2M1 saturates at +-6 (|y| > 6 gives +-6); a zero keeps its sign (-0 is
 //   code 0x8). Stochastic rounding uses the caller's 32 random bits r per element with
-//   number_formats.h's rule (round away from zero iff r < floor(2^32 * (|y| - lo) / (hi - lo))), so
+//   formats/number_formats.h's rule (round away from zero iff r < floor(2^32 * (|y| - lo) / (hi - lo))), so
 //   E[x'] = y * s * g exactly: unbiased up to the rounding of y.
 // Four Over Six (nvfp4_four_over_six_*): per block (or 16x16 tile) two candidate scales, the block
 //   max mapped to 6 (the plain scale, t6 = block_amax / 6 / g) and to 4 (t4 = block_amax / 4 / g).

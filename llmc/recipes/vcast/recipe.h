@@ -1,12 +1,12 @@
-// recipe_vcast.h: the virtual-cast recipe (seed 001, TensorCast; issue #10): any datatype that
-// llmc/vcast.h parses (MXFP8/6/4, MXINT, BFP, minifloats eXmY[bZ][fn|fnuz], intK/uintK with float or
+// recipes/vcast/recipe.h: the virtual-cast recipe (seed 001, TensorCast; issue #10): any datatype that
+// llmc/formats/vcast.h parses (MXFP8/6/4, MXINT, BFP, minifloats eXmY[bZ][fn|fnuz], intK/uintK with float or
 // exponent scales, tiles, zero points) becomes the training format of the transformer linears,
 // one datatype per role:
 //   -qw  weights        (default mxfp8e4)     -qr   rounding of weights and activations (even)
 //   -qa  activations    (default mxfp8e4)     -qgr  rounding of the gradients (even)
 //   -qg  gradients      (default mxfp8e5)     -qs   scale selection max | midmax (max)
 //                                             -qsp  M:N sparsity of the weights ("" = off)
-// Every operand is cast virtually (quantized, then dequantized: vcast_kernels.cuh) and the GEMMs
+// Every operand is cast virtually (quantized, then dequantized: recipes/vcast/vcast_kernels.cuh) and the GEMMs
 // run on BF16 tensor cores. Tiles run along each GEMM's K dimension, as the MX formats specify (a
 // tile dimension written in the spec, tXdY, is not used: the GEMM decides it):
 //   forward  y  = x W^T     x: along C (its rows)      W: along C (its rows)
@@ -27,10 +27,10 @@
 #pragma once
 #include <cmath>
 #include <vector>
-#include "recipe.h"
-#include "rand.h"
+#include "llmc/recipe_api.h"
+#include "llmc/rand.h"
 #include "vcast_kernels.cuh"
-#include "profiler.h"
+#include "llmc/profiler.h"
 
 #define RECIPE_NAME "vcast"
 using RecipeBoundaries = IdentityBoundaries; // no boundaries outside the linears (boundaries.h)

@@ -1,4 +1,4 @@
-// vcast.h: virtual casts ("fake quantization") to TensorCast-style datatypes: parse a datatype
+// formats/vcast.h: virtual casts ("fake quantization") to TensorCast-style datatypes: parse a datatype
 // string (seed 001, TensorCast), then quantize-and-dequantize values to it on the CPU or the GPU.
 //
 //   DataType dt = llmc::vcast::parse_datatype("mxfp4e2");            // or "e5m6_e8m0_t32", ...
@@ -14,12 +14,12 @@
 //     vcast_select_scale (the shared scale), vcast_element (one value), or vcast_tile (all three
 //     for one tile or channel, with M-of-N sparsity).
 //
-// Every float format goes through number_formats.h's minifloat_encode / minifloat_decode (with
+// Every float format goes through formats/number_formats.h's minifloat_encode / minifloat_decode (with
 // Overflow::Saturate); integers go through the same encoder on a fixed-point grid. The four round
 // modes map onto that encoder exactly (see mf_encode). doc/vcast.md has the grammar, the
 // predefined names and every choice made where the seed is open.
 //
-// Exactness on the GPU: the arithmetic is written with rn_mul / rn_div / rn_add / rn_sub (number_formats.h), which
+// Exactness on the GPU: the arithmetic is written with rn_mul / rn_div / rn_add / rn_sub (formats/number_formats.h), which
 // are __fmul_rn & co. on the device (never contracted into FMAs, IEEE division even under
 // --use_fast_math) and plain operators on the host, so a kernel reproduces the CPU reference bit
 // for bit, except that flush-to-zero builds (--use_fast_math) flush float32 subnormals (values
@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "common.h"
+#include "llmc/common.h"
 #include "number_formats.h"
 
 namespace llmc {
@@ -174,7 +174,7 @@ LLMC_HD inline uint32_t vcast_random_bits(uint64_t seed, uint64_t index) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Rounding onto a minifloat grid, all four modes through number_formats.h's encoder.
+// Rounding onto a minifloat grid, all four modes through formats/number_formats.h's encoder.
 //
 // minifloat_encode's stochastic path rounds |x| up iff rbits < F, with F = floor(2^32 * f) and f
 // the discarded fraction of an ulp. With a fixed rbits it is a deterministic mode:

@@ -1,5 +1,5 @@
-// recipe_tcfp12.h: the TCFP-12 precision recipe (seed 000, issue #5): every transformer weight is
-// split as W ~= deq(W_hi) + deq(W_lo), both FP8 E4M3 (tcfp12.h), so that two FP8 tensor-core GEMMs
+// recipes/tcfp12/recipe.h: the TCFP-12 precision recipe (seed 000, issue #5): every transformer weight is
+// split as W ~= deq(W_hi) + deq(W_lo), both FP8 E4M3 (formats/tcfp12.h), so that two FP8 tensor-core GEMMs
 // see about 8 significant bits of the weight.
 //
 // Per transformer linear (x the input, W the weight, dy the output gradient, N tokens):
@@ -22,7 +22,7 @@
 // GEMMs. Per tensor (-tb 0, the default): cuBLASLt FP8 GEMMs with the power-of-two scales as the
 // operands' scale factors; W^T codes for dgrad are transposed once per split (Hopper's FP8 GEMMs
 // take both operands K-major). The two GEMMs of a product can also run as one GEMM over
-// K-concatenated operands, [x | x] [W_hi | W_lo]^T with block scales (tcfp12_kernels.cuh), where the
+// K-concatenated operands, [x | x] [W_hi | W_lo]^T with block scales (recipes/tcfp12/tcfp12_kernels.cuh), where the
 // channels are a multiple of 128: with autotuning on (-ga 1, the default) the first call of each
 // shape times both forms and keeps the faster (the decision is saved in checkpoints, as the GEMM
 // algorithms are); -ga 0 keeps the two GEMMs. Per block (-tb 32/64/128): Hopper's FP8 GEMMs have one scale per
@@ -62,10 +62,10 @@
 #pragma once
 #include <cmath>
 #include <vector>
-#include "recipe.h"
+#include "llmc/recipe_api.h"
 #include "tcfp12_kernels.cuh"
-#include "gelu.cuh"
-#include "profiler.h"
+#include "llmc/gelu.cuh"
+#include "llmc/profiler.h"
 
 #define RECIPE_NAME "tcfp12"
 using RecipeBoundaries = IdentityBoundaries; // no boundaries outside the linears (boundaries.h)
@@ -129,7 +129,7 @@ struct Recipe {
     // one whose output gradient's amax the LayerNorm backward recorded (recipe_fp8_gradient_target): their
     // next call takes the amax instead of reading the tensor for it
     LinearId x_amax_given{-1, LIN_QKV}, dy_amax_given{-1, LIN_QKV};
-    // The fc layer's GELU output left unwritten (recipe.h) where only the fc projection's forward reads
+    // The fc layer's GELU output left unwritten (recipe_api.h) where only the fc projection's forward reads
     // it: with -tfw 1 in training (the backward's FP8 wgrad takes the x^T codes saved by that forward)
     // and in evaluation. The fc GEMMs write the pre-activation with the bias only (no GELU_AUX_BIAS
     // epilogue and its second N x 4C output); the fc projection takes the amax of gelu(pre) and
@@ -488,7 +488,7 @@ inline uint8_t* tcfp12_saved_xt(const Recipe& r, int li) { return r.saved_xt + r
 // Whether a kernel recorded linear id's amax in the slot (Recipe::x_amax_given, ::dy_amax_given)
 inline bool tcfp12_take_given(LinearId& slot, LinearId id, const char* what) { return take_given_for(slot, id, "tcfp12", what); }
 
-// The LayerNorm in front of the qkv and fc layers records the amax of the output it writes (recipe.h: a
+// The LayerNorm in front of the qkv and fc layers records the amax of the output it writes (recipe_api.h: a
 // target with no rows), so that x's fresh scale needs no pass over x of its own (d12, B=64: one read of
 // 2 x N x C BF16 values per layer and micro-step, ~19 GB per step). The same scale, bit for bit: the
 // amax of the same stored BF16 values.

@@ -1,4 +1,4 @@
-// recipe_fp8.h: the FP8-hybrid precision recipe (seed 004): E4M3 for weights and activations in the
+// recipes/fp8/recipe.h: the FP8-hybrid precision recipe (seed 004): E4M3 for weights and activations in the
 // forward pass, E5M2 for gradients in the backward pass, per-tensor delayed scaling.
 //
 // Which GEMMs. The four linears of every transformer layer (qkv, attention projection, fc, fc
@@ -15,7 +15,7 @@
 // once per optimizer step (recipe_weights_changed), x and x^T in one pass per forward (x^T is kept
 // for the backward), dy and dy^T in one pass per backward.
 //
-// Scaling (fp8_scaling.h): three quantized tensors per linear (W, x, dy), each with its own scale
+// Scaling (formats/fp8_scaling.h): three quantized tensors per linear (W, x, dy), each with its own scale
 // s = FP8_MAX / max(amax history) / 2^margin, constant within an optimizer step. The quantize
 // kernels record the amax of the step on the GPU in the pass that quantizes; recipe_step_end pushes
 // it into the history (-fh steps) and derives the next scale. A tensor quantized for the first
@@ -27,11 +27,11 @@
 // the scale it was quantized with, and the fractions of values saturated and flushed to zero.
 #pragma once
 #include <vector>
-#include "recipe.h"
-#include "fp8_quantize.cuh"
+#include "llmc/recipe_api.h"
+#include "llmc/formats/fp8_quantize.cuh"
 #include "fp8_gemm.cuh"
-#include "gelu.cuh"
-#include "profiler.h"
+#include "llmc/gelu.cuh"
+#include "llmc/profiler.h"
 
 #define RECIPE_NAME "fp8"
 using RecipeBoundaries = IdentityBoundaries; // no boundaries outside the linears (boundaries.h)
@@ -74,7 +74,7 @@ struct Recipe {
     float* eval_scale = nullptr;       // [0] = s, [FP8_INV_STRIDE] = 1 / s
     uint32_t* eval_amax = nullptr;
     float* col_partials = nullptr;     // ceil(N / 64) x 4C: the bias gradient's per-tile column sums
-    // The fc layer's GELU output is left unwritten by its forward (recipe.h): its GEMM writes the
+    // The fc layer's GELU output is left unwritten by its forward (recipe_api.h): its GEMM writes the
     // pre-activation (bias in the epilogue), and the fc projection's quantize pass, which runs next,
     // reads that and applies the GELU itself. Nothing else reads it in the FP8 layers (their backward
     // takes x^T from the forward). Any other recipe call first writes it (fp8_write_gelu_out).
@@ -107,7 +107,7 @@ struct Recipe {
     // transposes them for x^T (unless x^T is written too: the fused fc GEMM, below)
     LinearId x_given{-1, LIN_QKV};
     bool x_given_with_t = false;
-    // The MLP's fused FP8 GEMMs (fp8_gemm.cuh's persistent kernels; Hopper, training steps without
+    // The MLP's fused FP8 GEMMs (recipes/fp8/fp8_gemm.cuh's persistent kernels; Hopper, training steps without
     // telemetry, once the tensors have scales): the fc layer's GEMM writes the fc projection's input,
     // E4M3 codes of gelu(pre) in both layouts (and keeps bf16(gelu'(pre)), not pre), and the fc projection's
     // dgrad writes the fc layer's output gradient, E5M2 codes of d(gelu output) bf16(gelu'(pre)) in both layouts
@@ -273,7 +273,7 @@ inline uint8_t* fp8_saved_xt(const Recipe& r, LinearId id) { return r.saved_xt +
 // writes the GELU output an fc layer's forward left pending (Recipe::pending_gelu_out), if any
 inline void fp8_write_gelu_out(Recipe& r, cudaStream_t st) { r.pending_gelu_out.write(st); }
 
-// The LayerNorm in front of the qkv and fc layers writes their E4M3 input codes itself (recipe.h), once
+// The LayerNorm in front of the qkv and fc layers writes their E4M3 input codes itself (recipe_api.h), once
 // the input has a scale (the first use calibrates from the BF16 tensor), except on telemetry steps (the
 // quantize pass counts saturated and flushed values; the LayerNorm does not): saves writing the BF16
 // LayerNorm output and the quantize pass over it; x^T is then made from the codes (fp8_transpose).
@@ -288,7 +288,7 @@ inline Fp8Target recipe_fp8_input_target(Recipe& r, LinearId id, int N, int C, b
     return t;
 }
 
-// The flash attention forward writes the attention projection's E4M3 input codes likewise (recipe.h), and in
+// The flash attention forward writes the attention projection's E4M3 input codes likewise (recipe_api.h), and in
 // training x^T's codes as well, into the slot the backward reads: it still writes its BF16 output (the
 // backward reads that), so what this saves is the quantize-transpose pass over it (a read of 2 bytes and
 // writes of 1 + 1 a value), at the cost of the kernel's own writes of 1 + 1.
@@ -412,7 +412,7 @@ inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX
 }
 
 // The flash attention backward writes the qkv layer's output gradient as E5M2 codes in both layouts
-// (recipe.h), from the BF16 tiles it stages, once that gradient has a scale (the first use calibrates
+// (recipe_api.h), from the BF16 tiles it stages, once that gradient has a scale (the first use calibrates
 // from the BF16 tensor): saves the dy pass over dqkv (d12, B=64: ~24 ms per step) and dqkv's own store.
 // The LayerNorm backward writes the attention and fc projections' output gradient as row-major E5M2
 // codes (rows_only), which linear_backward then transposes for dy^T: 1 byte written by the LayerNorm

@@ -1,11 +1,11 @@
-// recipe_bf16.h: the BF16 precision recipe, the baseline every other recipe is compared with.
+// recipes/bf16/recipe.h: the BF16 precision recipe, the baseline every other recipe is compared with.
 //
-// BF16 is the identity recipe: every transformer linear is the plain linear layer of recipe.h
+// BF16 is the identity recipe: every transformer linear is the plain linear layer of recipe_api.h
 // (BF16 operands, FP32 accumulation; FP32 operands in the PRECISION=FP32 reference build). It keeps
 // no state, so its checkpoint section is empty and its options (-fh, -sqf, ...) change nothing.
 #pragma once
-#include "recipe.h"
-#include "profiler.h"
+#include "llmc/recipe_api.h"
+#include "llmc/profiler.h"
 
 #define RECIPE_NAME "bf16"
 using RecipeBoundaries = IdentityBoundaries; // no boundaries outside the linears (boundaries.h)

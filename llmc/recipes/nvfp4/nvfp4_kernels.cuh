@@ -1,7 +1,7 @@
-// nvfp4_quantize.cuh: the NVFP4 quantization kernels of the nvfp4 recipe (issue #6), and the
+// recipes/nvfp4/nvfp4_kernels.cuh: the NVFP4 quantization kernels of the nvfp4 recipe (issue #6), and the
 // emulated NVFP4 GEMM of Hopper.
 //
-// Every kernel here calls the __host__ __device__ functions of nvfp4.h for each block, so its
+// Every kernel here calls the __host__ __device__ functions of formats/nvfp4.h for each block, so its
 // codes and scales are those of the CPU reference bit for bit (build/test_nvfp4 checks it).
 //
 // Emulation on Hopper (no FP4 tensor cores). An NVFP4 value is e2m1(q) * ue4m3(s) * g. The product
@@ -26,7 +26,7 @@
 // Native FP4 GEMMs (Blackwell, sm_100 and newer). The same kernels can also write each direction as
 // the operand of cuBLASLt's block-scaled FP4 GEMM (Nvfp4Direction::codes / scales; the weight kernel's
 // Nvfp4WeightNative): the E2M1 codes packed two per byte, K-major, and the UE4M3 block scales in
-// cuBLAS's 128 x 4 tiled layout (nvfp4.h, "native operands"). A row direction's operand is x itself
+// cuBLAS's 128 x 4 tiled layout (formats/nvfp4.h, "native operands"). A row direction's operand is x itself
 // (K = cols); a column direction's is x^T (K = rows), the layout wgrad's TN GEMM reads; the weights
 // give W (K = C, forward) and W^T (K = OC, dgrad). The codes and scales are the very ones whose
 // products the emulation writes in BF16, so the two paths differ only in the GEMM's accumulation order.
@@ -35,9 +35,9 @@
 // gradient is read twice: nvfp4_amax_kernel (the plain amax and, for the wgrad operands, the amax
 // after the Hadamard transform), then the quantize kernel.
 #pragma once
-#include "cuda_common.h"
-#include "nvfp4.h"
-#include "fp8_quantize.cuh" // tensor_amax (the weights' amax)
+#include "llmc/cuda_common.h"
+#include "llmc/formats/nvfp4.h"
+#include "llmc/formats/fp8_quantize.cuh" // tensor_amax (the weights' amax)
 
 using llmc::kNvfp4Block;
 
@@ -82,7 +82,7 @@ __device__ __forceinline__ uint4 nvfp4_pack8(const float* v) {
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// One 16-value block of one direction: quantize x (nvfp4.h), overwrite it with the
+// One 16-value block of one direction: quantize x (formats/nvfp4.h), overwrite it with the
 // block-dequantized values, and add the block's telemetry terms to tele. index0: the CPU
 // reference's flat index of the block's first element (its elements follow at +1), the counter of
 // the stochastic-rounding bits.
@@ -208,7 +208,7 @@ inline void nvfp4_amax(const floatX* x, int rows, int cols, uint32_t* amax_plain
 static const int NVFP4_QUANTIZE_MIN_BLOCKS = 16;
 // kValuesOnly: neither direction writes native codes or telemetry (every training step of the Hopper
 // emulation but the -lq ones). Each block then goes through nvfp4_block16_values, which computes the
-// block-dequantized values without codes (nvfp4.h, "The emulation's hot path"); the other launches
+// block-dequantized values without codes (formats/nvfp4.h, "The emulation's hot path"); the other launches
 // take nvfp4_block, the code path. Both give the same values bit for bit.
 template <bool kValuesOnly>
 __global__ void __launch_bounds__(NVFP4_PATCH_COLS, NVFP4_QUANTIZE_MIN_BLOCKS) nvfp4_quantize_kernel(const floatX* x, int rows, int cols,

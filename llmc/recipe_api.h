@@ -1,4 +1,4 @@
-// recipe.h: what every precision recipe shares: the names of the transformer linears, the recipe
+// recipe_api.h: what every precision recipe shares: the names of the transformer linears, the recipe
 // options from the command line, and the plain (unquantized) linear layer that BF16 is, and that
 // the other recipes fall back to for the layers they keep in BF16 (-sqf / -sql).
 //
@@ -93,7 +93,7 @@
 #include "cuda_common.h"
 #include "matmul.cuh"
 #include "gelu.cuh"
-#include "fp8_quantize.cuh"
+#include "formats/fp8_quantize.cuh"
 #include "checkpoint.h"
 #include "profiler.h"
 #include "boundaries.h"
