@@ -285,7 +285,7 @@ def build_arg_parser():
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoint")
     p.add_argument("--baseline-logs", metavar="PATTERN",
                    help="take the baseline's runs from these main.log files, '{seed}' standing for the seed "
-                   "(e.g. 'doc/runs/loss_d12_bf16_sd{seed}_seeds8_20261128.log'), instead of running them; only "
+                   "(e.g. 'dev/baselines/bf16_d12_sd{seed}.log'), instead of running them; only "
                    "sound where the baseline's code is unchanged and repeats bit for bit (BF16 does)")
     p.add_argument("--bin-dir", default=REPO_ROOT, help="where the train_gpt_<recipe> binaries are (default: the repo)")
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")

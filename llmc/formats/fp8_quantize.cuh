@@ -163,9 +163,9 @@ __global__ void fp8_quantize_kernel(uint8_t* out, const floatX* in, long long n8
 #define FP8_TILE_T_STRIDE 17 // words per column of the transposed tile (16 + 1 padding)
 
 // Tile order: tile ids run down groups of FP8_TILE_GROUP tile rows, column by column, so that blocks
-// running at the same time (consecutive ids) write adjacent 64-byte pieces of both outputs. (H100, one
-// run of build/fp8_quantize_bench at the d12 shapes: groups of 1 (row by row), 2, 4, 8 tile rows gave
-// 2375-2431, 2551-2573, 2487-2580, 2498-2513 GB/s for x; doc/runs/fp8_quantize_bench_h100_tile_order.log.)
+// running at the same time (consecutive ids) write adjacent 64-byte pieces of both outputs. Groups of 2
+// tile rows copy faster than row-by-row order and no slower than 4 or 8 (build/fp8_quantize_bench
+// measures the orders at the d12 shapes).
 #define FP8_TILE_GROUP 2
 __device__ __forceinline__ void fp8_tile_origin(long long tile, int tiles_x, int tiles_y, int& r0, int& c0) {
     const long long group_tiles = (long long)FP8_TILE_GROUP * tiles_x;
