@@ -1,45 +1,44 @@
 #!/usr/bin/env bash
-# device_run.sh: the build -> test -> train -> measure sequence for one call on a lent GPU machine.
-# Carry .deps (doctest + the shared data files) with the call. Everything lands in $OUT (or
-# ./device_out), at most 8 files (what the device tool brings back):
-#   test.log                   make test
-#   loss_logs.tgz              main.log of each loss protocol run, as loss_<name>.log (LOSS_STEPS > 0)
-#   profile.log                LLMC_PROFILE=1 per-phase table of each recipe, d12 B=64 T=1024
-#   bench_<size>.md            dev/bench tables (BENCH_SIZES)
+# gpu_run.sh [DIR]: build, test, train and measure on this machine's GPU, with every log in DIR
+# (default ./gpu_run):
+#   DIR/build.log, DIR/data.log   the build and the tiny-shakespeare shards
+#   DIR/test.log                  make test
+#   DIR/loss_<name>.log           main.log of each loss protocol run (LOSS_STEPS > 0), its stdout in DIR/logs/
+#   DIR/profile.log               LLMC_PROFILE=1 per-phase table of each recipe, d12 B=64 T=1024
+#   DIR/bench_<size>.md           dev/bench tables (BENCH_SIZES), against the torch.compile peer
 # Variables: RECIPES (default "bf16 fp8 nvfp4"), LOSS_STEPS (default 0 = no loss runs; the protocol's
 # is 1000), LOSS_RUNS (default: one run per recipe; else "name:recipe:flags;name:recipe:flags..."),
 # LQ (the quantized runs' -lq, default 100), BENCH_SIZES (default d12; "" = none), TESTS=0 skips make
 # test, PROFILE=0 skips the profiles, BUILD_TARGETS (default all) what to build first.
+# Offline, point LLMC_SHARED_DATA at a folder with tinyshakespeare.txt, encoder.json and vocab.bpe.
 set -u
-OUT=${OUT:-device_out}; mkdir -p "$OUT"
-LOGS=/tmp/device_logs; mkdir -p "$LOGS"
-export LLMC_SHARED_DATA=$PWD/.deps/shared_data PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.."
+OUT=${1:-gpu_run}; mkdir -p "$OUT"
+LOGS=$OUT/logs; mkdir -p "$LOGS"
+export PYTHONUNBUFFERED=1
 RECIPES=${RECIPES:-bf16 fp8 nvfp4}
 LOSS_STEPS=${LOSS_STEPS:-0}
 LQ=${LQ:-100}
 BENCH_SIZES=${BENCH_SIZES-d12}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader; date -u
-echo "== build"; time make -j16 ${BUILD_TARGETS:-all} > "$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log"; exit 1; }
-python3 dev/data/tinyshakespeare.py > "$LOGS/data.log" 2>&1 || tail -3 "$LOGS/data.log"
+echo "== build"; time make -j"$(nproc)" ${BUILD_TARGETS:-all} > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+python3 dev/data/tinyshakespeare.py > "$OUT/data.log" 2>&1 || tail -3 "$OUT/data.log"
 if [[ "${TESTS:-1}" == 1 ]]; then
     echo "== make test"; timeout 420 make test 2>&1 | tee "$OUT/test.log" | grep -E "FAIL|== |tests:|skipped|error" | grep -v "^\[PASS" | tail -30
 fi
 if [[ "$LOSS_STEPS" -gt 0 ]]; then
     if [[ -z "${LOSS_RUNS:-}" ]]; then LOSS_RUNS=""; for r in $RECIPES; do LOSS_RUNS+="$r:$r:;"; done; fi
-    mkdir -p /tmp/loss_logs; rm -f /tmp/loss_logs/*
     IFS=';' read -ra runs <<<"$LOSS_RUNS"
     for run in "${runs[@]}"; do
         [[ -z "$run" ]] && continue
         IFS=':' read -r name r flags <<<"$run"
         echo "== loss protocol: $name ($r $flags), d12 on tiny-shakespeare, $LOSS_STEPS steps"
         extra=(); [[ "$r" != bf16 ]] && extra=(-lq "$LQ")
-        rm -rf "/tmp/loss_$name"
+        rm -rf "$LOGS/loss_$name"
         # shellcheck disable=SC2086
-        timeout 300 "./train_gpt_$r" -x "$LOSS_STEPS" -s 0 -o "/tmp/loss_$name" "${extra[@]}" $flags > "$LOGS/loss_$name.out" 2>&1
+        timeout 300 "./train_gpt_$r" -x "$LOSS_STEPS" -s 0 -o "$LOGS/loss_$name" "${extra[@]}" $flags > "$LOGS/loss_$name.out" 2>&1
         grep -E "average|error" "$LOGS/loss_$name.out"
-        cp "/tmp/loss_$name/main.log" "/tmp/loss_logs/loss_$name.log" 2>/dev/null
-        # after every run, so that a call cut off by its time limit still brings the finished ones back
-        tar -C /tmp/loss_logs -czf "$OUT/loss_logs.tgz" .
+        cp "$LOGS/loss_$name/main.log" "$OUT/loss_$name.log" 2>/dev/null
     done
 fi
 : > "$OUT/profile.log"
@@ -53,7 +52,6 @@ fi
 done
 for size in $BENCH_SIZES; do
     echo "== bench: $size against the torch.compile peer"
-    timeout 400 python3 dev/bench/bench.py --sizes "$size" --no-build --out "$LOGS/bench_$size.md" > "$LOGS/bench_$size.out" 2>&1
-    cp "$LOGS/bench_$size.md" "$OUT/" 2>/dev/null
+    timeout 400 python3 dev/bench/bench.py --sizes "$size" --no-build --out "$OUT/bench_$size.md" > "$LOGS/bench_$size.out" 2>&1
     grep -E "^\| $size" "$LOGS/bench_$size.out" || tail -5 "$LOGS/bench_$size.out"
 done
