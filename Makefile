@@ -6,8 +6,8 @@
 #   make train_gpt2q115cu / train_gpt2q115_constrainedcu / train_gpt3q115cu
 #                                the Q1.15 targets under the seed's names: GPT-2; GPT-2 with the weights
 #                                kept inside the Q1.15 range; GPT-3 (default model gpt3:c768)
-#   make train_gpt_q115_scaled   NOT the seed's SF16: Q1.15 with a power-of-two range per boundary
-#                                (doc/q115.md: the fix for true-forward's failure to train)
+#   make train_gpt_q115_scaled   NOT SF16 as specified: Q1.15 with a power-of-two range per boundary
+#                                (doc/recipes/q115.md: the fix for true-forward's failure to train)
 #   make test_gpt_<recipe>       the GPU test binary for it
 #   make train_gpt_fp32 / test_gpt_fp32   the FP32 reference-precision build (same as PRECISION=FP32)
 #   make test                    every test: CPU tests always, GPU tests when a CUDA device is present
@@ -143,7 +143,7 @@ train_gpt2q115_constrainedcu: train_gpt.cu $(HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(Q115_DEFINES) -DQ115_CONSTRAIN_WEIGHTS=1 $< $(NVCC_LDFLAGS) -o $@
 train_gpt3q115cu: train_gpt.cu $(HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(Q115_DEFINES) -DLLMC_DEFAULT_MODEL='"gpt3:c768"' $< $(NVCC_LDFLAGS) -o $@
-# NOT the seed's SF16: the range-scaled boundaries doc/q115.md proposes as the fix for true-forward
+# NOT SF16 as specified: the range-scaled boundaries doc/recipes/q115.md proposes as the fix for true-forward
 train_gpt_q115_scaled: train_gpt.cu $(HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(Q115_DEFINES) -DQ115_RANGE_SCALES=1 $< $(NVCC_LDFLAGS) -o $@
 

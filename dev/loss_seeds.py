@@ -19,18 +19,18 @@ recipe's ratio to the baseline run of the same seed, the mean of the ratios, the
 the mean; and OUT/curves.png where matplotlib is installed.
 
 --baseline-logs takes the baseline's runs from stored main.log files instead of running them (a third of a
-three-recipe study's device time). That is sound only where the baseline's code has not changed since and
-repeats bit for bit: BF16 does (its seed 0-2 runs of 2026-11-28 are bit for bit those of the earlier studies); a recipe that
-times its choices under -ga 1 need not.
+three-recipe study's GPU time; dev/baselines/ holds BF16's). That is sound only where the baseline's code has
+not changed since and repeats bit for bit: BF16 does (its runs repeat bit for bit across studies); a recipe
+that times its choices under -ga 1 need not.
 
-Runs sharing a GPU leave BF16 and FP8-hybrid bit for bit as they are alone (checked on an H200, 2026-11-28).
+Runs sharing a GPU leave BF16 and FP8-hybrid bit for bit as they are alone.
 Recipes that time a choice when a shape is first seen (cuBLASLt algorithms and TCFP-12's GEMM form under -ga 1,
 the default) may choose differently when the GPU is shared; the runs are then as valid, but not bit for bit
 those of a lone run. Give -ga 0 in a recipe's flags for runs that repeat bit for bit.
 
 --gpus 0,1 spreads the runs over several GPUs of one machine: --jobs runs at a time on each, every run started with
-CUDA_VISIBLE_DEVICES set to the GPU of the slot it took (its status.json records it). Device time is counted per
-machine, so a two-GPU machine halves a study's cost (2 x H200, 2026-11-28: 40 NVFP4 runs in about 11 minutes).
+CUDA_VISIBLE_DEVICES set to the GPU of the slot it took (its status.json records it), so a two-GPU machine
+halves a study's wall time.
 
 A SIGTERM or SIGINT (Ctrl-C, or `timeout` around a device call) ends the runs in flight, which are then not done,
 writes the report of what is done, and exits with 130; the next invocation runs the rest.

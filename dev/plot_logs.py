@@ -22,7 +22,7 @@ named with the run's 1-based position on the command line: quant.png -> quant_ru
 --telemetry with no telemetry in any run is an error (exit status 1).
 
 Several seeds (--by-seed): one run per configuration and seed. A run's seed is the "seed:N" of its log's
-metadata (trainers since 2026-11-26 write it), or else the end of its label ("bf16 sd0", "fast_seed2");
+metadata, or else (older logs have none) the end of its label ("bf16 sd0", "fast_seed2");
 its configuration is the label without that end. The first run's configuration is the baseline. For
 every other configuration the report gives, per seed, the lowest validation loss and the train loss of
 steps 301-350 as ratios to the baseline's run with the same seed, then the mean of those ratios and their

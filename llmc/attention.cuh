@@ -2,7 +2,7 @@
 //
 // This is the simple, exact version: the (T x T) attention matrix of every (batch, head) is
 // materialized, and the probabilities of each layer are kept for the backward pass. A fused
-// flash-attention kernel replaces it for speed (see doc/perf.md); this one stays the reference.
+// flash-attention kernel replaces it for speed (flash_attention.cuh); this one stays the reference.
 //
 // Layouts: qkv is (B, T, 3C) with C = NH * HS, laid out [q | k | v] along the last dimension.
 // Kernels permute it to q, k, v of shape (B, NH, T, HS) so that every (b, h) is one contiguous

@@ -1,7 +1,7 @@
 // cudnn_attention.h: causal self-attention through cuDNN's fused SDPA ("flash") kernels, the optional
 // USE_CUDNN=1 path (make USE_CUDNN=1 ...). The default path is our own flash attention
-// (flash_attention.cuh); this one exists because cuDNN's Hopper kernels are faster at head size 64 (H100,
-// doc/perf.md) and because users compare against it.
+// (flash_attention.cuh); this one exists because cuDNN's Hopper kernels can be faster at head size 64
+// and because users compare against it.
 //
 // Layouts are the trainer's, the same as flash_attention.cuh's:
 //   qkv  (B, T, 3, NH, HS) BF16: Q, K and V of each token side by side; cuDNN reads them in place

@@ -30,23 +30,20 @@
 // The grid: x = the N tiles, y = the M tiles, so CTAs that run together share their inp rows (read
 // from DRAM about once; W is small enough to stay in L2).
 //
-// Measured (dev/test/test_gemm_wgmma.cu, d12's forward shapes, M = 65536, 2026-11-26): 128 x 128 tiles
-// run at 549-630 TFLOP/s (H100 / H200), 1.14-1.34x cuBLASLt's time for the plain GEMM; the Q1.15 qkv
-// linear with its quantization fused takes 0.82-0.90x the time of cuBLASLt + the separate pass, the fc
-// linear with quantization and GELU 0.88-0.99x. Tried and slower: storing from the accumulators
-// (4 bytes into each of 8 rows a warp instruction; 487 against 581 TFLOP/s on an H200); one CTA an SM
-// with 4 or 6 slots of 128 x 128 (534, 510); clusters of 2 x 1 and 2 x 2 CTAs sharing operand tiles by
-// TMA multicast (374, 262: the CTAs of a cluster wait on each other's slot releases). Tile256 (128 x 256,
-// one CTA an SM, H100): the plain GEMM 1.07-1.19x cuBLASLt's time (693 TFLOP/s at fcproj's K = 3072),
-// the fused qkv the same as Tile128 (0.82x), the fused fc + GELU slower (0.95x against 0.89x: the GELU
-// epilogue no longer overlaps another CTA's MMAs), so Tile128 stays the default. A persistent kernel
-// that overlaps one tile's epilogue with the next tile's MMAs is the next thing to try.
+// Speed (dev/test/test_gemm_wgmma.cu times it at d12's forward shapes): the plain GEMM is slower than
+// cuBLASLt's, so plain linears stay on cuBLASLt; with the Q1.15 quantization (and the GELU) fused in its
+// epilogue it beats cuBLASLt followed by the separate pass, which is what it is for. Slower designs:
+// storing from the accumulators (4 bytes into each of 8 rows a warp instruction); one CTA an SM with 4 or
+// 6 slots; clusters of CTAs sharing operand tiles by TMA multicast (the CTAs of a cluster wait on each
+// other's slot releases). Tile256 (128 x 256, one CTA an SM) is faster for the plain GEMM but slower with
+// the fused fc + GELU (the GELU epilogue no longer overlaps another CTA's MMAs), so Tile128 is the
+// default. A persistent kernel that overlaps one tile's epilogue with the next tile's MMAs would hide the
+// epilogue in both.
 //
 // FP8 operands (Fp8Operands, recipes/fp8/fp8_gemm.cuh): the same kernel with 128 E4M3 / E5M2 codes a K step (four
 // wgmma k32), the tiles byte for byte as above; K need only be a multiple of 16 (the TMA reads zeros
-// past K). H100, 2026-11-27 (build/test_fp8): with the plain BF16 store, 947 TFLOP/s at d12's fc shape
-// (M = 65536, N = 3072, K = 768) and 1008 at d48's (16384, 6400, 1600), 1.13x and 1.23-1.24x cuBLASLt's
-// FP8 time (the plain store's timing; recipes/fp8/fp8_gemm.cuh runs the FP8 operands in a persistent kernel of its own).
+// past K). build/test_fp8 times it with the plain BF16 store against cuBLASLt's FP8 GEMM at d12's and d48's
+// fc shapes (recipes/fp8/fp8_gemm.cuh runs the FP8 operands in a persistent kernel of its own).
 //
 // Accumulator layout of m64nNk16 (warp w of the warpgroup, lane = 4 g + q): registers 4j..4j+3 hold
 // rows 16w + g and 16w + g + 8, columns 8j + 2q and 8j + 2q + 1 (j = 0..N/8-1), each row's pair in

@@ -58,8 +58,8 @@ struct MatmulBatch { int count = 1; long long stride_a = 0, stride_b = 0, stride
 //   EPI_DGELU_BGRAD: EPI_DGELU, and vec[i] = sum over j of D[i][j], a vector of length m: the bias gradient
 //                  of the layer whose pre-activation aux is (the fc layer's, from the fc projection's dgrad),
 //                  as FP32 (EPI_DGELU_BGRAD) or in D's type (EPI_DGELU_BGRAD_NARROW). The trainer does not
-//                  use it: cuBLASLt 13.1 on an H100 has no algorithm with the FP32 vector, and the narrow one
-//                  ran 2.7-3.4x the time of the DGELU GEMM (dev/bench/gemm_bench.cu, doc/perf.md)
+//                  use it: cuBLASLt 13.1 on Hopper has no algorithm with the FP32 vector, and the narrow one
+//                  takes several times the DGELU GEMM's time (dev/bench/gemm_bench.cu measures both)
 enum MatmulEpilogue { EPI_NONE = 0, EPI_GELU_BIAS = 1, EPI_DGELU = 2, EPI_BGRADB = 3, EPI_DGELU_BGRAD = 4,
                       EPI_DGELU_BGRAD_NARROW = 5 };
 inline bool epilogue_has_aux_matrix(int e) {
@@ -90,8 +90,8 @@ struct MatmulPlan {
     size_t next_candidate = 1;
     bool chosen = false; // the algorithm is settled (tuned, taken from a checkpoint, or tuning is off)
 };
-// How many of the heuristic's algorithms a plan keeps; autotuning times them all. (Asked for 32 on an
-// H100 with cuBLASLt 13.0, the heuristic returned at most 8 for every shape of d12 and d24.)
+// How many of the heuristic's algorithms a plan keeps; autotuning times them all. (Asked for 32 on
+// Hopper, cuBLASLt 13.0 returns at most 8 for every shape of d12 and d24.)
 static const int MATMUL_CANDIDATES = 8;
 // The preferences a plan asks the heuristic under (matmul_build_plan). With autotuning on, all of them;
 // off (-ga 0), the first alone, so that runs that must be bit-reproducible run the heuristic's first
@@ -254,8 +254,8 @@ inline void matmul_no_algorithm(const MatmulKey& key) {
 
 // ---- Autotuning ---------------------------------------------------------------------------------
 // cuBLASLt's heuristic ranks algorithms by a model, not a measurement: on the trainer's shapes its first
-// choice was up to 18% slower than the fastest of its own top eight (H100, dev/bench/gemm_bench.cu,
-// doc/perf.md). With g_matmul_autotune on (the trainer's -ga 1, the default), the first call of each
+// choice can be well slower than the fastest of its own top eight (dev/bench/gemm_bench.cu times every
+// candidate). With g_matmul_autotune on (the trainer's -ga 1, the default), the first call of each
 // shape times every candidate on the call's own operands (one warm-up run, then three) and keeps the
 // fastest; when the GEMM accumulates into D, D is saved first and put back after the timing runs.
 // The choices (a candidate index per shape) go into checkpoints and come back on resume, so that a
@@ -349,9 +349,8 @@ inline void matmul_choose(const MatmulKey& key, MatmulPlan& p, void* d, size_t a
 
 // ---- A fused epilogue, or the plain GEMM and a separate pass ------------------------------------
 // An epilogue saves a pass over a tensor, but on some shapes cuBLASLt has only slow algorithms for it:
-// d24's fc-projection dgrad with DGELU (m 4096, n 32768, k 1024) has one candidate at 0.90 ms on an
-// H100, where the plain GEMM takes 0.35 ms and a separate GELU-derivative pass over the 268 MB output
-// ~0.27 ms (dev/bench/gemm_bench.cu; doc/perf.md). So with autotuning on, the first call of such a
+// d24's fc-projection dgrad with DGELU (m 4096, n 32768, k 1024) has a single candidate, slower than the
+// plain GEMM and a separate GELU-derivative pass over the output together (dev/bench/gemm_bench.cu). So with autotuning on, the first call of such a
 // GEMM times both ways (each with its own tuned algorithm) and keeps the faster. The decision is
 // stored like an algorithm choice, under the fused GEMM's key with the epilogue moved by
 // EPI_SPLIT_DECISION (index 0 fused, 1 split), so checkpoints carry it and a resumed run repeats it.
@@ -505,7 +504,7 @@ inline bool matmul_fp8(void* d, bool d_fp32, Fp8Operand a, Fp8Operand b, const f
     key.a_type = a.type; key.b_type = b.type;
     key.fast_accum = fast_accum;
     if ((uintptr_t)a.scale % 16 != 0 || (uintptr_t)b.scale % 16 != 0) {
-        // cuBLASLt (13.1, H100) refuses 4-byte aligned scale pointers at run time
+        // cuBLASLt 13.1 refuses 4-byte aligned scale pointers at run time
         fprintf(stderr, "error: matmul_fp8: the scale pointers must be 16-byte aligned\n");
         exit(1);
     }
@@ -530,8 +529,8 @@ inline bool matmul_fp8(void* d, bool d_fp32, Fp8Operand a, Fp8Operand b, const f
 // b_scales: ceil(n / 128) * (k / 128) floats. k % 128 == 0. cuBLASLt offers these modes on Hopper from
 // 12.9 on; the accumulator is promoted to FP32 at each 128-wide block, so there is no fast accumulation.
 // What the 1 x 128 blocks of A buy (TCFP-12): one GEMM over K-concatenated operands [W_hi | W_lo] and
-// [x | x], each half of A with its own scale (dev/bench/tcfp12_gemm_bench.cu checked the layout of
-// a_scales on an H100: the other order gives relative errors ~1). Returns false, with nothing
+// [x | x], each half of A with its own scale (dev/bench/tcfp12_gemm_bench.cu checks the layout of
+// a_scales: the other order gives relative errors ~1). Returns false, with nothing
 // launched, where cuBLASLt has no algorithm.
 inline MatmulKey matmul_fp8_block_scaled_key(int m, int n, int k, cudaDataType_t a_type, cudaDataType_t b_type,
                                              bool has_bias, MatmulEpilogue epilogue) {
@@ -628,7 +627,7 @@ inline void matmul_free() {
 // blockIdx.y picks one of BIAS_ROW_GROUPS fixed row ranges, each thread one column; the partial
 // sums go to scratch and a second kernel adds them in a fixed order. 512 groups: with 128, a
 // 768-column gradient (d12's attention and fc projections) ran only 12,288 threads and the whole
-// bias_backward read its 100 MB at 0.8 TB/s (H100, dev/bench/gemm_bench.cu, 2026-11-25).
+// bias_backward read its 100 MB at a fraction of the memory bandwidth (dev/bench/gemm_bench.cu).
 #define BIAS_ROW_GROUPS 512
 
 // AMAX: also max |dout| into *amax_out (atomicMax on the bits of a non-negative float, one per warp;

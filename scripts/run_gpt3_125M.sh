@@ -3,10 +3,10 @@
 # 524,288 tokens per step, lr 6e-4, warmup over 375M tokens (715 steps), cosine decay to 10% of the
 # peak, weight decay 0.1, clip 1.0, 300B tokens (572,204 steps; lower -x for a shorter run).
 #
-# By default this builds and runs the Q1.15 true-forward trainer, train_gpt3q115cu (as the SF16 seed,
-# doc/q115.md): cuDNN stays off (USE_CUDNN=0; Q1.15 refuses it) and -Q 115 verifies the binary and its
+# By default this builds and runs the Q1.15 true-forward trainer, train_gpt3q115cu (as the SF16
+# specification runs it, doc/recipes/q115.md): cuDNN stays off (USE_CUDNN=0; Q1.15 refuses it) and -Q 115 verifies the binary and its
 # device boundaries at start. RECIPE=<name> runs train_gpt_<name> instead (bf16, fp8, nvfp4, vcast,
-# tcfp12, q115), without -Q. Doc/q115.md: true-forward Q1.15 does not train this model (its logits and
+# tcfp12, q115), without -Q. True-forward Q1.15 does not train this model (its logits and
 # activations are clamped to +-1); RECIPE=bf16 is the baseline.
 # Usage: [RECIPE=bf16] bash scripts/run_gpt3_125M.sh [extra trainer flags, which override these]
 # Make the data first: python3 dev/data/fineweb.py

@@ -48,12 +48,11 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 KNOWN_RECIPES = ["bf16", "fp8", "tcfp12", "nvfp4", "q115", "vcast"]
 
 # Per-size starting micro-batch B and sequence length T. GPT-2 sizes have maxT 1024, GPT-3 2048.
-# The B values are starting points for an 80 GB H100 (the protocol's "largest B that fits"); on OOM the
-# run is retried with B/2. On an H100 (2026-11-25): d24 64 fits ours (63 GiB) and the peer (75 GiB); d36
-# 32 fits both; gpt3:c768 64 fits ours (47 GiB), the peer falls back to 32. d48: 16 fits ours (bf16 70.5 GiB,
-# fp8 72.6 GiB; H100, 2026-11-26). On an H200 (139.8 GiB) 32 fits both (bf16 113.5 GiB, fp8 105.7 GiB;
-# 2026-11-28), so d48 starts at 32: an H200 runs the protocol's largest B, an 80 GB H100 runs out of memory
-# at allocation (seconds) and falls back to 16; recipes that need more (tcfp12) and the peer fall back further.
+# The B values are starting points (the protocol's "largest B that fits"); on OOM the run is retried with
+# B/2. On an 80 GB GPU d24 64 fits ours and the peer; d36 32 fits both; gpt3:c768 64 fits ours and the peer
+# falls back to 32; d48 16 fits bf16 and fp8. On a 141 GB H200 d48 32 fits both, so d48 starts at 32: an
+# H200 runs the protocol's largest B, an 80 GB GPU runs out of memory at allocation (seconds) and falls
+# back to 16; recipes that need more (tcfp12) and the peer fall back further.
 SIZE_DEFAULTS = {
     "d6": (64, 1024),
     "d12": (64, 1024),
@@ -455,7 +454,7 @@ def summarize_rounds(rows):
 
 
 def kill_group(proc):
-    """SIGKILL to the process group of a Popen made with start_new_session: the command and anything it
+    """SIGKILL to the process group of a Popen started in a group of its own: the command and anything it
     started, nothing else."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -33,8 +33,8 @@
 // candidates that allows it, the variants with s in {2, 3, 4, 6, 8} under each reduction scheme the
 // algorithm offers, keeping those cuBLASLt accepts within the workspace. (Every scheme sums the parts in
 // a fixed order: INPLACE orders them with counters in the workspace, the others reduce out of place.)
-// Measured (H100, cuBLASLt 13.1, 2026-11-25, doc/perf.md): the kernels the heuristic ranks first (algorithm
-// id 66) offer split-k only for some wgrad shapes, and every variant was slower than the unsplit kernels.
+// With cuBLASLt 13.1 on Hopper the kernels the heuristic ranks first (algorithm id 66) offer split-k only
+// for some wgrad shapes, and no variant beats the unsplit kernels; this is why the trainer does not try them.
 inline std::string matmul_algo_config(const cublasLtMatmulAlgo_t& a) {
     int32_t id = 0;
     uint32_t tile = 0, stages = 0, splitk = 0, scheme = 0, swizzle = 0, cluster = 0;
@@ -231,7 +231,7 @@ int main(int argc, char** argv) {
            prop.name, cublasLtGetVersion(), CUBLAS_VERSION, C, N, V, rows, reps);
     matmul_init();
     // -q 1 (default): the candidates of every preference in MATMUL_QUERIES, as the autotuning trainer
-    // has them; -q 0: the first query's alone (the heuristic's list before 2026-11-25)
+    // has them; -q 0: the first query's alone (a single heuristic query)
     g_matmul_explore_preferences = explore == 1;
 
     const size_t big = (size_t)N * 4 * C;

@@ -6,15 +6,15 @@
     python3 dev/bench/kernel_table.py fp8.csv bf16.csv [--labels fp8,bf16] [--out table.md]
 
 ncu runs every kernel alone (serialized, each launch timed by itself), with the clocks left as they
-are (--clock-control none, as doc/perf.md's measurements do). The tool keeps the kernels of the run's
+are (--clock-control none, so that kernels run at the clocks a training run sees). The tool keeps the kernels of the run's
 LAST step: from the last launch of the step's first kernel (the token embedding, `encoder_forward`, or
 --step-start REGEX) to the end of the file, so that the first steps' calibration and GEMM autotuning
 are left out. With -d equal to B*T (one micro-step per step) that is one micro-step plus the
 optimizer. Kernels are grouped by name (templates and arguments cut off) and summed.
 
 The table has one column per file: milliseconds (and the number of launches) per name, sorted by the
-largest time in any column, and the total. This is how doc/perf.md's "one d12 micro-step, kernel by
-kernel" table was made: where the FP8 recipe spends its time against BF16's.
+largest time in any column, and the total: for example where the FP8 recipe spends its time against
+BF16's.
 """
 import argparse
 import csv

@@ -3,8 +3,8 @@
 // 2^-145 .. 2^30 apart, with 5% zeros and 5% values down to the float denormals; stops at the first CUDA
 // error. A fault finder, not a numerics test (build/test_nvfp4 checks the bits against the CPU reference).
 //   make build/nvfp4_stress && ./build/nvfp4_stress [cols = 768] [rounds = 100]
-// Written for the launch failures of concurrent NVFP4 runs (doc/nvfp4.md, "Launch failures when several NVFP4 runs share one GPU"; the cause was a cuBLASLt kernel): 200 rounds at
-// 768 and 40 at 3072 columns ran without error on an H200, also under compute-sanitizer memcheck (2026-11-26).
+// A fault finder for launch failures of NVFP4 runs (doc/recipes/nvfp4.md, "Known limits"): it rules the
+// quantize kernels in or out; run it under compute-sanitizer memcheck too.
 #include "llmc/cuda_common.h"
 #include "llmc/recipes/nvfp4/nvfp4_kernels.cuh"
 #include <random>

@@ -15,8 +15,8 @@ and of the ones that say most about an elementwise inner loop:
     MMA     tensor-core instructions (HGMMA, HMMA, QGMMA, ...)
 
 With --baseline, each kernel of BINARY0 with the same name is printed beside it (before -> after).
-This is how the Q1.15 attention's per-element cost was found (doc/q115.md, "Straight-line hooks"):
-one branch and reconvergence point per score showed as BRA/BSSY counts in the hundreds.
+A per-element cost shows this way: one branch and reconvergence point per value (say, per attention
+score) appears as BRA/BSSY counts in the hundreds.
 
 The counts are static (instructions in the binary, not executed ones): an unrolled loop counts once
 per unrolled copy, a loop that is not unrolled once. Compare a kernel with itself before and after a

@@ -1,6 +1,6 @@
-// tcfp12_gemm_bench.cu: the TCFP-12 product y = x (W_hi + W_lo)^T two ways, as issue #5 asks ("the second
+// tcfp12_gemm_bench.cu: the TCFP-12 product y = x (W_hi + W_lo)^T two ways (the second
 // GEMM accumulating onto the first, or one GEMM over K-concatenated operands with Hopper's 1x128 /
-// 128x128 block scaling: measure both and keep the faster"):
+// 128x128 block scaling), to tell which is faster at each shape:
 //   two GEMMs  D = x W_lo^T (s_x s_lo), BF16; then D = x W_hi^T (s_x s_hi) + D (+ bias): the recipe's
 //              form, per-tensor scales (llmc/recipes/tcfp12/recipe.h)
 //   K-concat   D = [x | x] [W_hi | W_lo]^T, one FP8 GEMM of depth 2K whose block scales give each half

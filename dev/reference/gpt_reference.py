@@ -15,7 +15,7 @@ Three things live here:
      the numbers.
 
   4. `--boundaries q115`: the same reference under the Q1.15 true-forward boundaries of the
-     trainer's q115 recipe (llmc/recipes/q115/recipe.h, seed 002): every forward boundary through
+     trainer's q115 recipe (llmc/recipes/q115/recipe.h, SF16): every forward boundary through
      simulate_q115 (GEMM outputs through simulate_q131 first), straight-through in backward.
 
 Usage:
@@ -120,7 +120,7 @@ def straight_through(x, q):
 
 
 class Q115Boundaries:
-    """SF16 true-forward (seed 002), as llmc/recipes/q115/recipe.h: logit scale 1, residual scales 1."""
+    """SF16 true-forward, as llmc/recipes/q115/recipe.h: logit scale 1, residual scales 1."""
     name, code, active = "q115", 1, True
     attention_residual_scale = mlp_residual_scale = logit_scale = 1.0
 

@@ -389,8 +389,8 @@ __global__ void __launch_bounds__(256) fp8_transpose_kernel(uint8_t* __restrict_
 }
 
 // The same transpose in 128 x 128 tiles, for rows and cols multiples of 16 and 16-byte aligned buffers (the
-// trainer's shapes): the 64 x 64 kernel above moves 16 bytes a thread a tile in 4-byte loads and reached ~3.1 TB/s
-// (H200, d12's 65536 x 768); here each thread moves 64 bytes a tile in 16-byte loads and stores, and loads the
+// trainer's shapes): the 64 x 64 kernel above moves 16 bytes a thread a tile in 4-byte loads, too few bytes
+// in flight to reach the memory bandwidth; here each thread moves 64 bytes a tile in 16-byte loads and stores, and loads the
 // next tile before it stages the current one, so that more bytes are in flight.
 //   load:  thread t: rows 4 rg .. 4 rg + 3 (rg = t / 8), columns 16 cc .. 16 cc + 15 (cc = t % 8): one uint4 a row;
 //          a warp's load instruction reads 4 rows x 128 bytes, whole lines

@@ -1,4 +1,4 @@
-// formats/fp8_scaling.h: per-tensor delayed scaling for FP8 (seed 004's FP8-hybrid recipe).
+// formats/fp8_scaling.h: per-tensor delayed scaling for FP8 (the FP8-hybrid recipe).
 //
 // A tensor x is stored in FP8 as q = fp8(x * s) and read back as q * (1/s). Delayed scaling picks s
 // from the amax (max |x|) of the same tensor in earlier optimizer steps:

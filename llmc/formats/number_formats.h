@@ -67,11 +67,10 @@
 //   Results below 2^-127 (including 0 and float32 subnormals that round below it) clip to code 0
 //   (2^-127); results above 2^127 and +-inf saturate to 0xFE (2^127); NaN -> 0xFF.
 //
-// Q1.15 / Q1.31 (seed 002, "SF16"): encode clamps x to [-0.999, +0.999] (Q115_OVERFLOW_THRESHOLD,
+// Q1.15 / Q1.31 (SF16): encode clamps x to [-0.999, +0.999] (Q115_OVERFLOW_THRESHOLD,
 //   also for Q1.31), scales by 2^15 (2^31), rounds to nearest integer with ties to EVEN, and
-//   decode multiplies the integer by 2^-15 (2^-31). The seed's text only says "round to nearest";
-//   the implementation it describes (float_to_q115 in the seed project's q115_common.cuh) rounds
-//   with __float2int_rn, i.e. ties to even, which is what this file does (device: __float2int_rn;
+//   decode multiplies the integer by 2^-15 (2^-31). The SF16 specification says "round to nearest",
+//   and the implementation it describes (float_to_q115 with __float2int_rn) rounds ties to even, which is what this file does (device: __float2int_rn;
 //   host: std::nearbyint in the default rounding mode). 0.999f * 32768 = 32735.232... -> code 32735,
 //   so simulate_q115 never returns more than 32735/32768 in magnitude (codes +-32736..32767 and
 //   -32768 are decodable but never produced). 0.999f * 2^31 is already an integer
@@ -87,20 +86,20 @@
 //   --use_fast_math (flush-to-zero) will flush in later arithmetic. The FP8/FP4 formats never
 //   need float32 subnormals. The encoders read the input's bits, so they are exact under FTZ too.
 //
-// Where the seeds differ from OCP (this file follows OCP):
-//   * Seed 003 flushes |x| < 1e-7 to code 0x00 before anything else. OCP rounds every finite
+// Where the FP8 specification the recipes were written from differs from OCP (this file follows OCP):
+//   * It flushes |x| < 1e-7 to code 0x00 before anything else. OCP rounds every finite
 //     value; tiny negative values round to -0 (0x80), and under SR a tiny value still has its
 //     (small) probability of becoming the smallest subnormal. Here: no flush, sign kept.
-//   * Seed 003 keeps +-inf as +-inf for E5M2 even in its "clamp" path; OCP's saturating mode maps
+//   * It keeps +-inf as +-inf for E5M2 even in its "clamp" path; OCP's saturating mode maps
 //     +-inf to +-57344. Here: Saturate -> +-max, NonSaturate -> +-inf.
-//   * Seed 003 maps +-inf to +-448 for E4M3 unconditionally; that is OCP's saturating mode only.
+//   * It maps +-inf to +-448 for E4M3 unconditionally; that is OCP's saturating mode only.
 //     OCP's non-saturating mode gives NaN (E4M3 has no infinity). Here: both, per Overflow.
-//   * Seed 003 encodes NaN as 0x7F for E5M2 as well. 0x7F is a valid E5M2 NaN, so that is no
+//   * It encodes NaN as 0x7F for E5M2 as well. 0x7F is a valid E5M2 NaN, so that is no
 //     conflict; this file's canonical E5M2 NaN is 0x7E (see above).
-//   * Seed 003 also lists the "fnuz" variants (E4M3FNUZ bias 8, E5M2FNUZ bias 16, no -0, 0x80 =
+//   * It also lists the "fnuz" variants (E4M3FNUZ bias 8, E5M2FNUZ bias 16, no -0, 0x80 =
 //     NaN). They are not OCP formats and are not provided here.
-//   * Seed 004 gives the formats' maxima (448, 57344) and the E2M1 value set; these agree with
-//     OCP. Its NVFP4 "FP8 E4M3" block scales are non-negative, i.e. UE4M3 above.
+//   * The FP8/FP4 recipe specification gives the formats' maxima (448, 57344) and the E2M1 value
+//     set; these agree with OCP. Its NVFP4 "FP8 E4M3" block scales are non-negative, i.e. UE4M3 above.
 // ==================================================================================================
 #pragma once
 #include <cstdint>
@@ -538,7 +537,7 @@ LLMC_HD inline uint8_t e8m0_encode_nearest(float x) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Q1.15 and Q1.31 fixed point (seed 002): clamp to +-Q115_OVERFLOW_THRESHOLD, scale, round to
+// Q1.15 and Q1.31 fixed point (SF16): clamp to +-Q115_OVERFLOW_THRESHOLD, scale, round to
 // nearest with ties to even, scale back.
 
 constexpr float Q115_OVERFLOW_THRESHOLD = 0.999f;

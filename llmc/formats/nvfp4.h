@@ -1,5 +1,4 @@
-// formats/nvfp4.h: NVFP4 quantization, the reference numerics of the NVFP4 recipe (seed 004's "FP4" recipe,
-// issue #6 items 1 and 2): two-level block scaling, 1x16 and 16x16 blocks, Four Over Six, and the
+// formats/nvfp4.h: NVFP4 quantization, the reference numerics of the NVFP4 recipe: two-level block scaling, 1x16 and 16x16 blocks, Four Over Six, and the
 // 16-point random Hadamard transform.
 //
 // Everything that works on one element, one 16-value block or one 16x16 tile is LLMC_HD (host and
@@ -42,7 +41,7 @@
 // negligibly different squared error.
 //
 // ==================================================================================================
-// Documented choices (the spec leaves these open; doc/nvfp4.md copies them)
+// Documented choices (the spec leaves these open; doc/formats.md summarizes them)
 // ==================================================================================================
 // Global scale (nvfp4_global_scale):
 //   * amax = 0 (an all-zero tensor): g = 1. Any positive g works, since every block scale is then 0.

@@ -1,4 +1,4 @@
-// formats/tcfp12.h: the TCFP-12 weight format (seed 000, issue #5): every weight matrix W is split into two
+// formats/tcfp12.h: the TCFP-12 weight format: every weight matrix W is split into two
 // FP8 E4M3 tensors,
 //     W  ~=  deq(W_hi) + deq(W_lo),     deq(X) = E4M3 value of X's code * X's power-of-two scale,
 // so that two FP8 tensor-core GEMMs (A*W_hi + A*W_lo) see about 8 significant bits of W instead of
@@ -35,7 +35,8 @@
 //   * EF   (default): the FP32 buffer EF' above is kept per weight and added before the next split.
 //          Then sum_t deq_t = T*W + EF_0 - EF_T for a fixed W, so the time-averaged effective
 //          weight converges to W at rate |EF|/T (first-order sigma-delta). Note: EF' is computed
-//          from W_eff = W + EF, the weight that was actually split (see doc/tcfp12.md for why).
+//          from W_eff = W + EF, the weight that was actually split, so that the
+//          identity deq(W_hi) + deq(W_lo) + EF' = W_eff holds exactly.
 //   * SRR: W_lo is rounded stochastically (E[deq(W_lo)] = R exactly, so each split is unbiased)
 //          and there is no EF buffer. Random bits per element: tcfp12_srr_bits(seed, flat index).
 //   * PDDS (predictive dual-track delayed scaling), per scale group, with a float state `ema`:

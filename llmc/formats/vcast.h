@@ -1,5 +1,5 @@
 // formats/vcast.h: virtual casts ("fake quantization") to TensorCast-style datatypes: parse a datatype
-// string (seed 001, TensorCast), then quantize-and-dequantize values to it on the CPU or the GPU.
+// string (TensorCast's grammar), then quantize-and-dequantize values to it on the CPU or the GPU.
 //
 //   DataType dt = llmc::vcast::parse_datatype("mxfp4e2");            // or "e5m6_e8m0_t32", ...
 //   TileScale s = vcast_tile(in, out, 32, 1, dt, opts, seed, index0, 1); // one tile, in place ok
@@ -16,8 +16,8 @@
 //
 // Every float format goes through formats/number_formats.h's minifloat_encode / minifloat_decode (with
 // Overflow::Saturate); integers go through the same encoder on a fixed-point grid. The four round
-// modes map onto that encoder exactly (see mf_encode). doc/vcast.md has the grammar, the
-// predefined names and every choice made where the seed is open.
+// modes map onto that encoder exactly (see mf_encode). doc/formats.md has the grammar, the
+// predefined names and the choices made where TensorCast is open.
 //
 // Exactness on the GPU: the arithmetic is written with rn_mul / rn_div / rn_add / rn_sub (formats/number_formats.h), which
 // are __fmul_rn & co. on the device (never contracted into FMAs, IEEE division even under

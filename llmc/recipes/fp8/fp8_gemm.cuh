@@ -3,8 +3,8 @@
 //
 // Why: with cuBLASLt's FP8 GEMMs, the FP8 recipe's fc layer writes its BF16 pre-activation and a pass
 // then reads it back to write the fc projection's input as E4M3 codes of gelu(pre) in both layouts (2 + 2
-// + 1 + 1 bytes a value). At d12 (B = 64, H100) that pass takes 0.32 ms against the GEMM's 0.27 ms
-// (doc/perf.md, 2026-11-27). Here the GEMM's epilogue writes the pre-activation and both layouts of the
+// + 1 + 1 bytes a value), and at d12 that pass takes longer than the GEMM itself. Here the GEMM's
+// epilogue writes the pre-activation and both layouts of the
 // codes from its accumulators (2 + 1 + 1 bytes a value).
 //
 // The fc forward (fc_gelu_ws): x (M x K E4M3 codes, row-major) and W (N x K E4M3 codes, the fc weight),
@@ -21,17 +21,12 @@
 // Shapes: M % 128 == 0, N % 128 == 0, K % 16 == 0 (a last partial K step reads zeros), pointers 16-byte
 // aligned (supported()); every GPT-2/3 MLP at B*T a multiple of 128.
 //
-// Status (H100, 2026-11-27, build/test_fp8; doc/perf.md): exact (the checks above); d12's fc (M = 65536,
-// N = 3072, K = 768) in 0.44 ms against cuBLASLt's GEMM + the pass, 0.29 + 0.32 ms (0.72x), d48's
-// (16384, 6400, 1600) in 0.44 against 0.27 + 0.16 ms (parity). The FP8 recipe uses both kernels of this
-// file in its training steps (recipes/fp8/recipe.h, Recipe::fused_gemm). At d12 the epilogue warps are the slower
-// side (with the epilogue skipped both kernels take 0.31 ms); at d48 the mainloop is, and it is bound by
-// its loads (half the A tile loaded: 0.35 -> 0.30 ms), which a 2-CTA cluster multicasting A could halve.
-// A first form, gemm_wgmma's kernel itself with the epilogue between each CTA's MMAs (two CTAs an SM),
-// was exact too but no faster than cuBLASLt + the pass (0.611 against 0.609 ms at d12, 0.463 against 0.433
-// at d48: the two CTAs did not hide one's epilogue under the other's MMAs), and is gone.
-// Tried in the epilogues and dropped (doc/perf.md): staged code columns in an XOR swizzle, and the next row
-// group's staged rows read before the current group's math; both exact, both slower (fc_dy_ws 0.52 -> 0.60-0.66 ms).
+// Both kernels are exact (the checks above; build/test_fp8) and faster than cuBLASLt's GEMM followed by
+// the pass at d12's shapes (build/test_fp8 times them); the FP8 recipe uses them in its training steps
+// (recipes/fp8/recipe.h, Recipe::fused_gemm). At d12 the epilogue warps are the slower side; at d48 the
+// mainloop is, bound by its loads, which a 2-CTA cluster multicasting A could halve. The epilogue runs in
+// warps of its own (warp specialization) because an epilogue between each CTA's MMAs, with two CTAs an
+// SM, does not hide one CTA's epilogue under the other's MMAs.
 #pragma once
 #include "llmc/gemm_wgmma.cuh"
 #include "llmc/formats/fp8_quantize.cuh" // fp8_pack2, Fp8Kind
@@ -57,7 +52,7 @@ constexpr int PRE_BYTES = 128 * PRE_LD * 2;
 //   transposer warp 17, when asked: x^T for the backward from the A tiles in the ring (ws_transpose_x_block).
 // The consumers build their wgmma descriptors once and move them on by offsets (desc_advance), and every
 // shared-memory pointer derives from smem_raw by pointer arithmetic (WsShared), so that the compiler emits
-// LDS/STS: these are issue slots the epilogue needs (doc/perf.md, "the fused epilogues' instructions").
+// LDS/STS rather than generic loads and stores: the epilogue is bound by its instruction issue slots.
 // Two mbarriers a pre tile hand it over: pre_full (256 consumer arrivals) and pre_empty (256 epilogue
 // arrivals); the epilogue warps sync among themselves with named barrier 2. Shared memory: the ring
 // 96 KB, two pre tiles 68 KB, the staged codes 32 KB.
@@ -462,16 +457,15 @@ fc_gelu_ws_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_consta
 inline bool writes_x_t_supported(int N, int K) { return K % 32 == 0 && (N / 128) * 32 >= K; }
 // Whether fc_dy_ws's producer warp should write dy^T (it can where writes_x_t_supported): the transposes sit
 // in the producer's path between a slot's release and its refill, so they pay where the kernel waits on its
-// epilogue, with few K steps a tile, and cost where it waits on its main loop. H200, 2026-11-28, the kernel
-// alone: K = 768 (6 steps a tile) 0.535 ms writing dy^T against 0.564 + 0.032 for the kernel without it and
-// the transpose pass; K = 1600 (13 steps) 0.451 against 0.405 + 0.017. Between them (K = 1024, 1280) not
-// measured: up to 8 steps a tile counts as epilogue-bound.
+// epilogue, with few K steps a tile, and cost where it waits on its main loop: at K = 768 (6 steps a tile)
+// writing dy^T beats the kernel without it plus the transpose pass, at K = 1600 (13 steps) it loses. K = 1024
+// and 1280 lie between; up to 8 steps a tile counts as epilogue-bound.
 inline bool fc_dy_writes_dy_t_pays(int N, int K) { return writes_x_t_supported(N, K) && K <= 8 * 128; }
 
 // What fc_gelu_ws stores in its BF16 output: the pre-activation, or bf16(gelu'(pre)), the GELU factor of the
 // backward (gelu.cuh, GeluFactor::GIVEN), which the FP8 recipe keeps in place of the pre-activation: fc_dy_ws
-// then multiplies by it instead of evaluating gelu' (H200, 2026-11-28: fc_dy_ws -0.063 ms a call at d12's
-// shape, fc_gelu_ws +0.033; -0.025 / +0.008 at d48's)
+// then multiplies by it instead of evaluating gelu'; fc_gelu_ws has the tanh at hand already, so the
+// factor costs it less than it saves fc_dy_ws
 enum class FcPreOut { PRE_ACTIVATION, GELU_DERIVATIVE };
 
 // The fc forward above: x (M x K), W (N x K) E4M3 codes; pre (M x N) BF16 (what `what` says), codes (M x N)
@@ -510,8 +504,8 @@ inline void fc_gelu_ws(floatX* pre, FcPreOut what, uint8_t* codes, uint8_t* code
 // k32) go into a fresh 64 x 64 partial sum (one half of the tile's columns at a time, so that the partial
 // sums take 32 registers), which the consumer then adds into its FP32 accumulators: the tensor cores'
 // reduced-precision sums span 128 products at most. d(gelu output) itself is never written (dgelu_out,
-// for tests, writes it). H100, 2026-11-27: d12's shape (65536, 3072, 768) in 0.52 ms against cuBLASLt's
-// dgrad + the dy pass, 0.28 + 0.46 ms (0.70x); d48's (16384, 6400, 1600) in 0.42 against 0.28 + 0.24 (0.81x).
+// for tests, writes it). It replaces cuBLASLt's dgrad followed by the dy quantize pass, which reads the
+// BF16 d(gelu output) back.
 // Same roles, ring and hand-over as fc_gelu_ws (7 epilogue warps); the epilogue reads the pre-activation
 // from global memory (8 bytes a row of a 4 x 4 block, a warp's 32 blocks side by side). When dy_t is given,
 // the producer warp also writes dy^T (the fc projection's wgrad operand) from the dy tiles in the ring

@@ -1,4 +1,4 @@
-// recipes/nvfp4/nvfp4_kernels.cuh: the NVFP4 quantization kernels of the nvfp4 recipe (issue #6), and the
+// recipes/nvfp4/nvfp4_kernels.cuh: the NVFP4 quantization kernels of the nvfp4 recipe, and the
 // emulated NVFP4 GEMM of Hopper.
 //
 // Every kernel here calls the __host__ __device__ functions of formats/nvfp4.h for each block, so its
@@ -15,12 +15,12 @@
 //   forward  y = x W^T   x (N x C): blocks along C, i.e. along the rows of the row-major x
 //   dgrad    dx = dy W   dy (N x OC): blocks along OC (rows of dy)
 //   wgrad    dW = dy^T x dy and x: blocks along N, i.e. down the columns of the row-major tensors,
-//                        after a 16-point random Hadamard transform along N (seed 004's RHT)
+//                        after a 16-point random Hadamard transform along N (the recipe's RHT)
 //   weights  W (OC x C): 16x16 tiles, so W and W^T share one quantization (forward and dgrad)
 // nvfp4_quantize_kernel does both directions from one read of a 16 x 64 patch: every thread owns
 // one 1x16 row block and one 16x1 column block of the patch. (One kernel per direction, with the
-// options as template parameters, measured slower on an H100: 1.70 against 1.46 ms for a d12 fc
-// gradient, both directions, in dev/bench/nvfp4_quantize_bench.cu.) The column numbering of the CPU
+// options as template parameters, is slower: it reads the tensor twice; dev/bench/nvfp4_quantize_bench.cu
+// times the kernels.) The column numbering of the CPU
 // reference is that of the transposed matrix (x^T quantized by rows).
 //
 // Native FP4 GEMMs (Blackwell, sm_100 and newer). The same kernels can also write each direction as
@@ -201,10 +201,9 @@ inline void nvfp4_amax(const floatX* x, int rows, int cols, uint32_t* amax_plain
 // a (rows x cols) row-major tensor, from one read of each 16 x 64 patch. rows % 16 == 0 and
 // cols % 64 == 0. 64 threads: thread t owns row block (t / 4, t % 4) and column t of the patch.
 // At least 16 resident blocks of 64 threads per SM: that caps the kernel at 64 registers (ptxas spills
-// 168 bytes a thread to L1) against the 96 it takes unbounded (10 blocks, 31% occupancy). Measured on
-// an H100 (2026-11-26, d12 nvfp4 steps, interleaved): 1995 -> 1930 ms per step. In another call, against
-// 1946-1949 ms with 16 blocks, 20 blocks (48 registers, 840 bytes of spills) gave 1982-1989 ms and 24
-// blocks 2187-2189 ms.
+// 168 bytes a thread to L1) against the 96 it takes unbounded (10 blocks, 31% occupancy). The d12 step
+// is faster with the bound than without; 20 or 24 blocks (48 registers or fewer) spill so much more
+// that they are slower than 16.
 static const int NVFP4_QUANTIZE_MIN_BLOCKS = 16;
 // kValuesOnly: neither direction writes native codes or telemetry (every training step of the Hopper
 // emulation but the -lq ones). Each block then goes through nvfp4_block16_values, which computes the
@@ -318,7 +317,7 @@ inline void nvfp4_quantize(const floatX* x, int rows, int cols, const Nvfp4Direc
 // Why not alpha in the GEMM (cuBLASLt's pointer mode DEVICE, as the forward and dgrad GEMMs do): with
 // several processes time-sharing one GPU, the wgrad GEMM that cuBLASLt picked for that form
 // (nvjet_sm90_tss_128x128_64x6_2x4_h_bx_NTT, FP32 output with beta = 1 from device memory) stopped with an
-// illegal instruction at an mbarrier arrive, about once per 1,200 steps (doc/nvfp4.md, "Launch failures when several NVFP4 runs share one GPU").
+// illegal instruction at an mbarrier arrive, about once per thousand steps (doc/recipes/nvfp4.md, "Known limits").
 __global__ void nvfp4_scaled_accumulate_kernel(float* dw, const float* p, const float* alpha, long long n4) {
     const float a = *alpha;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4; i += (long long)gridDim.x * blockDim.x) {

@@ -12,7 +12,7 @@
 //   * Per tensor: the scales depend on the whole tensor, so it takes three passes over it
 //     (amax of W + EF; W_hi codes and the residual's amax; W_lo codes and EF'), with one-thread
 //     kernels between them that turn the maxima into scale codes (and run the PDDS update). The
-//     weights are split once per optimizer step, so the passes cost little (doc/tcfp12.md).
+//     weights are split once per optimizer step, so the passes cost little next to the GEMMs.
 //
 // Telemetry of a split (Tcfp12SplitStats, one per weight matrix): the maxima, saturation counts,
 // the W_lo codes that are not zero, the groups that got the zero-residual sentinel, and the sums
@@ -476,9 +476,9 @@ inline void tcfp12_fake_quantize(floatX* out, const floatX* in, long long n, con
 // multiple of 128 the weight side gets s_hi on its first K/128 blocks and s_lo on the rest, and the
 // activation side s_x everywhere (matmul_fp8_block_scaled). One GEMM instead of two saves the first
 // GEMM's BF16 output and the second one's read of it, and its accumulation is FP32 throughout
-// (promoted every 128 values of K); the price is writing the activation's codes twice. On an H100
-// at d12's shapes it ran 5-18% faster than the two GEMMs (dev/bench/tcfp12_gemm_bench.cu); the
-// recipe times both per shape and keeps the faster (recipes/tcfp12/recipe.h).
+// (promoted every 128 values of K); the price is writing the activation's codes twice. Which form is
+// faster depends on the shape (dev/bench/tcfp12_gemm_bench.cu compares them), so the recipe times both
+// per shape and keeps the faster (recipes/tcfp12/recipe.h).
 
 // out (rows x 2k) = [a | b], a and b (rows x k) codes
 __global__ void tcfp12_concat_codes_kernel(uint8_t* out, const uint8_t* a, const uint8_t* b, int rows, int k16) {
@@ -512,7 +512,7 @@ inline void tcfp12_concat_weight_scales(float* scales, const float* hi_slot, con
 // the activation side's 128 x 128 block scales: `count` copies of its one dequantization factor slot[4].
 // All of them are equal, so their order does not matter, but how many cuBLASLt reads does: with exactly
 // ceil(rows/128) * K/128 of them written, the products at rows = 192 / 256 and K = 256 came out wrong
-// (H100, cuBLASLt 13.1: build/test_tcfp12 and dev/bench/tcfp12_gemm_bench.cu), as if the array's
+// with cuBLASLt 13.1 (build/test_tcfp12 and dev/bench/tcfp12_gemm_bench.cu show it), as if the array's
 // leading dimension were padded; both block counts are rounded up to a multiple of 4 here, with which
 // every case is right.
 inline int tcfp12_concat_act_scale_count(int rows, int k2) { return ceil_div(ceil_div(rows, 128), 4) * 4 * ceil_div(k2 / 128, 4) * 4; }
