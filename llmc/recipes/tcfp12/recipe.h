@@ -45,9 +45,9 @@
 // output) * gelu'(pre) straight to the fc layer's E5M2 codes (rows and transposed, with the amax and the
 // bias gradient's column sums), as FP8-hybrid does, so the BF16 gradient is never written; and the
 // LayerNorms in front of the qkv and fc layers write their E4M3 input under the speculative scale instead of
-// their BF16 output, run again over the stored residual stream where it missed (tcfp12_input_again (recipe_site_again)); and
+// their BF16 output, run again over the stored residual stream where it missed (tcfp12_input_again); and
 // the LayerNorm backward writes the attention and fc projections' E5M2 dy instead of its BF16 output, made
-// again from the FP32 residual gradient it stored where it missed (tcfp12_gradient_again (recipe_site_again)).
+// again from the FP32 residual gradient it stored where it missed (tcfp12_gradient_again).
 //
 // Which layers: the four linears of layers [-sqf, L - -sql) (default: all); embeddings, LM head,
 // attention and norms stay BF16; master weights and AdamW stay FP32.
@@ -125,8 +125,8 @@ struct Recipe {
     // the fc projection's backward applied the GELU derivative to the fc layer's dy and took its column
     // partial sums (scratch.bias_partials) and amax in the same pass: the fc layer's call takes them
     LinearId dy_sums_given{-1, LIN_QKV};
-    // the linear whose input's amax the LayerNorm before it recorded (tcfp12_input_target (recipe_site_output)), and the
-    // one whose output gradient's amax the LayerNorm backward recorded (tcfp12_gradient_target (recipe_site_output)): their
+    // the linear whose input's amax the LayerNorm before it recorded (tcfp12_input_target), and the
+    // one whose output gradient's amax the LayerNorm backward recorded (tcfp12_gradient_target): their
     // next call takes the amax instead of reading the tensor for it
     LinearId x_amax_given{-1, LIN_QKV}, dy_amax_given{-1, LIN_QKV};
     // The fc layer's GELU output left unwritten (recipe_api.h) where only the fc projection's forward reads
@@ -146,14 +146,14 @@ struct Recipe {
     // the fc projection's backward: the fc layer's call takes them
     LinearId dy_codes_given{-1, LIN_QKV};
     // ... or the attention or fc projection's dy as row-major E5M2 codes (r.dy8), written by the LayerNorm
-    // backward under a speculative scale (tcfp12_gradient_target (recipe_site_output)), checked and redone if need be by
-    // tcfp12_gradient_again (recipe_site_again) (dy_codes_checked); the projection's call transposes them for its wgrad
+    // backward under a speculative scale (tcfp12_gradient_target), checked and redone if need be by
+    // tcfp12_gradient_again (dy_codes_checked); the projection's call transposes them for its wgrad
     // (dy_codes_reference: the projection whose dy the scale was guessed from, tcfp12_projection_dy_reference;
     // layer -1: not guessed, the scale of the last use)
     bool dy_codes_rows_only = false, dy_codes_checked = true;
     LinearId dy_codes_reference{-1, LIN_QKV};
     // the qkv or fc layer's input as E4M3 codes (r.x8) written by the LayerNorm before it under a speculative
-    // scale (tcfp12_input_target (recipe_site_output)), checked and redone if need be by tcfp12_input_again (recipe_site_again) (x_codes_checked)
+    // scale (tcfp12_input_target), checked and redone if need be by tcfp12_input_again (x_codes_checked)
     LinearId x_codes_given{-1, LIN_QKV};
     bool x_codes_checked = false;
     long long splits = 0;                         // splits so far (the SRR streams' counter)
@@ -468,10 +468,11 @@ inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream
     if (split) r.splits += 1;
 }
 
-// TCFP-12 keeps no per-step scale state: the weights' scales come with each split, the others fresh
-// The split of the weights (and its SRR bits, seeded by the split counter) is the same in every
-// process of a data-parallel run, as the weights are; x and dy are scaled from their own amax
-// (current scaling): nothing to combine, nothing seeded by the data
+// (recipe_step_end, recipe_begin_micro_step, recipe_cross_process_max: the defaults.) TCFP-12 keeps no
+// per-step scale state: the weights' scales come with each split, the others fresh. The split of the
+// weights (and its SRR bits, seeded by the split counter) is the same in every process of a data-parallel
+// run, as the weights are; x and dy are scaled from their own amax (current scaling): nothing to combine,
+// nothing seeded by the data
 
 // The BF16 input is read in backward by the BF16 weight gradient (and by the emulated block modes);
 // an FP8 weight gradient reads the x^T codes its forward saved
@@ -492,7 +493,7 @@ inline bool tcfp12_take_given(LinearId& slot, LinearId id, const char* what) { r
 //
 // With speculative scales (tcfp12_speculates) and an FP8 wgrad (nothing reads the BF16 x after the forward
 // GEMMs: the backward takes the saved x^T codes), the LayerNorm writes x's E4M3 codes instead, under the scale
-// x had at its last use, and its amax; tcfp12_input_again (recipe_site_again), right after it, checks that scale and has the
+// x had at its last use, and its amax; tcfp12_input_again, right after it, checks that scale and has the
 // LayerNorm run again where it was not the fresh one. Per value the LayerNorm then writes 1 byte instead of 2,
 // and the linear transposes codes (1 + 1 bytes) instead of quantizing x (2 + 1 + 1).
 inline bool tcfp12_input_as_codes(const Recipe& r, LinearId id, int N, bool training) {
@@ -538,7 +539,7 @@ inline bool tcfp12_projection_dy_as_codes(const Recipe& r, LinearId id, int N) {
            (r.split.abd || !r.concat) && tcfp12_applies(r, id, N, linear_in_features(id.kind, r.C), r.C);
 }
 
-// The reference of that guess (tcfp12_gradient_target (recipe_site_output), below): the projection whose dy the LayerNorm
+// The reference of that guess (tcfp12_gradient_target, below): the projection whose dy the LayerNorm
 // backward handed over just before, in the same micro-step, where there is one in TCFP-12
 inline bool tcfp12_projection_dy_reference(const Recipe& r, LinearId id, int N, LinearId& ref) {
     ref = id.kind == LIN_ATTPROJ ? LinearId{id.layer, LIN_FCPROJ} : LinearId{id.layer + 1, LIN_ATTPROJ};
@@ -550,7 +551,7 @@ inline bool tcfp12_projection_dy_reference(const Recipe& r, LinearId id, int N, 
 // dv tiles it stages: Fp8Target::amax_only).
 //
 // The LayerNorm backward records the amax of the BF16 dy it writes. Where tcfp12_projection_dy_as_codes, it
-// writes dy's E5M2 codes instead, under a guessed scale, and the amax; tcfp12_gradient_again (recipe_site_again), right after
+// writes dy's E5M2 codes instead, under a guessed scale, and the amax; tcfp12_gradient_again, right after
 // it, checks that scale and has the codes made again from the FP32 residual gradient the kernel stored, where
 // the guess missed (layernorm_backward_codes_again). Per value: 1 byte written by the LayerNorm and 1 + 1 by
 // the transpose, against 2 (BF16 dy) + 2 + 1 + 1 for the quantize pass. The guess: the projection's dy is the
@@ -703,13 +704,13 @@ inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu
     PHASE("tcfp12: quantize x");
     // x's fresh scale: from the amax the LayerNorm that wrote x recorded, or speculated (checked after the
     // quantization below), or from a pass over x for its amax first. With gelu_of_input, x = gelu(inp). Or the
-    // LayerNorm wrote x's codes and its scale is checked already (tcfp12_input_again (recipe_site_again)).
+    // LayerNorm wrote x's codes and its scale is checked already (tcfp12_input_again).
     float* xs = tcfp_act_slot(r, li, TCFP_X, training);
     uint32_t* xamax = tcfp_act_amax(r, li, TCFP_X, training);
     const bool codes_given = tcfp12_take_given(r.x_codes_given, id, "input codes");
     if (codes_given && !r.x_codes_checked) {
         fprintf(stderr, "error: tcfp12: the E4M3 input the LayerNorm wrote for layer %d's %s was not checked "
-                        "(tcfp12_input_again (recipe_site_again) after the LayerNorm)\n", id.layer, LINEAR_NAMES[id.kind]);
+                        "(recipe_site_again after the LayerNorm)\n", id.layer, LINEAR_NAMES[id.kind]);
         exit(1);
     }
     const bool amax_given = tcfp12_take_given(r.x_amax_given, id, "input amax");
@@ -909,7 +910,7 @@ inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* 
             // (the LayerNorm backward's rows: its column sums were this linear's bias gradient already)
             if (!r.dy_codes_checked || dbias || !fp8_wgrad) {
                 fprintf(stderr, "error: tcfp12: the E5M2 output gradient the LayerNorm backward wrote for layer %d's %s was "
-                                "not checked (tcfp12_gradient_again (recipe_site_again) after it), or a bias gradient is asked here\n",
+                                "not checked (tcfp12_gradient_again after it), or a bias gradient is asked here\n",
                         id.layer, LINEAR_NAMES[id.kind]);
                 exit(1);
             }
