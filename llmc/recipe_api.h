@@ -9,9 +9,9 @@
 // prefers. The rest are required.
 //
 // Required:
-//   struct Recipe { RecipeOptions options; LinearScratch scratch; ... }
-//                                               scratch: what the plain linear's backward needs
-//                                               (linear_scratch_init, in recipe_init)
+//   struct Recipe { ...; LinearScratch scratch; }   the recipe's state; scratch: what the plain
+//                                               linear's backward needs (linear_scratch_init, in
+//                                               recipe_init), which the dispatcher below reads
 //   recipe_init(r, options, shape, B, T)        allocate state for the model and micro-batch shape
 //   recipe_describe(r)                          one line for the banner and main.log
 // The state hooks (default: no state):
