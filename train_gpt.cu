@@ -5,10 +5,13 @@
 // (before the GPU is touched), then the training loop with validation, sampling and logging.
 //
 // The precision recipe is chosen at compile time (make train_gpt_<recipe>); its code lives in one
-// header under llmc/ and the model reaches it only through the recipe API of llmc/recipe_api.h
-// (linear_forward, linear_forward_gelu, linear_backward, and the recipe_* state hooks) and through
-// the boundary hooks of llmc/boundaries.h (`Boundaries` below: embedding, residual, LayerNorm,
-// softmax, GELU, logits), which only the Q1.15 recipe fills.
+// header, llmc/recipes/<name>/recipe.h, and the model reaches it only through the recipe API of
+// llmc/recipe_api.h: linear_forward, linear_forward_gelu and linear_backward (the recipe's quantized
+// linear, or the plain BF16 one where it quantizes none), the sites (site_output, site_again: a
+// LayerNorm or attention kernel that can also hand the next linear its operand in the recipe's
+// quantized form), and the recipe_* state hooks; and through the boundary hooks of llmc/boundaries.h
+// (`Boundaries` below: embedding, residual, LayerNorm, softmax, GELU, logits), which a recipe may
+// fill.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -45,9 +48,9 @@
 #error "pick a recipe: build with make train_gpt_<recipe>, or pass -DRECIPE_HEADER='\"llmc/recipes/<name>/recipe.h\"'"
 #endif
 #include RECIPE_HEADER
-// the recipe's forward-pass boundaries (llmc/boundaries.h): IdentityBoundaries for all but Q1.15
+// the recipe's forward-pass boundaries (llmc/boundaries.h): IdentityBoundaries unless it has some
 using Boundaries = RecipeBoundaries;
-// -Q NAME passes when NAME is the recipe's name or its alias (Q1.15: -Q 115, as the seed runs it)
+// -Q NAME passes when NAME is the recipe's name or its alias (RECIPE_CHECK_ALIAS, a recipe's second name)
 #ifndef RECIPE_CHECK_ALIAS
 #define RECIPE_CHECK_ALIAS RECIPE_NAME
 #endif
@@ -152,7 +155,7 @@ struct GPT {
     ParamPointers<floatX> params;
     ParamPointers<float> grads;
     Activations acts;
-    Recipe recipe;                    // the precision recipe's state (scales, FP8 weights, ...)
+    Recipe recipe;                    // the precision recipe's state (scales, quantized weights, ...)
     int B = 0, T = 0;                 // the sizes the activations were allocated for
     int recompute = 1;
     bool recompute_auto = false; // -r -1: gpt_allocate chose `recompute` from the free memory
@@ -253,7 +256,7 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
 #if defined(ENABLE_FP32)
     model->flash_attention = false;
 #else
-    // (a recipe's attention boundaries, Q1.15's, run in the fused kernels too: flash_attention.cuh)
+    // (a recipe's attention boundaries run in the fused kernels too: flash_attention.cuh)
     model->flash_attention = C / NH == 64 || C / NH == 128;
 #endif
     a.att = nullptr; a.att_lse = nullptr; a.flash_scratch = nullptr; a.qkv_bias_partials = nullptr;
@@ -313,11 +316,11 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
     ro.state_owners = model->shard.owners;
     recipe_init(model->recipe, ro, s, B, T);
     // ln1 / ln2: a layer keeps its LayerNorm output only where its backward reads it: the BF16 weight gradient of
-    // the qkv / fc layer, unless -r 2 recomputes it there. Where the backward reads something else (FP8 and
-    // TCFP-12 with an FP8 wgrad: the x^T codes their forward saved), the layers share one slot, which the
-    // LayerNorm writes (or leaves unwritten, writing the codes) and the linear reads right away. At d48, B=16
-    // that is 2 x 48 x 16384 x 1600 BF16 values, 4.7 GiB, not kept by FP8. (gpt_backward recomputes the output
-    // into the shared slot for any layer whose backward does read it.)
+    // the qkv / fc layer, unless -r 2 recomputes it there. Where the backward reads something else (a recipe
+    // whose weight gradient reads the x^T codes its forward saved: recipe_needs_input_in_backward), the layers
+    // share one slot, which the LayerNorm writes (or leaves unwritten, writing the codes) and the linear reads
+    // right away: 2 x L x B x T x C BF16 values not kept. (gpt_backward recomputes the output into the shared
+    // slot for any layer whose backward does read it.)
     const size_t ln_slots = assign_ln_slots(model, recompute, (int)BT);
     a.ln1 = alloc_n<floatX>(ln_slots * BT * C, "activations (ln1)");
     a.ln2 = alloc_n<floatX>(ln_slots * BT * C, "activations (ln2)");
@@ -339,7 +342,7 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
     // The two differ in the last bits: the kept outputs are the fc GEMM epilogue's GELU (what the
     // forward used), the recomputed ones the GELU kernel's. The checkpoint records the choice, and a
     // resume with -r -1 takes it from there (main).
-    // A recipe that reads no layer's GELU output in backward (FP8 keeps its own quantized x^T) has
+    // A recipe that reads no layer's GELU output in backward (it keeps its own quantized x^T) has
     // nothing to recompute: one buffer.
     if (recompute < 0) {
         bool read_in_backward = false;
@@ -394,7 +397,7 @@ inline LinearWeights gpt_linear_weights(const GPT* model) {
 }
 
 // FP32 host values -> master weights (exact; this process's shard) and parameters (rounded to
-// nearest; all of them); a recipe that constrains the weights (Q1.15 constrained) constrains them
+// nearest; all of them); a recipe that constrains the weights constrains them
 // from the start
 inline void gpt_set_params(GPT* model, const std::vector<float>& host_values) {
     std::vector<float> constrained;
@@ -495,21 +498,22 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
 
     PHASE("fwd: embedding + layernorm");
     encoder_forward<Boundaries>(a.encoded, model->inputs_dev, p.t[P_WTE], p.t[P_WPE], B, T, C, st);
-    // a LayerNorm in front of a linear may write that linear's quantized input instead (FP8: recipe_api.h)
+    // the output of a LayerNorm feeds the linear after it: the LayerNorm may write that linear's input in the
+    // recipe's quantized form instead (a site: recipe_api.h) ...
     auto ln_target = [&](int layer, LinearKind kind) {
-        return layernorm_gives_fp8(C) ? recipe_fp8_input_target(rc, {layer, kind}, N, C, training, st) : Fp8Target();
+        return site_output(rc, SITE_LAYERNORM_OUTPUT, {layer, kind}, N, C, HS, training, st);
     };
-    // ... and may ask for it once more, from the residual stream it stored (TCFP-12: where the scale it guessed
-    // was not the fresh one; the kernel then runs under a device flag)
-    auto ln_redo = [&](int layer, LinearKind kind, floatX* out, float* mean, float* rstd, const float* residual,
-                       const floatX* w, const floatX* b) {
-        const Fp8Target t = recipe_fp8_input_redo(rc, {layer, kind}, st);
-        if (t.active()) layernorm_forward<Boundaries>(out, mean, rstd, residual, w, b, N, C, st, t);
+    // ... and the recipe may ask for it once more, from the residual stream the LayerNorm read (where the
+    // scale it guessed was not the fresh one; the kernel then runs under a device flag)
+    auto ln_again = [&](int layer, LinearKind kind, floatX* out, float* mean, float* rstd, const float* residual,
+                        const floatX* w, const floatX* b) {
+        const auto again = site_again(rc, SITE_LAYERNORM_OUTPUT, {layer, kind}, st);
+        if (again.active()) layernorm_forward<Boundaries>(out, mean, rstd, residual, w, b, N, C, st, again);
     };
     floatX* ln1_first = a.ln1 + a.ln1_slot[0] * NC;
     layernorm_forward<Boundaries>(ln1_first, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B], N, C, st,
                                   ln_target(0, LIN_QKV));
-    ln_redo(0, LIN_QKV, ln1_first, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B]);
+    ln_again(0, LIN_QKV, ln1_first, a.ln1_mean, a.ln1_rstd, a.encoded, p.t[P_LN1W], p.t[P_LN1B]);
     for (int l = 0; l < L; l++) {
         const LayerActs la = layer_acts(model, l, B, T);
         // attention block
@@ -523,10 +527,10 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
         else
 #endif
         if (model->flash_attention) {
-            // the attention projection's input already quantized, where the recipe takes it (FP8)
-            const Fp8Target atty8 = flash_attention_forward_gives_fp8(HS)
-                ? recipe_fp8_attention_output_target(rc, {l, LIN_ATTPROJ}, N, C, training, st) : Fp8Target();
-            flash_attention_forward<Boundaries>(la.atty, la.lse, la.qkv, B, T, NH, HS, st, nullptr, atty8);
+            // the attention output feeds the attention projection: also in the recipe's quantized form,
+            // where the recipe takes it
+            const auto atty_target = site_output(rc, SITE_ATTENTION_OUTPUT, {l, LIN_ATTPROJ}, N, C, HS, training, st);
+            flash_attention_forward<Boundaries>(la.atty, la.lse, la.qkv, B, T, NH, HS, st, nullptr, atty_target);
         } else
 #endif
         attention_forward<Boundaries>(la.atty, la.att, la.qkv, a.attn, B, T, NH, HS, st);
@@ -537,7 +541,7 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
         fused_residual_layernorm_forward<Boundaries>(la.residual2, la.ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N,
                                                      la.residual_in, a.btc_scratch, p.t[P_LN2W] + l * C,
                                                      p.t[P_LN2B] + l * C, N, C, st, ATTENTION_BRANCH, ln_target(l, LIN_FC));
-        ln_redo(l, LIN_FC, la.ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, la.residual2, p.t[P_LN2W] + l * C, p.t[P_LN2B] + l * C);
+        ln_again(l, LIN_FC, la.ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, la.residual2, p.t[P_LN2W] + l * C, p.t[P_LN2B] + l * C);
         // MLP block
         PHASE("fwd: linear");
         linear_forward_gelu(rc, {l, LIN_FC}, la.fch_gelu, la.fch, la.ln2, p.t[P_FCW] + (size_t)l * 4 * C * C,
@@ -552,7 +556,7 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
                                                          a.ln1_rstd + (l + 1) * N, la.residual2, a.btc_scratch,
                                                          p.t[P_LN1W] + (l + 1) * C, p.t[P_LN1B] + (l + 1) * C, N, C, st,
                                                          MLP_BRANCH, ln_target(l + 1, LIN_QKV));
-            ln_redo(l + 1, LIN_QKV, ln1_next, a.ln1_mean + (l + 1) * N, a.ln1_rstd + (l + 1) * N, la.residual3,
+            ln_again(l + 1, LIN_QKV, ln1_next, a.ln1_mean + (l + 1) * N, a.ln1_rstd + (l + 1) * N, la.residual3,
                     p.t[P_LN1W] + (l + 1) * C, p.t[P_LN1B] + (l + 1) * C);
         } else {
             fused_residual_layernorm_forward<Boundaries>(la.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, la.residual2,
@@ -663,16 +667,17 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
     ParamPointers<float>& g = model->grads;
     Recipe& rc = model->recipe;
 
-    // a LayerNorm backward hands its output, the output gradient of the projection that ends the block
-    // below it, as that linear's quantized gradient where the recipe takes it (FP8: recipe_api.h)
+    // the LayerNorm backward's output is the output gradient of the projection that ends the block below
+    // it: the kernel may hand it over in the recipe's quantized form (a site: recipe_api.h) ...
     auto ln_backward_target = [&](int layer, LinearKind kind) {
-        return layernorm_backward_gives_fp8(C) ? recipe_fp8_gradient_target(rc, {layer, kind}, N, C, true, st) : Fp8Target();
+        return site_output(rc, SITE_LAYERNORM_BACKWARD_OUTPUT, {layer, kind}, N, C, HS, true, st);
     };
-    // ... and may ask for those codes once more, from the residual gradient it stored (TCFP-12: where the scale
-    // it guessed was not the fresh one; the kernel then runs under a device flag), before anything adds to it
-    auto ln_backward_redo = [&](int layer, LinearKind kind, float branch_scale) {
-        const Fp8Target t = recipe_fp8_gradient_redo(rc, {layer, kind}, st);
-        if (t.active()) layernorm_backward_codes_again(t, a.dresidual, N, C, branch_scale, st);
+    // ... and the recipe may ask for those codes once more, from the residual gradient it stored (where the
+    // scale it guessed was not the fresh one; the kernel then runs under a device flag), before anything
+    // adds to it
+    auto ln_backward_again = [&](int layer, LinearKind kind, float branch_scale) {
+        const auto again = site_again(rc, SITE_LAYERNORM_BACKWARD_OUTPUT, {layer, kind}, st);
+        if (again.active()) layernorm_backward_codes_again(again, a.dresidual, N, C, branch_scale, st);
     };
     PHASE("bwd: layernorm");
     cudaCheck(cudaMemsetAsync(a.dresidual, 0, NC * sizeof(float), st));
@@ -683,7 +688,7 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
     layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LNFW], g.t[P_LNFB], a.ln_partials, a.dbtc, a.residual3 + (L - 1) * NC,
                        p.t[P_LNFW], a.lnf_mean, a.lnf_rstd, N, C, st, Boundaries::MLP_RESIDUAL_SCALE,
                        g.t[P_FCPROJB] + (size_t)(L - 1) * C, ln_backward_target(L - 1, LIN_FCPROJ));
-    ln_backward_redo(L - 1, LIN_FCPROJ, Boundaries::MLP_RESIDUAL_SCALE);
+    ln_backward_again(L - 1, LIN_FCPROJ, Boundaries::MLP_RESIDUAL_SCALE);
     for (int l = L - 1; l >= 0; l--) {
         const LayerActs la = layer_acts(model, l, B, T);
         const floatX* ln1w = p.t[P_LN1W] + l * C;
@@ -706,7 +711,7 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
         layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN2W] + l * C, g.t[P_LN2B] + l * C, a.ln_partials, a.dbtc, la.residual2,
                            ln2w, a.ln2_mean + l * N, a.ln2_rstd + l * N, N, C, st, Boundaries::ATTENTION_RESIDUAL_SCALE,
                            g.t[P_ATTPROJB] + (size_t)l * C, ln_backward_target(l, LIN_ATTPROJ));
-        ln_backward_redo(l, LIN_ATTPROJ, Boundaries::ATTENTION_RESIDUAL_SCALE);
+        ln_backward_again(l, LIN_ATTPROJ, Boundaries::ATTENTION_RESIDUAL_SCALE);
         // attention block; dresidual now holds d(la.residual2)
         PHASE("bwd: linear");
         linear_backward(rc, {l, LIN_ATTPROJ}, a.dbtc, g.t[P_ATTPROJW] + (size_t)l * C * C, nullptr,
@@ -720,11 +725,11 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
 #endif
         if (model->flash_attention) {
             // the qkv bias gradient too, where the kernels give its partial sums (the tiles they write anyway),
-            // and the qkv layer's output gradient already quantized, where the recipe takes it (FP8)
-            Fp8Target dqkv8;
-            if (flash_attention_backward_gives_fp8(HS)) dqkv8 = recipe_fp8_gradient_target(rc, {l, LIN_QKV}, N, 3 * C, false, st);
+            // and the attention backward's dqkv, the qkv linear's output gradient, in the recipe's quantized
+            // form, where the recipe takes it
+            const auto dqkv_target = site_output(rc, SITE_ATTENTION_BACKWARD_DQKV, {l, LIN_QKV}, N, 3 * C, HS, true, st);
             qkv_bias_done = flash_attention_backward<Boundaries>(a.dqkv, a.dbtc, la.qkv, la.atty, la.lse, a.flash_scratch,
-                                                                 B, T, NH, HS, st, a.qkv_bias_partials, dqkv8);
+                                                                 B, T, NH, HS, st, a.qkv_bias_partials, dqkv_target);
             if (qkv_bias_done)
                 bias_backward_reduce(g.t[P_QKVB] + (size_t)l * 3 * C, a.qkv_bias_partials, 3 * C,
                                      flash_attention_bias_partial_rows(B, T), st);
@@ -743,8 +748,8 @@ inline void gpt_backward(GPT* model, int B, int T, bool reduce = false) {
         layernorm_backward(a.dresidual, a.dresidual_x, g.t[P_LN1W] + l * C, g.t[P_LN1B] + l * C, a.ln_partials, a.dbtc, la.residual_in,
                            ln1w, a.ln1_mean + l * N, a.ln1_rstd + l * N, N, C, st, Boundaries::MLP_RESIDUAL_SCALE,
                            l > 0 ? g.t[P_FCPROJB] + (size_t)(l - 1) * C : nullptr,
-                           l > 0 ? ln_backward_target(l - 1, LIN_FCPROJ) : Fp8Target());
-        if (l > 0) ln_backward_redo(l - 1, LIN_FCPROJ, Boundaries::MLP_RESIDUAL_SCALE);
+                           l > 0 ? ln_backward_target(l - 1, LIN_FCPROJ) : SiteTarget());
+        if (l > 0) ln_backward_again(l - 1, LIN_FCPROJ, Boundaries::MLP_RESIDUAL_SCALE);
         if (reduce) gpt_reduce_gradients(model, l);
     }
     // dresidual = d(encoded)
@@ -809,9 +814,9 @@ inline float gpt_update(GPT* model, const OptimizerSettings& o) {
                                         PARAM_DECAYED[i] ? o.weight_decay : 0.0f, grad_scale, seed, st);
     }
     gpt_gather_parameters(model);
-    // the recipe's per-step bookkeeping (FP8: amax histories -> next scales), then whatever it
-    // derives from the new weights (FP8: their E4M3 copies), once per optimizer step; state that
-    // every process must agree on is combined first (FP8: the step's amax, the maximum over all)
+    // the recipe's per-step bookkeeping (amax histories -> next scales, say), then whatever it
+    // derives from the new weights (their quantized copies), once per optimizer step; state that
+    // every process must agree on is combined first (the step's amax, the maximum over all)
     PHASE("optimizer: recipe");
     if (mg) {
         RecipeMaxState ms = recipe_cross_process_max(model->recipe);
@@ -1140,7 +1145,7 @@ int main(int argc, char** argv) {
     const int owners = mg.zero_stage == 1 ? mg.world : 1;
     gpt_build(&model, shape, owners > 1 ? mg.rank : 0, owners);
     model.mg = &mg;
-    // (the recipe's setup checks its options and environment variables: LLMC_TCFP12_CONCAT, LLMC_FP8_FUSED_GEMM, ...)
+    // (the recipe's setup checks its options and its environment variables)
     try { gpt_allocate(&model, B, T, cfg.recompute, cfg.recipe); }
     catch (const InputError& e) { fprintf(stderr, "error: %s\n", e.what()); return 1; }
     DataLoaderState resume_data;

@@ -1,25 +1,62 @@
 // recipe_api.h: what every precision recipe shares: the names of the transformer linears, the recipe
-// options from the command line, and the plain (unquantized) linear layer that BF16 is, and that
-// the other recipes fall back to for the layers they keep in BF16 (-sqf / -sql).
+// options from the command line, the plain (unquantized) linear layer that BF16 is, and the calls the
+// model makes, which run that plain linear wherever the recipe does not quantize.
 //
-// The recipe API. Each recipe header (recipe_<name>.h, one per binary, picked by -DRECIPE_<NAME>)
-// defines a `struct Recipe` holding its state and these functions; train_gpt.cu calls nothing else
-// of a recipe:
+// The recipe API. Each recipe header (llmc/recipes/<name>/recipe.h, one per binary, named by
+// -DRECIPE_HEADER) defines a `struct Recipe` holding its state and the hooks below; train_gpt.cu calls
+// nothing else of a recipe. A hook marked (default) has a template here that does nothing (or what is
+// said); a recipe that needs more defines the hook for its own Recipe type, which overload resolution
+// prefers. The rest are required.
+//
+// Required:
+//   struct Recipe { ...; LinearScratch scratch; }   the recipe's state; scratch: what the plain
+//                                               linear's backward needs (linear_scratch_init, in
+//                                               recipe_init), which the dispatcher below reads
 //   recipe_init(r, options, shape, B, T)        allocate state for the model and micro-batch shape
 //   recipe_describe(r)                          one line for the banner and main.log
+// The state hooks (default: no state):
 //   recipe_weights_changed(r, weights, stream)  the parameters changed (init, load, optimizer step):
-//                                               derive whatever the recipe keeps per weight (FP8 copies)
+//                                               derive whatever the recipe keeps per weight (quantized
+//                                               copies); (default) nothing
 //   recipe_step_end(r, stream)                  an optimizer step ended: per-step bookkeeping (scales);
-//                                               called before recipe_weights_changed of the new weights
-//   linear_forward(r, id, out, inp, W, bias, N, C, OC, training, stream)
+//                                               called before recipe_weights_changed of the new
+//                                               weights; (default) nothing
+//   recipe_save(r, writer) / recipe_load(r, reader)   the recipe's state in the checkpoint's state
+//                                               file; (default) none
+//   recipe_begin_step(r, step)                  before a training step's first micro-step; returns
+//                                               whether the step's quantization telemetry is due (-lq);
+//                                               (default) false
+//   recipe_begin_micro_step(r, slice)           before each training micro-step: the data slice it
+//                                               trains on (micro-step * processes + rank, dataloader.h);
+//                                               a recipe that draws random bits seeds them from
+//                                               (step, slice, ...), so that the bits of a slice do not
+//                                               depend on how the step is split over processes;
+//                                               (default) nothing
+//   recipe_cross_process_max(r)                 device state that every process of a data-parallel
+//                                               run must agree on, as the maximum over the processes
+//                                               (a step's amax); taken before recipe_step_end;
+//                                               (default) none
+//   recipe_log_telemetry(r, log, step)          after its backward pass: the -lq lines for main.log;
+//                                               (default) nothing
+// The linears. The model calls linear_forward, linear_forward_gelu and linear_backward (below), which
+// ask the recipe once whether it quantizes the call and otherwise run the plain linear:
+//   recipe_quantizes(r, id, N, C, OC, pass)     whether the recipe runs this pass of linear id (N x C
+//                                               in, N x OC out) itself; (default) false: the plain
+//                                               linear, as for the layers -sqf / -sql keep in BF16
+//   recipe_before_plain_linear(r, id, pass, stream)   called before the plain linear runs a pass the
+//                                               recipe does not quantize: bring its own state in line
+//                                               (write what it left pending that the plain GEMM
+//                                               reads); (default) nothing
+//   recipe_linear_forward(r, id, out, inp, W, bias, N, C, OC, training, stream)
 //                                               out (N x OC) = inp (N x C) W^T + bias
-//   linear_forward_gelu(r, id, gelu_out, pre_gelu, inp, W, bias, N, C, OC, training, stream)
+//   recipe_linear_forward_gelu(r, id, gelu_out, pre_gelu, inp, W, bias, N, C, OC, training, stream)
 //                                               the same followed by GELU; pre_gelu is kept for backward.
 //                                               A recipe may leave gelu_out unwritten for a while: the
 //                                               model reads it only as the input of the next call, the
 //                                               same layer's LIN_FCPROJ linear_forward, which may read
 //                                               pre_gelu instead; any other recipe call writes it first
-//   linear_backward(r, id, dinp, dW, dbias, dout, inp, W, pre_gelu, N, C, OC, stream)
+//                                               (PendingGeluOut; recipe_before_plain_linear included)
+//   recipe_linear_backward(r, id, dinp, dW, dbias, dout, inp, W, pre_gelu, N, C, OC, stream)
 //                                               backward-dx: dinp = dout W  (times gelu'(pre_gelu) when
 //                                               pre_gelu is given), overwriting dinp; and backward-dw:
 //                                               dW += dout^T inp, dbias += column sums of dout (FP32).
@@ -27,61 +64,34 @@
 //                                               The backward of a linear always follows the training
 //                                               forward of the same linear and micro-batch (a recipe
 //                                               may keep what it needs from that forward).
+//     The three run only where recipe_quantizes says so; (default) an error, for a recipe that
+//     quantizes nothing.
 //   recipe_needs_input_in_backward(r, id, N)    whether linear_backward reads `inp`; when not, the
-//                                               model skips recomputing it (-r 1 / -r 2)
-//   recipe_save(r, writer) / recipe_load(r, reader)   the recipe's state in the checkpoint's state file
-//   recipe_begin_step(r, step)                  before a training step's first micro-step; returns
-//                                               whether the step's quantization telemetry is due (-lq)
-//   recipe_begin_micro_step(r, slice)           before each training micro-step: the data slice it
-//                                               trains on (micro-step * processes + rank, dataloader.h);
-//                                               a recipe that draws random bits seeds them from
-//                                               (step, slice, ...), so that the bits of a slice do not
-//                                               depend on how the step is split over processes
-//   recipe_cross_process_max(r)                 device state that every process of a data-parallel
-//                                               run must agree on, as the maximum over the processes
-//                                               (FP8: the step's amax); taken before recipe_step_end
-//   recipe_log_telemetry(r, log, step)          after its backward pass: the -lq lines for main.log
-//   recipe_fp8_gradient_target(r, id, N, OC, rows_only, stream)
-//                                               asked before a kernel that writes linear id's output
-//                                               gradient and could also write its E5M2 codes: in both
-//                                               layouts (rows_only false: the flash attention backward,
-//                                               for the qkv layer; it also counts for -lq) or row-major
-//                                               only (rows_only true: the LayerNorm backward, for the
-//                                               attention and fc projections; no counts): where the
-//                                               recipe wants them (Fp8Target), or an inactive target
-//                                               (the default, below). When active, the kernel leaves
-//                                               dout unwritten, and linear_backward of id, the next
-//                                               call, takes the codes instead of quantizing dout (its
-//                                               dbias is then null: the kernel gave the sums). A target
-//                                               with no rows but an amax (TCFP-12's fresh scales) asks
-//                                               the kernel to write dout as usual and to record its
-//                                               amax there (Fp8Target::amax_only; both kernels)
-//   recipe_fp8_gradient_redo(r, id, stream)     asked right after that LayerNorm backward (rows_only):
-//                                               a target with run_only_if set (TCFP-12's speculative
-//                                               scale) asks for its codes once more, from the residual
-//                                               gradient it stored (layernorm_backward_codes_again),
-//                                               which runs only under that device flag; an inactive
-//                                               target (the default) asks for nothing
-//   recipe_fp8_input_target(r, id, N, C, training, stream)  the same for a linear's input, asked
-//                                               before the LayerNorm that makes it (qkv: ln1, fc: ln2),
-//                                               which can write E4M3 codes of its output (rows only);
-//                                               when active, the LayerNorm leaves its BF16 output
-//                                               unwritten and linear_forward of id, the next call,
-//                                               takes the codes; with no rows but an amax, the
-//                                               LayerNorm writes its output and records its amax
-//   recipe_fp8_attention_output_target(r, id, N, C, training, stream)  the same for the attention
-//                                               projection's input, asked before the flash attention
-//                                               forward that makes it, which can write E4M3 codes of its
-//                                               output in both layouts (flash_attention_forward_gives_fp8);
-//                                               it still writes its BF16 output (the backward reads it)
-//   recipe_fp8_input_redo(r, id, stream)        asked right after that LayerNorm: a target with
-//                                               run_only_if set (TCFP-12's speculative scale) asks
-//                                               for the LayerNorm over the residual it stored once
-//                                               more, which runs only under that device flag; an
-//                                               inactive target (the default) asks for nothing
+//                                               model skips recomputing it (-r 1 / -r 2); (default) true
+// The sites: kernels of the model other than the linears that can also write a linear operand in the
+// recipe's quantized form (codes, a scale, an amax), where the recipe asks for it. RecipeSite (below)
+// names each one: the operand, the kernel that makes it, and the linear that reads it. The model asks
+// through site_output and site_again (below), which check first that the kernel can write codes for
+// the shape:
+//   recipe_site_output(r, site, id, rows, cols, training, stream)
+//                                               asked before the site's kernel runs: where the recipe
+//                                               wants that operand of linear id (rows x cols), as a
+//                                               SiteTarget; (default) an inactive target: the kernel
+//                                               writes its output as usual. When active, the kernel
+//                                               writes the codes, and the next call of linear id
+//                                               takes them instead of quantizing the operand (see
+//                                               RecipeSite for what the kernel then leaves unwritten).
+//                                               A target with no rows but an amax asks the kernel to
+//                                               write its output as usual and record its amax there
+//                                               (SiteTarget::amax_only).
+//   recipe_site_again(r, site, id, stream)      asked right after a LayerNorm site's kernel: a target
+//                                               with run_only_if set (a scale guessed before the
+//                                               tensor existed) asks for the codes once more, from the
+//                                               residual stream (or its gradient) the kernel stored,
+//                                               by a kernel that runs only under that device flag;
+//                                               (default) an inactive target, which asks for nothing
 // and, from inside a step or recipe_weights_changed, g_cross_process (below): what a recipe may ask of
-// the other processes (FP8: a tensor's first scale, process 0's; TCFP-12 under ZeRO-1: the split of
-// its pieces).
+// the other processes (a tensor's first scale, process 0's; the split of a recipe's pieces under ZeRO-1).
 // and the type RecipeBoundaries: the hooks of llmc/boundaries.h that the model's other kernels apply
 // at the named forward boundaries (embedding, residual, LayerNorm, softmax, GELU, logits);
 // IdentityBoundaries for every recipe but Q1.15.
@@ -94,6 +104,7 @@
 #include "matmul.cuh"
 #include "gelu.cuh"
 #include "formats/fp8_quantize.cuh"
+#include "layernorm.cuh"
 #include "checkpoint.h"
 #include "profiler.h"
 #include "boundaries.h"
@@ -145,19 +156,6 @@ struct RecipeMaxState {
     uint32_t* bits = nullptr;
     size_t count = 0;
 };
-
-// The default of recipe_fp8_gradient_target (see the top): no FP8 codes wanted. A recipe that wants
-// them defines the function for its own Recipe type, which overload resolution prefers.
-template <class R>
-inline Fp8Target recipe_fp8_gradient_target(R&, LinearId, int, int, bool, cudaStream_t) { return Fp8Target(); }
-template <class R>
-inline Fp8Target recipe_fp8_gradient_redo(R&, LinearId, cudaStream_t) { return Fp8Target(); }
-template <class R>
-inline Fp8Target recipe_fp8_input_target(R&, LinearId, int, int, bool, cudaStream_t) { return Fp8Target(); }
-template <class R>
-inline Fp8Target recipe_fp8_input_redo(R&, LinearId, cudaStream_t) { return Fp8Target(); }
-template <class R>
-inline Fp8Target recipe_fp8_attention_output_target(R&, LinearId, int, int, bool, cudaStream_t) { return Fp8Target(); }
 
 // input (C) and output (OC) widths of each linear, for channels C
 inline int linear_in_features(LinearKind k, int C) { return k == LIN_FCPROJ ? 4 * C : C; }
@@ -338,5 +336,171 @@ inline void plain_linear_backward(float* dweight, float* dbias, floatX* dinp, co
                                   const floatX* weight, const floatX* pre_gelu, const LinearScratch& scratch,
                                   int N, int C, int OC, cudaStream_t stream) {
     plain_linear_backward_dw_bias(dweight, dbias, dout, inp, scratch, N, C, OC, stream);
+    plain_linear_backward_dx(dinp, dout, weight, pre_gelu, N, C, OC, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The defaults of the state hooks (the top of the file). They take `const R&`, so that a recipe's own
+// definition, for Recipe& or const Recipe&, is never a worse match than the template.
+template <class R>
+inline void recipe_weights_changed(const R&, const LinearWeights&, cudaStream_t) {}
+template <class R>
+inline void recipe_step_end(const R&, cudaStream_t) {}
+template <class R>
+inline void recipe_save(const R&, StateWriter&) {}
+template <class R>
+inline void recipe_load(const R&, StateReader&) {}
+template <class R>
+inline bool recipe_begin_step(const R&, int) { return false; }
+template <class R>
+inline void recipe_begin_micro_step(const R&, int) {}
+template <class R>
+inline RecipeMaxState recipe_cross_process_max(const R&) { return RecipeMaxState(); }
+template <class R>
+inline void recipe_log_telemetry(const R&, FILE*, int) {}
+template <class R>
+inline bool recipe_needs_input_in_backward(const R&, LinearId, int) { return true; }
+
+// ---------------------------------------------------------------------------------------------
+// The sites (the top of the file): a kernel of the model that makes one of a linear's operands and can
+// write it in the recipe's quantized form as well.
+enum RecipeSite {
+    // a LayerNorm's output is the input of the linear after it (ln1 -> qkv, ln2 -> fc): rows only; when
+    // the target is active the LayerNorm leaves its BF16 output unwritten
+    SITE_LAYERNORM_OUTPUT,
+    // the flash attention forward's output is the input of the attention projection: rows, and columns
+    // (the transpose) where the target has them; the kernel still writes its BF16 output (the backward
+    // reads it)
+    SITE_ATTENTION_OUTPUT,
+    // a LayerNorm backward's output is the output gradient of the projection that ends the block below
+    // it (the attention or the fc projection): rows only; when active, the kernel leaves that gradient
+    // unwritten and gives its column sums as the projection's bias gradient (linear_backward's dbias is
+    // then null)
+    SITE_LAYERNORM_BACKWARD_OUTPUT,
+    // the flash attention backward's dqkv is the output gradient of the qkv linear: rows and columns;
+    // when active, the kernel leaves dqkv unwritten
+    SITE_ATTENTION_BACKWARD_DQKV,
+};
+
+// Where a site's kernel writes a linear operand's codes: the kernels' own type (formats/fp8_quantize.cuh)
+using SiteTarget = Fp8Target;
+
+template <class R>
+inline SiteTarget recipe_site_output(R&, RecipeSite, LinearId, int, int, bool, cudaStream_t) { return SiteTarget(); }
+template <class R>
+inline SiteTarget recipe_site_again(R&, RecipeSite, LinearId, cudaStream_t) { return SiteTarget(); }
+
+// Whether the site's kernel can write codes for an operand of `cols` columns (LayerNorm sites: the model's
+// channels) and heads of head_size (attention sites): the kernels' own checks, layernorm.cuh and
+// flash_attention.cuh
+#if !defined(ENABLE_FP32)
+inline bool flash_attention_forward_gives_fp8(int HS);  // (flash_attention.cuh, which the model includes)
+inline bool flash_attention_backward_gives_fp8(int HS);
+#endif
+inline bool site_kernel_writes_codes(RecipeSite site, int cols, int head_size) {
+    (void)head_size;
+    switch (site) {
+    case SITE_LAYERNORM_OUTPUT: return layernorm_gives_fp8(cols);
+    case SITE_LAYERNORM_BACKWARD_OUTPUT: return layernorm_backward_gives_fp8(cols);
+#if !defined(ENABLE_FP32)
+    case SITE_ATTENTION_OUTPUT: return flash_attention_forward_gives_fp8(head_size);
+    case SITE_ATTENTION_BACKWARD_DQKV: return flash_attention_backward_gives_fp8(head_size);
+#endif
+    default: return false;
+    }
+}
+
+// What the model asks before a site's kernel: the target the recipe wants there for linear id's operand
+// (rows x cols), or an inactive one where the kernel cannot write codes for this shape (head_size: the
+// attention heads'). Backward sites are asked in training only.
+template <class R>
+inline SiteTarget site_output(R& r, RecipeSite site, LinearId id, int rows, int cols, int head_size, bool training,
+                              cudaStream_t stream) {
+    if (!site_kernel_writes_codes(site, cols, head_size)) return SiteTarget();
+    return recipe_site_output(r, site, id, rows, cols, training, stream);
+}
+// What the model asks right after a LayerNorm site's kernel: whether to run it once more, under the
+// target's device flag (recipe_site_again)
+template <class R>
+inline SiteTarget site_again(R& r, RecipeSite site, LinearId id, cudaStream_t stream) {
+    return recipe_site_again(r, site, id, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The linears the model calls: the recipe's quantized path where recipe_quantizes says so, the plain
+// linear otherwise.
+enum LinearPass { PASS_FORWARD, PASS_FORWARD_GELU, PASS_BACKWARD };
+
+template <class R>
+inline bool recipe_quantizes(const R&, LinearId, int, int, int, LinearPass) { return false; }
+template <class R>
+inline void recipe_before_plain_linear(const R&, LinearId, LinearPass, cudaStream_t) {}
+
+[[noreturn]] inline void recipe_has_no_quantized_path(LinearId id, const char* what) {
+    fprintf(stderr, "error: the recipe quantizes layer %d's %s but defines no %s\n", id.layer, LINEAR_NAMES[id.kind], what);
+    exit(1);
+}
+template <class R>
+inline void recipe_linear_forward(const R&, LinearId id, floatX*, const floatX*, const floatX*, const floatX*, int, int, int,
+                                  bool, cudaStream_t) {
+    recipe_has_no_quantized_path(id, "recipe_linear_forward");
+}
+template <class R>
+inline void recipe_linear_forward_gelu(const R&, LinearId id, floatX*, floatX*, const floatX*, const floatX*, const floatX*,
+                                       int, int, int, bool, cudaStream_t) {
+    recipe_has_no_quantized_path(id, "recipe_linear_forward_gelu");
+}
+template <class R>
+inline void recipe_linear_backward(const R&, LinearId id, floatX*, float*, float*, const floatX*, const floatX*, const floatX*,
+                                   const floatX*, int, int, int, cudaStream_t) {
+    recipe_has_no_quantized_path(id, "recipe_linear_backward");
+}
+
+// LLMC_PROFILE=2 names each GEMM of the plain linear (profiler.h)
+static const char* const PLAIN_FINE_FWD[NUM_LINEAR_KINDS] = {"  gemm qkv fwd", "  gemm attproj fwd",
+                                                              "  gemm fc fwd (+GELU)", "  gemm fcproj fwd"};
+static const char* const PLAIN_FINE_WGRAD[NUM_LINEAR_KINDS] = {"  gemm qkv wgrad+bias", "  gemm attproj wgrad+bias",
+                                                                "  gemm fc wgrad+bias", "  gemm fcproj wgrad+bias"};
+static const char* const PLAIN_FINE_DGRAD[NUM_LINEAR_KINDS] = {"  gemm qkv dgrad", "  gemm attproj dgrad",
+                                                                "  gemm fc dgrad", "  gemm fcproj dgrad (+DGELU)"};
+
+// out (N x OC) = inp (N x C) W^T + bias
+template <class R>
+inline void linear_forward(R& r, LinearId id, floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
+                           int N, int C, int OC, bool training, cudaStream_t stream) {
+    if (recipe_quantizes(r, id, N, C, OC, PASS_FORWARD)) {
+        recipe_linear_forward(r, id, out, inp, weight, bias, N, C, OC, training, stream);
+        return;
+    }
+    recipe_before_plain_linear(r, id, PASS_FORWARD, stream);
+    PHASE_FINE(PLAIN_FINE_FWD[id.kind]);
+    plain_linear_forward(out, inp, weight, bias, N, C, OC, stream);
+}
+// gelu_out = gelu(inp W^T + bias), pre_gelu = inp W^T + bias (the top of the file)
+template <class R>
+inline void linear_forward_gelu(R& r, LinearId id, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
+                                const floatX* weight, const floatX* bias, int N, int C, int OC, bool training,
+                                cudaStream_t stream) {
+    if (recipe_quantizes(r, id, N, C, OC, PASS_FORWARD_GELU)) {
+        recipe_linear_forward_gelu(r, id, gelu_out, pre_gelu, inp, weight, bias, N, C, OC, training, stream);
+        return;
+    }
+    recipe_before_plain_linear(r, id, PASS_FORWARD_GELU, stream);
+    PHASE_FINE(PLAIN_FINE_FWD[id.kind]);
+    plain_linear_forward_gelu(gelu_out, pre_gelu, inp, weight, bias, N, C, OC, stream);
+}
+// dinp = dout W (times gelu'(pre_gelu)), dweight += dout^T inp, dbias += column sums of dout
+template <class R>
+inline void linear_backward(R& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
+                            const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
+                            cudaStream_t stream) {
+    if (recipe_quantizes(r, id, N, C, OC, PASS_BACKWARD)) {
+        recipe_linear_backward(r, id, dinp, dweight, dbias, dout, inp, weight, pre_gelu, N, C, OC, stream);
+        return;
+    }
+    recipe_before_plain_linear(r, id, PASS_BACKWARD, stream);
+    PHASE_FINE(PLAIN_FINE_WGRAD[id.kind]);
+    plain_linear_backward_dw_bias(dweight, dbias, dout, inp, r.scratch, N, C, OC, stream);
+    PHASE_FINE(PLAIN_FINE_DGRAD[id.kind]);
     plain_linear_backward_dx(dinp, dout, weight, pre_gelu, N, C, OC, stream);
 }

@@ -1,4 +1,4 @@
-// recipes/fp8/recipe.h: the FP8-hybrid precision recipe (seed 004): E4M3 for weights and activations in the
+// recipes/fp8/recipe.h: the FP8-hybrid precision recipe: E4M3 for weights and activations in the
 // forward pass, E5M2 for gradients in the backward pass, per-tensor delayed scaling.
 //
 // Which GEMMs. The four linears of every transformer layer (qkv, attention projection, fc, fc
@@ -83,7 +83,7 @@ struct Recipe {
     // gradient is applied by the fc layer's dy quantization pass, not by gelu_backward: the fc
     // projection's backward leaves d(gelu output) in its dinp and notes it here; the fc layer's
     // backward, which runs next, quantizes dinp * bf16(gelu'(pre)). Saves writing and re-reading that
-    // N x 4C tensor (d12, B=64: ~77 GB per step). Bit-identical to the separate pass.
+    // N x 4C tensor (two passes over 2 bytes a value). Bit-identical to the separate pass.
     struct {
         floatX* grad = nullptr;      // d(gelu output), to become d(gelu input)
         const floatX* pre = nullptr; // the GELU's input (or its factor: see fc_keeps_gelu_factor)
@@ -97,13 +97,13 @@ struct Recipe {
     std::vector<uint8_t> fc_keeps_gelu_factor;
     bool count_stats = false;          // this step's activations and gradients are counted (-lq)
     // the linear whose output gradient a kernel wrote as E5M2 codes into dy8 / dyt8 (with its amax)
-    // through recipe_fp8_gradient_target: its linear_backward, the next call, takes them as they are
+    // through recipe_site_output: its linear_backward, the next call, takes them as they are
     // (and makes dy^T from the rows when the kernel wrote the rows only)
     LinearId dy_given{-1, LIN_QKV};
     bool dy_given_rows_only = false;
     bool dy_given_bias_partials = false; // dy_given with the bias gradient's column sums per 128 rows in col_partials (fc_dy_ws)
     // the linear whose input the LayerNorm before it wrote as E4M3 codes into x8 (with its amax, when
-    // training) through recipe_fp8_input_target: its forward, the next call, takes them and only
+    // training) through recipe_site_output: its forward, the next call, takes them and only
     // transposes them for x^T (unless x^T is written too: the fused fc GEMM, below)
     LinearId x_given{-1, LIN_QKV};
     bool x_given_with_t = false;
@@ -255,7 +255,6 @@ inline RecipeMaxState recipe_cross_process_max(Recipe& r) {
     s.count = (size_t)r.num_tensors;
     return s;
 }
-inline void recipe_begin_micro_step(Recipe&, int) {}
 
 inline void recipe_step_end(Recipe& r, cudaStream_t st) {
     fp8_step_end_kernel<<<ceil_div(r.num_tensors, 128), 128, 0, st>>>(r.history, r.options.amax_history, r.steps_pushed,
@@ -277,7 +276,7 @@ inline void fp8_write_gelu_out(Recipe& r, cudaStream_t st) { r.pending_gelu_out.
 // the input has a scale (the first use calibrates from the BF16 tensor), except on telemetry steps (the
 // quantize pass counts saturated and flushed values; the LayerNorm does not): saves writing the BF16
 // LayerNorm output and the quantize pass over it; x^T is then made from the codes (fp8_transpose).
-inline Fp8Target recipe_fp8_input_target(Recipe& r, LinearId id, int N, int C, bool training, cudaStream_t) {
+inline Fp8Target fp8_input_target(Recipe& r, LinearId id, int N, int C, bool training) {
     Fp8Target t;
     const int t_x = fp8_tensor(r, id, FP8_X);
     if (!fp8_applies(r, id, N, C, linear_out_features(id.kind, r.C)) || !r.calibrated[t_x] || r.count_stats) return t;
@@ -292,8 +291,8 @@ inline Fp8Target recipe_fp8_input_target(Recipe& r, LinearId id, int N, int C, b
 // training x^T's codes as well, into the slot the backward reads: it still writes its BF16 output (the
 // backward reads that), so what this saves is the quantize-transpose pass over it (a read of 2 bytes and
 // writes of 1 + 1 a value), at the cost of the kernel's own writes of 1 + 1.
-inline Fp8Target recipe_fp8_attention_output_target(Recipe& r, LinearId id, int N, int C, bool training, cudaStream_t st) {
-    Fp8Target t = recipe_fp8_input_target(r, id, N, C, training, st);
+inline Fp8Target fp8_attention_output_target(Recipe& r, LinearId id, int N, int C, bool training) {
+    Fp8Target t = fp8_input_target(r, id, N, C, training);
     if (t.active() && training && (uintptr_t)fp8_saved_xt(r, id) % 16 == 0) {
         t.cols = fp8_saved_xt(r, id);
         r.x_given_with_t = true;
@@ -336,12 +335,12 @@ inline bool recipe_needs_input_in_backward(const Recipe& r, LinearId id, int N) 
     return !fp8_applies(r, id, N, linear_in_features(id.kind, r.C), linear_out_features(id.kind, r.C));
 }
 
-inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* weight,
-                           const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
+inline void recipe_linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* weight,
+                                  const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
+    (void)weight;
     // the fc projection reads its input, the GELU output that the fc layer left unwritten, from the
     // pre-activation (once its scale exists: a first calibration reads the GELU output itself)
-    const bool gelu_of_input = r.pending_gelu_out.is_for(id, inp) && fp8_applies(r, id, N, C, OC) &&
-                               (r.calibrated[fp8_tensor(r, id, FP8_X)] != 0);
+    const bool gelu_of_input = r.pending_gelu_out.is_for(id, inp) && (r.calibrated[fp8_tensor(r, id, FP8_X)] != 0);
     const floatX* x_source = inp;
     if (gelu_of_input) {
         if (r.pending_gelu_out.pre_is_derivative && !same_linear(r.x_given, id)) {
@@ -353,7 +352,6 @@ inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* in
     } else {
         fp8_write_gelu_out(r, st);
     }
-    if (!fp8_applies(r, id, N, C, OC)) { plain_linear_forward(out, inp, weight, bias, N, C, OC, st); return; }
     PHASE("fp8: quantize x");
     const float* x_inv = fp8_quantize_input(r, id, x_source, N, C, training, st, gelu_of_input);
     Fp8Operand a{fp8_weight(r, id), CUDA_R_8F_E4M3, fp8_inv(r, fp8_tensor(r, id, FP8_W))};
@@ -365,15 +363,12 @@ inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* in
     }
 }
 
-inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
-                                const floatX* weight, const floatX* bias, int N, int C, int OC, bool training,
-                                cudaStream_t st) {
+inline void recipe_linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
+                                       const floatX* weight, const floatX* bias, int N, int C, int OC, bool training,
+                                       cudaStream_t st) {
+    (void)weight;
     fp8_write_gelu_out(r, st);
     r.fc_keeps_gelu_factor[id.layer] = 0;
-    if (!fp8_applies(r, id, N, C, OC)) {
-        plain_linear_forward_gelu(gelu_out, pre_gelu, inp, weight, bias, N, C, OC, st);
-        return;
-    }
     Fp8Operand a{fp8_weight(r, id), CUDA_R_8F_E4M3, fp8_inv(r, fp8_tensor(r, id, FP8_W))};
     const LinearId fcp{id.layer, LIN_FCPROJ};
     const int t_xp = fp8_tensor(r, fcp, FP8_X);
@@ -413,12 +408,12 @@ inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX
 
 // The flash attention backward writes the qkv layer's output gradient as E5M2 codes in both layouts
 // (recipe_api.h), from the BF16 tiles it stages, once that gradient has a scale (the first use calibrates
-// from the BF16 tensor): saves the dy pass over dqkv (d12, B=64: ~24 ms per step) and dqkv's own store.
+// from the BF16 tensor): saves the dy pass over dqkv and dqkv's own store.
 // The LayerNorm backward writes the attention and fc projections' output gradient as row-major E5M2
 // codes (rows_only), which linear_backward then transposes for dy^T: 1 byte written by the LayerNorm
 // and 1 + 1 by the transpose per value, against 2 (its BF16 output) + 2 + 2 for the quantize pass.
 // It does not count saturated and flushed values, so telemetry steps keep the quantize pass.
-inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int OC, bool rows_only, cudaStream_t) {
+inline Fp8Target fp8_gradient_target(Recipe& r, LinearId id, int N, int OC, bool rows_only) {
     Fp8Target t;
     const int t_dy = fp8_tensor(r, id, FP8_DY);
     if (!fp8_applies(r, id, N, linear_in_features(id.kind, r.C), OC) || !r.calibrated[t_dy]) return t;
@@ -433,38 +428,77 @@ inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int O
     return t;
 }
 
-inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
-                            const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
-                            cudaStream_t st) {
+// The sites of recipe_api.h: the LayerNorm and attention outputs as the next linear's E4M3 input, the
+// LayerNorm backward's output and the attention backward's dqkv as E5M2 output gradients (above)
+inline Fp8Target recipe_site_output(Recipe& r, RecipeSite site, LinearId id, int rows, int cols, bool training, cudaStream_t) {
+    switch (site) {
+    case SITE_LAYERNORM_OUTPUT: return fp8_input_target(r, id, rows, cols, training);
+    case SITE_ATTENTION_OUTPUT: return fp8_attention_output_target(r, id, rows, cols, training);
+    case SITE_LAYERNORM_BACKWARD_OUTPUT: return fp8_gradient_target(r, id, rows, cols, true);
+    case SITE_ATTENTION_BACKWARD_DQKV: return fp8_gradient_target(r, id, rows, cols, false);
+    }
+    return Fp8Target();
+}
+
+// What every backward call does first, quantized or not: writes a pending GELU output, takes the output
+// gradient's codes if a kernel gave them, and applies a GELU derivative left for this call's dy pass
+// (kept, in gelu_pre and gelu_factor, where this call is the fc layer's quantized backward that takes dout
+// = that gradient; applied as a separate pass otherwise)
+struct Fp8BackwardStart {
+    bool dy_given = false;
+    bool bias_partials = false;
+    const floatX* gelu_pre = nullptr;
+    GeluFactor gelu_factor = GeluFactor::ROUNDED;
+};
+inline Fp8BackwardStart fp8_backward_start(Recipe& r, LinearId id, float* dbias, const floatX* dout, bool quantized,
+                                           cudaStream_t st) {
+    Fp8BackwardStart b;
     fp8_write_gelu_out(r, st);
-    const bool dy_given = fp8_take_given(r.dy_given, id, "E5M2 output gradient");
-    const bool bias_partials = dy_given && r.dy_given_bias_partials;
+    b.dy_given = fp8_take_given(r.dy_given, id, "E5M2 output gradient");
+    b.bias_partials = b.dy_given && r.dy_given_bias_partials;
     r.dy_given_bias_partials = false;
-    if (dy_given && ((dbias && !bias_partials) || r.pending_gelu.grad)) {
+    if (b.dy_given && ((dbias && !b.bias_partials) || r.pending_gelu.grad)) {
         fprintf(stderr, "error: fp8: a linear whose output gradient arrives quantized gets no bias gradient or GELU here\n");
         exit(1);
     }
-    // a GELU derivative left for this layer's dy pass (see Recipe::pending_gelu); applied here as a
-    // separate pass if anything else comes first
-    const floatX* gelu_pre = nullptr;
-    GeluFactor gelu_factor = GeluFactor::ROUNDED;
     // what the fc layer's forward kept in the pre-activation's buffer: the GELU factor itself, or the pre-activation
     auto kept_factor = [&](int layer) { return r.fc_keeps_gelu_factor[layer] ? GeluFactor::GIVEN : GeluFactor::ROUNDED; };
     if (r.pending_gelu.grad) {
-        if (r.pending_gelu.grad == dout && r.pending_gelu.layer == id.layer && id.kind == LIN_FC &&
-            fp8_applies(r, id, N, C, OC)) {
-            gelu_pre = r.pending_gelu.pre;
-            gelu_factor = kept_factor(r.pending_gelu.layer);
+        if (r.pending_gelu.grad == dout && r.pending_gelu.layer == id.layer && id.kind == LIN_FC && quantized) {
+            b.gelu_pre = r.pending_gelu.pre;
+            b.gelu_factor = kept_factor(r.pending_gelu.layer);
         } else {
             gelu_backward(r.pending_gelu.grad, r.pending_gelu.pre, r.pending_gelu.n, st, kept_factor(r.pending_gelu.layer));
         }
         r.pending_gelu.grad = nullptr;
     }
-    if (!fp8_applies(r, id, N, C, OC)) {
-        plain_linear_backward(dweight, dbias, dinp, dout, inp, weight, pre_gelu, r.scratch, N, C, OC, st);
+    return b;
+}
+
+// The linears the recipe keeps in BF16 (and the shapes FP8 GEMMs cannot take) run the plain linear; what
+// this recipe left pending is settled first, as its own calls do
+inline bool recipe_quantizes(const Recipe& r, LinearId id, int N, int C, int OC, LinearPass) { return fp8_applies(r, id, N, C, OC); }
+inline void recipe_before_plain_linear(Recipe& r, LinearId id, LinearPass pass, cudaStream_t st) {
+    if (pass == PASS_BACKWARD) {
+        fp8_backward_start(r, id, nullptr, nullptr, false, st);
         return;
     }
-    const GeluFactor pre_factor = kept_factor(id.layer); // (used only with pre_gelu: the fc projection's)
+    fp8_write_gelu_out(r, st);
+    if (pass == PASS_FORWARD_GELU) r.fc_keeps_gelu_factor[id.layer] = 0;
+}
+
+inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
+                                   const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
+                                   cudaStream_t st) {
+    (void)weight;
+    const Fp8BackwardStart start = fp8_backward_start(r, id, dbias, dout, true, st);
+    const bool dy_given = start.dy_given;
+    const bool bias_partials = start.bias_partials;
+    // a GELU derivative left for this layer's dy pass (see Recipe::pending_gelu)
+    const floatX* gelu_pre = start.gelu_pre;
+    const GeluFactor gelu_factor = start.gelu_factor;
+    // (used only with pre_gelu: the fc projection's)
+    const GeluFactor pre_factor = r.fc_keeps_gelu_factor[id.layer] ? GeluFactor::GIVEN : GeluFactor::ROUNDED;
     const int t_dy = fp8_tensor(r, id, FP8_DY), t_x = fp8_tensor(r, id, FP8_X), t_w = fp8_tensor(r, id, FP8_W);
     Fp8Operand wt{fp8_weight_t(r, id), CUDA_R_8F_E4M3, fp8_inv(r, t_w)};
     // The fc projection's dgrad with the fc layer's dy pass in its epilogue (fp8_gemm::fc_dy_ws; below), when it
@@ -478,7 +512,7 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
                           r.calibrated[t_dyf] && fp8_gemm::supported(N, C, OC, {r.x8, r.dyt8, r.dy8, wt.data, pre_gelu});
     const bool dyt_in_dgrad = fused_dy && dy_given && r.dy_given_rows_only && fp8_gemm::fc_dy_writes_dy_t_pays(C, OC);
     // dy and dy^T in E5M2, and the bias gradient (column sums of the BF16 dy), from one read of dy
-    // (unless the kernel that wrote dy gave them: recipe_fp8_gradient_target)
+    // (unless the kernel that wrote dy gave them: recipe_site_output)
     PHASE("fp8: quantize dy + bias grad");
     Fp8ScalePtrs sdy{r.scale + t_dy, fp8_inv(r, t_dy)};
     if (!dy_given) {
@@ -522,8 +556,8 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
         return;
     }
     // The GELU derivative is a separate pass, not cuBLASLt's DGELU epilogue: with FP8 operands that
-    // epilogue ran the fc projection's dgrad at 158 ms per d12 step (B=64, H100), against 48 ms for
-    // the other three dgrads together (doc/perf.md).
+    // epilogue makes the fc projection's dgrad several times slower than the other three dgrads
+    // together (doc/perf.md).
     if (!matmul_fp8(dinp, false, wt, dy, nullptr, C, N, OC, 0.0f, false, st)) {
         fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the input gradient (m=%d n=%d k=%d)\n", C, N, OC);
         exit(1);

@@ -1,4 +1,4 @@
-// recipes/nvfp4/recipe.h: the NVFP4 precision recipe (seed 004's FP4 recipe, issue #6), emulated exactly on
+// recipes/nvfp4/recipe.h: the NVFP4 precision recipe, emulated exactly on
 // Hopper's BF16 tensor cores.
 //
 // Format (formats/nvfp4.h): E2M1 values, one UE4M3 scale per block of 16 and one FP32 global scale per
@@ -231,13 +231,10 @@ inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream
     }
 }
 
-inline void recipe_step_end(Recipe&, cudaStream_t) {}
 inline void recipe_begin_micro_step(Recipe& r, int slice) { r.sr_slice = slice; r.sr_calls = 0; }
 // the scales are current (each tensor's own amax): nothing the processes must combine
-inline RecipeMaxState recipe_cross_process_max(Recipe&) { return RecipeMaxState(); }
 
 // The BF16 input is read again in backward (the wgrad operand is quantized there)
-inline bool recipe_needs_input_in_backward(const Recipe&, LinearId, int) { return true; }
 
 // x -> r.xq (1x16 blocks along C, RNE) and the forward GEMM's alpha; in training also the amax of
 // the rotated x, for the wgrad operand of the backward pass
@@ -281,33 +278,27 @@ inline void nvfp4_forward_gemm(Recipe& r, LinearId id, floatX* out, const floatX
                            false, false, st, epilogue, aux);
 }
 
-inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* weight,
-                           const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
-    if (!nvfp4_applies(r, id, N, C, OC)) { plain_linear_forward(out, inp, weight, bias, N, C, OC, st); return; }
+// the layers kept in BF16 and the shapes the kernels cannot take run the plain linear (nvfp4_applies)
+inline bool recipe_quantizes(const Recipe& r, LinearId id, int N, int C, int OC, LinearPass) { return nvfp4_applies(r, id, N, C, OC); }
+
+inline void recipe_linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX*,
+                                  const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
     PHASE("nvfp4: quantize x");
     nvfp4_quantize_input(r, id, inp, N, C, training, st);
     nvfp4_forward_gemm(r, id, out, bias, N, C, OC, st);
 }
 
-inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
-                                const floatX* weight, const floatX* bias, int N, int C, int OC, bool training,
-                                cudaStream_t st) {
-    if (!nvfp4_applies(r, id, N, C, OC)) {
-        plain_linear_forward_gelu(gelu_out, pre_gelu, inp, weight, bias, N, C, OC, st);
-        return;
-    }
+inline void recipe_linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
+                                       const floatX*, const floatX* bias, int N, int C, int OC, bool training,
+                                       cudaStream_t st) {
     PHASE("nvfp4: quantize x");
     nvfp4_quantize_input(r, id, inp, N, C, training, st);
     nvfp4_forward_gemm(r, id, gelu_out, bias, N, C, OC, st, EPI_GELU_BIAS, pre_gelu);
 }
 
-inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
-                            const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
-                            cudaStream_t st) {
-    if (!nvfp4_applies(r, id, N, C, OC)) {
-        plain_linear_backward(dweight, dbias, dinp, dout, inp, weight, pre_gelu, r.scratch, N, C, OC, st);
-        return;
-    }
+inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
+                                   const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
+                                   cudaStream_t st) {
     const RecipeOptions& o = r.options;
     PHASE("nvfp4: bias grad");
     if (dbias) bias_backward(dbias, r.scratch.bias_partials, dout, N, OC, st);

@@ -1,9 +1,9 @@
-// recipes/q115/recipe.h: the Q1.15 "true-forward" recipe, SF16 (seed 002; issue #7), exactly as the seed
-// describes it. Built with -DENABLE_Q115 -DSF16_TRUE_FORWARD=1 (make train_gpt_q115, train_gpt2q115cu,
-// train_gpt2q115_constrainedcu, train_gpt3q115cu).
+// recipes/q115/recipe.h: the Q1.15 "true-forward" recipe, SF16. Built with -DENABLE_Q115
+// -DSF16_TRUE_FORWARD=1 (make train_gpt_q115, train_gpt2q115cu, train_gpt2q115_constrainedcu,
+// train_gpt3q115cu).
 //
 // SF16 is a simulation: tensors are stored in BF16 and the GEMMs run on BF16 tensor cores (cuBLASLt,
-// compute type CUBLAS_COMPUTE_32F_FAST_16BF), while every forward boundary the seed names passes
+// compute type CUBLAS_COMPUTE_32F_FAST_16BF), while every forward boundary listed below passes
 // through simulate_q115 (formats/number_formats.h: clamp to +-0.999, x 2^15, round to nearest even, x 2^-15):
 //   matmul outputs    simulate_q131 then simulate_q115 after each forward GEMM: the four linears (a
 //                     post-GEMM kernel below for qkv and fc; the residual add, for the attention and
@@ -23,8 +23,8 @@
 // The backward pass is the BF16 one: every boundary is straight-through (its gradient is 1, also
 // where it clamped), apart from the branch and logit scales, which scale the gradients too.
 //
-// How the boundaries reach the model: the four linears are this recipe's (linear_forward below);
-// everything else goes through the hooks of llmc/boundaries.h (struct Q115Boundaries). Where the seed
+// How the boundaries reach the model: the four linears are this recipe's (recipe_linear_forward below);
+// everything else goes through the hooks of llmc/boundaries.h (struct Q115Boundaries). Where SF16
 // quantizes a GEMM output that only one kernel reads (the scores, att @ v, the LM head), that reader
 // applies simulate_q131 then simulate_q115 to the GEMM's BF16 output on the way in: the same values
 // as a separate post-GEMM pass, without writing the tensor twice.
@@ -35,12 +35,12 @@
 // and a reader that goes through simulate_q115 again (softmax, GELU, logits) sees 32735/32768. The
 // residual stream is FP32 in this trainer and holds simulate_q115(x) exactly (|x| <= 0.999).
 //
-// Variants (compile-time, as the seed):
+// Variants (compile-time):
 //   SF16_TRUE_FORWARD=0         the legacy constants: logit scale Q115_LOGITS_SCALE (24), residual
 //                               branch scales 0.65 / 0.75 (the boundaries stay)
 //   Q115_CONSTRAIN_WEIGHTS=1    the optimizer keeps every parameter inside the Q1.15 range: the master
 //                               weight is clamped to +-0.999 after each AdamW step (and at init/load)
-//   Q115_RANGE_SCALES=1         NOT the seed's SF16: the fix doc/q115.md proposes for true-forward's
+//   Q115_RANGE_SCALES=1         NOT plain SF16: the fix doc/q115.md proposes for true-forward's
 //                               failure to train. Each boundary b stores s_b * simulate_q115(x / s_b)
 //                               with a fixed power-of-two range s_b (q115_range below): a 16-bit fixed
 //                               point value with log2(s_b) integer bits (Q4.11 for s_b = 16), so that
@@ -79,11 +79,11 @@
 #define RECIPE_NAME "q115"
 #define RECIPE_CHECK_ALIAS "115"
 
-// ---- the seed's constants --------------------------------------------------------------------
+// ---- the SF16 constants ----------------------------------------------------------------------
 constexpr float Q115_ACTIVATION_CLAMP_MIN = -llmc::Q115_OVERFLOW_THRESHOLD;
 constexpr float Q115_ACTIVATION_CLAMP_MAX = llmc::Q115_OVERFLOW_THRESHOLD;
 constexpr float Q115_ATTENTION_EXPANSION_SCALE = 1.0f; // att_scale: the score GEMM's alpha
-// legacy (non-true-forward) constants; the seed also names Q115_EMBEDDING_SCALE, Q115_ATTENTION_SCALE
+// legacy (non-true-forward) constants; SF16 also names Q115_EMBEDDING_SCALE, Q115_ATTENTION_SCALE
 // and Q115_FFN_SCALE without giving their values, so they are not defined here
 constexpr float Q115_LOGITS_SCALE = 24.0f;
 constexpr float Q115_LEGACY_ATTENTION_RESIDUAL_SCALE = 0.65f;
@@ -107,7 +107,7 @@ static const char* Q115_BOUNDARY_NAMES[NUM_Q115_BOUNDARIES] = {
     "embedding", "norm", "qkv", "scores", "softmax", "attn_out", "attproj", "residual",
     "fc", "gelu", "fcproj", "logits"};
 
-// The range of each boundary: 1 (the seed's Q1.15) unless Q115_RANGE_SCALES. Powers of two, so
+// The range of each boundary: 1 (plain Q1.15) unless Q115_RANGE_SCALES. Powers of two, so
 // x / s and s * q are exact.
 LLMC_BD constexpr float q115_range(int which) {
 #if Q115_RANGE_SCALES
@@ -134,8 +134,8 @@ struct Q115Counters {
 };
 // Every boundary has Q115_COUNTER_SLOTS copies of its counters, [boundary][slot]; a warp adds into
 // slot (its index in the grid) mod Q115_COUNTER_SLOTS, so the warps resident at one time (a few
-// thousand on an H100) spread their atomics over as many addresses instead of queueing on one (a
-// telemetry step of d12 took 8.6x a plain step with one counter per boundary, 2.5x with 64 slots).
+// thousand on an H100) spread their atomics over as many addresses instead of queueing on one (which
+// slowed a telemetry step several times over).
 // q115_total adds the slots up on the host.
 static const int Q115_COUNTER_SLOTS = 4096;
 static const size_t Q115_COUNTERS_BYTES = (size_t)NUM_Q115_BOUNDARIES * Q115_COUNTER_SLOTS * sizeof(Q115Counters);
@@ -470,26 +470,23 @@ inline std::string recipe_describe(const Recipe&) {
                   Q115_RANGE_SCALES ? ", RANGE-SCALED boundaries (not the seed's SF16: doc/q115.md)" : "",
                   q115_fused_gemm && gemm_wgmma::available() ? "; qkv/fc quantized in the GEMM epilogue (gemm_wgmma)" : "");
 }
-inline void recipe_weights_changed(Recipe&, const LinearWeights&, cudaStream_t) {}
-inline void recipe_step_end(Recipe&, cudaStream_t) {}
-// nothing random, nothing that the processes of a data-parallel run must combine
-inline void recipe_begin_micro_step(Recipe&, int) {}
-inline RecipeMaxState recipe_cross_process_max(Recipe&) { return RecipeMaxState(); }
+// (nothing random, nothing that the processes of a data-parallel run must combine, no state beyond the
+// weights: the boundaries are pure functions. The defaults of recipe_api.h.)
 
 inline int q115_linear_boundary(LinearKind k) {
     return k == LIN_QKV ? QB_QKV : k == LIN_ATTPROJ ? QB_ATTPROJ : k == LIN_FC ? QB_FC : QB_FCPROJ;
 }
 
-// out = simulate_q115(simulate_q131(inp W^T + bias)), the GEMM's BF16 output quantized in place. The two
-// projections (attproj, fcproj) leave their output as the GEMM stored it: the residual add, the one
-// kernel that reads it, quantizes it there and stores it back (Q115Boundaries::branch_output,
-// layernorm.cuh), one pass over the tensor instead of two.
-inline void linear_forward(Recipe&, LinearId id, floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
-                           int N, int C, int OC, bool, cudaStream_t stream) {
-    if (id.kind == LIN_ATTPROJ || id.kind == LIN_FCPROJ) {
-        plain_linear_forward(out, inp, weight, bias, N, C, OC, stream);
-        return;
-    }
+// The qkv and fc layers' forward: out = simulate_q115(simulate_q131(inp W^T + bias)), the GEMM's BF16
+// output quantized in place. The two projections (attproj, fcproj) are the plain linear, their output
+// left as the GEMM stored it: the residual add, the one kernel that reads it, quantizes it there and
+// stores it back (Q115Boundaries::branch_output, layernorm.cuh), one pass over the tensor instead of
+// two. The backward pass is the plain linear's (straight-through boundaries).
+inline bool recipe_quantizes(const Recipe&, LinearId id, int, int, int, LinearPass pass) {
+    return pass != PASS_BACKWARD && id.kind != LIN_ATTPROJ && id.kind != LIN_FCPROJ;
+}
+inline void recipe_linear_forward(Recipe&, LinearId id, floatX* out, const floatX* inp, const floatX* weight,
+                                  const floatX* bias, int N, int C, int OC, bool, cudaStream_t stream) {
     // on Hopper: the quantization in the GEMM's epilogue (gemm_wgmma.cuh), no pass over the output
     if (q115_fused_gemm && gemm_wgmma::supported(out, inp, weight, bias, N, OC, C)) {
         const int which = q115_linear_boundary(id.kind);
@@ -503,8 +500,9 @@ inline void linear_forward(Recipe&, LinearId id, floatX* out, const floatX* inp,
     else q115_matmul_output_kernel<false><<<ceil_div(n_vec, 256), 256, 0, stream>>>(out, n_vec, q115_linear_boundary(id.kind));
     cudaCheckLaunch();
 }
-inline void linear_forward_gelu(Recipe&, LinearId, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
-                                const floatX* weight, const floatX* bias, int N, int C, int OC, bool, cudaStream_t stream) {
+inline void recipe_linear_forward_gelu(Recipe&, LinearId, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
+                                       const floatX* weight, const floatX* bias, int N, int C, int OC, bool,
+                                       cudaStream_t stream) {
     if (q115_fused_gemm && gemm_wgmma::supported(pre_gelu, inp, weight, bias, N, OC, C) && ((uintptr_t)gelu_out % 16) == 0) {
         if (q115_counting_now) gemm_wgmma::gemm(inp, weight, bias, N, OC, C, Q115FcGeluEpilogue<true>{{pre_gelu, gelu_out}}, stream);
         else gemm_wgmma::gemm(inp, weight, bias, N, OC, C, Q115FcGeluEpilogue<false>{{pre_gelu, gelu_out}}, stream);
@@ -516,18 +514,6 @@ inline void linear_forward_gelu(Recipe&, LinearId, floatX* gelu_out, floatX* pre
     else q115_fc_gelu_kernel<false><<<ceil_div(n_vec, 256), 256, 0, stream>>>(gelu_out, pre_gelu, n_vec);
     cudaCheckLaunch();
 }
-// the backward pass is BF16's (straight-through boundaries)
-inline void linear_backward(Recipe& r, LinearId, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
-                            const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
-                            cudaStream_t stream) {
-    plain_linear_backward(dweight, dbias, dinp, dout, inp, weight, pre_gelu, r.scratch, N, C, OC, stream);
-}
-inline bool recipe_needs_input_in_backward(const Recipe&, LinearId, int) { return true; }
-
-// no state beyond the weights: the boundaries are pure functions
-inline void recipe_save(const Recipe&, StateWriter&) {}
-inline void recipe_load(Recipe&, StateReader&) {}
-
 inline bool recipe_begin_step(Recipe& r, int step) {
     const bool due = r.options.telemetry_every > 0 && step % r.options.telemetry_every == 0;
     if (due) cudaCheck(cudaMemset(r.counters, 0, Q115_COUNTERS_BYTES));

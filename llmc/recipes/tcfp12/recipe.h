@@ -1,4 +1,4 @@
-// recipes/tcfp12/recipe.h: the TCFP-12 precision recipe (seed 000, issue #5): every transformer weight is
+// recipes/tcfp12/recipe.h: the TCFP-12 precision recipe: every transformer weight is
 // split as W ~= deq(W_hi) + deq(W_lo), both FP8 E4M3 (formats/tcfp12.h), so that two FP8 tensor-core GEMMs
 // see about 8 significant bits of the weight.
 //
@@ -7,7 +7,7 @@
 //                                        the W_lo GEMM writes y, the W_hi GEMM adds onto it (beta=1)
 //                                        and applies the bias / GELU epilogue
 //   dgrad    dx = dy W_lo + dy W_hi     dy: E5M2, fresh scale; -tabd 1: dy W_hi alone (ABD)
-//   wgrad    dW += dy^T x               BF16 operands by default (the seed's hp_grad_weight);
+//   wgrad    dW += dy^T x               BF16 operands by default (a high-precision weight gradient);
 //                                        -tfw 1: E5M2 dy^T x E4M3 x^T on FP8 tensor cores
 // The small W_lo product goes first so that the BF16 rounding of the partial result is 2^-9 of a
 // term about 16 times smaller than y: the sum is rounded essentially once. The W_lo GEMMs use
@@ -45,9 +45,9 @@
 // output) * gelu'(pre) straight to the fc layer's E5M2 codes (rows and transposed, with the amax and the
 // bias gradient's column sums), as FP8-hybrid does, so the BF16 gradient is never written; and the
 // LayerNorms in front of the qkv and fc layers write their E4M3 input under the speculative scale instead of
-// their BF16 output, run again over the stored residual stream where it missed (recipe_fp8_input_redo); and
+// their BF16 output, run again over the stored residual stream where it missed (tcfp12_input_again); and
 // the LayerNorm backward writes the attention and fc projections' E5M2 dy instead of its BF16 output, made
-// again from the FP32 residual gradient it stored where it missed (recipe_fp8_gradient_redo).
+// again from the FP32 residual gradient it stored where it missed (tcfp12_gradient_again).
 //
 // Which layers: the four linears of layers [-sqf, L - -sql) (default: all); embeddings, LM head,
 // attention and norms stay BF16; master weights and AdamW stay FP32.
@@ -125,8 +125,8 @@ struct Recipe {
     // the fc projection's backward applied the GELU derivative to the fc layer's dy and took its column
     // partial sums (scratch.bias_partials) and amax in the same pass: the fc layer's call takes them
     LinearId dy_sums_given{-1, LIN_QKV};
-    // the linear whose input's amax the LayerNorm before it recorded (recipe_fp8_input_target), and the
-    // one whose output gradient's amax the LayerNorm backward recorded (recipe_fp8_gradient_target): their
+    // the linear whose input's amax the LayerNorm before it recorded (tcfp12_input_target), and the
+    // one whose output gradient's amax the LayerNorm backward recorded (tcfp12_gradient_target): their
     // next call takes the amax instead of reading the tensor for it
     LinearId x_amax_given{-1, LIN_QKV}, dy_amax_given{-1, LIN_QKV};
     // The fc layer's GELU output left unwritten (recipe_api.h) where only the fc projection's forward reads
@@ -146,14 +146,14 @@ struct Recipe {
     // the fc projection's backward: the fc layer's call takes them
     LinearId dy_codes_given{-1, LIN_QKV};
     // ... or the attention or fc projection's dy as row-major E5M2 codes (r.dy8), written by the LayerNorm
-    // backward under a speculative scale (recipe_fp8_gradient_target), checked and redone if need be by
-    // recipe_fp8_gradient_redo (dy_codes_checked); the projection's call transposes them for its wgrad
+    // backward under a speculative scale (tcfp12_gradient_target), checked and redone if need be by
+    // tcfp12_gradient_again (dy_codes_checked); the projection's call transposes them for its wgrad
     // (dy_codes_reference: the projection whose dy the scale was guessed from, tcfp12_projection_dy_reference;
     // layer -1: not guessed, the scale of the last use)
     bool dy_codes_rows_only = false, dy_codes_checked = true;
     LinearId dy_codes_reference{-1, LIN_QKV};
     // the qkv or fc layer's input as E4M3 codes (r.x8) written by the LayerNorm before it under a speculative
-    // scale (recipe_fp8_input_target), checked and redone if need be by recipe_fp8_input_redo (x_codes_checked)
+    // scale (tcfp12_input_target), checked and redone if need be by tcfp12_input_again (x_codes_checked)
     LinearId x_codes_given{-1, LIN_QKV};
     bool x_codes_checked = false;
     long long splits = 0;                         // splits so far (the SRR streams' counter)
@@ -468,13 +468,11 @@ inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream
     if (split) r.splits += 1;
 }
 
-// TCFP-12 keeps no per-step scale state: the weights' scales come with each split, the others fresh
-inline void recipe_step_end(Recipe&, cudaStream_t) {}
-// The split of the weights (and its SRR bits, seeded by the split counter) is the same in every
-// process of a data-parallel run, as the weights are; x and dy are scaled from their own amax
-// (current scaling): nothing to combine, nothing seeded by the data
-inline void recipe_begin_micro_step(Recipe&, int) {}
-inline RecipeMaxState recipe_cross_process_max(Recipe&) { return RecipeMaxState(); }
+// (recipe_step_end, recipe_begin_micro_step, recipe_cross_process_max: the defaults.) TCFP-12 keeps no
+// per-step scale state: the weights' scales come with each split, the others fresh. The split of the
+// weights (and its SRR bits, seeded by the split counter) is the same in every process of a data-parallel
+// run, as the weights are; x and dy are scaled from their own amax (current scaling): nothing to combine,
+// nothing seeded by the data
 
 // The BF16 input is read in backward by the BF16 weight gradient (and by the emulated block modes);
 // an FP8 weight gradient reads the x^T codes its forward saved
@@ -495,13 +493,13 @@ inline bool tcfp12_take_given(LinearId& slot, LinearId id, const char* what) { r
 //
 // With speculative scales (tcfp12_speculates) and an FP8 wgrad (nothing reads the BF16 x after the forward
 // GEMMs: the backward takes the saved x^T codes), the LayerNorm writes x's E4M3 codes instead, under the scale
-// x had at its last use, and its amax; recipe_fp8_input_redo, right after it, checks that scale and has the
+// x had at its last use, and its amax; tcfp12_input_again, right after it, checks that scale and has the
 // LayerNorm run again where it was not the fresh one. Per value the LayerNorm then writes 1 byte instead of 2,
 // and the linear transposes codes (1 + 1 bytes) instead of quantizing x (2 + 1 + 1).
 inline bool tcfp12_input_as_codes(const Recipe& r, LinearId id, int N, bool training) {
     return tcfp12_speculates(r, training) && tcfp12_saves_xt(r, id, N);
 }
-inline Fp8Target recipe_fp8_input_target(Recipe& r, LinearId id, int N, int C, bool training, cudaStream_t st) {
+inline Fp8Target tcfp12_input_target(Recipe& r, LinearId id, int N, int C, bool training, cudaStream_t st) {
     Fp8Target t;
     if (!tcfp12_applies(r, id, N, C, linear_out_features(id.kind, r.C))) return t;
     const int li = tcfp_linear_index(id);
@@ -520,7 +518,7 @@ inline Fp8Target recipe_fp8_input_target(Recipe& r, LinearId id, int N, int C, b
 
 // After that LayerNorm: the fresh scale from the amax it recorded, and the LayerNorm again (under the flag,
 // with the fresh scale) where the guess differed
-inline Fp8Target recipe_fp8_input_redo(Recipe& r, LinearId id, cudaStream_t st) {
+inline Fp8Target tcfp12_input_again(Recipe& r, LinearId id, cudaStream_t st) {
     Fp8Target t;
     if (r.x_codes_given.layer != id.layer || r.x_codes_given.kind != id.kind || r.x_codes_checked) return t;
     const int li = tcfp_linear_index(id);
@@ -541,7 +539,7 @@ inline bool tcfp12_projection_dy_as_codes(const Recipe& r, LinearId id, int N) {
            (r.split.abd || !r.concat) && tcfp12_applies(r, id, N, linear_in_features(id.kind, r.C), r.C);
 }
 
-// The reference of that guess (recipe_fp8_gradient_target, below): the projection whose dy the LayerNorm
+// The reference of that guess (tcfp12_gradient_target, below): the projection whose dy the LayerNorm
 // backward handed over just before, in the same micro-step, where there is one in TCFP-12
 inline bool tcfp12_projection_dy_reference(const Recipe& r, LinearId id, int N, LinearId& ref) {
     ref = id.kind == LIN_ATTPROJ ? LinearId{id.layer, LIN_FCPROJ} : LinearId{id.layer + 1, LIN_ATTPROJ};
@@ -553,7 +551,7 @@ inline bool tcfp12_projection_dy_reference(const Recipe& r, LinearId id, int N, 
 // dv tiles it stages: Fp8Target::amax_only).
 //
 // The LayerNorm backward records the amax of the BF16 dy it writes. Where tcfp12_projection_dy_as_codes, it
-// writes dy's E5M2 codes instead, under a guessed scale, and the amax; recipe_fp8_gradient_redo, right after
+// writes dy's E5M2 codes instead, under a guessed scale, and the amax; tcfp12_gradient_again, right after
 // it, checks that scale and has the codes made again from the FP32 residual gradient the kernel stored, where
 // the guess missed (layernorm_backward_codes_again). Per value: 1 byte written by the LayerNorm and 1 + 1 by
 // the transpose, against 2 (BF16 dy) + 2 + 1 + 1 for the quantize pass. The guess: the projection's dy is the
@@ -562,7 +560,7 @@ inline bool tcfp12_projection_dy_reference(const Recipe& r, LinearId id, int N, 
 // projection's of the layer above, for an fc projection), so its amax is that one's times the ratio of the two
 // at the last check (tcfp12_predict_scale); the last fc projection (after the final LayerNorm) keeps its last
 // use's scale.
-inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int OC, bool rows_only, cudaStream_t st) {
+inline Fp8Target tcfp12_gradient_target(Recipe& r, LinearId id, int N, int OC, bool rows_only, cudaStream_t st) {
     Fp8Target t;
     if (!tcfp12_applies(r, id, N, linear_in_features(id.kind, r.C), OC)) return t;
     const int li = tcfp_linear_index(id);
@@ -588,7 +586,7 @@ inline Fp8Target recipe_fp8_gradient_target(Recipe& r, LinearId id, int N, int O
 
 // After that LayerNorm backward: the fresh scale from the amax it recorded (and the guess's ratio), and the codes
 // again (under the flag, with the fresh scale) where the guess differed
-inline Fp8Target recipe_fp8_gradient_redo(Recipe& r, LinearId id, cudaStream_t st) {
+inline Fp8Target tcfp12_gradient_again(Recipe& r, LinearId id, cudaStream_t st) {
     Fp8Target t;
     if (!same_linear(r.dy_codes_given, id) || !r.dy_codes_rows_only ||
         r.dy_codes_checked)
@@ -605,6 +603,24 @@ inline Fp8Target recipe_fp8_gradient_redo(Recipe& r, LinearId id, cudaStream_t s
     t.scale = slot;
     t.run_only_if = r.redo_flag;
     return t;
+}
+
+// The sites of recipe_api.h: the LayerNorm output as the next linear's input, the LayerNorm backward's
+// output and the attention backward's dqkv as output gradients (above); the attention output is not taken
+inline Fp8Target recipe_site_output(Recipe& r, RecipeSite site, LinearId id, int rows, int cols, bool training, cudaStream_t st) {
+    switch (site) {
+    case SITE_LAYERNORM_OUTPUT: return tcfp12_input_target(r, id, rows, cols, training, st);
+    case SITE_LAYERNORM_BACKWARD_OUTPUT: return tcfp12_gradient_target(r, id, rows, cols, true, st);
+    case SITE_ATTENTION_BACKWARD_DQKV: return tcfp12_gradient_target(r, id, rows, cols, false, st);
+    default: return Fp8Target();
+    }
+}
+inline Fp8Target recipe_site_again(Recipe& r, RecipeSite site, LinearId id, cudaStream_t st) {
+    switch (site) {
+    case SITE_LAYERNORM_OUTPUT: return tcfp12_input_again(r, id, st);
+    case SITE_LAYERNORM_BACKWARD_OUTPUT: return tcfp12_gradient_again(r, id, st);
+    default: return Fp8Target();
+    }
 }
 
 // Runs quantize(amax_out, run_only_if), the quantization of one tensor with the scale in slot: once when
@@ -688,13 +704,13 @@ inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu
     PHASE("tcfp12: quantize x");
     // x's fresh scale: from the amax the LayerNorm that wrote x recorded, or speculated (checked after the
     // quantization below), or from a pass over x for its amax first. With gelu_of_input, x = gelu(inp). Or the
-    // LayerNorm wrote x's codes and its scale is checked already (recipe_fp8_input_redo).
+    // LayerNorm wrote x's codes and its scale is checked already (tcfp12_input_again).
     float* xs = tcfp_act_slot(r, li, TCFP_X, training);
     uint32_t* xamax = tcfp_act_amax(r, li, TCFP_X, training);
     const bool codes_given = tcfp12_take_given(r.x_codes_given, id, "input codes");
     if (codes_given && !r.x_codes_checked) {
         fprintf(stderr, "error: tcfp12: the E4M3 input the LayerNorm wrote for layer %d's %s was not checked "
-                        "(recipe_fp8_input_redo after the LayerNorm)\n", id.layer, LINEAR_NAMES[id.kind]);
+                        "(recipe_site_again after the LayerNorm)\n", id.layer, LINEAR_NAMES[id.kind]);
         exit(1);
     }
     const bool amax_given = tcfp12_take_given(r.x_amax_given, id, "input amax");
@@ -790,35 +806,26 @@ inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu
     else two_gemms();
 }
 
-inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* weight,
-                           const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
-    if (!tcfp12_applies(r, id, N, C, OC)) {
-        tcfp12_write_gelu_out(r, st);
-        plain_linear_forward(out, inp, weight, bias, N, C, OC, st);
-        return;
-    }
+// The linears the recipe keeps in BF16 (and the shapes FP8 GEMMs cannot take) run the plain linear, once
+// a GELU output this recipe left pending is written
+inline bool recipe_quantizes(const Recipe& r, LinearId id, int N, int C, int OC, LinearPass) { return tcfp12_applies(r, id, N, C, OC); }
+inline void recipe_before_plain_linear(Recipe& r, LinearId, LinearPass, cudaStream_t st) { tcfp12_write_gelu_out(r, st); }
+
+inline void recipe_linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX*,
+                                  const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
     tcfp12_forward(r, id, out, nullptr, inp, bias, N, C, OC, training, st);
 }
 
-inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
-                                const floatX* weight, const floatX* bias, int N, int C, int OC, bool training,
-                                cudaStream_t st) {
-    if (!tcfp12_applies(r, id, N, C, OC)) {
-        tcfp12_write_gelu_out(r, st);
-        plain_linear_forward_gelu(gelu_out, pre_gelu, inp, weight, bias, N, C, OC, st);
-        return;
-    }
+inline void recipe_linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
+                                       const floatX*, const floatX* bias, int N, int C, int OC, bool training,
+                                       cudaStream_t st) {
     tcfp12_forward(r, id, gelu_out, pre_gelu, inp, bias, N, C, OC, training, st);
 }
 
-inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
-                            const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
-                            cudaStream_t st) {
+inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
+                                   const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
+                                   cudaStream_t st) {
     tcfp12_write_gelu_out(r, st);
-    if (!tcfp12_applies(r, id, N, C, OC)) {
-        plain_linear_backward(dweight, dbias, dinp, dout, inp, weight, pre_gelu, r.scratch, N, C, OC, st);
-        return;
-    }
     const int li = tcfp_linear_index(id);
     const bool fp8_wgrad = r.options.tcfp_fp8_wgrad != 0, abd = r.split.abd != 0;
     float* dys = tcfp_act_slot(r, li, TCFP_DY, true);
@@ -903,7 +910,7 @@ inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight
             // (the LayerNorm backward's rows: its column sums were this linear's bias gradient already)
             if (!r.dy_codes_checked || dbias || !fp8_wgrad) {
                 fprintf(stderr, "error: tcfp12: the E5M2 output gradient the LayerNorm backward wrote for layer %d's %s was "
-                                "not checked (recipe_fp8_gradient_redo after it), or a bias gradient is asked here\n",
+                                "not checked (tcfp12_gradient_again after it), or a bias gradient is asked here\n",
                         id.layer, LINEAR_NAMES[id.kind]);
                 exit(1);
             }

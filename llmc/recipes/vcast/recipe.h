@@ -1,4 +1,4 @@
-// recipes/vcast/recipe.h: the virtual-cast recipe (seed 001, TensorCast; issue #10): any datatype that
+// recipes/vcast/recipe.h: the virtual-cast recipe (TensorCast): any datatype that
 // llmc/formats/vcast.h parses (MXFP8/6/4, MXINT, BFP, minifloats eXmY[bZ][fn|fnuz], intK/uintK with float or
 // exponent scales, tiles, zero points) becomes the training format of the transformer linears,
 // one datatype per role:
@@ -175,43 +175,35 @@ inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream
 inline void recipe_step_end(Recipe& r, cudaStream_t) { r.weight_version++; }
 inline void recipe_begin_micro_step(Recipe& r, int slice) { r.slice = slice; r.casts = 0; }
 // the scales are the casts' own (no delayed state): nothing the processes must combine
-inline RecipeMaxState recipe_cross_process_max(Recipe&) { return RecipeMaxState(); }
-inline bool recipe_needs_input_in_backward(const Recipe&, LinearId, int) { return true; }
 
 inline void vc_cast_input(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st) {
     vcast_tensor(r.xq, inp, N, C, false, r.dt[VC_A], r.vo[VC_A], vc_next_seed(r, training), r.tensor_stats, st);
     if (training && r.count_stats) vcast_error(vc_stats(r, id, VT_X), inp, r.xq, (long long)N * C, st);
 }
 
-inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* weight,
-                           const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
-    if (!vcast_applies(r, id, N, C, OC)) { plain_linear_forward(out, inp, weight, bias, N, C, OC, st); return; }
+// the layers kept in BF16 and the shapes the casts cannot take run the plain linear (vcast_applies)
+inline bool recipe_quantizes(const Recipe& r, LinearId id, int N, int C, int OC, LinearPass) { return vcast_applies(r, id, N, C, OC); }
+
+inline void recipe_linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX*,
+                                  const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
     PHASE("vcast: cast x");
     vc_cast_input(r, id, inp, N, C, training, st);
     PHASE("vcast: gemm forward");
     plain_linear_forward(out, r.xq, vc_weight_rows(r, id), bias, N, C, OC, st);
 }
 
-inline void linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
-                                const floatX* weight, const floatX* bias, int N, int C, int OC, bool training,
-                                cudaStream_t st) {
-    if (!vcast_applies(r, id, N, C, OC)) {
-        plain_linear_forward_gelu(gelu_out, pre_gelu, inp, weight, bias, N, C, OC, st);
-        return;
-    }
+inline void recipe_linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out, floatX* pre_gelu, const floatX* inp,
+                                       const floatX*, const floatX* bias, int N, int C, int OC, bool training,
+                                       cudaStream_t st) {
     PHASE("vcast: cast x");
     vc_cast_input(r, id, inp, N, C, training, st);
     PHASE("vcast: gemm forward");
     plain_linear_forward_gelu(gelu_out, pre_gelu, r.xq, vc_weight_rows(r, id), bias, N, C, OC, st);
 }
 
-inline void linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
-                            const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
-                            cudaStream_t st) {
-    if (!vcast_applies(r, id, N, C, OC)) {
-        plain_linear_backward(dweight, dbias, dinp, dout, inp, weight, pre_gelu, r.scratch, N, C, OC, st);
-        return;
-    }
+inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
+                                   const floatX* inp, const floatX*, const floatX* pre_gelu, int N, int C, int OC,
+                                   cudaStream_t st) {
     PHASE("vcast: cast dy (+ bias grad)");
     const vc::DataType &a = r.dt[VC_A], &g = r.dt[VC_G];
     const uint64_t seed_dy = vc_next_seed(r, true);
@@ -243,7 +235,7 @@ inline std::string vc_settings(const RecipeOptions& o) {
 
 inline void recipe_save(const Recipe& r, StateWriter& w) {
     const std::string s = vc_settings(r.options);
-    // (counters[0] is unused: the activation casts are seeded from the step since 2026-11-23)
+    // (counters[0] is unused: the activation casts are seeded from the step)
     int64_t counters[2] = {0, r.weight_version}, len = (int64_t)s.size();
     w.add_copy("vcast_settings_len", &len, sizeof(len));
     w.add_copy("vcast_settings", s.data(), s.size());
