@@ -620,7 +620,7 @@ static void test_speculative_scales(const char* label, RecipeOptions ro, int cha
 }
 
 // The qkv layer's input written by the LayerNorm as E4M3 codes under a speculative scale
-// (recipe_fp8_input_target, then recipe_fp8_input_redo and the LayerNorm once more under the flag), against
+// (recipe_site_output, then recipe_site_again and the LayerNorm once more under the flag), against
 // the LayerNorm writing BF16 and the linear quantizing it (Recipe::speculate false): the same forward output,
 // weight gradient (from the saved x^T codes), input scale and amax, bit for bit, on a first call (a miss),
 // the same data (a hit) and LayerNorm weights 8x larger (a miss); the BF16 output is never read.
@@ -660,8 +660,8 @@ static void test_layernorm_input_codes(const char* label, RecipeOptions ro, int 
             cudaCheck(cudaMemset(ln, 0xFF, (size_t)N * C * sizeof(floatX))); // NaN: a read of an unwritten x shows
             cudaCheck(cudaMemset(dw, 0, (size_t)OC * C * sizeof(float)));
             cudaCheck(cudaMemset(db, 0, OC * sizeof(float)));
-            layernorm_forward(ln, mean, rstd, resid, w, b, N, C, 0, recipe_fp8_input_target(r, id, N, C, true, 0));
-            const Fp8Target redo = recipe_fp8_input_redo(r, id, 0);
+            layernorm_forward(ln, mean, rstd, resid, w, b, N, C, 0, recipe_site_output(r, SITE_LAYERNORM_OUTPUT, id, N, C, true, 0));
+            const Fp8Target redo = recipe_site_again(r, SITE_LAYERNORM_OUTPUT, id, 0);
             check(redo.active() == (way == 0), "%s, %s: a redo target exactly where the LayerNorm wrote codes", label,
                   call_names[call]);
             if (redo.active()) layernorm_forward(ln, mean, rstd, resid, w, b, N, C, 0, redo);
@@ -693,7 +693,7 @@ static void test_layernorm_input_codes(const char* label, RecipeOptions ro, int 
 }
 
 // The attention and fc projections' output gradient written by the LayerNorm backward as E5M2 codes under a
-// speculative scale (recipe_fp8_gradient_target, then recipe_fp8_gradient_redo and layernorm_backward_codes_again
+// speculative scale (recipe_site_output, then recipe_site_again and layernorm_backward_codes_again
 // under the flag), against the LayerNorm backward writing BF16 and the linear quantizing it (Recipe::speculate
 // false). One layer, in the model's order: the final LayerNorm's backward hands the fc projection its dy (no
 // guess: it keeps its last use's scale), the fc projection and fc layer run backward, the second LayerNorm's
@@ -783,12 +783,12 @@ static void test_layernorm_gradient_codes(const char* label, RecipeOptions ro, i
             for (int j = 0; j < 2; j++) {
                 const LinearId proj = j == 0 ? fcproj : attproj;
                 cudaCheck(cudaMemset(dres_x, 0xFF, (size_t)N * C * sizeof(floatX)));
-                const Fp8Target t = recipe_fp8_gradient_target(r, proj, N, C, true, 0);
+                const Fp8Target t = recipe_site_output(r, SITE_LAYERNORM_BACKWARD_OUTPUT, proj, N, C, true, 0);
                 check(t.active() == (with_codes && way == 0), "%s, %s: codes asked of the LayerNorm backward exactly where "
                       "they should be (%s)", label, call_names[call], LINEAR_NAMES[proj.kind]);
                 layernorm_backward(dres, dres_x, lndw + j * C, lndb + j * C, scratch, dln[j], resid, lnw, mean, rstd, N, C, 0,
                                    1.0f, db[proj.kind], t);
-                const Fp8Target redo = recipe_fp8_gradient_redo(r, proj, 0);
+                const Fp8Target redo = recipe_site_again(r, SITE_LAYERNORM_BACKWARD_OUTPUT, proj, 0);
                 check(redo.active() == t.active(), "%s, %s: a redo target exactly where the LayerNorm backward wrote codes",
                       label, call_names[call]);
                 if (redo.active()) layernorm_backward_codes_again(redo, dres, N, C, 1.0f, 0);
