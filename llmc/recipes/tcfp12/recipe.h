@@ -666,29 +666,20 @@ inline bool tcfp12_use_concat(const Recipe& r, const MatmulKey& key, cudaStream_
     return matmul_prefer_split(key, st, two, concat); // ("split" is the concatenated form here)
 }
 
-// out = x W_lo^T, then out = x W_hi^T + out + bias (and the GELU epilogue when asked); or the same as one
-// K-concatenated GEMM
-inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu, const floatX* inp, const floatX* bias,
-                           int N, int C, int OC, bool training, cudaStream_t st) {
+// x's scale slot and amax for one forward call, and where its fresh scale comes from (tcfp12_forward_x_scale)
+struct Tcfp12InputScale {
+    float* slot;
+    uint32_t* amax;
+    bool codes_given; // the LayerNorm wrote x's codes, and recipe_fp8_input_redo checked their scale
+    bool spec;        // speculative: the slot's scale now, checked after the quantization
+};
+
+// x's fresh scale: from the amax the LayerNorm that wrote x recorded, or speculated (checked after the
+// quantization, tcfp12_quantize_speculative), or from a pass over x for its amax first. With gelu_of_input,
+// x = gelu(inp). Or the LayerNorm wrote x's codes and its scale is checked already (recipe_fp8_input_redo).
+inline Tcfp12InputScale tcfp12_forward_x_scale(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training,
+                                               bool gelu_of_input, cudaStream_t st) {
     const int li = tcfp_linear_index(id);
-    // the fc projection whose input, the GELU output, the fc layer left unwritten: x = gelu(pre)
-    const bool gelu_of_input = r.pending_gelu_out.is_for(id, inp);
-    if (gelu_of_input) {
-        inp = r.pending_gelu_out.take();
-    } else {
-        tcfp12_write_gelu_out(r, st);
-    }
-    // the fc layer that leaves its GELU output to the fc projection: its GEMMs write pre_gelu + bias
-    const bool leave_gelu = pre_gelu && tcfp12_leaves_gelu_out(r, id, N, training);
-    if (leave_gelu) {
-        r.pending_gelu_out.leave(out, pre_gelu, (long long)N * OC, id.layer);
-        out = pre_gelu;
-        pre_gelu = nullptr;
-    }
-    PHASE("tcfp12: quantize x");
-    // x's fresh scale: from the amax the LayerNorm that wrote x recorded, or speculated (checked after the
-    // quantization below), or from a pass over x for its amax first. With gelu_of_input, x = gelu(inp). Or the
-    // LayerNorm wrote x's codes and its scale is checked already (recipe_fp8_input_redo).
     float* xs = tcfp_act_slot(r, li, TCFP_X, training);
     uint32_t* xamax = tcfp_act_amax(r, li, TCFP_X, training);
     const bool codes_given = tcfp12_take_given(r.x_codes_given, id, "input codes");
@@ -703,16 +694,33 @@ inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu
     else if (amax_given) tcfp12_scale_from_amax(xs, xamax, false, st);
     else if (spec) cudaCheck(cudaMemsetAsync(xamax, 0, sizeof(uint32_t), st));
     else tcfp12_fresh_scale(xs, xamax, inp, (long long)N * C, false, st, gelu_of_input);
+    return Tcfp12InputScale{xs, xamax, codes_given, spec};
+}
+
+// The emulated block modes' forward: x -> the exact BF16 values of its FP8 codes (never gelu_of_input:
+// tcfp12_leaves_gelu_out), then out = x deq(W_lo)^T and out = x deq(W_hi)^T + out + bias as BF16 GEMMs
+inline void tcfp12_forward_emulated(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu, const floatX* inp,
+                                    const floatX* bias, const float* xs, int N, int C, int OC, cudaStream_t st) {
+    const int li = tcfp_linear_index(id);
     const MatmulEpilogue epi = pre_gelu ? EPI_GELU_BIAS : EPI_NONE;
-    if (r.emulated) {
-        // x -> the exact BF16 values of its FP8 codes (never gelu_of_input: tcfp12_leaves_gelu_out)
-        tcfp12_fake_quantize<Fp8Kind::E4M3>(r.xq, inp, (long long)N * C, xs, st);
-        PHASE("tcfp12: gemm forward");
-        const size_t off = r.elem_offset[li];
-        matmul(out, r.lo_bf + off, r.xq, nullptr, OC, N, C, true, false, 1.0f, 0.0f, false, st);
-        matmul(out, r.hi_bf + off, r.xq, bias, OC, N, C, true, false, 1.0f, 1.0f, false, st, MatmulBatch(), epi, pre_gelu);
-        return;
-    }
+    tcfp12_fake_quantize<Fp8Kind::E4M3>(r.xq, inp, (long long)N * C, xs, st);
+    PHASE("tcfp12: gemm forward");
+    const size_t off = r.elem_offset[li];
+    matmul(out, r.lo_bf + off, r.xq, nullptr, OC, N, C, true, false, 1.0f, 0.0f, false, st);
+    matmul(out, r.hi_bf + off, r.xq, bias, OC, N, C, true, false, 1.0f, 1.0f, false, st, MatmulBatch(), epi, pre_gelu);
+}
+
+// The forward on FP8 codes: the GEMMs' form first (the two GEMMs, or the one K-concatenated GEMM: it decides
+// which codes are made), then x's codes under the scale x_scale gives (speculatively where x_scale.spec), and
+// x^T for the backward's FP8 wgrad, then the GEMMs
+inline void tcfp12_forward_fp8(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu, const floatX* inp, const floatX* bias,
+                               const Tcfp12InputScale& x_scale, bool gelu_of_input, int N, int C, int OC, bool training,
+                               cudaStream_t st) {
+    const int li = tcfp_linear_index(id);
+    float* xs = x_scale.slot;
+    uint32_t* xamax = x_scale.amax;
+    const bool codes_given = x_scale.codes_given, spec = x_scale.spec;
+    const MatmulEpilogue epi = pre_gelu ? EPI_GELU_BIAS : EPI_NONE;
     const Fp8Stats stats = training ? tcfp_act_stats(r, li, TCFP_X) : Fp8Stats();
     // (-tfw 1, training: x^T for the backward's FP8 wgrad from the same read as the rows, or from a read of
     // its own next to the K-concatenated codes)
@@ -788,6 +796,31 @@ inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu
     PHASE("tcfp12: gemm forward");
     if (use_concat) concat_gemm();
     else two_gemms();
+}
+
+// out = x W_lo^T, then out = x W_hi^T + out + bias (and the GELU epilogue when asked); or the same as one
+// K-concatenated GEMM. First the GELU output's hand-over between the fc layer and the fc projection, then x's
+// scale (tcfp12_forward_x_scale), then the emulated block modes' BF16 GEMMs or the FP8 ones.
+inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu, const floatX* inp, const floatX* bias,
+                           int N, int C, int OC, bool training, cudaStream_t st) {
+    // the fc projection whose input, the GELU output, the fc layer left unwritten: x = gelu(pre)
+    const bool gelu_of_input = r.pending_gelu_out.is_for(id, inp);
+    if (gelu_of_input) {
+        inp = r.pending_gelu_out.take();
+    } else {
+        tcfp12_write_gelu_out(r, st);
+    }
+    // the fc layer that leaves its GELU output to the fc projection: its GEMMs write pre_gelu + bias
+    const bool leave_gelu = pre_gelu && tcfp12_leaves_gelu_out(r, id, N, training);
+    if (leave_gelu) {
+        r.pending_gelu_out.leave(out, pre_gelu, (long long)N * OC, id.layer);
+        out = pre_gelu;
+        pre_gelu = nullptr;
+    }
+    PHASE("tcfp12: quantize x");
+    const Tcfp12InputScale x_scale = tcfp12_forward_x_scale(r, id, inp, N, C, training, gelu_of_input, st);
+    if (r.emulated) tcfp12_forward_emulated(r, id, out, pre_gelu, inp, bias, x_scale.slot, N, C, OC, st);
+    else tcfp12_forward_fp8(r, id, out, pre_gelu, inp, bias, x_scale, gelu_of_input, N, C, OC, training, st);
 }
 
 inline void linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* weight,
