@@ -855,9 +855,10 @@ struct Tcfp12Backward {
     float* dys;
     uint32_t* dy_amax;
     const float* xs; // the forward pass's x scale
-    // What earlier passes gave: the fc layer's dy codes (made by the fc projection's backward with an FP8
-    // wgrad: Recipe::dy_codes_given), or its column sums and amax (the fc projection's GELU pass:
-    // Recipe::dy_sums_given), or the amax (the LayerNorm backward that wrote dy: Recipe::dy_amax_given)
+    // What earlier passes gave: dy's codes (the fc layer's, made by the fc projection's backward with an FP8
+    // wgrad; or a projection's rows, written by the LayerNorm backward: Recipe::dy_codes_given), or its column
+    // sums and amax (the fc projection's GELU pass: Recipe::dy_sums_given), or the amax (the LayerNorm or the
+    // flash attention backward that wrote dy: Recipe::dy_amax_given)
     bool codes_given, sums_given, amax_given;
     bool use_concat; // the dgrad as one K-concatenated GEMM (tcfp12_backward_dgrad_form)
 };
