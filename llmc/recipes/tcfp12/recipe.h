@@ -1081,13 +1081,15 @@ inline void tcfp12_backward_gelu(Recipe& r, LinearId id, floatX* dinp, const flo
     gelu_backward(dinp, pre_gelu, (long long)N * C, st);
 }
 
-// The backward of one linear, in four steps:
+// The backward of one linear, in these steps:
 //   1. what earlier passes gave for dy (tcfp12_backward_begin): its codes, its column sums and amax, or its amax;
 //   2. dy quantized once, for both GEMMs (tcfp12_backward_quantize_dy): its fresh scale, the bias gradient and
 //      the codes: dy's rows (or their K-concatenated copy) for the dgrad, dy^T for an FP8 wgrad; the dgrad's
 //      form is chosen before, since it decides which codes are made;
 //   3. the wgrad (tcfp12_backward_wgrad): dy^T with the x^T codes the forward saved, or the BF16 dy and x;
-//   4. the dgrad (tcfp12_backward_dgrad): dy's rows with the W^T codes of the split.
+//   4. the dgrad (tcfp12_backward_dgrad): dy's rows with the W^T codes of the split;
+//   5. for the fc projection, dinp back through the GELU (tcfp12_backward_gelu).
+// The emulated block modes run the same steps on the exact BF16 values of the codes.
 // Once dy is quantized, the wgrad and the dgrad write different outputs from their own copies of dy (dy^T and
 // the rows); the wgrad goes first, as in plain_linear_backward. The dgrad goes last because the step after it
 // (tcfp12_backward_gelu, the fc projection only) reads its dinp and may write the fc layer's dy codes over this
