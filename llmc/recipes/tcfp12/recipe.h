@@ -682,29 +682,20 @@ inline bool tcfp12_use_concat(const Recipe& r, const MatmulKey& key, cudaStream_
     return matmul_prefer_split(key, st, two, concat); // ("split" is the concatenated form here)
 }
 
-// out = x W_lo^T, then out = x W_hi^T + out + bias (and the GELU epilogue when asked); or the same as one
-// K-concatenated GEMM
-inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu, const floatX* inp, const floatX* bias,
-                           int N, int C, int OC, bool training, cudaStream_t st) {
+// x's scale slot and amax for one forward call, and where its fresh scale comes from (tcfp12_forward_x_scale)
+struct Tcfp12InputScale {
+    float* slot;
+    uint32_t* amax;
+    bool codes_given; // the LayerNorm wrote x's codes, and tcfp12_input_again checked their scale
+    bool spec;        // speculative: the slot's scale now, checked after the quantization
+};
+
+// x's fresh scale: from the amax the LayerNorm that wrote x recorded, or speculated (checked after the
+// quantization, tcfp12_quantize_speculative), or from a pass over x for its amax first. With gelu_of_input,
+// x = gelu(inp). Or the LayerNorm wrote x's codes and its scale is checked already (tcfp12_input_again).
+inline Tcfp12InputScale tcfp12_forward_x_scale(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training,
+                                               bool gelu_of_input, cudaStream_t st) {
     const int li = tcfp_linear_index(id);
-    // the fc projection whose input, the GELU output, the fc layer left unwritten: x = gelu(pre)
-    const bool gelu_of_input = r.pending_gelu_out.is_for(id, inp);
-    if (gelu_of_input) {
-        inp = r.pending_gelu_out.take();
-    } else {
-        tcfp12_write_gelu_out(r, st);
-    }
-    // the fc layer that leaves its GELU output to the fc projection: its GEMMs write pre_gelu + bias
-    const bool leave_gelu = pre_gelu && tcfp12_leaves_gelu_out(r, id, N, training);
-    if (leave_gelu) {
-        r.pending_gelu_out.leave(out, pre_gelu, (long long)N * OC, id.layer);
-        out = pre_gelu;
-        pre_gelu = nullptr;
-    }
-    PHASE("tcfp12: quantize x");
-    // x's fresh scale: from the amax the LayerNorm that wrote x recorded, or speculated (checked after the
-    // quantization below), or from a pass over x for its amax first. With gelu_of_input, x = gelu(inp). Or the
-    // LayerNorm wrote x's codes and its scale is checked already (tcfp12_input_again).
     float* xs = tcfp_act_slot(r, li, TCFP_X, training);
     uint32_t* xamax = tcfp_act_amax(r, li, TCFP_X, training);
     const bool codes_given = tcfp12_take_given(r.x_codes_given, id, "input codes");
@@ -719,16 +710,33 @@ inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu
     else if (amax_given) tcfp12_scale_from_amax(xs, xamax, false, st);
     else if (spec) cudaCheck(cudaMemsetAsync(xamax, 0, sizeof(uint32_t), st));
     else tcfp12_fresh_scale(xs, xamax, inp, (long long)N * C, false, st, gelu_of_input);
+    return Tcfp12InputScale{xs, xamax, codes_given, spec};
+}
+
+// The emulated block modes' forward: x -> the exact BF16 values of its FP8 codes (never gelu_of_input:
+// tcfp12_leaves_gelu_out), then out = x deq(W_lo)^T and out = x deq(W_hi)^T + out + bias as BF16 GEMMs
+inline void tcfp12_forward_emulated(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu, const floatX* inp,
+                                    const floatX* bias, const float* xs, int N, int C, int OC, cudaStream_t st) {
+    const int li = tcfp_linear_index(id);
     const MatmulEpilogue epi = pre_gelu ? EPI_GELU_BIAS : EPI_NONE;
-    if (r.emulated) {
-        // x -> the exact BF16 values of its FP8 codes (never gelu_of_input: tcfp12_leaves_gelu_out)
-        tcfp12_fake_quantize<Fp8Kind::E4M3>(r.xq, inp, (long long)N * C, xs, st);
-        PHASE("tcfp12: gemm forward");
-        const size_t off = r.elem_offset[li];
-        matmul(out, r.lo_bf + off, r.xq, nullptr, OC, N, C, true, false, 1.0f, 0.0f, false, st);
-        matmul(out, r.hi_bf + off, r.xq, bias, OC, N, C, true, false, 1.0f, 1.0f, false, st, MatmulBatch(), epi, pre_gelu);
-        return;
-    }
+    tcfp12_fake_quantize<Fp8Kind::E4M3>(r.xq, inp, (long long)N * C, xs, st);
+    PHASE("tcfp12: gemm forward");
+    const size_t off = r.elem_offset[li];
+    matmul(out, r.lo_bf + off, r.xq, nullptr, OC, N, C, true, false, 1.0f, 0.0f, false, st);
+    matmul(out, r.hi_bf + off, r.xq, bias, OC, N, C, true, false, 1.0f, 1.0f, false, st, MatmulBatch(), epi, pre_gelu);
+}
+
+// The forward on FP8 codes: the GEMMs' form first (the two GEMMs, or the one K-concatenated GEMM: it decides
+// which codes are made), then x's codes under the scale x_scale gives (speculatively where x_scale.spec), and
+// x^T for the backward's FP8 wgrad, then the GEMMs
+inline void tcfp12_forward_fp8(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu, const floatX* inp, const floatX* bias,
+                               const Tcfp12InputScale& x_scale, bool gelu_of_input, int N, int C, int OC, bool training,
+                               cudaStream_t st) {
+    const int li = tcfp_linear_index(id);
+    float* xs = x_scale.slot;
+    uint32_t* xamax = x_scale.amax;
+    const bool codes_given = x_scale.codes_given, spec = x_scale.spec;
+    const MatmulEpilogue epi = pre_gelu ? EPI_GELU_BIAS : EPI_NONE;
     const Fp8Stats stats = training ? tcfp_act_stats(r, li, TCFP_X) : Fp8Stats();
     // (-tfw 1, training: x^T for the backward's FP8 wgrad from the same read as the rows, or from a read of
     // its own next to the K-concatenated codes)
@@ -806,6 +814,31 @@ inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu
     else two_gemms();
 }
 
+// out = x W_lo^T, then out = x W_hi^T + out + bias (and the GELU epilogue when asked); or the same as one
+// K-concatenated GEMM. First the GELU output's hand-over between the fc layer and the fc projection, then x's
+// scale (tcfp12_forward_x_scale), then the emulated block modes' BF16 GEMMs or the FP8 ones.
+inline void tcfp12_forward(Recipe& r, LinearId id, floatX* out, floatX* pre_gelu, const floatX* inp, const floatX* bias,
+                           int N, int C, int OC, bool training, cudaStream_t st) {
+    // the fc projection whose input, the GELU output, the fc layer left unwritten: x = gelu(pre)
+    const bool gelu_of_input = r.pending_gelu_out.is_for(id, inp);
+    if (gelu_of_input) {
+        inp = r.pending_gelu_out.take();
+    } else {
+        tcfp12_write_gelu_out(r, st);
+    }
+    // the fc layer that leaves its GELU output to the fc projection: its GEMMs write pre_gelu + bias
+    const bool leave_gelu = pre_gelu && tcfp12_leaves_gelu_out(r, id, N, training);
+    if (leave_gelu) {
+        r.pending_gelu_out.leave(out, pre_gelu, (long long)N * OC, id.layer);
+        out = pre_gelu;
+        pre_gelu = nullptr;
+    }
+    PHASE("tcfp12: quantize x");
+    const Tcfp12InputScale x_scale = tcfp12_forward_x_scale(r, id, inp, N, C, training, gelu_of_input, st);
+    if (r.emulated) tcfp12_forward_emulated(r, id, out, pre_gelu, inp, bias, x_scale.slot, N, C, OC, st);
+    else tcfp12_forward_fp8(r, id, out, pre_gelu, inp, bias, x_scale, gelu_of_input, N, C, OC, training, st);
+}
+
 // The linears the recipe keeps in BF16 (and the shapes FP8 GEMMs cannot take) run the plain linear, once
 // a GELU output this recipe left pending is written
 inline bool recipe_quantizes(const Recipe& r, LinearId id, int N, int C, int OC, LinearPass) { return tcfp12_applies(r, id, N, C, OC); }
@@ -822,139 +855,206 @@ inline void recipe_linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out,
     tcfp12_forward(r, id, gelu_out, pre_gelu, inp, bias, N, C, OC, training, st);
 }
 
-inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
-                                   const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
-                                   cudaStream_t st) {
-    tcfp12_write_gelu_out(r, st);
-    const int li = tcfp_linear_index(id);
-    const bool fp8_wgrad = r.options.tcfp_fp8_wgrad != 0, abd = r.split.abd != 0;
-    float* dys = tcfp_act_slot(r, li, TCFP_DY, true);
-    uint32_t* dy_amax = tcfp_act_amax(r, li, TCFP_DY, true);
-    const float* xs = tcfp_act_slot(r, li, TCFP_X, true); // the forward pass's x scale
-    PHASE("tcfp12: quantize dy + bias grad");
-    // What earlier passes gave: the fc layer's dy codes (made by the fc projection's backward with an FP8
-    // wgrad: Recipe::dy_codes_given), or its column sums and amax (the fc projection's GELU pass:
-    // Recipe::dy_sums_given), or the amax (the LayerNorm backward that wrote dy: Recipe::dy_amax_given)
-    const bool codes_given = tcfp12_take_given(r.dy_codes_given, id, "output gradient codes");
-    const bool sums_given = same_linear(r.dy_sums_given, id);
-    if (r.dy_sums_given.layer >= 0 && !sums_given) {
+// ---- backward ----------------------------------------------------------------------------------
+// One quantized linear's backward as its steps share it (recipe_linear_backward, below): the shape, the
+// options that pick the kernels, dy's scale slot and amax, x's scale from the forward pass, what earlier
+// passes gave for dy, and the dgrad's form
+struct Tcfp12Backward {
+    LinearId id;
+    int li, N, C, OC;
+    bool fp8_wgrad, abd;
+    float* dys;
+    uint32_t* dy_amax;
+    const float* xs; // the forward pass's x scale
+    // What earlier passes gave: dy's codes (the fc layer's, made by the fc projection's backward with an FP8
+    // wgrad; or a projection's rows, written by the LayerNorm backward: Recipe::dy_codes_given), or its column
+    // sums and amax (the fc projection's GELU pass: Recipe::dy_sums_given), or the amax (the LayerNorm or the
+    // flash attention backward that wrote dy: Recipe::dy_amax_given)
+    bool codes_given, sums_given, amax_given;
+    bool use_concat; // the dgrad as one K-concatenated GEMM (tcfp12_backward_dgrad_form)
+};
+
+// The call's operands and slots, and what earlier passes gave for dy (taken here: each is given to one call)
+inline Tcfp12Backward tcfp12_backward_begin(Recipe& r, LinearId id, const float* dbias, int N, int C, int OC) {
+    Tcfp12Backward b;
+    b.id = id;
+    b.li = tcfp_linear_index(id);
+    b.N = N;
+    b.C = C;
+    b.OC = OC;
+    b.fp8_wgrad = r.options.tcfp_fp8_wgrad != 0;
+    b.abd = r.split.abd != 0;
+    b.dys = tcfp_act_slot(r, b.li, TCFP_DY, true);
+    b.dy_amax = tcfp_act_amax(r, b.li, TCFP_DY, true);
+    b.xs = tcfp_act_slot(r, b.li, TCFP_X, true);
+    b.codes_given = tcfp12_take_given(r.dy_codes_given, id, "output gradient codes");
+    b.sums_given = same_linear(r.dy_sums_given, id);
+    if (r.dy_sums_given.layer >= 0 && !b.sums_given) {
         fprintf(stderr, "error: tcfp12: the output gradient sums of layer %d's %s were not taken by the next call\n",
                 r.dy_sums_given.layer, LINEAR_NAMES[r.dy_sums_given.kind]);
         exit(1);
     }
     r.dy_sums_given.layer = -1;
-    const bool amax_given = tcfp12_take_given(r.dy_amax_given, id, "output gradient amax");
-    if (amax_given && (dbias || sums_given)) {
+    b.amax_given = tcfp12_take_given(r.dy_amax_given, id, "output gradient amax");
+    if (b.amax_given && (dbias || b.sums_given)) {
         fprintf(stderr, "error: tcfp12: a linear whose output gradient's amax was recorded gets no bias gradient here\n");
         exit(1);
     }
+    b.use_concat = false;
+    return b;
+}
+
+// dy's fresh scale and the bias gradient: from the column sums and amax the fc projection's GELU pass gave,
+// from the amax the LayerNorm backward gave (no bias there), or from one read of dy
+inline void tcfp12_dy_scale_and_bias_grad(Recipe& r, const Tcfp12Backward& b, float* dbias, const floatX* dout,
+                                          cudaStream_t st) {
+    if (b.sums_given) tcfp12_dy_scale_from_partials(b.dys, b.dy_amax, dbias, r.scratch.bias_partials, b.OC, st);
+    else if (b.amax_given) tcfp12_scale_from_amax(b.dys, b.dy_amax, true, st);
+    else tcfp12_dy_scale_and_bias(b.dys, b.dy_amax, dbias, r.scratch.bias_partials, dout, b.N, b.OC, st);
+}
+
+// dy's E5M2 rows for the two dgrad GEMMs, and dy^T for an FP8 wgrad from the same read (amax: where to record
+// dy's amax, or null; partials: dy's column sums per 64-row tile, or null; run_if: tcfp12_quantize_speculative's
+// flag, or null)
+inline void tcfp12_quantize_dy_rows(Recipe& r, const Tcfp12Backward& b, const floatX* dout, Fp8Stats s, uint32_t* amax,
+                                    float* partials, const int* run_if, cudaStream_t st) {
+    if (b.fp8_wgrad || partials)
+        fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, b.fp8_wgrad ? r.dyt8 : nullptr, dout, b.N, b.OC, b.dys, amax, s, st,
+                                              nullptr, partials, nullptr, false, run_if);
+    else fp8_quantize<Fp8Kind::E5M2>(r.dy8, dout, (long long)b.N * b.OC, b.dys, amax, s, st, run_if);
+}
+
+// dy's E5M2 codes twice along K, for the K-concatenated dgrad, with their scales; dy^T for an FP8 wgrad on a
+// read of its own
+inline void tcfp12_quantize_dy_cat(Recipe& r, const Tcfp12Backward& b, const floatX* dout, Fp8Stats s, cudaStream_t st) {
+    tcfp12_quantize_twice<Fp8Kind::E5M2>(r.dycat, dout, b.N, b.OC, b.dys, s, st);
+    tcfp12_fill_scale(r.dycat_scales, tcfp12_concat_act_scale_count(b.N, 2 * b.OC), b.dys, st);
+    if (b.fp8_wgrad) fp8_quantize_transpose<Fp8Kind::E5M2>(nullptr, r.dyt8, dout, b.N, b.OC, b.dys, nullptr, Fp8Stats(), st);
+}
+
+// dinp = dy W_lo (fast accumulation: its terms are about 16 times smaller), then dinp = dy W_hi + dinp; under
+// ABD dinp = dy W_hi alone. Both read dy's rows and the W^T codes the split transposed.
+inline void tcfp12_dgrad_two_gemms(Recipe& r, const Tcfp12Backward& b, floatX* dinp, cudaStream_t st) {
+    const bool fast = r.options.tcfp_fast_accum != 0;
+    const bool abd = b.abd;
+    const int li = b.li, N = b.N, C = b.C, OC = b.OC;
+    Fp8Operand dy{r.dy8, CUDA_R_8F_E5M2, b.dys + 4};
+    Fp8Operand wlo{abd ? nullptr : r.lo_t + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_lo_slot(r, li) + 4};
+    Fp8Operand whi{r.hi_t + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_hi_slot(r, li) + 4};
+    if (!abd && !matmul_fp8(dinp, false, wlo, dy, nullptr, C, N, OC, 0.0f, true, st)) tcfp12_no_gemm("input gradient", C, N, OC);
+    if (!matmul_fp8(dinp, false, whi, dy, nullptr, C, N, OC, abd ? 0.0f : 1.0f, fast, st)) tcfp12_no_gemm("input gradient", C, N, OC);
+}
+
+// dinp = [dy | dy] times the split's K-concatenated W^T codes, as one GEMM with block scales (dy's codes from
+// tcfp12_quantize_dy_cat)
+inline void tcfp12_dgrad_concat_gemm(Recipe& r, const Tcfp12Backward& b, floatX* dinp, cudaStream_t st) {
+    const int li = b.li, N = b.N, C = b.C, OC = b.OC;
+    if (!matmul_fp8_block_scaled(dinp, r.wcat_t + 2 * r.elem_offset[li], CUDA_R_8F_E4M3, r.wcat_t_scales + r.elem_offset[li] / 64,
+                                 r.dycat, CUDA_R_8F_E5M2, r.dycat_scales, nullptr, C, N, 2 * OC, st))
+        tcfp12_no_gemm("input gradient (K-concatenated)", C, N, 2 * OC);
+}
+
+// Whether the dgrad runs as the one K-concatenated GEMM (tcfp12_use_concat), decided before dy is quantized since
+// it decides which codes are made. Never under ABD (W_hi alone: one GEMM, nothing to concatenate), nor for codes
+// an earlier pass made (rows: tcfp12_fc_dy_as_codes). Its timing, on the first call of a shape, quantizes and
+// multiplies with whatever scale the slot holds; the real codes come after.
+inline bool tcfp12_backward_dgrad_form(Recipe& r, const Tcfp12Backward& b, const floatX* dout, floatX* dinp, cudaStream_t st) {
+    if (b.abd || b.codes_given) return false;
+    const MatmulKey key = matmul_fp8_block_scaled_key(b.C, b.N, 2 * b.OC, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, false, EPI_NONE);
+    return tcfp12_use_concat(
+        r, key, st,
+        [&]() { tcfp12_quantize_dy_rows(r, b, dout, Fp8Stats(), nullptr, nullptr, nullptr, st); tcfp12_dgrad_two_gemms(r, b, dinp, st); },
+        [&]() { tcfp12_quantize_dy_cat(r, b, dout, Fp8Stats(), st); tcfp12_dgrad_concat_gemm(r, b, dinp, st); });
+}
+
+// dy quantized once for both GEMMs, with its fresh scale and the bias gradient. Emulated block modes: the exact
+// BF16 values of dy's codes. FP8: the dgrad's form first (b.use_concat), then dy's E5M2 codes: the rows (or the
+// K-concatenated copy) the dgrad reads and, for an FP8 wgrad, dy^T. The scale comes from what an earlier pass
+// gave, or speculatively from the last use's (tcfp12_quantize_speculative), or from a read of dy of its own.
+inline void tcfp12_backward_quantize_dy(Recipe& r, Tcfp12Backward& b, float* dbias, const floatX* dout, floatX* dinp,
+                                        cudaStream_t st) {
+    const int li = b.li, N = b.N, OC = b.OC;
     if (r.emulated) {
-        // dy's amax and the bias gradient from one read (or from what the fc projection's GELU pass gave)
-        if (sums_given) tcfp12_dy_scale_from_partials(dys, dy_amax, dbias, r.scratch.bias_partials, OC, st);
-        else if (amax_given) tcfp12_scale_from_amax(dys, dy_amax, true, st);
-        else tcfp12_dy_scale_and_bias(dys, dy_amax, dbias, r.scratch.bias_partials, dout, N, OC, st);
-        const size_t off = r.elem_offset[li];
-        tcfp12_fake_quantize<Fp8Kind::E5M2>(r.dyq, dout, (long long)N * OC, dys, st);
-        PHASE("tcfp12: gemm wgrad");
-        if (fp8_wgrad) {
-            tcfp12_fake_quantize<Fp8Kind::E4M3>(r.xq, inp, (long long)N * C, xs, st);
-            matmul(dweight, r.xq, r.dyq, nullptr, C, OC, N, false, true, 1.0f, 1.0f, true, st);
-        } else {
-            plain_linear_backward_dw(dweight, dout, inp, N, C, OC, st);
-        }
-        PHASE("tcfp12: gemm dgrad");
-        if (!abd) matmul(dinp, r.lo_bf + off, r.dyq, nullptr, C, N, OC, false, false, 1.0f, 0.0f, false, st);
-        matmul(dinp, r.hi_bf + off, r.dyq, nullptr, C, N, OC, false, false, 1.0f, abd ? 0.0f : 1.0f, false, st);
-    } else {
-        // dy in E5M2: rows for the two dgrad GEMMs (or both halves of the K-concatenated one), and dy^T
-        // for an FP8 wgrad (with the rows from the same read, or on its own read)
-        const Fp8Stats stats = tcfp_act_stats(r, li, TCFP_DY);
-        // (amax: where to record dy's amax, or null; partials: dy's column sums per 64-row tile, or null;
-        // run_if: tcfp12_quantize_speculative's flag, or null)
-        auto quantize_rows = [&](Fp8Stats s, uint32_t* amax, float* partials, const int* run_if) {
-            if (fp8_wgrad || partials)
-                fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, fp8_wgrad ? r.dyt8 : nullptr, dout, N, OC, dys, amax, s, st, nullptr,
-                                                      partials, nullptr, false, run_if);
-            else fp8_quantize<Fp8Kind::E5M2>(r.dy8, dout, (long long)N * OC, dys, amax, s, st, run_if);
-        };
-        auto quantize_cat = [&](Fp8Stats s) { // (dy^T, for an FP8 wgrad, on a read of its own)
-            tcfp12_quantize_twice<Fp8Kind::E5M2>(r.dycat, dout, N, OC, dys, s, st);
-            tcfp12_fill_scale(r.dycat_scales, tcfp12_concat_act_scale_count(N, 2 * OC), dys, st);
-            if (fp8_wgrad) fp8_quantize_transpose<Fp8Kind::E5M2>(nullptr, r.dyt8, dout, N, OC, dys, nullptr, Fp8Stats(), st);
-        };
-        const bool fast = r.options.tcfp_fast_accum != 0;
-        Fp8Operand dy{r.dy8, CUDA_R_8F_E5M2, dys + 4};
-        Fp8Operand wlo{abd ? nullptr : r.lo_t + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_lo_slot(r, li) + 4};
-        Fp8Operand whi{r.hi_t + r.elem_offset[li], CUDA_R_8F_E4M3, tcfp_hi_slot(r, li) + 4};
-        auto two_gemms = [&]() {
-            if (!abd && !matmul_fp8(dinp, false, wlo, dy, nullptr, C, N, OC, 0.0f, true, st)) tcfp12_no_gemm("input gradient", C, N, OC);
-            if (!matmul_fp8(dinp, false, whi, dy, nullptr, C, N, OC, abd ? 0.0f : 1.0f, fast, st)) tcfp12_no_gemm("input gradient", C, N, OC);
-        };
-        auto concat_gemm = [&]() {
-            if (!matmul_fp8_block_scaled(dinp, r.wcat_t + 2 * r.elem_offset[li], CUDA_R_8F_E4M3, r.wcat_t_scales + r.elem_offset[li] / 64,
-                                         r.dycat, CUDA_R_8F_E5M2, r.dycat_scales, nullptr, C, N, 2 * OC, st))
-                tcfp12_no_gemm("input gradient (K-concatenated)", C, N, 2 * OC);
-        };
-        // The dgrad's form first (ABD reads W_hi alone: one GEMM, nothing to concatenate; the codes the fc
-        // projection made are rows: tcfp12_fc_dy_as_codes). Its timing, on the first call of a shape, runs
-        // with whatever scale the slot holds.
-        bool use_concat = false;
-        if (!abd && !codes_given) {
-            const MatmulKey key = matmul_fp8_block_scaled_key(C, N, 2 * OC, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, false, EPI_NONE);
-            use_concat = tcfp12_use_concat(r, key, st, [&]() { quantize_rows(Fp8Stats(), nullptr, nullptr, nullptr); two_gemms(); },
-                                           [&]() { quantize_cat(Fp8Stats()); concat_gemm(); });
-        }
-        // then dy's scale and codes, and the bias gradient
-        const bool spec = !codes_given && !sums_given && !amax_given && !use_concat && tcfp12_speculates(r, true);
-        if (codes_given && r.dy_codes_rows_only) {
-            // (the LayerNorm backward's rows: its column sums were this linear's bias gradient already)
-            if (!r.dy_codes_checked || dbias || !fp8_wgrad) {
-                fprintf(stderr, "error: tcfp12: the E5M2 output gradient the LayerNorm backward wrote for layer %d's %s was "
-                                "not checked (tcfp12_gradient_again after it), or a bias gradient is asked here\n",
-                        id.layer, LINEAR_NAMES[id.kind]);
-                exit(1);
-            }
-            fp8_transpose(r.dyt8, r.dy8, N, OC, st);
-        } else if (codes_given) {
-            if (dbias) bias_backward_reduce(dbias, r.dy_partials, OC, ceil_div(N, FP8_TILE), st);
-        } else if (spec) {
-            // speculative: codes, amax and the column sums from one read of dy (the sums do not depend on the
-            // scale: the second pass, if any, leaves them)
-            cudaCheck(cudaMemsetAsync(dy_amax, 0, sizeof(uint32_t), st));
-            float* partials = dbias ? r.dy_partials : nullptr;
-            // (the qkv layer's guess: from the attention projection's dy amax, measured before the attention
-            // backward made this dy, times the ratio of the two last time)
-            const LinearId proj{id.layer, LIN_ATTPROJ};
-            const bool guess = id.kind == LIN_QKV && tcfp12_applies(r, proj, N, r.C, r.C);
-            tcfp12_quantize_speculative(r, true, dys, dy_amax, true, tcfp_spec_counts(r, li, TCFP_DY), st,
-                                        [&](uint32_t* amax, const int* run_if) {
-                                            quantize_rows(Fp8Stats(), amax, run_if ? nullptr : partials, run_if);
-                                        },
-                                        guess ? tcfp_spec_ratio(r, li, TCFP_DY) : nullptr,
-                                        guess ? tcfp_act_amax(r, tcfp_linear_index(proj), TCFP_DY, true) : nullptr);
-            if (dbias) bias_backward_reduce(dbias, r.dy_partials, OC, ceil_div(N, FP8_TILE), st);
-        } else {
-            // dy's amax and the bias gradient from one read (or from what an earlier pass gave), then the codes
-            if (sums_given) tcfp12_dy_scale_from_partials(dys, dy_amax, dbias, r.scratch.bias_partials, OC, st);
-            else if (amax_given) tcfp12_scale_from_amax(dys, dy_amax, true, st);
-            else tcfp12_dy_scale_and_bias(dys, dy_amax, dbias, r.scratch.bias_partials, dout, N, OC, st);
-            // (the codes the timing made were not counted: the real ones now)
-            if (use_concat) quantize_cat(stats);
-            else quantize_rows(stats, nullptr, nullptr, nullptr);
-        }
-        PHASE("tcfp12: gemm wgrad");
-        if (fp8_wgrad) {
-            // x^T as the training forward pass saved it: the forward's scale, the codes its GEMM read
-            Fp8Operand xt{tcfp12_saved_xt(r, li), CUDA_R_8F_E4M3, xs + 4}, dyt{r.dyt8, CUDA_R_8F_E5M2, dys + 4};
-            if (!matmul_fp8(dweight, true, xt, dyt, nullptr, C, OC, N, 1.0f, false, st)) tcfp12_no_gemm("weight gradient", C, OC, N);
-        } else {
-            plain_linear_backward_dw(dweight, dout, inp, N, C, OC, st);
-        }
-        PHASE("tcfp12: gemm dgrad");
-        if (use_concat) concat_gemm();
-        else two_gemms();
+        tcfp12_dy_scale_and_bias_grad(r, b, dbias, dout, st);
+        tcfp12_fake_quantize<Fp8Kind::E5M2>(r.dyq, dout, (long long)N * OC, b.dys, st);
+        return;
     }
-    if (!pre_gelu) return;
+    const Fp8Stats stats = tcfp_act_stats(r, li, TCFP_DY);
+    b.use_concat = tcfp12_backward_dgrad_form(r, b, dout, dinp, st);
+    const bool spec = !b.codes_given && !b.sums_given && !b.amax_given && !b.use_concat && tcfp12_speculates(r, true);
+    if (b.codes_given && r.dy_codes_rows_only) {
+        // (the LayerNorm backward's rows: its column sums were this linear's bias gradient already)
+        if (!r.dy_codes_checked || dbias || !b.fp8_wgrad) {
+            fprintf(stderr, "error: tcfp12: the E5M2 output gradient the LayerNorm backward wrote for layer %d's %s was "
+                            "not checked (tcfp12_gradient_again after it), or a bias gradient is asked here\n",
+                    b.id.layer, LINEAR_NAMES[b.id.kind]);
+            exit(1);
+        }
+        fp8_transpose(r.dyt8, r.dy8, N, OC, st);
+    } else if (b.codes_given) {
+        if (dbias) bias_backward_reduce(dbias, r.dy_partials, OC, ceil_div(N, FP8_TILE), st);
+    } else if (spec) {
+        // speculative: codes, amax and the column sums from one read of dy (the sums do not depend on the
+        // scale: the second pass, if any, leaves them)
+        cudaCheck(cudaMemsetAsync(b.dy_amax, 0, sizeof(uint32_t), st));
+        float* partials = dbias ? r.dy_partials : nullptr;
+        // (the qkv layer's guess: from the attention projection's dy amax, measured before the attention
+        // backward made this dy, times the ratio of the two last time)
+        const LinearId proj{b.id.layer, LIN_ATTPROJ};
+        const bool guess = b.id.kind == LIN_QKV && tcfp12_applies(r, proj, N, r.C, r.C);
+        tcfp12_quantize_speculative(r, true, b.dys, b.dy_amax, true, tcfp_spec_counts(r, li, TCFP_DY), st,
+                                    [&](uint32_t* amax, const int* run_if) {
+                                        tcfp12_quantize_dy_rows(r, b, dout, Fp8Stats(), amax, run_if ? nullptr : partials,
+                                                                run_if, st);
+                                    },
+                                    guess ? tcfp_spec_ratio(r, li, TCFP_DY) : nullptr,
+                                    guess ? tcfp_act_amax(r, tcfp_linear_index(proj), TCFP_DY, true) : nullptr);
+        if (dbias) bias_backward_reduce(dbias, r.dy_partials, OC, ceil_div(N, FP8_TILE), st);
+    } else {
+        // dy's amax and the bias gradient from one read (or from what an earlier pass gave), then the codes
+        // (the codes the timing made were not counted: the real ones now)
+        tcfp12_dy_scale_and_bias_grad(r, b, dbias, dout, st);
+        if (b.use_concat) tcfp12_quantize_dy_cat(r, b, dout, stats, st);
+        else tcfp12_quantize_dy_rows(r, b, dout, stats, nullptr, nullptr, nullptr, st);
+    }
+}
+
+// dweight += dy^T x. -tfw 1: dy^T's E5M2 codes times the x^T codes the training forward saved (its scale, the codes
+// its GEMM read), or in the emulated block modes the exact BF16 values of both; otherwise BF16 dy and x.
+inline void tcfp12_backward_wgrad(Recipe& r, const Tcfp12Backward& b, float* dweight, const floatX* dout, const floatX* inp,
+                                  cudaStream_t st) {
+    const int li = b.li, N = b.N, C = b.C, OC = b.OC;
+    if (!b.fp8_wgrad) {
+        plain_linear_backward_dw(dweight, dout, inp, N, C, OC, st);
+    } else if (r.emulated) {
+        tcfp12_fake_quantize<Fp8Kind::E4M3>(r.xq, inp, (long long)N * C, b.xs, st);
+        matmul(dweight, r.xq, r.dyq, nullptr, C, OC, N, false, true, 1.0f, 1.0f, true, st);
+    } else {
+        Fp8Operand xt{tcfp12_saved_xt(r, li), CUDA_R_8F_E4M3, b.xs + 4}, dyt{r.dyt8, CUDA_R_8F_E5M2, b.dys + 4};
+        if (!matmul_fp8(dweight, true, xt, dyt, nullptr, C, OC, N, 1.0f, false, st)) tcfp12_no_gemm("weight gradient", C, OC, N);
+    }
+}
+
+// dinp = dy (W_lo + W_hi), or dy W_hi under ABD: BF16 GEMMs on the exact values (emulated block modes), the two
+// FP8 GEMMs, or the one K-concatenated GEMM (b.use_concat)
+inline void tcfp12_backward_dgrad(Recipe& r, const Tcfp12Backward& b, floatX* dinp, cudaStream_t st) {
+    const int N = b.N, C = b.C, OC = b.OC;
+    if (r.emulated) {
+        const size_t off = r.elem_offset[b.li];
+        if (!b.abd) matmul(dinp, r.lo_bf + off, r.dyq, nullptr, C, N, OC, false, false, 1.0f, 0.0f, false, st);
+        matmul(dinp, r.hi_bf + off, r.dyq, nullptr, C, N, OC, false, false, 1.0f, b.abd ? 0.0f : 1.0f, false, st);
+    } else if (b.use_concat) {
+        tcfp12_dgrad_concat_gemm(r, b, dinp, st);
+    } else {
+        tcfp12_dgrad_two_gemms(r, b, dinp, st);
+    }
+}
+
+// The fc projection's input gradient dinp goes back through the GELU to the fc layer's dy = dinp * gelu'(pre_gelu).
+// With FP8 codes for the fc layer (tcfp12_fc_dy_as_codes) straight to its E5M2 codes; otherwise in place, with
+// its column sums and amax where the fc layer quantizes it next (Recipe::dy_sums_given).
+inline void tcfp12_backward_gelu(Recipe& r, LinearId id, floatX* dinp, const floatX* pre_gelu, const uint32_t* dy_amax,
+                                 int N, int C, int OC, cudaStream_t st) {
     const LinearId fc{id.layer, LIN_FC};
     if (id.kind == LIN_FCPROJ && tcfp12_applies(r, fc, N, OC, C) && tcfp12_fc_dy_as_codes(r)) {
         // the fc layer's dy = bf16(dinp * gelu'(pre_gelu)), as gelu_backward would store it, straight to the
@@ -990,6 +1090,33 @@ inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* 
         }
     }
     gelu_backward(dinp, pre_gelu, (long long)N * C, st);
+}
+
+// The backward of one linear, in these steps:
+//   1. what earlier passes gave for dy (tcfp12_backward_begin): its codes, its column sums and amax, or its amax;
+//   2. dy quantized once, for both GEMMs (tcfp12_backward_quantize_dy): its fresh scale, the bias gradient and
+//      the codes: dy's rows (or their K-concatenated copy) for the dgrad, dy^T for an FP8 wgrad; the dgrad's
+//      form is chosen before, since it decides which codes are made;
+//   3. the wgrad (tcfp12_backward_wgrad): dy^T with the x^T codes the forward saved, or the BF16 dy and x;
+//   4. the dgrad (tcfp12_backward_dgrad): dy's rows with the W^T codes of the split;
+//   5. for the fc projection, dinp back through the GELU (tcfp12_backward_gelu).
+// The emulated block modes run the same steps on the exact BF16 values of the codes.
+// Once dy is quantized, the wgrad and the dgrad write different outputs from their own copies of dy (dy^T and
+// the rows); the wgrad goes first, as in plain_linear_backward. The dgrad goes last because the step after it
+// (tcfp12_backward_gelu, the fc projection only) reads its dinp and may write the fc layer's dy codes over this
+// linear's: both GEMMs have read them by then.
+inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
+                                   const floatX* inp, const floatX*, const floatX* pre_gelu, int N, int C, int OC,
+                                   cudaStream_t st) {
+    tcfp12_write_gelu_out(r, st);
+    PHASE("tcfp12: quantize dy + bias grad");
+    Tcfp12Backward b = tcfp12_backward_begin(r, id, dbias, N, C, OC);
+    tcfp12_backward_quantize_dy(r, b, dbias, dout, dinp, st);
+    PHASE("tcfp12: gemm wgrad");
+    tcfp12_backward_wgrad(r, b, dweight, dout, inp, st);
+    PHASE("tcfp12: gemm dgrad");
+    tcfp12_backward_dgrad(r, b, dinp, st);
+    if (pre_gelu) tcfp12_backward_gelu(r, id, dinp, pre_gelu, b.dy_amax, N, C, OC, st);
 }
 
 // ---- checkpoint state -----------------------------------------------------------------------------
