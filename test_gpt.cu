@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
+#include <future>
 #include <set>
 #include <sstream>
 
@@ -467,6 +468,20 @@ static void check_resume(TestContext& c) {
     run_steps(&model, 0, save_at, &losses_a);
     try { save_checkpoint(&model, ckdir, save_at, data_state, opt.seed, 0, 1); }
     catch (const InputError& e) { check(false, strfmt("save_checkpoint: %s", e.what())); }
+    // The refusals (checked at the end) read this checkpoint, which nothing changes from now on, and no GPU: each
+    // reads and checksums the whole state file (FNV-1a, a byte at a time), so they run on a thread of their own
+    // beside the GPU work. A checkpoint of another shape is refused before its state file is read.
+    struct Refusals { bool shape = false, seed = false, seq_len = false, sharding = false; };
+    std::future<Refusals> refusals = std::async(std::launch::async, [&]() {
+        Refusals got;
+        ModelShape other = info.shape;
+        other.num_layers += 1;
+        try { check_checkpoint(ckdir, save_at, other, B, T, opt.seed, 0, 1); } catch (const InputError& e) { got.shape = strstr(e.what(), "shape") != nullptr; }
+        try { check_checkpoint(ckdir, save_at, info.shape, B, T, opt.seed + 1, 0, 1); } catch (const InputError& e) { got.seed = strstr(e.what(), "-sd") != nullptr; }
+        try { check_checkpoint(ckdir, save_at, info.shape, B, T + 1, opt.seed, 0, 1); } catch (const InputError& e) { got.seq_len = strstr(e.what(), "-t") != nullptr; }
+        try { check_checkpoint(ckdir, save_at, info.shape, B, T, opt.seed, 0, 1, false, 2); } catch (const InputError& e) { got.sharding = strstr(e.what(), "-z 0") != nullptr; }
+        return got;
+    });
     run_steps(&model, save_at, total, &losses_a);
 
     GPT resumed;
@@ -502,8 +517,9 @@ static void check_resume(TestContext& c) {
             save_checkpoint(&resumed, dir_b, total, data_state, opt.seed, 0, 1);
             // every section byte for byte, except the record of -r (1 against the resumed model's 2)
             StateReader ra, rb;
+            std::future<void> opened_b = std::async(std::launch::async, [&]() { rb.open(state_path(dir_b, total, 0)); });
             ra.open(state_path(dir_a, total, 0));
-            rb.open(state_path(dir_b, total, 0));
+            opened_b.get();
             bool same_sections = ra.section_names() == rb.section_names();
             for (const std::string& name : ra.section_names()) {
                 if (!same_sections || name == "recompute") continue;
@@ -549,21 +565,11 @@ static void check_resume(TestContext& c) {
                          TOL_KEPT_VS_RECOMPUTED, worst));
         } catch (const InputError& e) { check(false, strfmt("load_checkpoint (-r -1): %s", e.what())); }
     }
-    // a checkpoint of another shape is refused
-    ModelShape other = info.shape;
-    other.num_layers += 1;
-    bool refused = false;
-    try { check_checkpoint(ckdir, save_at, other, B, T, opt.seed, 0, 1); } catch (const InputError& e) { refused = strstr(e.what(), "shape") != nullptr; }
-    check(refused, "a checkpoint of another shape is refused with a message naming the shape");
-    refused = false;
-    try { check_checkpoint(ckdir, save_at, info.shape, B, T, opt.seed + 1, 0, 1); } catch (const InputError& e) { refused = strstr(e.what(), "-sd") != nullptr; }
-    check(refused, "resuming with another seed is refused with a message naming -sd");
-    refused = false;
-    try { check_checkpoint(ckdir, save_at, info.shape, B, T + 1, opt.seed, 0, 1); } catch (const InputError& e) { refused = strstr(e.what(), "-t") != nullptr; }
-    check(refused, "resuming with another -t is refused with a message naming -t");
-    refused = false;
-    try { check_checkpoint(ckdir, save_at, info.shape, B, T, opt.seed, 0, 1, false, 2); } catch (const InputError& e) { refused = strstr(e.what(), "-z 0") != nullptr; }
-    check(refused, "resuming a whole optimizer state as a ZeRO-1 shard is refused with a message naming -z");
+    const Refusals refused = refusals.get();
+    check(refused.shape, "a checkpoint of another shape is refused with a message naming the shape");
+    check(refused.seed, "resuming with another seed is refused with a message naming -sd");
+    check(refused.seq_len, "resuming with another -t is refused with a message naming -t");
+    check(refused.sharding, "resuming a whole optimizer state as a ZeRO-1 shard is refused with a message naming -z");
 }
 
 // zero1: ZeRO-1 on one GPU: two models that each own half of every parameter block (zero.h), given the summed
