@@ -482,6 +482,8 @@ static void check_resume(TestContext& c) {
         try { check_checkpoint(ckdir, save_at, info.shape, B, T, opt.seed, 0, 1, false, 2); } catch (const InputError& e) { got.sharding = strstr(e.what(), "-z 0") != nullptr; }
         return got;
     });
+    // (so does reading the -r the checkpoint records, checked below)
+    std::future<int> recorded_recompute = std::async(std::launch::async, [&]() { return checkpoint_recompute(ckdir, save_at, 0); });
     run_steps(&model, save_at, total, &losses_a);
 
     GPT resumed;
@@ -554,7 +556,7 @@ static void check_resume(TestContext& c) {
               strfmt("-r -1 keeps every GELU output of a small model where backward reads them, else one buffer (want -r %d, chose -r %d)",
                      auto_want, kept.recompute));
         try {
-            check(checkpoint_recompute(ckdir, save_at, 0) == 1, "the checkpoint records the -r it was written with (1)");
+            check(recorded_recompute.get() == 1, "the checkpoint records the -r it was written with (1)");
             load_checkpoint(&kept, ckdir, save_at, &restored_state, 0);
             std::vector<float> tail_kept;
             run_steps(&kept, save_at, total, &tail_kept);
