@@ -695,10 +695,10 @@ static const NamedCheck CHECKS[] = {
     {"zero1", check_zero1},
 };
 
-// A scratch directory for the checkpoints (about 7 GB at d12: three whole ones and a ZeRO-1 pair, a few at a
-// time). Every checkpoint write fsyncs (checkpoint.h): on a disk that costs seconds per gigabyte, in memory
-// nothing. So $TEST_GPT_TMPDIR if set, else /dev/shm where it has 16 GiB free (room for a few of these tests at
-// once), else /tmp.
+// A scratch directory for the checkpoints: at d12 a whole one is 1.7 GB (BF16 model file, FP32 master weights
+// and moments), and at most three are there at once (about 5 GB). Every checkpoint write fsyncs (checkpoint.h):
+// on a disk that costs seconds per gigabyte, in memory nothing. So $TEST_GPT_TMPDIR if set, else /dev/shm where
+// it has 16 GiB free (room for a few of these tests at once), else /tmp.
 static std::string make_checkpoint_dir() {
     std::vector<std::string> places;
     if (const char* env = getenv("TEST_GPT_TMPDIR")) places.push_back(env);
