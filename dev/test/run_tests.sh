@@ -48,6 +48,8 @@ for r in "${RESUME_RECIPES[@]}"; do
     other=train_gpt_bf16; [[ $r == bf16 ]] && other=train_gpt_fp8  # (resume_cli.sh resumes under another recipe too)
     suite "resume_$r" "gpu resume $r" 1 "train_gpt_$r $other"
 done
+# (the whole BF16 model on cuDNN's attention; it waits for the cuDNN build)
+suite gpt_bf16_cudnn "gpu gpt cudnn" 1 ""
 suite multi_gpu "gpu" 1 "$(printf 'train_gpt_%s ' $MULTI_GPU_RECIPES)"
 suite setup_error "gpu fp8" 1 "train_gpt_fp8"
 for k in "${TIMED_KERNELS[@]}"; do
@@ -55,7 +57,7 @@ for k in "${TIMED_KERNELS[@]}"; do
     suite "kernel_$k" "$t" 1 "build/test_$k" 1
 done
 suite oom "gpu bf16" 1 "train_gpt_bf16" 1
-# (its attention test compares kernel times too; without a GPU it is the build check alone)
+# (the build check, and with a GPU its attention test, which compares kernel times too)
 suite cudnn "cudnn" 0 "" 1
 
 if [[ "${1:-}" == --help || "${1:-}" == -h ]]; then
@@ -126,7 +128,6 @@ for id in "${runnable[@]}"; do
     [[ $id == gpt_* || $id == resume_* ]] && needs_ref=1
     [[ $id == gpt_q115 ]] && needs_ref_q115=1
 done
-is_chosen cudnn && [[ $has_gpu == 1 ]] && needs_ref=1
 ref_pids=()
 if [[ $needs_ref == 1 ]]; then
     (write_reference "$REF" > "$tmp/ref.log" 2>&1; echo $? > "$tmp/ref.rc") & ref_pids+=($!)
@@ -139,11 +140,13 @@ fi
 # the cuDNN frontend headers (dev/setup_cudnn_frontend.sh fetches them once from PyPI) and cuDNN; a missing
 # cuDNN stops make while it reads the Makefile, so this is a make of its own.
 cudnn_pid=""
-if is_chosen cudnn; then
-    cudnn_targets="train_gpt_bf16_cudnn"; [[ $has_gpu == 1 ]] && cudnn_targets+=" build/test_attention_cudnn test_gpt_bf16_cudnn"
+if is_chosen cudnn || is_chosen gpt_bf16_cudnn; then
+    cudnn_targets="train_gpt_bf16_cudnn"
+    is_chosen cudnn && [[ $has_gpu == 1 ]] && cudnn_targets+=" build/test_attention_cudnn"
+    is_chosen gpt_bf16_cudnn && cudnn_targets+=" test_gpt_bf16_cudnn"
     (
-        if ! bash dev/setup_cudnn_frontend.sh > "$tmp/cudnn_setup.log" 2>&1; then echo setup > "$tmp/cudnn.rc"; exit; fi
-        make -s -k -j"$JOBS" $cudnn_targets > "$tmp/cudnn_build.log" 2>&1; echo $? > "$tmp/cudnn.rc"
+        if ! bash dev/setup_cudnn_frontend.sh > "$tmp/cudnn_setup.log" 2>&1; then echo setup > "$tmp/cudnn_build.rc"; exit; fi
+        make -s -k -j"$JOBS" $cudnn_targets > "$tmp/cudnn_build.log" 2>&1; echo $? > "$tmp/cudnn_build.rc"
     ) & cudnn_pid=$!
 fi
 
@@ -185,6 +188,15 @@ run_suite() { # $1 = id
     build_flags) build_flag_checks ;;
     bad_input) bash dev/test/cpu/bad_input.sh ./train_gpt_bf16 ;;
     cudnn) cudnn_checks ;;
+    gpt_bf16_cudnn)
+        while [[ ! -f "$tmp/cudnn_build.rc" ]]; do sleep 1; done
+        if [[ "$(cat "$tmp/cudnn_build.rc")" == setup ]] || grep -q "no libcudnn found\|no cudnn.h found" "$tmp/cudnn_build.log"; then
+            echo "skipped: the BF16 model on cuDNN's attention (no cuDNN or no frontend headers: see the cudnn suite)"
+        elif built test_gpt_bf16_cudnn; then
+            ./test_gpt_bf16_cudnn "$REF"
+        else
+            tail -n 20 "$tmp/cudnn_build.log"; echo "gpt_bf16_cudnn: test_gpt_bf16_cudnn did not build"; echo "gpt_bf16_cudnn: 0 passed, 1 failed"
+        fi ;;
     gpt_*)
         r=${id#gpt_}
         if [[ $r == q115 ]]; then ./test_gpt_q115 "$REF_Q115" "$REF"; else ./test_gpt_"$r" "$REF"; fi ;;
@@ -255,10 +267,10 @@ build_flag_checks() {
     echo "build flags: $p passed, $f failed"
 }
 
-# the cuDNN attention: it builds, and with a GPU its kernels against float64 and ours, and the whole BF16 model on it
+# the cuDNN attention: it builds, and with a GPU its kernels against float64 and ours (build/test_attention_cudnn)
 cudnn_checks() {
-    local p=0 f=0 t rc
-    if [[ "$(cat "$tmp/cudnn.rc")" == setup ]]; then
+    local p=0 f=0 t=build/test_attention_cudnn rc line
+    if [[ "$(cat "$tmp/cudnn_build.rc")" == setup ]]; then
         tail -n 3 "$tmp/cudnn_setup.log"
         echo "skipped: cuDNN attention (the cuDNN frontend headers could not be fetched; bash dev/setup_cudnn_frontend.sh)"; return
     fi
@@ -270,18 +282,15 @@ cudnn_checks() {
         tail -n 20 "$tmp/cudnn_build.log"; echo "[FAIL] the cuDNN attention path does not build"; echo "cudnn: 0 passed, 1 failed"; return
     fi
     if [[ $has_gpu == 1 ]]; then
-        for t in build/test_attention_cudnn test_gpt_bf16_cudnn; do
-            if built "$t"; then
-                if [[ $t == test_gpt_bf16_cudnn ]]; then ./$t "$REF" > "$tmp/cudnn_one.log" 2>&1; else ./$t > "$tmp/cudnn_one.log" 2>&1; fi
-                rc=$?; cat "$tmp/cudnn_one.log"
-                line=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$tmp/cudnn_one.log" | tail -n 1)
-                p=$((p + $(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<<"$line" | grep . || echo 0)))
-                f=$((f + $(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<<"$line" | grep . || echo 1)))
-                [[ $rc -ne 0 && -n "$line" && "$line" == *" 0 failed"* ]] && f=$((f + 1))
-            else
-                echo "[FAIL] $t did not build"; f=$((f + 1))
-            fi
-        done
+        if built "$t"; then
+            ./$t > "$tmp/cudnn_one.log" 2>&1; rc=$?; cat "$tmp/cudnn_one.log"
+            line=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$tmp/cudnn_one.log" | tail -n 1)
+            p=$((p + $(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<<"$line" | grep . || echo 0)))
+            f=$((f + $(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<<"$line" | grep . || echo 1)))
+            [[ $rc -ne 0 && -n "$line" && "$line" == *" 0 failed"* ]] && f=$((f + 1))
+        else
+            echo "[FAIL] $t did not build"; f=$((f + 1))
+        fi
     fi
     echo "cudnn: $p passed, $f failed"
 }
