@@ -133,7 +133,7 @@ train_gpt_%_cudnn: train_gpt.cu $(HEADERS) build/cudnn_attention.o
 test_gpt_%_cudnn: test_gpt.cu train_gpt.cu $(HEADERS) build/cudnn_attention.o
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -DENABLE_CUDNN $(call recipe_define,$*) $< $(NVCC_LDFLAGS) $(if $(CUDNN_OBJ),,$(CUDNN_LINK)) -o $@
 # the attention test with cuDNN's kernels checked beside ours
-build/test_attention_cudnn: dev/test/test_attention.cu dev/test/gpu_check.h $(HEADERS) build/cudnn_attention.o
+build/test_attention_cudnn: dev/test/gpu/test_attention.cu dev/test/gpu/gpu_check.h $(HEADERS) build/cudnn_attention.o
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -DENABLE_CUDNN -I. $< $(NVCC_LDFLAGS) $(if $(CUDNN_OBJ),,$(CUDNN_LINK)) -o $@
 
 # the Q1.15 recipe under the seed's target names
@@ -154,7 +154,7 @@ train_gpt_fp32: train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
 test_gpt_fp32: test_gpt.cu train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
 	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 $(call recipe_define,bf16) $< $(NVCC_LDFLAGS) -o $@
 
-# the standalone GPU tests, dev/test/test_<name>.cu -> build/test_<name>:
+# the standalone GPU tests, dev/test/gpu/test_<name>.cu -> build/test_<name>:
 #   attention  flash attention against a float64 CPU reference, and its speed against the materialized path
 #   fp8        quantization against the CPU codec, FP8 GEMMs against float64, delayed scaling
 #   nvfp4      bit-exact against the CPU reference (formats/nvfp4.h), the emulated GEMM against float64
@@ -164,17 +164,17 @@ test_gpt_fp32: test_gpt.cu train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
 #   layernorm  the LayerNorm kernels against float64 at every width the dispatch distinguishes, and their speed
 #   classifier the fused softmax + cross-entropy kernel against float64 (losses, dlogits, evaluation), its two forms bit for bit, their speed
 #   q115_attention  the Q1.15 attention in the flash kernels against float64, the materialized path, the reality check
-build/test_%: dev/test/test_%.cu dev/test/gpu_check.h $(HEADERS) $(CUDNN_OBJ)
+build/test_%: dev/test/gpu/test_%.cu dev/test/gpu/gpu_check.h $(HEADERS) $(CUDNN_OBJ)
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(call blackwell_for,$*) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 
 # every GEMM of a BF16 micro-step, each cuBLASLt candidate algorithm timed (dev/bench/gemm_bench.cu)
-build/gemm_bench: dev/bench/gemm_bench.cu dev/bench/bench_timer.h dev/test/gpu_check.h $(HEADERS) $(CUDNN_OBJ)
+build/gemm_bench: dev/bench/gemm_bench.cu dev/bench/bench_timer.h dev/test/gpu/gpu_check.h $(HEADERS) $(CUDNN_OBJ)
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 
 # TCFP-12's dual FP8 GEMM against one K-concatenated block-scaled GEMM (dev/bench/tcfp12_gemm_bench.cu)
-build/tcfp12_gemm_bench: dev/bench/tcfp12_gemm_bench.cu dev/bench/bench_timer.h dev/test/gpu_check.h $(HEADERS)
+build/tcfp12_gemm_bench: dev/bench/tcfp12_gemm_bench.cu dev/bench/bench_timer.h dev/test/gpu/gpu_check.h $(HEADERS)
 	@mkdir -p build
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -I. $< $(NVCC_LDFLAGS) -o $@
 
@@ -199,9 +199,9 @@ build/cudnn_attention.o: llmc/cudnn_attention.cpp llmc/cudnn_attention.h
 	@mkdir -p build
 	$(NVCC) -O3 -std=c++17 -Xcompiler -Wall -I$(CUDNN_FRONTEND_INC) -I$(CUDNN_INC) -c $< -o $@
 
-# CPU unit tests (no GPU, no CUDA): every dev/test/*.cpp
-CPU_TEST_SOURCES := $(wildcard dev/test/*.cpp)
-build/test_cpu: $(CPU_TEST_SOURCES) $(HEADERS)
+# CPU unit tests (no GPU, no CUDA): every dev/test/cpu/*.cpp
+CPU_TEST_SOURCES := $(wildcard dev/test/cpu/*.cpp)
+build/test_cpu: $(CPU_TEST_SOURCES) dev/test/cpu/test_util.h $(HEADERS)
 	@mkdir -p build
 	g++ -std=c++17 -O1 -Wall -I. $(DOCTEST_INC) $(CPU_TEST_SOURCES) -o $@
 
@@ -209,9 +209,10 @@ test_cpu: build/test_cpu
 	./build/test_cpu
 
 # The README's test command: CPU tests, the trainer's bad-input checks, and the GPU tests when a
-# CUDA device is present ("skipped: no CUDA device" otherwise).
+# CUDA device is present ("skipped: no CUDA device" otherwise). ONLY=<suite or recipe>[,...] runs a part
+# (dev/test/run_tests.sh --help lists the names; doc/testing.md).
 test:
-	bash dev/test/run_tests.sh
+	$(if $(ONLY),ONLY='$(ONLY)') bash dev/test/run_tests.sh
 
 clean:
 	rm -rf build $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 \

@@ -1,94 +1,47 @@
 // test_gpt.cu: the trainer against the PyTorch reference (dev/reference/gpt_reference.py).
 //
 //   python3 dev/reference/gpt_reference.py --write-reference --out dev/reference/out
-//   ./test_gpt_fp32 dev/reference/out      (FP32 build: tight tolerances)
-//   ./test_gpt_bf16 dev/reference/out      (BF16 build: BF16 tolerances)
+//   ./test_gpt_bf16 dev/reference/out                    every check, in order
+//   ./test_gpt_bf16 dev/reference/out --only resume      the named checks only (comma-separated; --list names them)
+//   ./test_gpt_q115 dev/reference/out_q115 dev/reference/out   (Q1.15: its own reference, then the plain one)
 //
-// The reference (float64 on the CPU, a seeded d12 with perturbed norms and biases, B=4, T=64) gives
-// the parameters, one batch, its logits, loss, every parameter gradient, and the losses of 10
-// AdamW steps, each on a fresh batch (step 0 on that batch). This test loads the same parameters
-// and checks, in order:
-//   1. logits and loss of the forward pass,
-//   2. each of the 16 gradient tensors (relative L2 error, per-tensor tolerance below),
-//   3. the 10-step loss trajectory and gradient norms,
-//   4. that save -> resume continues bit-identically (parameters, master weights, moments, losses).
-// Tolerances (relative L2 error ||ours - ref|| / ||ref||, or absolute for losses) are written here and
-// in doc/testing.md. The FP32 build computes in true FP32 (no TF32), so its errors are rounding noise;
-// the BF16 build stores parameters and activations in BF16 (8 mantissa bits, ~0.4% per value).
+// The reference (float64 on the CPU, a seeded d12 with perturbed norms and biases, B=4, T=64) gives the
+// parameters, one batch, its logits, loss, every parameter gradient, and the losses of 10 AdamW steps, each on a
+// fresh batch. This test loads the same parameters into one model and runs the checks below (main's CHECKS), each
+// a function named check_<name>. Relative L2 errors ||ours - ref|| / ||ref|| and absolute loss differences are
+// bounded by the recipe's tolerances, llmc/recipes/<recipe>/test_tolerances.h (the FP32 build uses the BF16
+// recipe's, under ENABLE_FP32), each with the error model that justifies it.
 //
-// The Q1.15 build (test_gpt_q115) is compared with the reference written with --boundaries q115
-// (every forward boundary through simulate_q115 in float64), and additionally checks
-//   5. the seed's reality check: after a forward pass every boundary tensor holds only Q1.15 values
-//      (each element of each tensor, not a sample), and the check rejects a tensor that does not,
-//   6. the deviation of one training step from BF16 (given the plain reference as a second
-//      argument): the loss and gradients differ from the BF16 reference by what the float64 Q1.15
-//      reference predicts.
+// The checks share the model, and run in a fixed order: one that comes later starts from the state the earlier
+// ones left behind (the recipe's state, FP8's amax histories for instance, is not reset between them), so a run
+// with --only gives the same verdicts but may differ in the last bits of what it prints.
+//
+// The Q1.15 build (test_gpt_q115) is compared with the reference written with --boundaries q115 (every forward
+// boundary through simulate_q115 in float64), and has two checks of its own: check_q115_boundaries (after a
+// forward pass every boundary tensor holds only Q1.15 values) and check_q115_vs_bf16 (one step's deviation from
+// the plain reference, given as the second argument, is what the float64 Q1.15 reference predicts).
 #define TESTING
 #include "train_gpt.cu"
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
+#include <future>
+#include <set>
+#include <sstream>
 
-#if defined(ENABLE_FP32)
-static const float TOL_LOGITS = 1e-5f;   // relative L2
-static const float TOL_LOSS = 1e-5f;     // absolute
-static const float TOL_GRAD = 1e-4f;     // relative L2, every tensor
-static const float TOL_LOSSES = 1e-4f;   // absolute, each of the 10 steps (issue #2)
-static const float TOL_NORM = 1e-4f;     // relative
-#elif defined(RECIPE_FP8) || defined(RECIPE_TCFP12)
-// FP8-hybrid against the FP32 reference, and TCFP-12, which quantizes x (E4M3) and dy (E5M2) the
-// same way while its weights (W_hi + W_lo) hold the BF16 weight to about 2^-8 (measured on an H100,
-// 2026-11-23: logits 5.5e-2, gradients up to 0.109, losses within 4.3e-3, norms within 0.76%). One E4M3 rounding is off by at most 2^-4 relative (E5M2:
-// 2^-3), about 2^-4/sqrt(3) = 3.6% (7.2%) RMS; a GEMM's output inherits roughly the combined RMS of
-// its two operands, so the forward (E4M3 x E4M3) lands near 5% and the gradients (E5M2 x E4M3, then
-// several layers deep) near 10%. The bounds below are about twice that: loose enough for FP8, tight
-// enough that a wrong scale, a transposed operand or a missing amax (errors of order 1) fails.
-static const float TOL_LOGITS = 1e-1f;
-static const float TOL_LOSS = 5e-2f;
-static const float TOL_GRAD = 2.5e-1f;
-static const float TOL_LOSSES = 5e-2f;
-static const float TOL_NORM = 1e-1f;
+// the recipe's tolerances: TOL_LOGITS, TOL_LOSS, TOL_GRAD, TOL_LOSSES, TOL_NORM, TOL_KEPT_VS_RECOMPUTED
+#if defined(ENABLE_Q115)
+#include "llmc/recipes/q115/test_tolerances.h"
+#elif defined(RECIPE_FP8)
+#include "llmc/recipes/fp8/test_tolerances.h"
+#elif defined(RECIPE_TCFP12)
+#include "llmc/recipes/tcfp12/test_tolerances.h"
 #elif defined(RECIPE_VCAST)
-// vcast with its defaults (MXFP8: E4M3 weights and activations, E5M2 gradients, one power-of-two
-// scale per 32 values) against the FP32 reference: per-block scales put every block at the top of
-// its range, so the errors are about those of FP8-hybrid's per-tensor scaling. Measured on an H100
-// (2026-11-22): logits 0.099, gradients up to 0.147, losses within 6.5e-3, grad norms within 1.6%.
-static const float TOL_LOGITS = 2e-1f;
-static const float TOL_LOSS = 5e-2f;
-static const float TOL_GRAD = 2.5e-1f;
-static const float TOL_LOSSES = 5e-2f;
-static const float TOL_NORM = 1e-1f;
+#include "llmc/recipes/vcast/test_tolerances.h"
 #elif defined(RECIPE_NVFP4)
-// NVFP4 against the FP32 reference. E2M1 has one mantissa bit: one rounding is off by up to 1/6 of
-// the block's range, about 10% RMS relative per operand on normal data, and the reference model's
-// small random-init logits amplify that. d12 keeps its last 2 layers in BF16 (the recipe's default).
-// Measured on an H100 (2026-11-22): logits 0.325, gradients up to 0.446, losses within 8.3e-3, grad
-// norms within 4.5%. The bounds are about 1.5-2.5x that: loose enough for FP4, tight enough that a
-// lost global scale (alpha), a transposed block layout or a rotation without its inverse fails.
-static const float TOL_LOGITS = 5e-1f;
-static const float TOL_LOSS = 2e-2f;
-static const float TOL_GRAD = 7e-1f;
-static const float TOL_LOSSES = 2e-2f;
-static const float TOL_NORM = 1e-1f;
+#include "llmc/recipes/nvfp4/test_tolerances.h"
 #else
-// BF16, and Q1.15 against the float64 Q1.15 reference (its BF16 storage rounds the clamp value
-// 32735/32768 to 1.0; measured on an H100, 2026-11-23: logits 8.5e-3, loss 2.4e-5, gradients <= 1.07e-2,
-// losses 4.2e-4, norms 2.0e-3)
-static const float TOL_LOGITS = 2e-2f;   // measured 1.14e-2 on an H200 (doc/testing.md)
-static const float TOL_LOSS = 1e-2f;
-static const float TOL_GRAD = 5e-2f;
-static const float TOL_LOSSES = 2e-2f;   // issue #2
-static const float TOL_NORM = 2e-2f;
-#endif
-// The losses of a model that keeps its GELU outputs against one that recomputes them (-r 0 against -r 1,
-// after resuming the same checkpoint), absolute, each step: the fc GEMM epilogue's GELU and the GELU
-// kernel differ in the last bits of a few outputs. Under NVFP4 a last-bit change can move an element
-// across an E2M1 rounding boundary, a whole quantum (up to a sixth of its block's range), so the two runs
-// drift apart like two runs with different rounding: measured 4.8e-3 on an H100 (2026-11-26, the SR bits
-// of nvfp4_sr_bits16), below 2e-3 with the bits before. The bound is half of TOL_LOSSES there.
-#if defined(RECIPE_NVFP4)
-static const float TOL_KEPT_VS_RECOMPUTED = 1e-2f;
-#else
-static const float TOL_KEPT_VS_RECOMPUTED = 2e-3f;
+#include "llmc/recipes/bf16/test_tolerances.h"  // BF16, and the FP32 build (ENABLE_FP32)
 #endif
 
 static int g_passed = 0, g_failed = 0;
@@ -239,59 +192,71 @@ static void check_q115_boundary(const char* name, const T* dev, size_t n) {
 }
 #endif
 
-int main(int argc, char** argv) {
-    const std::string dir = argc > 1 ? argv[1] : "dev/reference/out";
-    int device_count = 0;
-    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
-    cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    printf("test_gpt: recipe %s, precision %s, device %s, reference %s\n", RECIPE_NAME, PRECISION_NAME, prop.name, dir.c_str());
-    matmul_init();
-
-    const std::string model_file = dir + "/ref_model.bin";
+// What the checks share: the reference, the one model they train, and what earlier checks computed
+struct TestContext {
+    std::string dir;          // the reference (argv[1])
+    std::string plain_dir;    // Q1.15: the plain reference (argv[2]), or empty
+    std::string ckdir;        // scratch directory for the checkpoints
     ModelFileInfo info;
-    try { info = read_model_header(model_file); }
-    catch (const InputError& e) { fprintf(stderr, "error: %s\n", e.what()); return 1; }
-    Reference ref = load_reference_state(dir + "/ref_state.bin");
-    if (ref.boundaries != EXPECTED_REFERENCE_BOUNDARIES) {
-        fprintf(stderr, "error: %s/ref_state.bin was written with boundaries %d; this build needs the reference written "
-                "with %s\n", dir.c_str(), ref.boundaries, REFERENCE_FLAG);
-        return 1;
-    }
+    Reference ref;
+    std::vector<float> init_params;
     GPT model;
-    gpt_build(&model, info.shape);
-    if ((size_t)ref.num_params != model.num_params || ref.Vp != info.shape.padded_vocab_size) {
-        fprintf(stderr, "error: reference state and model file disagree\n");
-        return 1;
-    }
-    const int B = ref.B, T = ref.T, Vp = ref.Vp;
-    const size_t BT = (size_t)B * T;
-    gpt_allocate(&model, B, T, 1);
-#if defined(ENABLE_CUDNN) && !defined(ENABLE_FP32)
-    // (train_gpt_<recipe>_cudnn / USE_CUDNN=1: everything below then checks cuDNN's attention)
-    check(model.cudnn_attention || Boundaries::ACTIVE, "the model's attention runs on cuDNN (a cuDNN build)");
-#endif
-    const std::vector<float> init_params = read_params_fp32(model_file, info, model.num_params);
-    gpt_set_params(&model, init_params);
+    int B = 0, T = 0;
+    size_t BT = 0;
+    bool have_forward = false, have_grads = false;
+    float forward_loss = 0.0f;    // the loss of the evaluation forward pass on the reference batch
+    std::vector<float> grads;     // the gradients of the reference batch
+};
 
-    // 1. forward: logits (eval mode keeps them) and loss
-    float loss = gpt_forward_loss(&model, ref.inputs.data(), ref.targets.data(), B, T, false);
-    std::vector<floatX> logits(BT * Vp);
-    cudaCheck(cudaMemcpy(logits.data(), model.acts.logits, logits.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+// the seed of the checkpoint checks' optimizer steps: a non-trivial one exercises stochastic rounding
+static const uint64_t CHECKPOINT_SEED = 1234;
+
+// the model back at the reference's parameters with fresh AdamW moments
+static void reset_model(TestContext& c) {
+    gpt_set_params(&c.model, c.init_params);
+    cudaCheck(cudaMemset(c.model.m_memory, 0, c.model.num_params * sizeof(float)));
+    cudaCheck(cudaMemset(c.model.v_memory, 0, c.model.num_params * sizeof(float)));
+    c.model.adam_steps = 0;
+}
+
+static void run_forward(TestContext& c) {
+    c.forward_loss = gpt_forward_loss(&c.model, c.ref.inputs.data(), c.ref.targets.data(), c.B, c.T, false);
+    c.have_forward = true;
+}
+
+static void run_gradients(TestContext& c) {
+    gpt_zero_grad(&c.model);
+    gpt_forward(&c.model, c.ref.inputs.data(), c.ref.targets.data(), c.B, c.T, true, 1.0f / c.BT);
+    gpt_backward(&c.model, c.B, c.T);
+    c.grads = device_floats(c.model.grads_memory, c.model.num_params);
+    c.have_grads = true;
+}
+
+// forward: the logits (evaluation mode keeps them) within TOL_LOGITS and the loss within TOL_LOSS of the reference
+static void check_forward(TestContext& c) {
+    const Reference& ref = c.ref;
+    run_forward(c);
+    const float loss = c.forward_loss;
+    std::vector<floatX> logits(c.BT * ref.Vp);
+    cudaCheck(cudaMemcpy(logits.data(), c.model.acts.logits, logits.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
     Diff dl = compare(logits.data(), ref.logits.data(), logits.size());
     check(dl.rel_l2 <= TOL_LOGITS, strfmt("logits: rel L2 %.3e (tol %.2g), max abs %.3e", dl.rel_l2, TOL_LOGITS, dl.max_abs));
     check(std::fabs(loss - ref.loss) <= TOL_LOSS, strfmt("loss: %.6f vs reference %.6f (|diff| %.3e, tol %.0e)", loss, ref.loss, std::fabs(loss - ref.loss), TOL_LOSS));
+}
 
 #if defined(ENABLE_Q115)
-    // 5. the reality check, on the tensors this forward pass stored (every layer's, where kept; the
-    // GELU output and the projection output of the last layer), and a tensor that must fail it
+// Q1.15 only: after a forward pass every boundary tensor holds only Q1.15 values (every element; the tensors that
+// pass stored, every layer's where kept, and the probabilities of each layer's flash attention re-run to write
+// them, which must reproduce the stored output bit for bit), and the check rejects a tensor that is not quantized
+static void check_q115_boundaries(TestContext& c) {
+    if (!c.have_forward) run_forward(c);
+    const GPT& model = c.model;
+    const int B = c.B, T = c.T, Vp = c.ref.Vp;
+    const size_t BT = c.BT;
     {
         const ModelShape& sh = model.shape;
         const size_t L = sh.num_layers, C = sh.channels, NH = sh.num_heads;
-        Activations& a = model.acts;
+        const Activations& a = model.acts;
         check_q115_boundary("encoded", a.encoded, BT * C);
         check_q115_boundary("ln1", a.ln1, L * BT * C);
         check_q115_boundary("qkv", a.qkv, L * BT * 3 * C);
@@ -336,29 +301,36 @@ int main(int argc, char** argv) {
         check(!passes, strfmt("the reality check rejects a tensor that is not quantized (qkv weights: %zu of %zu values "
                               "are not Q1.15)", bad, model.param_sizes[P_QKVW]));
     }
+}
 #endif
 
-    // 2. gradients of every tensor
-    gpt_zero_grad(&model);
-    gpt_forward(&model, ref.inputs.data(), ref.targets.data(), B, T, true, 1.0f / BT);
-    gpt_backward(&model, B, T);
-    std::vector<float> grads = device_floats(model.grads_memory, model.num_params);
+// gradients: each of the 16 parameter tensors' gradient within TOL_GRAD (relative L2) of the reference's
+static void check_gradients(TestContext& c) {
+    run_gradients(c);
     size_t off = 0;
     double worst = 0.0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        size_t n = model.param_sizes[i];
-        Diff d = compare(grads.data() + off, ref.grads.data() + off, n);
+        size_t n = c.model.param_sizes[i];
+        Diff d = compare(c.grads.data() + off, c.ref.grads.data() + off, n);
         worst = std::max(worst, d.rel_l2);
         check(d.rel_l2 <= TOL_GRAD, strfmt("grad %-9s rel L2 %.3e (tol %.2g), max abs %.3e", PARAM_NAMES[i], d.rel_l2, TOL_GRAD, d.max_abs));
         off += n;
     }
     printf("largest gradient rel L2 error: %.3e\n", worst);
+}
 
-    // 2b. the LayerNorm outputs' slots (assign_ln_slots): a layer has a slot of its own exactly where its
-    // backward reads the output (the recipe's BF16 weight gradient), the others share one. With the first
-    // and last layers kept in BF16 (-sqf 1 -sql 1) a quantizing recipe mixes both kinds; one training step
-    // of that model gives the gradients of the same model with -r 2 (every slot shared, every read output
-    // recomputed in backward) bit for bit: a layer that read another layer's output would not
+// ln_slots: the LayerNorm outputs' slots (assign_ln_slots): a layer has a slot of its own exactly where its
+// backward reads the output (the recipe's BF16 weight gradient), the others share one. With the first and last
+// layers kept in BF16 (-sqf 1 -sql 1) a quantizing recipe mixes both kinds; one training step of that model gives
+// the gradients of the same model with -r 2 (every slot shared, every read output recomputed in backward) bit for
+// bit: a layer that read another layer's output would not
+static void check_ln_slots(TestContext& c) {
+    const ModelFileInfo& info = c.info;
+    const Reference& ref = c.ref;
+    const std::vector<float>& init_params = c.init_params;
+    GPT& model = c.model;
+    const int B = c.B, T = c.T;
+    const size_t BT = c.BT;
     {
         const int L = info.shape.num_layers;
         auto slots_ok = [&](const GPT& m, const char* what) {
@@ -402,35 +374,49 @@ int main(int argc, char** argv) {
         gpt_free(&kept_ln);
         gpt_free(&shared_ln);
     }
+}
+
 #if defined(ENABLE_Q115)
-    // 6. one training step against BF16: the deviation from the plain reference (argv[2]) is the one the
-    // float64 Q1.15 reference predicts
-    if (argc > 2) {
-        const Reference plain = load_reference_state(std::string(argv[2]) + "/ref_state.bin");
-        if (plain.boundaries != 0 || plain.num_params != ref.num_params || plain.inputs != ref.inputs) {
-            fprintf(stderr, "error: %s is not the plain reference of the same model and batch\n", argv[2]);
-            return 1;
-        }
-        const double dev_ours = std::fabs(loss - plain.loss), dev_ref = std::fabs(ref.loss - plain.loss);
-        check(std::fabs(dev_ours - dev_ref) <= TOL_LOSS,
-              strfmt("one step vs BF16: loss deviates by %.4f (ours) vs %.4f (float64 Q1.15 reference), |diff| %.2e (tol %.0e)",
-                     dev_ours, dev_ref, std::fabs(dev_ours - dev_ref), TOL_LOSS));
-        const double g_ours = compare(grads.data(), plain.grads.data(), grads.size()).rel_l2;
-        const double g_ref = compare(ref.grads.data(), plain.grads.data(), grads.size()).rel_l2;
-        check(g_ours >= 0.5 * g_ref && g_ours <= 2.0 * g_ref + TOL_GRAD,
-              strfmt("one step vs BF16: all gradients deviate by rel L2 %.3e (ours) vs %.3e (float64 Q1.15 reference)",
-                     g_ours, g_ref));
-    } else {
+// Q1.15 only: one training step against BF16: the loss's and the gradients' deviation from the plain reference
+// (argv[2]) is the one the float64 Q1.15 reference predicts
+static void check_q115_vs_bf16(TestContext& c) {
+    if (c.plain_dir.empty()) {
         printf("(no plain reference given as the second argument: the deviation from BF16 is not checked)\n");
+        return;
     }
+    if (!c.have_forward) run_forward(c);
+    if (!c.have_grads) run_gradients(c);
+    const Reference& ref = c.ref;
+    const Reference plain = load_reference_state(c.plain_dir + "/ref_state.bin");
+    if (plain.boundaries != 0 || plain.num_params != ref.num_params || plain.inputs != ref.inputs) {
+        fprintf(stderr, "error: %s is not the plain reference of the same model and batch\n", c.plain_dir.c_str());
+        exit(1);
+    }
+    const double dev_ours = std::fabs(c.forward_loss - plain.loss), dev_ref = std::fabs(ref.loss - plain.loss);
+    check(std::fabs(dev_ours - dev_ref) <= TOL_LOSS,
+          strfmt("one step vs BF16: loss deviates by %.4f (ours) vs %.4f (float64 Q1.15 reference), |diff| %.2e (tol %.0e)",
+                 dev_ours, dev_ref, std::fabs(dev_ours - dev_ref), TOL_LOSS));
+    const double g_ours = compare(c.grads.data(), plain.grads.data(), c.grads.size()).rel_l2;
+    const double g_ref = compare(ref.grads.data(), plain.grads.data(), c.grads.size()).rel_l2;
+    check(g_ours >= 0.5 * g_ref && g_ours <= 2.0 * g_ref + TOL_GRAD,
+          strfmt("one step vs BF16: all gradients deviate by rel L2 %.3e (ours) vs %.3e (float64 Q1.15 reference)",
+                 g_ours, g_ref));
+}
 #endif
 
-    // 3. the 10-step trajectory, a fresh batch per step (AdamW, constant lr, clipping as the reference)
-    gpt_set_params(&model, init_params);
-    cudaCheck(cudaMemset(model.m_memory, 0, model.num_params * sizeof(float)));
-    cudaCheck(cudaMemset(model.v_memory, 0, model.num_params * sizeof(float)));
-    model.adam_steps = 0;
-    OptimizerSettings opt{ref.lr, ref.beta1, ref.beta2, ref.eps, ref.weight_decay, ref.grad_clip, 0};
+static OptimizerSettings reference_optimizer(const Reference& ref) {
+    return OptimizerSettings{ref.lr, ref.beta1, ref.beta2, ref.eps, ref.weight_decay, ref.grad_clip, 0};
+}
+
+// trajectory: 10 AdamW steps (constant lr, clipping as the reference), a fresh batch each, from the reference's
+// parameters: every step's loss within TOL_LOSSES and its gradient norm within TOL_NORM (relative)
+static void check_trajectory(TestContext& c) {
+    const Reference& ref = c.ref;
+    GPT& model = c.model;
+    const int B = c.B, T = c.T;
+    const size_t BT = c.BT;
+    reset_model(c);
+    const OptimizerSettings opt = reference_optimizer(ref);
     printf("step   ours        reference   |diff|     norm ours   norm ref\n");
     float max_loss_diff = 0.0f, max_norm_rel = 0.0f;
     for (int s = 0; s < ref.nsteps; s++) {
@@ -447,14 +433,23 @@ int main(int argc, char** argv) {
     }
     check(max_loss_diff <= TOL_LOSSES, strfmt("10-step losses: max |diff| %.3e (tol %.2g)", max_loss_diff, TOL_LOSSES));
     check(max_norm_rel <= TOL_NORM, strfmt("10-step grad norms: max rel diff %.3e (tol %.2g)", max_norm_rel, TOL_NORM));
+}
 
-    // 4. save -> resume is bit-identical
-    char tmpl[] = "/tmp/test_gpt_ckpt_XXXXXX";
-    if (!mkdtemp(tmpl)) { perror("mkdtemp"); return 1; }
-    const std::string ckdir = tmpl;
+// resume: 3 steps, save, 3 more; a model resumed from the checkpoint (with another -r) logs the same losses and
+// ends with the same parameters, master weights, moments and state file (recipe state included) bit for bit;
+// -r -1 picks the recompute setting the model's memory allows and logs the losses within TOL_KEPT_VS_RECOMPUTED;
+// a checkpoint of another shape, seed, -t or optimizer sharding is refused with a message naming the flag
+static void check_resume(TestContext& c) {
+    const ModelFileInfo& info = c.info;
+    const Reference& ref = c.ref;
+    GPT& model = c.model;
+    const int B = c.B, T = c.T;
+    const size_t BT = c.BT;
+    const std::string& ckdir = c.ckdir;
     const int total = 6, save_at = 3;
     DataLoaderState data_state; data_state.epoch = 2; data_state.shard_pos = 1; data_state.chunk_pos = 7;
-    opt.seed = 1234; // exercise stochastic rounding with a non-trivial seed
+    OptimizerSettings opt = reference_optimizer(ref);
+    opt.seed = CHECKPOINT_SEED;
     auto run_steps = [&](GPT* m, int from, int to, std::vector<float>* losses) {
         for (int s = from; s < to; s++) {
             std::vector<int> x = rotated(ref.inputs, s), y = rotated(ref.targets, s);
@@ -468,14 +463,27 @@ int main(int argc, char** argv) {
         }
         cudaCheck(cudaDeviceSynchronize());
     };
-    gpt_set_params(&model, init_params);
-    cudaCheck(cudaMemset(model.m_memory, 0, model.num_params * sizeof(float)));
-    cudaCheck(cudaMemset(model.v_memory, 0, model.num_params * sizeof(float)));
-    model.adam_steps = 0;
-    std::vector<float> losses_a, losses_b;
+    reset_model(c);
+    std::vector<float> losses_a;
     run_steps(&model, 0, save_at, &losses_a);
     try { save_checkpoint(&model, ckdir, save_at, data_state, opt.seed, 0, 1); }
     catch (const InputError& e) { check(false, strfmt("save_checkpoint: %s", e.what())); }
+    // The refusals (checked at the end) read this checkpoint, which nothing changes from now on, and no GPU: each
+    // reads and checksums the whole state file (FNV-1a, a byte at a time), so they run on a thread of their own
+    // beside the GPU work. A checkpoint of another shape is refused before its state file is read.
+    struct Refusals { bool shape = false, seed = false, seq_len = false, sharding = false; };
+    std::future<Refusals> refusals = std::async(std::launch::async, [&]() {
+        Refusals got;
+        ModelShape other = info.shape;
+        other.num_layers += 1;
+        try { check_checkpoint(ckdir, save_at, other, B, T, opt.seed, 0, 1); } catch (const InputError& e) { got.shape = strstr(e.what(), "shape") != nullptr; }
+        try { check_checkpoint(ckdir, save_at, info.shape, B, T, opt.seed + 1, 0, 1); } catch (const InputError& e) { got.seed = strstr(e.what(), "-sd") != nullptr; }
+        try { check_checkpoint(ckdir, save_at, info.shape, B, T + 1, opt.seed, 0, 1); } catch (const InputError& e) { got.seq_len = strstr(e.what(), "-t") != nullptr; }
+        try { check_checkpoint(ckdir, save_at, info.shape, B, T, opt.seed, 0, 1, false, 2); } catch (const InputError& e) { got.sharding = strstr(e.what(), "-z 0") != nullptr; }
+        return got;
+    });
+    // (so does reading the -r the checkpoint records, checked below)
+    std::future<int> recorded_recompute = std::async(std::launch::async, [&]() { return checkpoint_recompute(ckdir, save_at, 0); });
     run_steps(&model, save_at, total, &losses_a);
 
     GPT resumed;
@@ -511,8 +519,9 @@ int main(int argc, char** argv) {
             save_checkpoint(&resumed, dir_b, total, data_state, opt.seed, 0, 1);
             // every section byte for byte, except the record of -r (1 against the resumed model's 2)
             StateReader ra, rb;
+            std::future<void> opened_b = std::async(std::launch::async, [&]() { rb.open(state_path(dir_b, total, 0)); });
             ra.open(state_path(dir_a, total, 0));
-            rb.open(state_path(dir_b, total, 0));
+            opened_b.get();
             bool same_sections = ra.section_names() == rb.section_names();
             for (const std::string& name : ra.section_names()) {
                 if (!same_sections || name == "recompute") continue;
@@ -528,6 +537,9 @@ int main(int argc, char** argv) {
                   strfmt("resumed state files (optimizer and '%s' recipe state) are byte-identical section by section; "
                          "each records its own -r (%d, %d)", RECIPE_NAME, rec_a, rec_b));
         } catch (const InputError& e) { check(false, strfmt("save_checkpoint: %s", e.what())); }
+        // (the two copies are not read again: their space goes back now)
+        std::string remove_copies = "rm -rf '" + dir_a + "' '" + dir_b + "'";
+        if (system(remove_copies.c_str()) != 0) fprintf(stderr, "warning: could not remove %s and %s\n", dir_a.c_str(), dir_b.c_str());
         // -r -1 (auto, the trainer's default): this small model's GELU outputs fit, so none is
         // recomputed. Kept (the fc GEMM epilogue's GELU) and recomputed (the GELU kernel's) outputs
         // differ in the last bits, so the losses after resuming from the -r 1 checkpoint are close
@@ -544,7 +556,7 @@ int main(int argc, char** argv) {
               strfmt("-r -1 keeps every GELU output of a small model where backward reads them, else one buffer (want -r %d, chose -r %d)",
                      auto_want, kept.recompute));
         try {
-            check(checkpoint_recompute(ckdir, save_at, 0) == 1, "the checkpoint records the -r it was written with (1)");
+            check(recorded_recompute.get() == 1, "the checkpoint records the -r it was written with (1)");
             load_checkpoint(&kept, ckdir, save_at, &restored_state, 0);
             std::vector<float> tail_kept;
             run_steps(&kept, save_at, total, &tail_kept);
@@ -555,31 +567,30 @@ int main(int argc, char** argv) {
                          TOL_KEPT_VS_RECOMPUTED, worst));
         } catch (const InputError& e) { check(false, strfmt("load_checkpoint (-r -1): %s", e.what())); }
     }
-    // a checkpoint of another shape is refused
-    ModelShape other = info.shape;
-    other.num_layers += 1;
-    bool refused = false;
-    try { check_checkpoint(ckdir, save_at, other, B, T, opt.seed, 0, 1); } catch (const InputError& e) { refused = strstr(e.what(), "shape") != nullptr; }
-    check(refused, "a checkpoint of another shape is refused with a message naming the shape");
-    refused = false;
-    try { check_checkpoint(ckdir, save_at, info.shape, B, T, opt.seed + 1, 0, 1); } catch (const InputError& e) { refused = strstr(e.what(), "-sd") != nullptr; }
-    check(refused, "resuming with another seed is refused with a message naming -sd");
-    refused = false;
-    try { check_checkpoint(ckdir, save_at, info.shape, B, T + 1, opt.seed, 0, 1); } catch (const InputError& e) { refused = strstr(e.what(), "-t") != nullptr; }
-    check(refused, "resuming with another -t is refused with a message naming -t");
-    refused = false;
-    try { check_checkpoint(ckdir, save_at, info.shape, B, T, opt.seed, 0, 1, false, 2); } catch (const InputError& e) { refused = strstr(e.what(), "-z 0") != nullptr; }
-    check(refused, "resuming a whole optimizer state as a ZeRO-1 shard is refused with a message naming -z");
+    const Refusals refused = refusals.get();
+    check(refused.shape, "a checkpoint of another shape is refused with a message naming the shape");
+    check(refused.seed, "resuming with another seed is refused with a message naming -sd");
+    check(refused.seq_len, "resuming with another -t is refused with a message naming -t");
+    check(refused.sharding, "resuming a whole optimizer state as a ZeRO-1 shard is refused with a message naming -z");
+}
 
-    // 6. ZeRO-1 on one GPU: two models that each own half of every parameter block (zero.h), given
-    // the summed gradients a reduce-scatter would leave them, take the optimizer step of their pieces
-    // bit-identically to the model that owns everything (moments, master weights, parameters with
-    // stochastic rounding), and the norms of their pieces add up to the whole norm
+// zero1: ZeRO-1 on one GPU: two models that each own half of every parameter block (zero.h), given the summed
+// gradients a reduce-scatter would leave them, take the optimizer step of their pieces bit-identically to the
+// model that owns everything (moments, master weights, parameters with stochastic rounding) for 3 steps, the norms
+// of their pieces add up to the whole norm, and a shard's checkpoint round-trips bit for bit and is refused as a
+// whole state (-z 0)
+static void check_zero1(TestContext& c) {
+    const ModelFileInfo& info = c.info;
+    const Reference& ref = c.ref;
+    const std::vector<float>& init_params = c.init_params;
+    GPT& model = c.model;
+    const int B = c.B, T = c.T;
+    const size_t BT = c.BT;
+    DataLoaderState data_state; data_state.epoch = 2; data_state.shard_pos = 1; data_state.chunk_pos = 7;
+    OptimizerSettings opt = reference_optimizer(ref);
+    opt.seed = CHECKPOINT_SEED;
     {
-        gpt_set_params(&model, init_params);
-        cudaCheck(cudaMemset(model.m_memory, 0, model.num_params * sizeof(float)));
-        cudaCheck(cudaMemset(model.v_memory, 0, model.num_params * sizeof(float)));
-        model.adam_steps = 0;
+        reset_model(c);
         const int P = 2;
         GPT shards[P];
         for (int r = 0; r < P; r++) {
@@ -614,17 +625,21 @@ int main(int argc, char** argv) {
                 const ShardLayout& lay = shards[r].shard;
                 const std::vector<floatX> mine = device_vector(shards[r].params_memory, N);
                 const std::vector<float> master_r = device_vector(shards[r].master_memory, lay.shard_elements);
+                // piece by piece (each is contiguous in the full buffers: zero.h); an element only where they differ
                 for (size_t ti = 0; ti < lay.tensors.size(); ti++) {
                     const ShardedTensor& t = lay.tensors[ti];
-                    for (size_t j = 0; j < t.shard_size(); j++) {
-                        const size_t f = t.full_index(j);
-                        if (memcmp(&mine[f], &full[f], sizeof(floatX)) != 0 && same_pieces) {
+                    for (size_t b = 0; b < t.rows; b++) {
+                        const size_t f0 = t.full_index(b * t.piece);
+                        if (same_pieces && memcmp(&mine[f0], &full[f0], t.piece * sizeof(floatX)) != 0) {
+                            size_t i = 0;
+                            while (memcmp(&mine[f0 + i], &full[f0 + i], sizeof(floatX)) == 0) i++;
+                            const size_t j = b * t.piece + i, f = f0 + i;
                             printf("  first difference: step %d, process %d, tensor %s, shard index %zu (full %zu): %.9g vs %.9g, "
                                    "master %.9g vs %.9g\n", s, r, PARAM_NAMES[ti], j, f, (float)mine[f], (float)full[f],
                                    master_r[t.shard_offset + j], full_master[f]);
                             same_pieces = false;
                         }
-                        gathered[f] = mine[f];
+                        std::copy_n(&mine[f0], t.piece, &gathered[f0]);
                     }
                 }
                 const size_t NS = lay.shard_elements;
@@ -640,7 +655,7 @@ int main(int argc, char** argv) {
         check(same_state, "ZeRO-1: each process's master weights and AdamW moments are its pieces of the unsharded ones, bit for bit");
         check(worst_norm <= 1e-5, strfmt("ZeRO-1: the norms of the pieces add up to the whole gradient norm (rel diff %.2e)", worst_norm));
         // a shard's checkpoint: written and read back bit-identically, and refused as a whole state
-        const std::string zdir = ckdir + "/zero";
+        const std::string zdir = c.ckdir + "/zero";
         bool round_trip = false, refused_whole = false;
         try {
             ensure_output_dir(zdir);
@@ -661,9 +676,119 @@ int main(int argc, char** argv) {
         check(round_trip, "ZeRO-1: a process's shard of the optimizer state survives save and load bit for bit");
         check(refused_whole, "ZeRO-1: resuming a sharded checkpoint with -z 0 is refused with a message naming -z");
     }
+}
 
-    std::string cleanup = "rm -rf '" + ckdir + "'";
-    if (system(cleanup.c_str()) != 0) fprintf(stderr, "warning: could not remove %s\n", ckdir.c_str());
+// The checks in the order they run (see the top of the file)
+struct NamedCheck { const char* name; void (*run)(TestContext&); };
+static const NamedCheck CHECKS[] = {
+    {"forward", check_forward},
+#if defined(ENABLE_Q115)
+    {"q115_boundaries", check_q115_boundaries},
+#endif
+    {"gradients", check_gradients},
+    {"ln_slots", check_ln_slots},
+#if defined(ENABLE_Q115)
+    {"q115_vs_bf16", check_q115_vs_bf16},
+#endif
+    {"trajectory", check_trajectory},
+    {"resume", check_resume},
+    {"zero1", check_zero1},
+};
+
+// A scratch directory for the checkpoints: at d12 a whole one is 1.7 GB (BF16 model file, FP32 master weights
+// and moments), and at most three are there at once (about 5 GB). Every checkpoint write fsyncs (checkpoint.h):
+// on a disk that costs seconds per gigabyte, in memory nothing. So $TEST_GPT_TMPDIR if set, else /dev/shm where
+// it has 16 GiB free (room for a few of these tests at once), else /tmp.
+static std::string make_checkpoint_dir() {
+    std::vector<std::string> places;
+    if (const char* env = getenv("TEST_GPT_TMPDIR")) places.push_back(env);
+    struct statvfs fs;
+    if (statvfs("/dev/shm", &fs) == 0 && (double)fs.f_bavail * fs.f_frsize >= 16.0 * (1ull << 30)) places.push_back("/dev/shm");
+    places.push_back("/tmp");
+    for (const std::string& place : places) {
+        std::string tmpl = place + "/test_gpt_ckpt_XXXXXX";
+        if (mkdtemp(tmpl.data())) return tmpl;
+    }
+    perror("mkdtemp");
+    exit(1);
+}
+
+static void usage_names() {
+    fprintf(stderr, "checks:");
+    for (const NamedCheck& k : CHECKS) fprintf(stderr, " %s", k.name);
+    fprintf(stderr, "\n");
+}
+
+int main(int argc, char** argv) {
+    // arguments: REF [PLAIN_REF] [--only NAME[,NAME...]] [--list]
+    std::vector<std::string> positional;
+    std::set<std::string> only;
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        if (a == "--list") { for (const NamedCheck& k : CHECKS) printf("%s\n", k.name); return 0; }
+        if (a == "--only") {
+            if (i + 1 >= argc) { fprintf(stderr, "error: --only needs a comma-separated list of checks\n"); usage_names(); return 2; }
+            std::stringstream names(argv[++i]);
+            for (std::string n; std::getline(names, n, ',');) {
+                bool known = false;
+                for (const NamedCheck& k : CHECKS) known = known || n == k.name;
+                if (!known) { fprintf(stderr, "error: --only: no check named '%s' in this build\n", n.c_str()); usage_names(); return 2; }
+                only.insert(n);
+            }
+        } else if (a.rfind("--", 0) == 0) {
+            fprintf(stderr, "usage: %s [REF_DIR [PLAIN_REF_DIR]] [--only NAME[,NAME...]] [--list]\n", argv[0]);
+            usage_names();
+            return 2;
+        } else {
+            positional.push_back(a);
+        }
+    }
+    TestContext c;
+    c.dir = positional.size() > 0 ? positional[0] : "dev/reference/out";
+    c.plain_dir = positional.size() > 1 ? positional[1] : "";
+    int device_count = 0;
+    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+        printf("skipped: no CUDA device\n");
+        return 77;
+    }
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("test_gpt: recipe %s, precision %s, device %s, reference %s\n", RECIPE_NAME, PRECISION_NAME, prop.name, c.dir.c_str());
+    matmul_init();
+
+    const std::string model_file = c.dir + "/ref_model.bin";
+    try { c.info = read_model_header(model_file); }
+    catch (const InputError& e) { fprintf(stderr, "error: %s\n", e.what()); return 1; }
+    c.ref = load_reference_state(c.dir + "/ref_state.bin");
+    if (c.ref.boundaries != EXPECTED_REFERENCE_BOUNDARIES) {
+        fprintf(stderr, "error: %s/ref_state.bin was written with boundaries %d; this build needs the reference written "
+                "with %s\n", c.dir.c_str(), c.ref.boundaries, REFERENCE_FLAG);
+        return 1;
+    }
+    gpt_build(&c.model, c.info.shape);
+    if ((size_t)c.ref.num_params != c.model.num_params || c.ref.Vp != c.info.shape.padded_vocab_size) {
+        fprintf(stderr, "error: reference state and model file disagree\n");
+        return 1;
+    }
+    c.B = c.ref.B; c.T = c.ref.T;
+    c.BT = (size_t)c.B * c.T;
+    gpt_allocate(&c.model, c.B, c.T, 1);
+#if defined(ENABLE_CUDNN) && !defined(ENABLE_FP32)
+    // (train_gpt_<recipe>_cudnn / USE_CUDNN=1: every check then covers cuDNN's attention)
+    check(c.model.cudnn_attention || Boundaries::ACTIVE, "the model's attention runs on cuDNN (a cuDNN build)");
+#endif
+    c.init_params = read_params_fp32(model_file, c.info, c.model.num_params);
+    gpt_set_params(&c.model, c.init_params);
+    c.ckdir = make_checkpoint_dir();
+
+    for (const NamedCheck& k : CHECKS) {
+        if (!only.empty() && !only.count(k.name)) continue;
+        printf("== %s\n", k.name);
+        k.run(c);
+    }
+
+    std::string cleanup = "rm -rf '" + c.ckdir + "'";
+    if (system(cleanup.c_str()) != 0) fprintf(stderr, "warning: could not remove %s\n", c.ckdir.c_str());
 
     matmul_free();
     printf("test_gpt_%s: %d passed, %d failed\n", RECIPE_NAME, g_passed, g_failed);

@@ -14,6 +14,7 @@
 // in the parameter and gradient buffers, which every process keeps whole. With one owner (P = 1 or
 // -z 0) every tensor is one block owned whole and full(j) = t.offset + j: the plain layout.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 #include "common.h"
@@ -67,18 +68,21 @@ struct ShardLayout {
         shard_elements = shard_off;
     }
 
-    // the owned elements of a full host buffer, packed; and back
+    // the owned elements of a full host buffer, packed; and back. Piece by piece: each is contiguous in both
+    // buffers (full_index(b * piece + i) = full_index(b * piece) + i), so it is one copy.
     template <class T>
     std::vector<T> extract(const T* full) const {
         std::vector<T> out(shard_elements);
         for (const ShardedTensor& s : tensors)
-            for (size_t j = 0; j < s.shard_size(); j++) out[s.shard_offset + j] = full[s.full_index(j)];
+            for (size_t b = 0; b < s.rows; b++)
+                std::copy_n(full + s.full_index(b * s.piece), s.piece, out.data() + s.shard_offset + b * s.piece);
         return out;
     }
     template <class T>
     void scatter(const T* shard, T* full) const {
         for (const ShardedTensor& s : tensors)
-            for (size_t j = 0; j < s.shard_size(); j++) full[s.full_index(j)] = shard[s.shard_offset + j];
+            for (size_t b = 0; b < s.rows; b++)
+                std::copy_n(shard + s.shard_offset + b * s.piece, s.piece, full + s.full_index(b * s.piece));
     }
 };
 

@@ -19,7 +19,7 @@
 #include <cstring>
 #include <string>
 #include <vector>
-#include "dev/test/gpu_check.h"
+#include "dev/test/gpu/gpu_check.h"
 #include "llmc/matmul.cuh"
 #include "dev/bench/bench_timer.h"
 #include "llmc/gelu.cuh"

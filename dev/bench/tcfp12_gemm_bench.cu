@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 #include <cuda_fp8.h>
-#include "dev/test/gpu_check.h"
+#include "dev/test/gpu/gpu_check.h"
 #include "llmc/matmul.cuh"
 #include "dev/bench/bench_timer.h"
 

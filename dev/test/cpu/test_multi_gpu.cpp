@@ -1,7 +1,7 @@
 // test_multi_gpu.cpp: the CPU side of data parallelism: the flags, who a process is (flags and the
 // launchers' environments), the NCCL id exchange through a directory and over TCP (real processes,
 // fork), and the ZeRO-1 partition of the optimizer state. (The NCCL collectives themselves need GPUs:
-// test_gpt.cu checks the sharded optimizer step, dev/test/multi_gpu.sh a real multi-GPU run.)
+// test_gpt.cu checks the sharded optimizer step, dev/test/gpu/multi_gpu.sh a real multi-GPU run.)
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 #include <algorithm>
@@ -10,7 +10,7 @@
 #include "llmc/cli.h"
 #include "llmc/process_group.h"
 #include "llmc/zero.h"
-#include "dev/test/test_util.h"
+#include "dev/test/cpu/test_util.h"
 
 using llmc::ProcessId;
 using llmc::ShardLayout;

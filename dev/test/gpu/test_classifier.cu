@@ -8,7 +8,7 @@
 // of it instead of two, gave the same bits but took 0.625 ms: 63 registers x 1024 threads left one CTA an SM
 // where the two-pass kernel has two; branch wip/classifier-registers. The staged form holds the row in shared
 // memory instead, two CTAs an SM.)
-#include "dev/test/gpu_check.h"
+#include "dev/test/gpu/gpu_check.h"
 #include "llmc/fused_classifier.cuh"
 #include <cmath>
 

@@ -23,7 +23,7 @@
 #include <cstring>
 #include <random>
 #include <vector>
-#include "dev/test/gpu_check.h"
+#include "dev/test/gpu/gpu_check.h"
 #include "llmc/recipes/nvfp4/nvfp4_kernels.cuh"
 #include "llmc/matmul.cuh"
 

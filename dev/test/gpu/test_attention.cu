@@ -3,7 +3,7 @@
 // sum against dqkv's column sums, every partial written), and timings next to the materialized path
 // (llmc/attention.cuh).
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I. dev/test/test_attention.cu
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I. dev/test/gpu/test_attention.cu
 //        -lcublasLt -lcublas -o build/test_attention && ./build/test_attention
 //
 // Prints [PASS]/[FAIL] lines and "attention tests: N passed, N failed"; exit 0 iff all pass.
@@ -19,7 +19,7 @@
 #include <random>
 #include <thread>
 #include <vector>
-#include "dev/test/gpu_check.h"
+#include "dev/test/gpu/gpu_check.h"
 #include "llmc/cuda_common.h"
 #include "llmc/matmul.cuh"
 #include "llmc/attention.cuh"

@@ -30,7 +30,7 @@
 #include <random>
 #include <string>
 #include <vector>
-#include "dev/test/gpu_check.h"
+#include "dev/test/gpu/gpu_check.h"
 #include "llmc/recipes/tcfp12/recipe.h"
 #include "llmc/layernorm.cuh"
 

@@ -1,6 +1,6 @@
 // Tests for llmc/checkpoint.h: model files, state files, atomic writes and the checkpoint directory.
 #include <doctest/doctest.h>
-#include "dev/test/test_util.h"
+#include "dev/test/cpu/test_util.h"
 
 #include <dirent.h>
 #include <ftw.h>

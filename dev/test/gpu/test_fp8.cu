@@ -20,7 +20,7 @@
 #include <cstring>
 #include <random>
 #include <vector>
-#include "dev/test/gpu_check.h"
+#include "dev/test/gpu/gpu_check.h"
 #include "llmc/formats/number_formats.h"
 #include "llmc/recipes/fp8/recipe.h"
 #include "llmc/recipes/fp8/fp8_gemm.cuh"

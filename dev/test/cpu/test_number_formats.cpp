@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "llmc/formats/number_formats.h"
-#include "dev/test/test_util.h"
+#include "dev/test/cpu/test_util.h"
 
 using llmc::Overflow;
 using llmc::Rounding;

@@ -20,7 +20,7 @@
 #include <cmath>
 #include <random>
 #include <vector>
-#include "dev/test/gpu_check.h"
+#include "dev/test/gpu/gpu_check.h"
 #include "llmc/recipe_api.h"
 
 static std::vector<floatX> random_bf16(size_t n, std::mt19937& rng, float scale) {

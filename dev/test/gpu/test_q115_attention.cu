@@ -19,7 +19,7 @@
 #include <cmath>
 #include <random>
 #include <thread>
-#include "dev/test/gpu_check.h"
+#include "dev/test/gpu/gpu_check.h"
 #include "llmc/matmul.cuh"
 #include "llmc/attention.cuh"
 #include "llmc/flash_attention.cuh"

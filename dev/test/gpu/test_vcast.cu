@@ -17,7 +17,7 @@
 #include <random>
 #include <string>
 #include <vector>
-#include "dev/test/gpu_check.h"
+#include "dev/test/gpu/gpu_check.h"
 #include "llmc/recipes/vcast/vcast_kernels.cuh"
 #include "llmc/formats/fp8_quantize.cuh"
 

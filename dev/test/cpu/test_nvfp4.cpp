@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "llmc/formats/nvfp4.h"
-#include "dev/test/test_util.h"
+#include "dev/test/cpu/test_util.h"
 
 using llmc::Nvfp4Config;
 using llmc::Nvfp4Layout;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # multi_gpu.sh: data parallelism end to end, with the real trainer binaries and NCCL.
-#   bash dev/test/multi_gpu.sh [RECIPES]      (default "bf16"; e.g. "bf16 fp8 nvfp4 vcast tcfp12 q115")
+#   bash dev/test/gpu/multi_gpu.sh [RECIPES]      (default "bf16"; e.g. "bf16 fp8 nvfp4 vcast tcfp12 q115")
 # On any GPU machine (one GPU is enough):
 #   - a one-process run through NCCL (-pn 1 -pf DIR, -z 1 and -z 0) trains exactly like the plain run;
 #   - the fs and tcp id exchanges reach NCCL; a rank that never comes is a clear error within -pt.
@@ -15,10 +15,10 @@
 #     error (bf16, and tcfp12 when it is among RECIPES);
 #   - killing process 1 (SIGKILL) ends the others with a clear error within 60 s, with and without
 #     the launcher.
-#   NPROC=4 bash dev/test/multi_gpu.sh "bf16 fp8"   runs them with 4 processes (C = 768 must divide).
+#   NPROC=4 bash dev/test/gpu/multi_gpu.sh "bf16 fp8"   runs them with 4 processes (C = 768 must divide).
 # Prints "[PASS] ..." / "[FAIL] ..." lines and "multi-gpu tests: N passed, N failed".
 set -u -o pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 RECIPES=${1:-bf16}
 STEPS=${STEPS:-50}
 P=${NPROC:-2} # processes of the multi-GPU part

@@ -1,6 +1,6 @@
 // Tests for llmc/cli.h: flag parsing, validation, model descriptors and the help text.
 #include <doctest/doctest.h>
-#include "dev/test/test_util.h"
+#include "dev/test/cpu/test_util.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

@@ -18,7 +18,7 @@
 #include <random>
 #include <vector>
 #define SF16_TRUE_FORWARD 1
-#include "dev/test/gpu_check.h"
+#include "dev/test/gpu/gpu_check.h"
 #include "llmc/matmul.cuh"
 #include "llmc/gemm_wgmma.cuh"
 #include "llmc/recipes/q115/recipe.h"

@@ -18,7 +18,7 @@
 #include <cmath>
 #include <random>
 #include <vector>
-#include "dev/test/gpu_check.h"
+#include "dev/test/gpu/gpu_check.h"
 #include "llmc/layernorm.cuh"
 #include "llmc/formats/fp8_quantize.cuh"
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "llmc/formats/number_formats.h"
-#include "dev/test/test_util.h"
+#include "dev/test/cpu/test_util.h"
 #include "llmc/formats/vcast.h"
 
 using namespace llmc::vcast;

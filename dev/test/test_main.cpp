@@ -1,3 +1,0 @@
-// The CPU unit tests' entry point (doctest). Each dev/test/test_*.cpp adds its own TEST_CASEs.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
-#include <doctest/doctest.h>
