@@ -158,10 +158,7 @@ flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __
                 uint32_t kf[4];
                 ldsm_x4(kf, k_s + off_b<HS>(np * 16, ks * 16, lane));
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_16816(s[mt][2 * np], qf[mt][ks], kf[0], kf[1]);
-                    mma_16816(s[mt][2 * np + 1], qf[mt][ks], kf[2], kf[3]);
-                }
+                for (int mt = 0; mt < MT; mt++) mma_16816_x2(s[mt], 2 * np, qf[mt][ks], kf);
             }
         }
         if constexpr (PASS == FWD_ONE_PASS) {
@@ -284,10 +281,7 @@ flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __
                     uint32_t vf[4];
                     ldsm_x4_trans(vf, v_s + off_a<HS>(kk * 16, dp * 16, lane));
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        mma_16816(o[mt][2 * dp], pa[mt], vf[0], vf[1]);
-                        mma_16816(o[mt][2 * dp + 1], pa[mt], vf[2], vf[3]);
-                    }
+                    for (int mt = 0; mt < MT; mt++) mma_16816_x2(o[mt], 2 * dp, pa[mt], vf);
                 }
             }
         }
@@ -461,16 +455,10 @@ flash_bwd_dq_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, const bf1
                 uint32_t bfr[4];
                 ldsm_x4(bfr, k_s + off_b<HS>(np * 16, ks * 16, lane));
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_16816(s[mt][2 * np], a_q[mt], bfr[0], bfr[1]);
-                    mma_16816(s[mt][2 * np + 1], a_q[mt], bfr[2], bfr[3]);
-                }
+                for (int mt = 0; mt < MT; mt++) mma_16816_x2(s[mt], 2 * np, a_q[mt], bfr);
                 ldsm_x4(bfr, v_s + off_b<HS>(np * 16, ks * 16, lane));
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_16816(dp[mt][2 * np], a_do[mt], bfr[0], bfr[1]);
-                    mma_16816(dp[mt][2 * np + 1], a_do[mt], bfr[2], bfr[3]);
-                }
+                for (int mt = 0; mt < MT; mt++) mma_16816_x2(dp[mt], 2 * np, a_do[mt], bfr);
             }
         }
         // P and dS (in place of dP); the causal mask where the tile reaches past the warp's first
@@ -507,10 +495,7 @@ flash_bwd_dq_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, const bf1
                 uint32_t bfr[4];
                 ldsm_x4_trans(bfr, k_s + off_a<HS>(kk * 16, dd * 16, lane));
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_16816(dq[mt][2 * dd], da[mt], bfr[0], bfr[1]);
-                    mma_16816(dq[mt][2 * dd + 1], da[mt], bfr[2], bfr[3]);
-                }
+                for (int mt = 0; mt < MT; mt++) mma_16816_x2(dq[mt], 2 * dd, da[mt], bfr);
             }
         }
     }
@@ -620,10 +605,7 @@ flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, con
                 uint32_t bfr[4];
                 ldsm_x4(bfr, do_s + off_b<HS>(np * 16, ks * 16, lane));
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_16816(dpt[mt][2 * np], af[mt], bfr[0], bfr[1]);
-                    mma_16816(dpt[mt][2 * np + 1], af[mt], bfr[2], bfr[3]);
-                }
+                for (int mt = 0; mt < MT; mt++) mma_16816_x2(dpt[mt], 2 * np, af[mt], bfr);
             }
         }
 #pragma unroll
@@ -636,10 +618,7 @@ flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, con
                 uint32_t bfr[4];
                 ldsm_x4(bfr, q_s + off_b<HS>(np * 16, ks * 16, lane));
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_16816(sT[mt][2 * np], af[mt], bfr[0], bfr[1]);
-                    mma_16816(sT[mt][2 * np + 1], af[mt], bfr[2], bfr[3]);
-                }
+                for (int mt = 0; mt < MT; mt++) mma_16816_x2(sT[mt], 2 * np, af[mt], bfr);
             }
         }
         // P^T = exp(scale * S^T - lse[query]); dS^T = P^T * (dP^T - D[query]).
@@ -682,16 +661,10 @@ flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, con
                 uint32_t bfr[4];
                 ldsm_x4_trans(bfr, do_s + off_a<HS>(kk * 16, dp * 16, lane));
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_16816(dv[mt][2 * dp], pa[mt], bfr[0], bfr[1]);
-                    mma_16816(dv[mt][2 * dp + 1], pa[mt], bfr[2], bfr[3]);
-                }
+                for (int mt = 0; mt < MT; mt++) mma_16816_x2(dv[mt], 2 * dp, pa[mt], bfr);
                 ldsm_x4_trans(bfr, q_s + off_a<HS>(kk * 16, dp * 16, lane));
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_16816(dk[mt][2 * dp], da[mt], bfr[0], bfr[1]);
-                    mma_16816(dk[mt][2 * dp + 1], da[mt], bfr[2], bfr[3]);
-                }
+                for (int mt = 0; mt < MT; mt++) mma_16816_x2(dk[mt], 2 * dp, da[mt], bfr);
             }
         }
     }

@@ -48,6 +48,13 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// n-tiles n and n + 1 of acc += a * the two B fragments of one ldmatrix.x4 (b[0..1]: n-tile n,
+// b[2..3]: n-tile n + 1; off_b and the .trans use of off_a give them in that order)
+template <int N>
+__device__ __forceinline__ void mma_16816_x2(float (&acc)[N][4], int n, const uint32_t (&a)[4], const uint32_t (&b)[4]) {
+    mma_16816(acc[n], a, b[0], b[1]);
+    mma_16816(acc[n + 1], a, b[2], b[3]);
+}
 
 // 2^x, the same instruction in every build (fast-math or not); 2^-inf = 0
 __device__ __forceinline__ float fast_exp2(float x) {
