@@ -533,7 +533,6 @@ flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, con
     bf16* sdO = sQ + STAGES * QTILE;                // [STAGES][QB][LDS]
     float* sL = reinterpret_cast<float*>(sdO + STAGES * QTILE);   // [STAGES][QB] lse
     float* sD = sL + STAGES * QB;                                  // [STAGES][QB] D
-    static_assert(2 * QB <= NTH, "one thread per lse/D element");
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
@@ -557,14 +556,7 @@ flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, con
         const int qs = (i0 + it) * QB, st = it % STAGES;
         load_tile<QB, HS, NTH>(sQ + st * QTILE, qg, qs, T, stride, tid);
         load_tile<QB, HS, NTH>(sdO + st * QTILE, dog, qs, T, C, tid);
-        if (tid < QB) {
-            const bool valid = qs + tid < T;
-            cp_async4(sL + st * QB + tid, valid ? lse_bh + qs + tid : lse_bh, valid);
-        } else if (tid < 2 * QB) {
-            const int r = tid - QB;
-            const bool valid = qs + r < T;
-            cp_async4(sD + st * QB + r, valid ? D_bh + qs + r : D_bh, valid);
-        }
+        load_lse_and_d<QB, NTH>(sL + st * QB, sD + st * QB, lse_bh, D_bh, qs, T, tid);
     };
     load_tile<KR, HS, NTH>(sK, kg, k0, T, stride, tid);
     load_tile<KR, HS, NTH>(sV, vg, k0, T, stride, tid);

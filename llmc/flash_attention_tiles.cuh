@@ -243,6 +243,23 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* g, int row0, i
     }
 }
 
+// The dK/dV kernels' per-query values of the query tile qs .. qs + QB - 1, by cp.async: lse into
+// lse_tile[0..QB) (threads 0 .. QB - 1) and D into d_tile[0..QB) (threads QB .. 2 QB - 1; the further
+// threads of a CTA of NTH > 2 QB copy nothing); zero-filled past T.
+template <int QB, int NTH>
+__device__ __forceinline__ void load_lse_and_d(float* lse_tile, float* d_tile, const float* lse_bh, const float* D_bh, int qs,
+                                               int T, int tid) {
+    static_assert(2 * QB <= NTH, "one thread per lse/D element");
+    if (tid < QB) {
+        const bool valid = qs + tid < T;
+        cp_async4(lse_tile + tid, valid ? lse_bh + qs + tid : lse_bh, valid);
+    } else if (NTH == 2 * QB || tid < 2 * QB) {
+        const int r = tid - QB;
+        const bool valid = qs + r < T;
+        cp_async4(d_tile + r, valid ? D_bh + qs + r : D_bh, valid);
+    }
+}
+
 // Write a warp's 16 x HS fp32 accumulator (C fragments, n-tiles of 8 columns) into its 16 rows of
 // a tile as bf16, row g scaled by mul0 and row g+8 by mul1.
 // Bd: the forward's output through output_value (valid0 / valid1: rows g / g+8 are before T).

@@ -564,16 +564,8 @@ flash_bwd_dkv_wgmma_kernel(bf16* __restrict__ dqkv, float* __restrict__ bias_par
         const int qs = (i0 + it) * QB, st = it % DKVWG_STAGES;
         load_tile_sw<QB, WG_THREADS>(sQ + st * DKVWG_TILE, qg, qs, T, stride, tid);
         load_tile_sw<QB, WG_THREADS>(sdO + st * DKVWG_TILE, dog, qs, T, C, tid);
-        if (tid < QB) {
-            const bool valid = qs + tid < T;
-            cp_async4(sL + st * QB + tid, valid ? lse_bh + qs + tid : lse_bh, valid);
-        } else {
-            const int r = tid - QB;
-            const bool valid = qs + r < T;
-            cp_async4(sD + st * QB + r, valid ? D_bh + qs + r : D_bh, valid);
-        }
+        load_lse_and_d<QB, WG_THREADS>(sL + st * QB, sD + st * QB, lse_bh, D_bh, qs, T, tid);
     };
-    static_assert(2 * QB == WG_THREADS, "one thread per lse/D element");
     load_tile_sw<64, WG_THREADS>(sK, kg, k0, T, stride, tid);
     load_tile_sw<64, WG_THREADS>(sV, vg, k0, T, stride, tid);
 #pragma unroll
