@@ -306,8 +306,8 @@ __device__ __forceinline__ void tile_column_sums64(float* out, const bf16* tile,
     if (half == 0) out[c] = sum + upper_half[c];
 }
 
-// The scale and the tensor's amax so far come from Fp8EpilogueInputs, which the kernels load at their start:
-// loaded here, their latency (an L2 round trip) came after the main loop, with every thread of the CTA waiting.
+// The FP8 epilogue's scale and the tensor's amax so far, which the kernels load at their start: loaded in the
+// epilogue, their latency (an L2 round trip) would come after the main loop, with every thread of the CTA waiting.
 struct Fp8EpilogueInputs {
     float scale = 1.0f;
     uint32_t amax_seen = 0; // (thread 0's only: fp8_commit's test)
