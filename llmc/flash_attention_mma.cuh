@@ -324,31 +324,6 @@ flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __
 // dS, and adds dS K. Q and dO fragments are kept in registers when A_IN_REGS, else re-read from
 // shared memory at every k-step.
 
-// D of one row: the 4 lanes of a quad (same row) each take HS/4 consecutive columns, then the quad
-// adds its partial sums (a fixed order, so the result is deterministic). valid is quad-uniform.
-template <int HS>
-__device__ __forceinline__ float quad_row_dot(const bf16* a, const bf16* b, bool valid, int t4) {
-    float sum = 0.0f;
-    if (valid) {
-#pragma unroll
-        for (int c = 0; c < HS / 32; c++) {
-            const uint4 x = *reinterpret_cast<const uint4*>(a + t4 * (HS / 4) + c * 8);
-            const uint4 y = *reinterpret_cast<const uint4*>(b + t4 * (HS / 4) + c * 8);
-            const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&x);
-            const __nv_bfloat162* y2 = reinterpret_cast<const __nv_bfloat162*>(&y);
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float2 xf = __bfloat1622float2(x2[e]), yf = __bfloat1622float2(y2[e]);
-                sum = fmaf(xf.x, yf.x, sum);
-                sum = fmaf(xf.y, yf.y, sum);
-            }
-        }
-    }
-    sum += __shfl_xor_sync(0xffffffff, sum, 1);
-    sum += __shfl_xor_sync(0xffffffff, sum, 2);
-    return sum;
-}
-
 template <class Bd, int HS, int KB, int MT, int NW, int STAGES, int MINB, bool A_IN_REGS>
 __global__ void __launch_bounds__(NW * WARP_SIZE, MINB)
 flash_bwd_dq_kernel(bf16* __restrict__ dqkv, float* __restrict__ Dvec, const bf16* __restrict__ dout,

@@ -290,6 +290,32 @@ __device__ __forceinline__ void tile_rows_to_global(bf16* g, long long stride, c
     }
 }
 
+// D = rowsum(dO * O) of one row (the dQ kernels' first step), from global memory: the 4 lanes of a
+// quad (same row) each take HS/4 consecutive columns, then the quad adds its partial sums (a fixed
+// order, so the result is deterministic). valid is quad-uniform.
+template <int HS>
+__device__ __forceinline__ float quad_row_dot(const bf16* a, const bf16* b, bool valid, int t4) {
+    float sum = 0.0f;
+    if (valid) {
+#pragma unroll
+        for (int c = 0; c < HS / 32; c++) {
+            const uint4 x = *reinterpret_cast<const uint4*>(a + t4 * (HS / 4) + c * 8);
+            const uint4 y = *reinterpret_cast<const uint4*>(b + t4 * (HS / 4) + c * 8);
+            const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&x);
+            const __nv_bfloat162* y2 = reinterpret_cast<const __nv_bfloat162*>(&y);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 xf = __bfloat1622float2(x2[e]), yf = __bfloat1622float2(y2[e]);
+                sum = fmaf(xf.x, yf.x, sum);
+                sum = fmaf(xf.y, yf.y, sum);
+            }
+        }
+    }
+    sum += __shfl_xor_sync(0xffffffff, sum, 1);
+    sum += __shfl_xor_sync(0xffffffff, sum, 2);
+    return sum;
+}
+
 // The column sums of a staged 64-row tile (bf16, padded rows: what tile_rows_to_global writes),
 // rows below nvalid only, into out[0..63], by a CTA of 128 threads: thread t sums column t % 64
 // over half of the rows, then the two halves are added (a fixed order: deterministic). Every
