@@ -12,9 +12,10 @@
 //     cp.async (rows past T zero-filled), accumulators into tile rows as bf16, tile rows to global.
 //   - The backward's per-row values: D = rowsum(dO * O) of a row (quad_row_dot), and the lse and D of
 //     a query tile for the dK/dV kernels (load_lse_and_d).
-//   - The epilogues on staged 64-row tiles: column sums (the qkv bias gradient's partial rows),
-//     FP8 codes in both layouts of a linear's operand, the amax alone.
-// Every routine is __forceinline__: the kernels' machine code is what inlining them gives.
+//   - The epilogues on tiles the kernels staged in shared memory (the backward's 64-row tiles of dqkv,
+//     the wgmma forward's 128 output rows): column sums (the qkv bias gradient's partial rows), FP8
+//     codes in both layouts of a linear's operand, the amax alone.
+// Every device routine is __forceinline__: the kernels' machine code is what inlining them gives.
 #pragma once
 #include <type_traits>
 #include "cuda_common.h"
