@@ -31,7 +31,7 @@
 //   CONSTRAINS_WEIGHTS           constrain_weight is not the identity
 //   ATTENTION_SCORE_BOUND        0, or a bound on |attention_scores(x)| for every x (Q1.15: 0.999 times
 //                                the boundary's range): the flash attention's statistics pass then
-//                                needs no running row maximum (flash_attention.cuh, fixed_row_max)
+//                                needs no running row maximum (flash_attention_tiles.cuh, fixed_row_max)
 // Type:
 //   Values                       the same hooks, bit for bit, without any telemetry the policy keeps
 //                                (Q1.15 counts what passes its hooks): for a kernel that passes a value

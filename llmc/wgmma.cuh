@@ -1,5 +1,5 @@
 // wgmma.cuh: the PTX wrappers that Hopper's warpgroup MMA kernels share (the flash attention,
-// llmc/flash_attention.cuh, and the GEMM with our own epilogues, llmc/gemm_wgmma.cuh).
+// llmc/flash_attention_wgmma.cuh, and the GEMM with our own epilogues, llmc/gemm_wgmma.cuh).
 //
 // wgmma.mma_async (sm_90a) reads its B operand, and its A operand unless A is in registers, from shared
 // memory through a 64-bit descriptor. Both kernel families keep operand tiles 64 bf16 wide (128 bytes a
