@@ -71,11 +71,11 @@ expect_error "-cr not 0/1" "-cr" "${base[@]}" -cr 2
 recipe=$(basename "$TRAINER"); recipe=${recipe#train_gpt_}
 case "$recipe" in
     fp8)
-        expect_error "-fh out of range" "-fh" "${base[@]}" -fh 0
-        expect_error "-lq without -o" "-o" "${base[@]}" -lq 10 ;;
-    nvfp4) expect_error "-rht not 0/1" "-rht 2" "${base[@]}" -rht 2 ;;
+        expect_error "-fh out of range" "-fh 0: the amax history" "${base[@]}" -fh 0
+        expect_error "-lq without -o" "-lq 10: the telemetry goes to main.log" "${base[@]}" -lq 10 ;;
+    nvfp4) expect_error "-rht not 0/1" "-rht 2: must be 0 or 1" "${base[@]}" -rht 2 ;;
     vcast) expect_error "vcast: unknown datatype" "mxfp9e9" "${base[@]}" -qw mxfp9e9 ;;
-    q115) expect_error "-lq without -o" "-o" "${base[@]}" -lq 10 ;;
+    q115) expect_error "-lq without -o" "-lq 10: the telemetry goes to main.log" "${base[@]}" -lq 10 ;;
     tcfp12)
         expect_error "tcfp12: SRR with PDDS" "mutually exclusive" -tsrr 1 -tpdds 1
         expect_error "tcfp12: bad block size" "-tb 48" -tb 48 ;;
