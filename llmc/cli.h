@@ -101,7 +101,8 @@ struct RecipeFlags {
 // defaults). An unknown flag (another recipe's too), a flag without a value, or a value that does not
 // parse throws InputError naming the flag.
 // validate_config: range checks that need no files (B>0, T>0, -k known, -d divisible by B*T*processes, ...);
-// fills grad_accum_steps. Throws InputError.
+// fills grad_accum_steps. Throws InputError. (The recipe checks its own flags: check_recipe_options in
+// its options.h, which the trainer calls next.)
 // parse_model_descriptor: "d6|d12|d24|d36|d48", "gpt2:dN" (same), "gpt3:cC"; returns false if `s` is not
 // a descriptor (then it is taken as a checkpoint path); throws InputError for a malformed descriptor.
 // check_seq_len: -t must fit the model, which is only known once -e is resolved (descriptor or file).
