@@ -65,7 +65,7 @@ expect_error "-y without -o" "-o" "${base[@]}" -y 1
 # a recipe name other than the binary's own (its name is the suffix of train_gpt_<recipe>)
 other_recipe=fp8; [[ "$(basename "$TRAINER")" == *_fp8 ]] && other_recipe=bf16
 expect_error "-Q of another recipe" "recipe" "${base[@]}" -Q "$other_recipe"
-expect_error "-Q 115 on a binary that is not Q1.15" "recipe" "${base[@]}" -Q 115
+[[ "$(basename "$TRAINER")" != *_q115 ]] && expect_error "-Q 115 on a binary that is not Q1.15" "recipe" "${base[@]}" -Q 115
 expect_error "-cr not 0/1" "-cr" "${base[@]}" -cr 2
 # the recipe's flags: its own are checked by the recipe; another recipe's flag is refused, naming this one
 recipe=$(basename "$TRAINER"); recipe=${recipe#train_gpt_}
