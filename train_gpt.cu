@@ -229,7 +229,9 @@ inline size_t assign_ln_slots(GPT* model, int recompute, int N) {
 }
 
 // device memory for parameters, optimizer state, activations and scratch
-inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOptions& recipe_options = RecipeOptions()) {
+// (recipe_options: the recipe's flags; recipe_context: the run's seed and -Q, and gpt_allocate fills its ZeRO-1 owners)
+inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOptions& recipe_options = RecipeOptions(),
+                         RecipeContext recipe_context = RecipeContext()) {
     const ModelShape& s = model->shape;
     const size_t L = s.num_layers, C = s.channels, NH = s.num_heads, Vp = s.padded_vocab_size;
     const size_t BT = (size_t)B * T, N = model->num_params, NS = model->shard.shard_elements;
@@ -311,10 +313,9 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
     a.dqkv = alloc_n<floatX>(BT * 3 * C, "backward scratch");
     a.btc_scratch = alloc_n<floatX>(BT * C, "forward scratch");
     a.ln_partials = alloc_n<float>(layernorm_backward_scratch_floats(C), "layernorm scratch");
-    RecipeOptions ro = recipe_options; // (the recipe may cut its own state like the optimizer's: zero.h)
-    ro.state_owner = model->shard.rank;
-    ro.state_owners = model->shard.owners;
-    recipe_init(model->recipe, ro, s, B, T);
+    recipe_context.state_owner = model->shard.rank; // (the recipe may cut its own state like the optimizer's: zero.h)
+    recipe_context.state_owners = model->shard.owners;
+    recipe_init(model->recipe, recipe_options, s, B, T, recipe_context);
     // ln1 / ln2: a layer keeps its LayerNorm output only where its backward reads it: the BF16 weight gradient of
     // the qkv / fc layer, unless -r 2 recomputes it there. Where the backward reads something else (a recipe
     // whose weight gradient reads the x^T codes its forward saved: recipe_needs_input_in_backward), the layers
@@ -1038,6 +1039,12 @@ inline std::string human_seconds(double s) {
 int main(int argc, char** argv) {
     // 1. Everything that can be wrong with the flags and the input files, before the GPU.
     TrainConfig cfg;
+    // the recipe's flags: the parser fills recipe_options through their rows; -h and the usage print the
+    // rows over recipe_defaults
+    RecipeOptions recipe_options, recipe_defaults;
+    RecipeFlags recipe_flags{RECIPE_NAME, {}}, recipe_usage{RECIPE_NAME, {}};
+    append_recipe_flags(recipe_flags.rows, recipe_options);
+    append_recipe_flags(recipe_usage.rows, recipe_defaults);
     ModelShape shape;
     bool from_checkpoint_file = false;
     ModelFileInfo init_info;
@@ -1047,12 +1054,13 @@ int main(int argc, char** argv) {
     int recompute_from_checkpoint = -1; // -r -1 on resume: the -r the checkpoint was written with
     int local_rank = -1;
     try {
-        cfg = parse_args(argc, argv);
+        cfg = parse_args(argc, argv, recipe_flags);
         local_rank = resolve_processes(cfg, std::getenv); // -pn / -pr, else the launcher's environment
         validate_config(cfg);
+        check_recipe_options(recipe_options, !cfg.output_dir.empty());
     } catch (const InputError& e) {
         // a bad flag: the usage, then the reason last so that it is what the user sees
-        fprintf(stderr, "%s\nerror: %s\n", usage().c_str(), e.what());
+        fprintf(stderr, "%s\nerror: %s\n", usage(recipe_usage).c_str(), e.what());
         return 1;
     }
     try {
@@ -1146,7 +1154,7 @@ int main(int argc, char** argv) {
     gpt_build(&model, shape, owners > 1 ? mg.rank : 0, owners);
     model.mg = &mg;
     // (the recipe's setup checks its options and its environment variables)
-    try { gpt_allocate(&model, B, T, cfg.recompute, cfg.recipe); }
+    try { gpt_allocate(&model, B, T, cfg.recompute, recipe_options, recipe_context_of_run(cfg.seed, cfg.recipe_check)); }
     catch (const InputError& e) { fprintf(stderr, "error: %s\n", e.what()); return 1; }
     DataLoaderState resume_data;
     if (resume_step >= 0) {

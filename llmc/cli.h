@@ -1,4 +1,6 @@
-// cli.h: the trainer's command line: every flag, its default, parsing and validation.
+// cli.h: the trainer's command line: its flags, their defaults, parsing and validation. The recipe's
+// flags are rows the trainer passes in (RecipeFlags): each recipe declares and checks its own
+// (llmc/recipes/<name>/options.h), so a binary takes the flags of its recipe and no other's.
 //
 // Flags follow llm.c's train_gpt2.cu (-i -j -o -e -b -t -d -l -u -k -q -c -x -v -m -s -g -r -n -nk -y)
 // plus a few of our own (-sd seed, -gc gradient clip, -tk tokenizer file, -Q recipe check).
@@ -14,9 +16,7 @@
 #include <string>
 #include <vector>
 #include "common.h"
-#include "recipe_options.h"
-#include "formats/vcast.h"
-#include "formats/tcfp12.h"
+#include "flags.h"
 
 // the model a binary trains without -e (train_gpt3q115cu is built with "gpt3:c768")
 #ifndef LLMC_DEFAULT_MODEL
@@ -72,8 +72,6 @@ struct TrainConfig {
     int checkpoint_keep = 0;              // -nk: keep the newest K checkpoints (0 = keep all)
     int resume = 0;                       // -y: 1 = resume from the newest complete checkpoint in -o
     int convert_recipe = 0;               // -cr: 1 = resume another recipe's checkpoint under this one
-    // precision recipe (see llmc/recipe_api.h; a recipe ignores what it does not use)
-    RecipeOptions recipe;                 // -fh -fm -sqf -sql -lq
     // several processes, one GPU each (llmc/process_group.h): -pn and -pr, or what a launcher puts in
     // the environment (scripts/launch.sh, mpirun, srun); the NCCL id goes through -pf or -ps
     int num_processes = 0;                // -pn: processes in the run (0 = from the environment, else 1)
@@ -88,21 +86,33 @@ struct TrainConfig {
     int grad_accum_steps = 1;
 };
 
+// The flags of the binary's recipe: its name and the rows of its options (llmc/recipes/<name>/options.h:
+// append_recipe_flags), which parse_args fills and usage() prints under a heading naming the recipe.
+// For usage(), the rows point at a default-constructed options struct (it prints their values as the
+// defaults). Empty: a parser of the trainer's own flags alone.
+struct RecipeFlags {
+    std::string recipe;   // "fp8": the binary is train_gpt_fp8
+    std::vector<Flag> rows;
+};
+
 // ---- implemented below ----
-// parse_args: fills a TrainConfig from argv. "-h"/"--help" prints usage() to stdout and exits 0.
-// An unknown flag, a flag without a value, or a value that does not parse throws InputError naming the flag.
+// parse_args: fills a TrainConfig, and the recipe's options through its rows, from argv. "-h"/"--help"
+// prints usage(recipe) to stdout and exits 0 (before any value is parsed, so the rows still hold the
+// defaults). An unknown flag (another recipe's too), a flag without a value, or a value that does not
+// parse throws InputError naming the flag.
 // validate_config: range checks that need no files (B>0, T>0, -k known, -d divisible by B*T*processes, ...);
-// fills grad_accum_steps. Throws InputError.
+// fills grad_accum_steps. Throws InputError. (The recipe checks its own flags: check_recipe_options in
+// its options.h, which the trainer calls next.)
 // parse_model_descriptor: "d6|d12|d24|d36|d48", "gpt2:dN" (same), "gpt3:cC"; returns false if `s` is not
 // a descriptor (then it is taken as a checkpoint path); throws InputError for a malformed descriptor.
 // check_seq_len: -t must fit the model, which is only known once -e is resolved (descriptor or file).
 // describe_models: the table of every descriptor with its shape and parameter count (part of usage()).
-inline TrainConfig parse_args(int argc, char** argv);
+inline TrainConfig parse_args(int argc, char** argv, const RecipeFlags& recipe = RecipeFlags());
 inline void validate_config(TrainConfig& cfg);
 inline bool parse_model_descriptor(const std::string& s, ModelShape* shape);
 inline void check_seq_len(const TrainConfig& cfg, const ModelShape& shape);
 inline std::string describe_models();
-inline std::string usage();
+inline std::string usage(const RecipeFlags& recipe_defaults = RecipeFlags());
 
 // ============================================================================================
 // implementation
@@ -110,17 +120,9 @@ inline std::string usage();
 
 namespace cli_detail {
 
-// One row per flag. parse_args and usage() both walk this table, so a flag cannot be parsed
-// without being documented, and the printed default is read from a default-constructed
-// TrainConfig, so the help text cannot drift from the real defaults.
-enum class FlagKind { Str, Int, Int64, Float, U64 };
-struct Flag {
-    const char* name;
-    FlagKind kind;
-    void* target;       // the TrainConfig field this flag writes
-    const char* help;
-};
-
+// One row per flag of the trainer (flags.h). parse_args and usage() both walk this table, so a flag
+// cannot be parsed without being documented, and the printed default is read from a
+// default-constructed TrainConfig, so the help text cannot drift from the real defaults.
 inline std::vector<Flag> flag_table(TrainConfig& c) {
     using K = FlagKind;
     return {
@@ -159,28 +161,6 @@ inline std::vector<Flag> flag_table(TrainConfig& c) {
         {"-ps", K::Str, &c.init_server, "tcp: HOST:PORT where rank 0 listens for the others"},
         {"-z", K::Int, &c.zero_stage, "with several processes: 0 = all-reduce the gradients, 1 = ZeRO-1 (optimizer state sharded)"},
         {"-pt", K::Int, &c.comm_timeout, "seconds a collective may wait for another process before the run stops with an error"},
-        {"-fh", K::Int, &c.recipe.amax_history, "fp8: amax history length of delayed scaling, in steps"},
-        {"-fm", K::Int, &c.recipe.scale_margin, "fp8: scale margin: scale = FP8_MAX / amax / 2^margin"},
-        {"-sqf", K::Int, &c.recipe.skip_first, "quantized recipes: keep the first N transformer layers in BF16 (-1 = the recipe's default)"},
-        {"-sql", K::Int, &c.recipe.skip_last, "quantized recipes: keep the last N transformer layers in BF16 (-1 = the recipe's default)"},
-        {"-lq", K::Int, &c.recipe.telemetry_every, "quantized recipes: quantization telemetry in main.log every N steps (0 = off)"},
-        {"-rht", K::Int, &c.recipe.fp4_rht, "nvfp4: 1 = random Hadamard transform of the weight-gradient operands"},
-        {"-sr", K::Int, &c.recipe.fp4_stochastic, "nvfp4: 1 = stochastic rounding of the gradients"},
-        {"-fos", K::Int, &c.recipe.fp4_four_over_six, "nvfp4: 1 = Four Over Six block scales (block max to 4 or 6, the lower error)"},
-        {"-qw", K::Str, &c.recipe.vcast_weights, "vcast: datatype of the weights (TensorCast spec or name: mxfp4e2, e5m6, bfp16, ...)"},
-        {"-qa", K::Str, &c.recipe.vcast_activations, "vcast: datatype of the activations"},
-        {"-qg", K::Str, &c.recipe.vcast_gradients, "vcast: datatype of the output gradients"},
-        {"-qr", K::Str, &c.recipe.vcast_round, "vcast: rounding of weights and activations: nearest | even | zero | stochastic"},
-        {"-qgr", K::Str, &c.recipe.vcast_grad_round, "vcast: rounding of the gradients"},
-        {"-qs", K::Str, &c.recipe.vcast_scale_mode, "vcast: scale selection: max | midmax"},
-        {"-qsp", K::Str, &c.recipe.vcast_sparsity, "vcast: M:N sparsity of the weights, e.g. 2:4 (\"\" = off)"},
-        {"-tb", K::Int, &c.recipe.tcfp_block, "tcfp12: scale block of the weight split: 0 (per tensor), 32, 64, 128"},
-        {"-tef", K::Int, &c.recipe.tcfp_ef, "tcfp12: 1 = error feedback buffer (-1: on unless -tsrr 1)"},
-        {"-tsrr", K::Int, &c.recipe.tcfp_srr, "tcfp12: 1 = stochastic rounding of W_lo instead of error feedback"},
-        {"-tpdds", K::Int, &c.recipe.tcfp_pdds, "tcfp12: 1 = predictive dual-track delayed scaling (EMA W_hi scale)"},
-        {"-tabd", K::Int, &c.recipe.tcfp_abd, "tcfp12: 1 = input gradient with W_hi alone (asymmetric backward)"},
-        {"-tfw", K::Int, &c.recipe.tcfp_fp8_wgrad, "tcfp12: 1 = weight gradient on FP8 tensor cores (0 = BF16)"},
-        {"-tfa", K::Int, &c.recipe.tcfp_fast_accum, "tcfp12: 1 = fast FP8 accumulation in the W_hi GEMMs too (W_lo's always)"},
     };
 }
 
@@ -339,23 +319,28 @@ inline std::string with_commas(unsigned long long v) {
 
 } // namespace cli_detail
 
-inline TrainConfig parse_args(int argc, char** argv) {
+inline TrainConfig parse_args(int argc, char** argv, const RecipeFlags& recipe) {
     TrainConfig cfg;
     // Help wins over everything else on the line, so "-b 4x -h" still shows the help.
     for (int i = 1; i < argc; i++) {
         if (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0) {
-            std::fputs(usage().c_str(), stdout);
+            std::fputs(usage(recipe).c_str(), stdout);
             std::fflush(stdout);
             std::exit(0);
         }
     }
-    std::vector<cli_detail::Flag> flags = cli_detail::flag_table(cfg);
+    std::vector<Flag> flags = cli_detail::flag_table(cfg);
+    flags.insert(flags.end(), recipe.rows.begin(), recipe.rows.end());
     for (int i = 1; i < argc; i++) {
         const char* arg = argv[i];
-        const cli_detail::Flag* flag = nullptr;
-        for (const cli_detail::Flag& f : flags)
+        const Flag* flag = nullptr;
+        for (const Flag& f : flags)
             if (std::strcmp(arg, f.name) == 0) flag = &f;
         if (!flag) {
+            // (another recipe's flag lands here too: each binary knows only its own recipe's)
+            if (arg[0] == '-' && !recipe.recipe.empty())
+                input_error("unknown flag '%s': not a flag of the %s recipe (train_gpt_%s -h lists them)", arg,
+                            recipe.recipe.c_str(), recipe.recipe.c_str());
             if (arg[0] == '-') input_error("unknown flag '%s' (run with -h to list the flags)", arg);
             input_error("unexpected argument '%s': flags are given as -X value (run with -h to list them)", arg);
         }
@@ -389,7 +374,6 @@ inline void validate_config(TrainConfig& cfg) {
                     "address (-ps HOST:PORT); scripts/launch.sh passes one for you", cfg.num_processes);
     if (cfg.train_pattern.empty()) input_error("-i: a training data pattern is required");
     if (cfg.model.empty()) input_error("-e: a model descriptor or checkpoint file is required");
-    cfg.recipe.self_check = cfg.recipe_check.empty() ? 0 : 1;
     if (cfg.B < 1) input_error("-b %d: the micro-batch size must be at least 1", cfg.B);
     if (cfg.T < 1) input_error("-t %d: the sequence length must be at least 1", cfg.T);
 
@@ -439,41 +423,6 @@ inline void validate_config(TrainConfig& cfg) {
     if (cfg.checkpoint_keep < 0) input_error("-nk %d: must be >= 0 (0 = keep every checkpoint)", cfg.checkpoint_keep);
     if (cfg.resume != 0 && cfg.resume != 1) input_error("-y %d: resume must be 0 or 1", cfg.resume);
     if (cfg.convert_recipe != 0 && cfg.convert_recipe != 1) input_error("-cr %d: must be 0 or 1", cfg.convert_recipe);
-    if (cfg.recipe.amax_history < 1 || cfg.recipe.amax_history > 65536)
-        input_error("-fh %d: the amax history length must be between 1 and 65536 steps", cfg.recipe.amax_history);
-    if (cfg.recipe.scale_margin < 0 || cfg.recipe.scale_margin > 32)
-        input_error("-fm %d: the scale margin must be between 0 and 32", cfg.recipe.scale_margin);
-    if (cfg.recipe.skip_first < -1) input_error("-sqf %d: must be >= 0 (or -1, the recipe's default)", cfg.recipe.skip_first);
-    if (cfg.recipe.skip_last < -1) input_error("-sql %d: must be >= 0 (or -1, the recipe's default)", cfg.recipe.skip_last);
-    const std::pair<const char*, int> switches[] = {{"-rht", cfg.recipe.fp4_rht}, {"-sr", cfg.recipe.fp4_stochastic},
-                                                    {"-fos", cfg.recipe.fp4_four_over_six}};
-    for (const auto& sw : switches)
-        if (sw.second != 0 && sw.second != 1) input_error("%s %d: must be 0 or 1", sw.first, sw.second);
-    cfg.recipe.seed = cfg.seed;
-    // the vcast datatypes and options (every binary checks them, so a typo fails at once)
-    try {
-        const auto w = llmc::vcast::parse_datatype(cfg.recipe.vcast_weights);
-        llmc::vcast::parse_datatype(cfg.recipe.vcast_activations);
-        llmc::vcast::parse_datatype(cfg.recipe.vcast_gradients);
-        llmc::vcast::parse_round_mode(cfg.recipe.vcast_round);
-        llmc::vcast::parse_round_mode(cfg.recipe.vcast_grad_round);
-        llmc::vcast::VcastOptions o;
-        o.scale = llmc::vcast::parse_scale_mode(cfg.recipe.vcast_scale_mode);
-        llmc::vcast::parse_sparsity(cfg.recipe.vcast_sparsity, &o.sparse_m, &o.sparse_n);
-        llmc::vcast::check_options(w, o);
-    } catch (const InputError& e) {
-        input_error("%s (flags -qw -qa -qg -qr -qgr -qs -qsp)", e.what());
-    }
-    // the TCFP-12 options, with the seed's exclusions (every binary checks them)
-    const std::string tcfp_error = llmc::tcfp12_validate(tcfp12_options_of(cfg.recipe));
-    if (!tcfp_error.empty()) input_error("%s", tcfp_error.c_str());
-    if (cfg.recipe.tcfp_fp8_wgrad != 0 && cfg.recipe.tcfp_fp8_wgrad != 1)
-        input_error("-tfw %d: must be 0 or 1", cfg.recipe.tcfp_fp8_wgrad);
-    if (cfg.recipe.tcfp_fast_accum != 0 && cfg.recipe.tcfp_fast_accum != 1)
-        input_error("-tfa %d: must be 0 or 1", cfg.recipe.tcfp_fast_accum);
-    if (cfg.recipe.telemetry_every < 0) input_error("-lq %d: must be >= 0 (0 = off)", cfg.recipe.telemetry_every);
-    if (cfg.recipe.telemetry_every > 0 && cfg.output_dir.empty())
-        input_error("-lq %d: the telemetry goes to main.log, so it needs -o", cfg.recipe.telemetry_every);
     if (cfg.resume == 1 && cfg.output_dir.empty())
         input_error("-y 1: resuming needs the checkpoint directory; pass it with -o DIR");
 }
@@ -519,13 +468,25 @@ inline std::string describe_models() {
     return out;
 }
 
-inline std::string usage() {
+inline std::string usage(const RecipeFlags& recipe_defaults) {
     TrainConfig defaults;
-    std::vector<cli_detail::Flag> flags = cli_detail::flag_table(defaults);
+    auto rows = [](const std::vector<Flag>& flags) {
+        std::string out;
+        for (const Flag& f : flags) {
+            std::string lhs = std::string(f.name) + " " + cli_detail::kind_placeholder(f.kind);
+            out += strfmt("  %-15s  %s (default %s)\n", lhs.c_str(), f.help, cli_detail::format_value(f).c_str());
+        }
+        return out;
+    };
     std::string out = "usage: <trainer binary> [-flag value ...]   (every flag takes exactly one value)\n  -h, --help       print this help\n";
-    for (const cli_detail::Flag& f : flags) {
-        std::string lhs = std::string(f.name) + " " + cli_detail::kind_placeholder(f.kind);
-        out += strfmt("  %-15s  %s (default %s)\n", lhs.c_str(), f.help, cli_detail::format_value(f).c_str());
+    out += rows(cli_detail::flag_table(defaults));
+    if (!recipe_defaults.recipe.empty()) {
+        const char* name = recipe_defaults.recipe.c_str();
+        if (recipe_defaults.rows.empty())
+            out += strfmt("\nthe %s recipe (train_gpt_%s) has no flags of its own\n", name, name);
+        else
+            out += strfmt("\nflags of the %s recipe (train_gpt_%s; the other recipes' binaries refuse them):\n", name, name) +
+                   rows(recipe_defaults.rows);
     }
     out += "\nenvironment variables (read at start):\n"
            "  LLMC_PROFILE=1|2              per-phase GPU time at the end of the run (2: each GEMM of the BF16 linears too)\n"

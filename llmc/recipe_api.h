@@ -12,7 +12,9 @@
 //   struct Recipe { ...; LinearScratch scratch; }   the recipe's state; scratch: what the plain
 //                                               linear's backward needs (linear_scratch_init, in
 //                                               recipe_init), which the dispatcher below reads
-//   recipe_init(r, options, shape, B, T)        allocate state for the model and micro-batch shape
+//   recipe_init(r, options, shape, B, T, context)  allocate state for the model and micro-batch shape;
+//                                               options: the recipe's flags (RecipeOptions, its
+//                                               options.h), context: the run's seed, -Q, ZeRO-1 owners
 //   recipe_describe(r)                          one line for the banner and main.log
 // The state hooks (default: no state):
 //   recipe_weights_changed(r, weights, stream)  the parameters changed (init, load, optimizer step):
@@ -167,7 +169,7 @@ inline int linear_out_features(LinearKind k, int C) {
 // L layers of C channels: offset[i] for linear i = layer * 4 + kind, bytes_of(K, OC) its size (K = its
 // input features, OC = its output features); returns the total.
 template <typename BytesOf>
-inline size_t quantized_linears_layout(const RecipeOptions& o, int L, int C, std::vector<size_t>& offset, BytesOf bytes_of) {
+inline size_t quantized_linears_layout(const LayersKeptInBf16& o, int L, int C, std::vector<size_t>& offset, BytesOf bytes_of) {
     offset.assign((size_t)L * NUM_LINEAR_KINDS, 0);
     size_t total = 0;
     for (int l = 0; l < L; l++) {

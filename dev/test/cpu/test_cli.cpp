@@ -12,6 +12,12 @@
 
 #include "llmc/checkpoint.h"  // num_parameters
 #include "llmc/cli.h"
+#include "llmc/recipes/bf16/options.h"
+#include "llmc/recipes/fp8/options.h"
+#include "llmc/recipes/nvfp4/options.h"
+#include "llmc/recipes/q115/options.h"
+#include "llmc/recipes/tcfp12/options.h"
+#include "llmc/recipes/vcast/options.h"
 
 using llmc::ModelShape;
 using llmc::TrainConfig;
@@ -103,91 +109,220 @@ TEST_CASE("cli: every flag parses into its field") {
 }
 
 TEST_CASE("cli: -Q asks the recipe for its self-check; without -e the model is the build's default") {
-    TrainConfig c = parse({"-Q", "115"});
+    TrainConfig c = parse({"-Q", "115", "-sd", "42"});
     CHECK(c.recipe_check == "115");
     validate_config(c);
-    CHECK(c.recipe.self_check == 1);
+    CHECK(recipe_context_of_run(c.seed, c.recipe_check).self_check == 1);
+    CHECK(recipe_context_of_run(c.seed, c.recipe_check).seed == 42); // the run's seed goes to the recipe
     TrainConfig d = parse({});
     validate_config(d);
-    CHECK(d.recipe.self_check == 0);
+    CHECK(recipe_context_of_run(d.seed, d.recipe_check).self_check == 0);
     CHECK(d.model == "d12"); // LLMC_DEFAULT_MODEL (train_gpt3q115cu: gpt3:c768)
 }
 
-TEST_CASE("cli: the recipe flags parse into RecipeOptions and are range-checked") {
-    TrainConfig c = parse({"-fh", "16", "-fm", "2", "-sqf", "1", "-sql", "3", "-lq", "50", "-o", "out", "-cr", "1"});
-    CHECK(c.recipe.amax_history == 16);
-    CHECK(c.recipe.scale_margin == 2);
-    CHECK(c.recipe.skip_first == 1);
-    CHECK(c.recipe.skip_last == 3);
-    CHECK(c.recipe.telemetry_every == 50);
-    CHECK(c.convert_recipe == 1);
-    CHECK_NOTHROW(llmc::validate_config(c));
-    TrainConfig d = parse({});
-    CHECK(d.recipe.amax_history == 1024); // seed 004's default
-    CHECK(d.recipe.scale_margin == 0);
-    CHECK(d.recipe.telemetry_every == 0);
-    CHECK(d.recipe.skip_first == -1); // -1: each recipe's own default
-    CHECK(d.recipe.skip_last == -1);
-    CHECK(d.recipe.fp4_rht == 1); // seed 004: RHT, stochastic rounding and Four Over Six on by default
-    CHECK(d.recipe.fp4_stochastic == 1);
-    CHECK(d.recipe.fp4_four_over_six == 1);
-    TrainConfig f = parse({"-rht", "0", "-sr", "0", "-fos", "0", "-sd", "42"});
-    CHECK_NOTHROW(llmc::validate_config(f));
-    CHECK(f.recipe.fp4_rht == 0);
-    CHECK(f.recipe.fp4_stochastic == 0);
-    CHECK(f.recipe.fp4_four_over_six == 0);
-    CHECK(f.recipe.seed == 42); // validate_config hands the run's seed to the recipe
-    CHECK(d.recipe.vcast_weights == "mxfp8e4"); // vcast defaults: MXFP8 (E4M3 forward, E5M2 gradients)
-    CHECK(d.recipe.vcast_gradients == "mxfp8e5");
-    TrainConfig v = parse({"-qw", "mxfp4e2", "-qa", "e5m6_e8m0_t32", "-qg", "bfp16", "-qr", "stochastic", "-qsp", "2:4"});
-    CHECK_NOTHROW(llmc::validate_config(v));
-    CHECK(v.recipe.vcast_weights == "mxfp4e2");
-    CHECK(v.recipe.vcast_sparsity == "2:4");
-    for (auto bad_vcast : std::vector<std::vector<std::string>>{{"-qw", "mxfp9e9"}, {"-qa", "e9m2"}, {"-qg", "int1"},
-                                                                 {"-qr", "up"}, {"-qs", "min"}, {"-qsp", "3:5"},
-                                                                 {"-qw", "bfp16", "-qsp", "4:16"}}) {
-        TrainConfig e = parse(bad_vcast);
-        const std::string msg = test_util::error_of([&] { llmc::validate_config(e); });
-        CHECK_MESSAGE(test_util::contains(msg, "-qw -qa -qg"), msg);
+namespace {
+
+// The flags of recipe NAME over options o, as its trainer passes them to parse_args
+template <class Options>
+llmc::RecipeFlags recipe_flags(const char* name, Options& o) {
+    llmc::RecipeFlags f{name, {}};
+    append_recipe_flags(f.rows, o);
+    return f;
+}
+
+// parse_args of the trainer of recipe NAME, filling o; then validate_config and the recipe's own check
+template <class Options>
+TrainConfig parse_recipe(const char* name, Options& o, const std::vector<std::string>& args) {
+    std::vector<std::string> storage = {std::string("train_gpt_") + name};
+    storage.insert(storage.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& s : storage) argv.push_back(&s[0]);
+    argv.push_back(nullptr);
+    return llmc::parse_args((int)storage.size(), argv.data(), recipe_flags(name, o));
+}
+
+template <class Options>
+TrainConfig checked_recipe(const char* name, Options& o, const std::vector<std::string>& args) {
+    TrainConfig c = parse_recipe(name, o, args);
+    llmc::validate_config(c);
+    check_recipe_options(o, !c.output_dir.empty());
+    return c;
+}
+
+// the error of the recipe's parse and checks of args (the test fails if there is none)
+template <class Options>
+std::string recipe_error(const char* name, const std::vector<std::string>& args) {
+    Options o;
+    return error_of([&] { checked_recipe(name, o, args); });
+}
+
+// every recipe's flags, by name (a default-constructed options struct of each)
+struct AllRecipes {
+    Bf16Options bf16;
+    Fp8Options fp8;
+    Nvfp4Options nvfp4;
+    Q115Options q115;
+    Tcfp12RecipeOptions tcfp12;
+    VcastRecipeOptions vcast;
+    std::vector<llmc::RecipeFlags> flags() {
+        return {recipe_flags("bf16", bf16), recipe_flags("fp8", fp8), recipe_flags("nvfp4", nvfp4),
+                recipe_flags("q115", q115), recipe_flags("tcfp12", tcfp12), recipe_flags("vcast", vcast)};
     }
-    RecipeOptions r = d.recipe;
+};
+
+bool has_flag(const llmc::RecipeFlags& f, const std::string& name) {
+    for (const llmc::Flag& row : f.rows)
+        if (name == row.name) return true;
+    return false;
+}
+
+} // namespace
+
+TEST_CASE("cli: each recipe's flags: a binary takes its recipe's and refuses the others' in one line") {
+    AllRecipes all;
+    const std::vector<llmc::RecipeFlags> recipes = all.flags();
+    std::vector<std::string> every_recipe_flag;
+    for (const llmc::RecipeFlags& r : recipes)
+        for (const llmc::Flag& row : r.rows) every_recipe_flag.push_back(row.name);
+    CHECK(every_recipe_flag.size() > 20);
+    for (const llmc::RecipeFlags& r : recipes) {
+        for (const std::string& flag : every_recipe_flag) {
+            CAPTURE(r.recipe);
+            CAPTURE(flag);
+            // a recipe flag is none of the trainer's own
+            for (const std::string& own : kAllFlags) CHECK(flag != own);
+            AllRecipes fresh;
+            llmc::RecipeFlags mine;
+            for (llmc::RecipeFlags& f : fresh.flags())
+                if (f.recipe == r.recipe) mine = f;
+            auto run = [&] {
+                std::vector<std::string> storage = {"train_gpt_" + r.recipe, flag, "1"};
+                std::vector<char*> argv;
+                for (std::string& s : storage) argv.push_back(&s[0]);
+                argv.push_back(nullptr);
+                llmc::parse_args((int)storage.size(), argv.data(), mine);
+            };
+            if (has_flag(r, flag)) {
+                CHECK_NOTHROW(run()); // parsed (its value is checked later, by the recipe)
+            } else {
+                const std::string msg = error_of(run);
+                CHECK(msg == "unknown flag '" + flag + "': not a flag of the " + r.recipe + " recipe (train_gpt_" +
+                                 r.recipe + " -h lists them)");
+                CHECK(msg.find('\n') == std::string::npos);
+            }
+        }
+    }
+    // the recipes' flags as each binary has them
+    CHECK(has_flag(recipes[0], "-sqf") == false); // bf16 keeps every layer in BF16 already: no flags
+    CHECK(recipes[0].rows.empty());
+    for (int k : {1, 2, 4, 5})
+        for (const char* shared : {"-sqf", "-sql", "-lq"}) CHECK(has_flag(recipes[k], shared)); // the quantizing recipes
+    CHECK(has_flag(recipes[3], "-lq"));  // q115: its boundaries' telemetry
+    CHECK_FALSE(has_flag(recipes[3], "-sqf"));
+    CHECK(has_flag(recipes[1], "-fh"));
+    CHECK_FALSE(has_flag(recipes[2], "-fh"));
+    CHECK(has_flag(recipes[4], "-tb"));
+    CHECK(has_flag(recipes[5], "-qw"));
+    // without a recipe (the trainer's own flags alone) an unknown flag reads as before
+    CHECK(contains(error_of([] { parse({"-fh", "1"}); }), "unknown flag '-fh' (run with -h"));
+}
+
+TEST_CASE("cli: the fp8 flags parse into Fp8Options and are range-checked by the recipe") {
+    Fp8Options o;
+    TrainConfig c = checked_recipe("fp8", o, {"-fh", "16", "-fm", "2", "-sqf", "1", "-sql", "3", "-lq", "50", "-o", "out", "-cr", "1"});
+    CHECK(o.amax_history == 16);
+    CHECK(o.scale_margin == 2);
+    CHECK(o.skip_first == 1);
+    CHECK(o.skip_last == 3);
+    CHECK(o.telemetry_every == 50);
+    CHECK(c.convert_recipe == 1);
+    Fp8Options d;
+    CHECK(d.amax_history == 1024);
+    CHECK(d.scale_margin == 0);
+    CHECK(d.telemetry_every == 0);
+    CHECK(d.skip_first == -1); // -1: each recipe's own default
+    CHECK(d.skip_last == -1);
+    Fp8Options r = d;
     resolve_skip_defaults(r, 0, 2);
     CHECK(r.skip_first == 0);
     CHECK(r.skip_last == 2);
-    resolve_skip_defaults(c.recipe, 0, 2); // explicit values stay
-    CHECK(c.recipe.skip_last == 3);
-    for (auto bad : std::vector<std::vector<std::string>>{{"-fh", "0"}, {"-fh", "65537"}, {"-fm", "-1"}, {"-sqf", "-2"},
-                                                         {"-sql", "-2"}, {"-rht", "2"}, {"-sr", "-1"}, {"-fos", "7"}, {"-lq", "-1"}, {"-lq", "5"}, {"-cr", "2"}}) {
-        TrainConfig e = parse(bad);
-        CHECK_THROWS_AS(llmc::validate_config(e), llmc::InputError);
+    resolve_skip_defaults(o, 0, 2); // explicit values stay
+    CHECK(o.skip_last == 3);
+    for (auto bad : std::vector<std::pair<std::vector<std::string>, std::string>>{
+             {{"-fh", "0"}, "-fh 0"}, {{"-fh", "65537"}, "-fh 65537"}, {{"-fm", "-1"}, "-fm -1"}, {{"-sqf", "-2"}, "-sqf -2"},
+             {{"-sql", "-2"}, "-sql -2"}, {{"-lq", "-1"}, "-lq -1"}, {{"-lq", "5"}, "needs -o"}, {{"-cr", "2"}, "-cr 2"}}) {
+        const std::string msg = recipe_error<Fp8Options>("fp8", bad.first);
+        CHECK_MESSAGE(contains(msg, bad.second), msg);
     }
-    // tcfp12: defaults (per tensor, EF unless SRR, BF16 wgrad), the flags, and the seed's exclusions
-    CHECK(d.recipe.tcfp_block == 0);
-    CHECK(d.recipe.tcfp_ef == -1);
-    CHECK(d.recipe.tcfp_fp8_wgrad == 0);
-    CHECK(llmc::tcfp12_uses_ef(tcfp12_options_of(d.recipe)));
-    TrainConfig t = parse({"-tb", "64", "-tpdds", "1", "-tabd", "1", "-tfw", "1"});
-    CHECK_NOTHROW(llmc::validate_config(t));
-    const llmc::Tcfp12Options to = tcfp12_options_of(t.recipe);
-    CHECK(to.block_size == 64);
-    CHECK(to.pdds == 1);
-    CHECK(to.abd == 1);
-    CHECK(t.recipe.tcfp_fp8_wgrad == 1);
-    TrainConfig ts = parse({"-tsrr", "1"});
-    CHECK_NOTHROW(llmc::validate_config(ts));
-    CHECK_FALSE(llmc::tcfp12_uses_ef(tcfp12_options_of(ts.recipe))); // SRR replaces the EF buffer
+    CHECK(layer_is_quantized(o, 0, 12) == false); // -sqf 1
+    CHECK(layer_is_quantized(o, 1, 12) == true);
+    CHECK(layer_is_quantized(o, 8, 12) == true);
+    CHECK(layer_is_quantized(o, 9, 12) == false); // -sql 3: layers 9, 10, 11
+}
+
+TEST_CASE("cli: the nvfp4 flags: RHT, stochastic rounding and Four Over Six on by default, switches") {
+    Nvfp4Options d;
+    CHECK(d.fp4_rht == 1);
+    CHECK(d.fp4_stochastic == 1);
+    CHECK(d.fp4_four_over_six == 1);
+    Nvfp4Options f;
+    CHECK_NOTHROW(checked_recipe("nvfp4", f, {"-rht", "0", "-sr", "0", "-fos", "0", "-sd", "42"}));
+    CHECK(f.fp4_rht == 0);
+    CHECK(f.fp4_stochastic == 0);
+    CHECK(f.fp4_four_over_six == 0);
+    for (auto bad : std::vector<std::vector<std::string>>{{"-rht", "2"}, {"-sr", "-1"}, {"-fos", "7"}, {"-sqf", "-2"}, {"-lq", "5"}})
+        CHECK(contains(recipe_error<Nvfp4Options>("nvfp4", bad), bad[0]));
+}
+
+TEST_CASE("cli: the vcast flags: MXFP8 by default, datatypes and cast options checked by the recipe") {
+    VcastRecipeOptions d;
+    CHECK(d.vcast_weights == "mxfp8e4"); // MXFP8: E4M3 forward, E5M2 gradients
+    CHECK(d.vcast_gradients == "mxfp8e5");
+    VcastRecipeOptions v;
+    CHECK_NOTHROW(checked_recipe("vcast", v, {"-qw", "mxfp4e2", "-qa", "e5m6_e8m0_t32", "-qg", "bfp16", "-qr", "stochastic", "-qsp", "2:4"}));
+    CHECK(v.vcast_weights == "mxfp4e2");
+    CHECK(v.vcast_sparsity == "2:4");
+    for (auto bad_vcast : std::vector<std::vector<std::string>>{{"-qw", "mxfp9e9"}, {"-qa", "e9m2"}, {"-qg", "int1"},
+                                                                 {"-qr", "up"}, {"-qs", "min"}, {"-qsp", "3:5"},
+                                                                 {"-qw", "bfp16", "-qsp", "4:16"}}) {
+        const std::string msg = recipe_error<VcastRecipeOptions>("vcast", bad_vcast);
+        CHECK_MESSAGE(contains(msg, "-qw -qa -qg"), msg);
+    }
+}
+
+TEST_CASE("cli: the tcfp12 flags write the split's options, checked with its exclusions") {
+    Tcfp12RecipeOptions d;
+    CHECK(d.split.block_size == 0); // per tensor, EF unless SRR, BF16 wgrad
+    CHECK(d.split.error_feedback == -1);
+    CHECK(d.tcfp_fp8_wgrad == 0);
+    CHECK(llmc::tcfp12_uses_ef(d.split));
+    Tcfp12RecipeOptions t;
+    CHECK_NOTHROW(checked_recipe("tcfp12", t, {"-tb", "64", "-tpdds", "1", "-tabd", "1", "-tfw", "1"}));
+    CHECK(t.split.block_size == 64);
+    CHECK(t.split.pdds == 1);
+    CHECK(t.split.abd == 1);
+    CHECK(t.tcfp_fp8_wgrad == 1);
+    Tcfp12RecipeOptions ts;
+    CHECK_NOTHROW(checked_recipe("tcfp12", ts, {"-tsrr", "1"}));
+    CHECK_FALSE(llmc::tcfp12_uses_ef(ts.split)); // SRR replaces the EF buffer
     for (auto bad_tcfp : std::vector<std::pair<std::vector<std::string>, std::string>>{
              {{"-tsrr", "1", "-tpdds", "1"}, "mutually exclusive"}, {{"-tsrr", "1", "-tef", "1"}, "-tef"},
              {{"-tpdds", "1", "-tef", "0"}, "-tpdds"}, {{"-tb", "48"}, "-tb 48"}, {{"-tabd", "2"}, "-tabd"},
              {{"-tfw", "2"}, "-tfw"}, {{"-tfa", "-1"}, "-tfa"}}) {
-        TrainConfig e = parse(bad_tcfp.first);
-        const std::string msg = test_util::error_of([&] { llmc::validate_config(e); });
-        CHECK_MESSAGE(test_util::contains(msg, bad_tcfp.second), msg);
+        const std::string msg = recipe_error<Tcfp12RecipeOptions>("tcfp12", bad_tcfp.first);
+        CHECK_MESSAGE(contains(msg, bad_tcfp.second), msg);
     }
-    CHECK(layer_is_quantized(c.recipe, 0, 12) == false); // -sqf 1
-    CHECK(layer_is_quantized(c.recipe, 1, 12) == true);
-    CHECK(layer_is_quantized(c.recipe, 8, 12) == true);
-    CHECK(layer_is_quantized(c.recipe, 9, 12) == false); // -sql 3: layers 9, 10, 11
+}
+
+TEST_CASE("cli: q115 takes -lq alone; bf16 takes no recipe flag") {
+    Q115Options q;
+    CHECK_NOTHROW(checked_recipe("q115", q, {"-lq", "1", "-o", "out", "-Q", "115"}));
+    CHECK(q.telemetry_every == 1);
+    CHECK(contains(recipe_error<Q115Options>("q115", {"-lq", "1"}), "needs -o"));
+    CHECK(contains(recipe_error<Q115Options>("q115", {"-sqf", "1"}), "not a flag of the q115 recipe"));
+    CHECK(contains(recipe_error<Bf16Options>("bf16", {"-lq", "1"}), "not a flag of the bf16 recipe"));
+    Bf16Options b;
+    CHECK_NOTHROW(checked_recipe("bf16", b, {"-b", "4"}));
 }
 
 TEST_CASE("cli: values may start with '-', empty strings are allowed, the last repeat wins") {
@@ -267,6 +402,25 @@ TEST_CASE("cli: usage lists every flag with its default") {
     CHECK(contains(u, "(default 0.0006)"));   // -l
     CHECK(contains(u, "(default \"cosine\")"));
     CHECK(contains(u, "124,475,904"));        // the model table is included
+}
+
+TEST_CASE("cli: usage lists the recipe's flags under a heading naming it, with their defaults") {
+    Fp8Options fp8;
+    const std::string u = llmc::usage(recipe_flags("fp8", fp8));
+    const size_t heading = u.find("flags of the fp8 recipe (train_gpt_fp8");
+    REQUIRE(heading != std::string::npos);
+    for (const char* flag : {"-fh", "-fm", "-sqf", "-sql", "-lq"}) {
+        CAPTURE(flag);
+        const size_t at = u.find(std::string("\n  ") + flag + " ");
+        REQUIRE(at != std::string::npos);
+        CHECK(at > heading);
+        CHECK(contains(u.substr(at + 1, u.find('\n', at + 1) - at - 1), "(default "));
+    }
+    CHECK(contains(u, "(default 1024)")); // -fh
+    CHECK_FALSE(contains(u, "\n  -tb "));  // another recipe's
+    CHECK_FALSE(contains(llmc::usage(), "\n  -fh ")); // the trainer's own flags alone
+    Bf16Options bf16;
+    CHECK(contains(llmc::usage(recipe_flags("bf16", bf16)), "the bf16 recipe (train_gpt_bf16) has no flags of its own"));
 }
 
 TEST_CASE("cli: -h and --help print the usage and exit 0") {

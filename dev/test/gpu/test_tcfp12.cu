@@ -293,7 +293,7 @@ static void test_recipe(const char* label, RecipeOptions ro, int channels = 64, 
         seeds[k] = tcfp12_split_seed(r, k);
     }
     recipe_weights_changed(r, lw, 0);
-    const Tcfp12Options o = r.split;
+    const Tcfp12Options o = r.options.split;
     for (int k : {(int)LIN_FC, (int)LIN_FCPROJ}) {
         const LinearId id{0, (LinearKind)k};
         const int C = linear_in_features(id.kind, C0), OC = linear_out_features(id.kind, C0);
@@ -934,10 +934,10 @@ static void test_ef_pieces(const char* label, RecipeOptions ro, int channels, in
     std::vector<Recipe> piece(P);
     recipe_init(whole, ro, shape, B, T);
     for (int q = 0; q < P; q++) {
-        RecipeOptions rq = ro;
-        rq.state_owner = q;
-        rq.state_owners = P;
-        recipe_init(piece[q], rq, shape, B, T);
+        RecipeContext owner_q;
+        owner_q.state_owner = q;
+        owner_q.state_owners = P;
+        recipe_init(piece[q], ro, shape, B, T, owner_q);
     }
     const bool ef = whole.use_ef;
     bool owners_ok = true;
@@ -979,13 +979,13 @@ static void test_ef_pieces(const char* label, RecipeOptions ro, int channels, in
         const auto hs = to_host(whole.hi_scale, ng), ls = to_host(whole.lo_scale, ng);
         const auto ss = to_host(whole.split_stats, nl);
         const auto wef = ef ? to_host(whole.ef, ne) : std::vector<float>();
-        const auto wpd = ro.tcfp_pdds ? to_host(whole.pdds, ng) : std::vector<float>();
+        const auto wpd = ro.split.pdds ? to_host(whole.pdds, ng) : std::vector<float>();
         for (int q = 0; q < P; q++) {
             const Recipe& r = piece[q];
             bad_codes += count_diff(to_host(r.hi, ne), hi) + count_diff(to_host(r.lo, ne), lo) +
                          count_diff(to_host(r.hi_scale, ng), hs) + count_diff(to_host(r.lo_scale, ng), ls);
             const auto pef = ef ? to_host(r.ef, ne / r.owners) : std::vector<float>();
-            const auto ppd = ro.tcfp_pdds ? to_host(r.pdds, ng) : std::vector<float>();
+            const auto ppd = ro.split.pdds ? to_host(r.pdds, ng) : std::vector<float>();
             const auto ps = to_host(r.split_stats, nl);
             for (size_t li = 0; li < nl; li++) {
                 const int k = (int)(li % NUM_LINEAR_KINDS);
@@ -995,8 +995,8 @@ static void test_ef_pieces(const char* label, RecipeOptions ro, int channels, in
                     const size_t pc = n / r.owners, p0 = (size_t)r.owner * pc;
                     for (size_t j = 0; j < pc; j++) bad_ef += fbits(pef[e0 / r.owners + j]) != fbits(wef[e0 + p0 + j]);
                 }
-                if (ro.tcfp_pdds) { // per tensor the one EMA; per block the owner's blocks
-                    const int bs = ro.tcfp_block;
+                if (ro.split.pdds) { // per tensor the one EMA; per block the owner's blocks
+                    const int bs = ro.split.block_size;
                     const size_t groups = bs ? n / bs : 1, mine0 = bs && ef ? (size_t)r.owner * groups / r.owners : 0;
                     const size_t mine = bs && ef ? groups / r.owners : groups;
                     for (size_t j = mine0; j < mine0 + mine; j++) bad_pdds += fbits(ppd[g0 + j]) != fbits(wpd[g0 + j]);
@@ -1014,11 +1014,11 @@ static void test_ef_pieces(const char* label, RecipeOptions ro, int channels, in
           label, splits, bad_codes);
     if (ef) {
         check(bad_ef == 0, "%s: each process's EF pieces are the whole buffer's, bit for bit (%zu differences)", label, bad_ef);
-        const int expect = ro.tcfp_block ? 3 : 4; // per block: maxima, sums, gather; per tensor: two maxima, sums, gather
+        const int expect = ro.split.block_size ? 3 : 4; // per block: maxima, sums, gather; per tensor: two maxima, sums, gather
         const bool all = std::all_of(collectives.begin(), collectives.end(), [&](int c) { return c == expect; });
         check(all, "%s: %d collectives per split (process 0: %d, last: %d)", label, expect, collectives[0], collectives[P - 1]);
     }
-    if (ro.tcfp_pdds) check(bad_pdds == 0, "%s: the PDDS state each process keeps is the whole run's (%zu differences)", label, bad_pdds);
+    if (ro.split.pdds) check(bad_pdds == 0, "%s: the PDDS state each process keeps is the whole run's (%zu differences)", label, bad_pdds);
     check(bad_stats == 0 && worst_sum <= 1e-12, "%s: the split's statistics describe the whole tensor (%zu differ; sums within %.1e)",
           label, bad_stats, worst_sum);
     if (ef) { // process 1's state file: round trip, and the whole buffer's is refused
@@ -1029,11 +1029,11 @@ static void test_ef_pieces(const char* label, RecipeOptions ro, int channels, in
         recipe_save(whole, ww);
         wp.write_atomic(pfile);
         ww.write_atomic(wfile);
-        RecipeOptions rq = ro;
-        rq.state_owner = 1;
-        rq.state_owners = P;
+        RecipeContext owner_1;
+        owner_1.state_owner = 1;
+        owner_1.state_owners = P;
         Recipe back;
-        recipe_init(back, rq, shape, B, T);
+        recipe_init(back, ro, shape, B, T, owner_1);
         StateReader rd;
         rd.open(pfile);
         recipe_load(back, rd);
@@ -1075,28 +1075,28 @@ int main() {
     RecipeOptions ro;
     // ZeRO-1: the EF buffer in two pieces, against the whole buffer (a layer of 128 and two of 64 channels)
     test_ef_pieces("pieces, per tensor, EF", ro, 128, 1, 3);
-    RecipeOptions pieces_pdds = ro; pieces_pdds.tcfp_pdds = 1; pieces_pdds.tcfp_abd = 1;
+    RecipeOptions pieces_pdds = ro; pieces_pdds.split.pdds = 1; pieces_pdds.split.abd = 1;
     test_ef_pieces("pieces, per tensor, PDDS + ABD", pieces_pdds, 64, 2, 3);
-    RecipeOptions pieces_b32 = ro; pieces_b32.tcfp_block = 32;
+    RecipeOptions pieces_b32 = ro; pieces_b32.split.block_size = 32;
     test_ef_pieces("pieces, block 32, EF", pieces_b32, 64, 2, 3);
-    RecipeOptions pieces_b128 = ro; pieces_b128.tcfp_block = 128; pieces_b128.tcfp_pdds = 1;
+    RecipeOptions pieces_b128 = ro; pieces_b128.split.block_size = 128; pieces_b128.split.pdds = 1;
     test_ef_pieces("pieces, block 128, PDDS", pieces_b128, 128, 1, 3);
-    RecipeOptions pieces_srr = ro; pieces_srr.tcfp_srr = 1;
+    RecipeOptions pieces_srr = ro; pieces_srr.split.srr = 1;
     test_ef_pieces("pieces, per tensor, SRR (no EF buffer)", pieces_srr, 64, 1, 2);
     test_ef_pieces("pieces, per tensor, EF, 3 processes", ro, 192, 1, 3, 3);
-    RecipeOptions pieces_b64 = ro; pieces_b64.tcfp_block = 64; pieces_b64.tcfp_pdds = 1;
+    RecipeOptions pieces_b64 = ro; pieces_b64.split.block_size = 64; pieces_b64.split.pdds = 1;
     test_ef_pieces("pieces, block 64, PDDS, 3 processes", pieces_b64, 192, 2, 3, 3);
     test_ef_pieces("pieces, per tensor, EF, 4 processes", ro, 128, 2, 2, 4);
     test_recipe("per tensor, EF", ro);
-    RecipeOptions fast = ro; fast.tcfp_abd = 1; fast.tcfp_fp8_wgrad = 1; fast.tcfp_fast_accum = 1;
+    RecipeOptions fast = ro; fast.split.abd = 1; fast.tcfp_fp8_wgrad = 1; fast.tcfp_fast_accum = 1;
     test_recipe("per tensor, ABD, FP8 wgrad, fast accumulation", fast);
-    RecipeOptions srr = ro; srr.tcfp_srr = 1;
+    RecipeOptions srr = ro; srr.split.srr = 1;
     test_recipe("per tensor, SRR", srr);
-    RecipeOptions pdds = ro; pdds.tcfp_pdds = 1;
+    RecipeOptions pdds = ro; pdds.split.pdds = 1;
     test_recipe("per tensor, PDDS", pdds);
-    RecipeOptions b32 = ro; b32.tcfp_block = 32;
+    RecipeOptions b32 = ro; b32.split.block_size = 32;
     test_recipe("block 32 (emulated), EF", b32);
-    RecipeOptions b64 = ro; b64.tcfp_block = 64; b64.tcfp_abd = 1; b64.tcfp_fp8_wgrad = 1;
+    RecipeOptions b64 = ro; b64.split.block_size = 64; b64.split.abd = 1; b64.tcfp_fp8_wgrad = 1;
     test_recipe("block 64 (emulated), ABD, FP8 wgrad", b64);
     // the K-concatenated form of the dual GEMM (one block-scaled FP8 GEMM of depth 2K), forced, at 128 channels
     test_recipe("per tensor, EF, K-concatenated", ro, 128, 1);

@@ -28,12 +28,14 @@
 #pragma once
 #include <vector>
 #include "llmc/recipe_api.h"
+#include "options.h"
 #include "llmc/formats/fp8_quantize.cuh"
 #include "fp8_gemm.cuh"
 #include "llmc/gelu.cuh"
 #include "llmc/profiler.h"
 
 #define RECIPE_NAME "fp8"
+using RecipeOptions = Fp8Options; // its flags (options.h)
 using RecipeBoundaries = IdentityBoundaries; // no boundaries outside the linears (boundaries.h)
 
 #if defined(ENABLE_FP32)
@@ -120,7 +122,8 @@ inline int fp8_tensor(const Recipe& r, LinearId id, Fp8Role role) {
 }
 inline int fp8_linear_index(LinearId id) { return id.layer * NUM_LINEAR_KINDS + id.kind; }
 
-inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T) {
+inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T,
+                        const RecipeContext& = RecipeContext()) {
     r.options = o;
     resolve_skip_defaults(r.options, 0, 0);
     r.L = shape.num_layers; r.C = shape.channels; r.B = B; r.T = T;

@@ -48,10 +48,12 @@
 #include <cmath>
 #include <vector>
 #include "llmc/recipe_api.h"
+#include "options.h"
 #include "nvfp4_kernels.cuh"
 #include "llmc/profiler.h"
 
 #define RECIPE_NAME "nvfp4"
+using RecipeOptions = Nvfp4Options; // its flags (options.h)
 using RecipeBoundaries = IdentityBoundaries; // no boundaries outside the linears (boundaries.h)
 
 #if defined(ENABLE_FP32)
@@ -139,7 +141,8 @@ inline bool nvfp4_native_possible(const Recipe& r, int N, std::string& note) {
     return true;
 }
 
-inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T) {
+inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T,
+                        const RecipeContext& ctx = RecipeContext()) {
     r.options = o;
     r.L = shape.num_layers; r.C = shape.channels; r.B = B; r.T = T;
     resolve_skip_defaults(r.options, 0, (int)std::ceil(0.15 * r.L - 1e-9));
@@ -199,8 +202,8 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
             }
         }
     }
-    r.rht_signs = llmc::nvfp4_rht_signs(o.seed ^ 0x52485453494E4753ULL);
-    r.sr_seed = llmc::nvfp4_mix64(o.seed ^ 0x4E56465034535253ULL);
+    r.rht_signs = llmc::nvfp4_rht_signs(ctx.seed ^ 0x52485453494E4753ULL);
+    r.sr_seed = llmc::nvfp4_mix64(ctx.seed ^ 0x4E56465034535253ULL);
     r.sr_calls = 0;
 }
 

@@ -72,11 +72,13 @@
 #include <algorithm>
 #include <vector>
 #include "llmc/recipe_api.h"
+#include "options.h"
 #include "llmc/formats/number_formats.h"
 #include "llmc/gelu.cuh"
 #include "llmc/gemm_wgmma.cuh"
 
 #define RECIPE_NAME "q115"
+using RecipeOptions = Q115Options; // its flags (options.h)
 #define RECIPE_CHECK_ALIAS "115"
 
 // ---- the SF16 constants ----------------------------------------------------------------------
@@ -448,10 +450,10 @@ inline void q115_self_check() {
            Q115_RANGE_SCALES ? ", Q115_RANGE_SCALES=1: not the seed's SF16" : "");
 }
 
-inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T) {
+inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T,
+                        const RecipeContext& ctx = RecipeContext()) {
     (void)B; (void)T;
     r.options = o;
-    resolve_skip_defaults(r.options, 0, 0);
     // the post-GEMM kernels read 8 BF16 (16 bytes) at a time
     if (shape.channels % 8 != 0) input_error("q115: the model's channels (%d) must be a multiple of 8", shape.channels);
     linear_scratch_init(r.scratch, shape.channels);
@@ -459,7 +461,7 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
     r.counters = (Q115Counters*)cuda_malloc_or_die(Q115_COUNTERS_BYTES, "q115 telemetry");
     q115_point_counters(nullptr, 0);
     cudaCheck(cudaDeviceSynchronize());
-    if (o.self_check) q115_self_check();
+    if (ctx.self_check) q115_self_check();
 }
 
 inline std::string recipe_describe(const Recipe&) {

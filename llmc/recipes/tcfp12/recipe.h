@@ -63,11 +63,13 @@
 #include <cmath>
 #include <vector>
 #include "llmc/recipe_api.h"
+#include "options.h"
 #include "tcfp12_kernels.cuh"
 #include "llmc/gelu.cuh"
 #include "llmc/profiler.h"
 
 #define RECIPE_NAME "tcfp12"
+using RecipeOptions = Tcfp12RecipeOptions; // its flags (options.h)
 using RecipeBoundaries = IdentityBoundaries; // no boundaries outside the linears (boundaries.h)
 
 #if defined(ENABLE_FP32)
@@ -80,7 +82,6 @@ static const char* TCFP_ACT_NAMES[NUM_TCFP_ACT_ROLES] = {"x", "dy"};
 struct Recipe {
     RecipeOptions options;
     LinearScratch scratch;
-    llmc::Tcfp12Options split;              // the split's options (from -tb -tef -tsrr -tpdds -tabd)
     bool use_ef = false;
     bool emulated = false;                  // block scales: BF16 GEMMs on the exact dequantized values
     int L = 0, C = 0, B = 0, T = 0;
@@ -203,17 +204,17 @@ inline bool tcfp12_applies(const Recipe& r, LinearId id, int N, int C, int OC) {
 // (at least one, so that a model with no quantized layer still allocates something)
 inline size_t tcfp12_ef_elements(const Recipe& r) { return std::max<size_t>(r.total_elems / (size_t)r.owners, 1); }
 
-inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T) {
+inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T,
+                        const RecipeContext& ctx = RecipeContext()) {
     r.options = o;
     resolve_skip_defaults(r.options, 0, 0);
-    r.split = tcfp12_options_of(r.options);
-    const std::string err = llmc::tcfp12_validate(r.split);
+    const std::string err = llmc::tcfp12_validate(r.options.split);
     if (!err.empty()) input_error("%s", err.c_str());
-    if (r.split.block_size != 0 && shape.channels % r.split.block_size != 0)
+    if (r.options.split.block_size != 0 && shape.channels % r.options.split.block_size != 0)
         input_error("-tb %d: the model's channels (%d) are not a multiple of the block size; use -tb 0 or a block "
-                    "size that divides %d", r.split.block_size, shape.channels, shape.channels);
-    r.use_ef = llmc::tcfp12_uses_ef(r.split);
-    r.emulated = r.split.block_size != 0;
+                    "size that divides %d", r.options.split.block_size, shape.channels, shape.channels);
+    r.use_ef = llmc::tcfp12_uses_ef(r.options.split);
+    r.emulated = r.options.split.block_size != 0;
     r.L = shape.num_layers; r.C = shape.channels; r.B = B; r.T = T;
     r.num_linears = r.L * NUM_LINEAR_KINDS;
     linear_scratch_init(r.scratch, r.C);
@@ -228,7 +229,7 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
             r.elem_offset[l * NUM_LINEAR_KINDS + k] = r.total_elems;
             r.group_offset[l * NUM_LINEAR_KINDS + k] = r.total_groups;
             r.total_elems += n;
-            r.total_groups += r.split.block_size ? n / r.split.block_size : 1;
+            r.total_groups += r.options.split.block_size ? n / r.options.split.block_size : 1;
         }
     }
     const size_t ne = std::max<size_t>(r.total_elems, 1), ng = std::max<size_t>(r.total_groups, 1);
@@ -243,16 +244,16 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
         r.hi_t = (uint8_t*)cuda_malloc_or_die(ne, "tcfp12 W_hi^T");
         // ABD's dgrad reads W_hi^T alone (and there is no [W_hi^T | W_lo^T] to build): no W_lo^T, one byte
         // per weight less (1.37 GiB at d48) and one transpose per weight and split less
-        if (!r.split.abd) r.lo_t = (uint8_t*)cuda_malloc_or_die(ne, "tcfp12 W_lo^T");
+        if (!r.options.split.abd) r.lo_t = (uint8_t*)cuda_malloc_or_die(ne, "tcfp12 W_lo^T");
     }
     // ZeRO-1 (-z 1 over several processes): the EF buffer is cut like the AdamW state, into one piece per
     // process (tcfp12_split_pieces). Without processes to exchange the pieces (the one-GPU tests of
     // test_gpt.cu that play two owners in turn) each owner keeps the whole buffer.
     r.owner = 0;
     r.owners = 1;
-    if (r.use_ef && o.state_owners > 1 && g_cross_process.shares_pieces()) {
-        r.owner = o.state_owner;
-        r.owners = o.state_owners;
+    if (r.use_ef && ctx.state_owners > 1 && g_cross_process.shares_pieces()) {
+        r.owner = ctx.state_owner;
+        r.owners = ctx.state_owners;
         if (r.owner < 0 || r.owner >= r.owners) input_error("internal: tcfp12: EF owner %d of %d", r.owner, r.owners);
         // (every weight is a multiple of C elements, and zero.h already refused a process count that does not divide C)
         r.exchange_maxima = (uint32_t*)cuda_malloc_or_die((size_t)2 * nl * sizeof(uint32_t), "tcfp12 scratch");
@@ -263,7 +264,7 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
         r.ef = (float*)cuda_malloc_or_die(nef * sizeof(float), "tcfp12 error-feedback buffer");
         cudaCheck(cudaMemset(r.ef, 0, nef * sizeof(float)));
     }
-    if (r.split.pdds) {
+    if (r.options.split.pdds) {
         r.pdds = (float*)cuda_malloc_or_die(ng * sizeof(float), "tcfp12 PDDS state");
         cudaCheck(cudaMemset(r.pdds, 0, ng * sizeof(float))); // 0 = no history yet
     }
@@ -314,7 +315,7 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
     if (r.concat) {
         r.wcat = (uint8_t*)cuda_malloc_or_die(2 * ne, "tcfp12 [W_hi | W_lo]");
         r.wcat_scales = (float*)cuda_malloc_or_die(ne / 64 * sizeof(float), "tcfp12 block scales");
-        if (!r.split.abd) {
+        if (!r.options.split.abd) {
             r.wcat_t = (uint8_t*)cuda_malloc_or_die(2 * ne, "tcfp12 [W_hi^T | W_lo^T]");
             r.wcat_t_scales = (float*)cuda_malloc_or_die(ne / 64 * sizeof(float), "tcfp12 block scales");
         }
@@ -324,7 +325,7 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
         r.xcat_scales = (float*)cuda_malloc_or_die(act_scales * sizeof(float), "tcfp12 block scales");
         r.dycat_scales = (float*)cuda_malloc_or_die(act_scales * sizeof(float), "tcfp12 block scales");
     }
-    r.srr_seed = o.seed ^ 0x5443465031325352ULL;
+    r.srr_seed = ctx.seed ^ 0x5443465031325352ULL;
     r.splits = 0;
 }
 
@@ -333,7 +334,7 @@ inline std::string recipe_describe(const Recipe& r) {
     const int q0 = o.skip_first, q1 = r.L - o.skip_last;
     std::string layers = q1 > q0 ? strfmt("layers %d-%d in TCFP-12", q0, q1 - 1) : std::string("no layer in TCFP-12");
     return strfmt("tcfp12: %s; W_hi + W_lo E4M3 (%s), x E4M3 / dy E5M2 fresh power-of-two scales%s, %s wgrad; %s, "
-                  "-sqf %d -sql %d", llmc::tcfp12_describe(r.split).c_str(),
+                  "-sqf %d -sql %d", llmc::tcfp12_describe(r.options.split).c_str(),
                   r.emulated ? "block scales emulated exactly on BF16 tensor cores"
                              : strfmt("%s%s", o.tcfp_fast_accum ? "two FP8 GEMMs, fast accumulation" : "two FP8 GEMMs",
                                       !r.concat ? "" : r.concat_mode == 0 ? " (LLMC_TCFP12_CONCAT=0)"
@@ -361,7 +362,7 @@ inline void tcfp12_derive(Recipe& r, int li, int OC, int C, cudaStream_t st) {
     const uint8_t* ls = r.lo_scale + r.group_offset[li];
     if (r.emulated) {
         tcfp12_dequantize_blocks(r.hi_bf + r.elem_offset[li], r.lo_bf + r.elem_offset[li], hi, lo, hs, ls, (long long)OC * C,
-                                 r.split.block_size, st);
+                                 r.options.split.block_size, st);
     } else {
         tcfp12_tensor_factors_kernel<<<1, 1, 0, st>>>(tcfp_hi_slot(r, li), tcfp_lo_slot(r, li), hs, ls);
         cudaCheckLaunch();
@@ -407,7 +408,7 @@ inline void tcfp12_exchange_stats(Recipe& r, bool sums, cudaStream_t st) {
 // weight, against the 4 x (P - 1) / P of the EF buffer it saves.
 inline void tcfp12_split_pieces(Recipe& r, const LinearWeights& w, cudaStream_t st) {
     const size_t P = (size_t)r.owners, me = (size_t)r.owner;
-    const int B = r.split.block_size;
+    const int B = r.options.split.block_size;
     std::vector<uint8_t*> bufs;
     std::vector<size_t> piece_bytes;
     for (int phase = 0; phase < (B ? 1 : 4); phase++) {
@@ -422,11 +423,11 @@ inline void tcfp12_split_pieces(Recipe& r, const LinearWeights& w, cudaStream_t 
                 uint8_t *hi = r.hi + e0 + p0, *lo = r.lo + e0 + p0;
                 if (B) {
                     const size_t g0 = r.group_offset[li] + p0 / B;
-                    tcfp12_split(wp, (int)((size_t)OC / P), C, r.split, ef, r.split.pdds ? r.pdds + g0 : nullptr,
+                    tcfp12_split(wp, (int)((size_t)OC / P), C, r.options.split, ef, r.options.split.pdds ? r.pdds + g0 : nullptr,
                                  tcfp12_split_seed(r, li), hi, lo, r.hi_scale + g0, r.lo_scale + g0, r.split_stats + li, st);
                 } else {
                     const size_t g0 = r.group_offset[li];
-                    tcfp12_split_tensor_phase(phase, wp, (long long)piece, r.split, ef, r.split.pdds ? r.pdds + g0 : nullptr,
+                    tcfp12_split_tensor_phase(phase, wp, (long long)piece, r.options.split, ef, r.options.split.pdds ? r.pdds + g0 : nullptr,
                                               tcfp12_split_seed(r, li), hi, lo, r.hi_scale + g0, r.lo_scale + g0,
                                               r.split_stats + li, st);
                 }
@@ -457,8 +458,8 @@ inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream
             const int li = l * NUM_LINEAR_KINDS + k;
             const int C = linear_in_features((LinearKind)k, r.C), OC = linear_out_features((LinearKind)k, r.C);
             if (split && r.owners == 1) {
-                tcfp12_split(w.weight[k] + (size_t)l * OC * C, OC, C, r.split, r.use_ef ? r.ef + r.elem_offset[li] : nullptr,
-                             r.split.pdds ? r.pdds + r.group_offset[li] : nullptr, tcfp12_split_seed(r, li),
+                tcfp12_split(w.weight[k] + (size_t)l * OC * C, OC, C, r.options.split, r.use_ef ? r.ef + r.elem_offset[li] : nullptr,
+                             r.options.split.pdds ? r.pdds + r.group_offset[li] : nullptr, tcfp12_split_seed(r, li),
                              r.hi + r.elem_offset[li], r.lo + r.elem_offset[li], r.hi_scale + r.group_offset[li],
                              r.lo_scale + r.group_offset[li], r.split_stats + li, st);
             }
@@ -536,7 +537,7 @@ inline Fp8Target tcfp12_input_again(Recipe& r, LinearId id, cudaStream_t st) {
 // wgrad) and its dgrad the rows (ABD, or no K-concatenated form)
 inline bool tcfp12_projection_dy_as_codes(const Recipe& r, LinearId id, int N) {
     return (id.kind == LIN_ATTPROJ || id.kind == LIN_FCPROJ) && tcfp12_speculates(r, true) && r.options.tcfp_fp8_wgrad &&
-           (r.split.abd || !r.concat) && tcfp12_applies(r, id, N, linear_in_features(id.kind, r.C), r.C);
+           (r.options.split.abd || !r.concat) && tcfp12_applies(r, id, N, linear_in_features(id.kind, r.C), r.C);
 }
 
 // The reference of that guess (tcfp12_gradient_target, below): the projection whose dy the LayerNorm
@@ -646,7 +647,7 @@ inline void tcfp12_quantize_speculative(Recipe& r, bool spec, float* slot, uint3
 // Whether the fc projection's backward makes the fc layer's dy codes itself (the top of the file): the
 // fc layer's wgrad must read codes (an FP8 wgrad) and its dgrad the rows (ABD, or no K-concatenated form)
 inline bool tcfp12_fc_dy_as_codes(const Recipe& r) {
-    return tcfp12_speculates(r, true) && r.options.tcfp_fp8_wgrad && (r.split.abd || !r.concat);
+    return tcfp12_speculates(r, true) && r.options.tcfp_fp8_wgrad && (r.options.split.abd || !r.concat);
 }
 
 // writes the GELU output an fc layer's forward left pending (Recipe::pending_gelu_out), if any
@@ -883,7 +884,7 @@ inline Tcfp12Backward tcfp12_backward_begin(Recipe& r, LinearId id, const float*
     b.C = C;
     b.OC = OC;
     b.fp8_wgrad = r.options.tcfp_fp8_wgrad != 0;
-    b.abd = r.split.abd != 0;
+    b.abd = r.options.split.abd != 0;
     b.dys = tcfp_act_slot(r, b.li, TCFP_DY, true);
     b.dy_amax = tcfp_act_amax(r, b.li, TCFP_DY, true);
     b.xs = tcfp_act_slot(r, b.li, TCFP_X, true);
@@ -1123,7 +1124,7 @@ inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* 
 static const int TCFP_NUM_OPTIONS = 9;
 inline void tcfp12_option_values(const Recipe& r, int32_t* v) {
     const RecipeOptions& o = r.options;
-    const int32_t vals[TCFP_NUM_OPTIONS] = {o.tcfp_block, r.use_ef ? 1 : 0, o.tcfp_srr, o.tcfp_pdds, o.tcfp_abd,
+    const int32_t vals[TCFP_NUM_OPTIONS] = {o.split.block_size, r.use_ef ? 1 : 0, o.split.srr, o.split.pdds, o.split.abd,
                                             o.tcfp_fp8_wgrad, o.skip_first, o.skip_last, o.tcfp_fast_accum};
     memcpy(v, vals, sizeof(vals));
 }
@@ -1153,7 +1154,7 @@ inline void recipe_save(const Recipe& r, StateWriter& w) {
         auto ef = tcfp12_download(r.ef, nef);
         w.add_copy("tcfp12_error_feedback", ef.data(), nef * sizeof(float));
     }
-    if (r.split.pdds) {
+    if (r.options.split.pdds) {
         auto pd = tcfp12_download(r.pdds, ng);
         w.add_copy("tcfp12_pdds", pd.data(), ng * sizeof(float));
     }
@@ -1194,7 +1195,7 @@ inline void recipe_load(Recipe& r, StateReader& rd) {
         rd.read("tcfp12_error_feedback", ef.data(), nef * sizeof(float));
         if (nef) cudaCheck(cudaMemcpy(r.ef, ef.data(), nef * sizeof(float), cudaMemcpyHostToDevice));
     }
-    if (r.split.pdds) {
+    if (r.options.split.pdds) {
         std::vector<float> pd(ng);
         rd.read("tcfp12_pdds", pd.data(), ng * sizeof(float));
         if (ng) cudaCheck(cudaMemcpy(r.pdds, pd.data(), ng * sizeof(float), cudaMemcpyHostToDevice));
@@ -1240,7 +1241,7 @@ inline void recipe_log_telemetry(Recipe& r, FILE* log, int step) {
             const double n = (double)linear_in_features((LinearKind)k, r.C) * linear_out_features((LinearKind)k, r.C);
             const float a = llmc::bits_float(s.amax_bits), la = llmc::bits_float(s.lo_amax_bits);
             float hs, lsc;
-            if (r.split.block_size == 0) {
+            if (r.options.split.block_size == 0) {
                 hs = llmc::tcfp12_scale((uint8_t)s.hi_code);
                 lsc = s.zero_residual_groups ? 0.0f : llmc::tcfp12_scale((uint8_t)s.lo_code); // the sentinel: 0
             } else {

@@ -28,11 +28,13 @@
 #include <cmath>
 #include <vector>
 #include "llmc/recipe_api.h"
+#include "options.h"
 #include "llmc/rand.h"
 #include "vcast_kernels.cuh"
 #include "llmc/profiler.h"
 
 #define RECIPE_NAME "vcast"
+using RecipeOptions = VcastRecipeOptions; // its flags (options.h)
 using RecipeBoundaries = IdentityBoundaries; // no boundaries outside the linears (boundaries.h)
 
 #if defined(ENABLE_FP32)
@@ -95,7 +97,8 @@ inline bool vcast_applies(const Recipe& r, LinearId id, int N, int C, int OC) {
            vcast_shape_ok(g, r.vo[VC_G], N, OC, false) && vcast_shape_ok(g, r.vo[VC_G], N, OC, true);
 }
 
-inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T) {
+inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T,
+                        const RecipeContext& ctx = RecipeContext()) {
     r.options = o;
     resolve_skip_defaults(r.options, 0, 0);
     r.L = shape.num_layers; r.C = shape.channels; r.B = B; r.T = T;
@@ -132,7 +135,7 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
     const size_t ns = (size_t)r.num_linears * NUM_VT * VCAST_STATS;
     r.stats = (double*)cuda_malloc_or_die(ns * sizeof(double), "vcast telemetry");
     cudaCheck(cudaMemset(r.stats, 0, ns * sizeof(double)));
-    r.seed = vc_mix_seed(o.seed, 0x5643415354ULL);
+    r.seed = vc_mix_seed(ctx.seed, 0x5643415354ULL);
     r.casts = 0;
 }
 
