@@ -2,9 +2,10 @@
 #   make train_gpt_<recipe>      the trainer of a recipe: bf16 (the baseline), fp8 (FP8-hybrid), nvfp4 (also
 #                                holds sm_100a code: native FP4 GEMMs on Blackwell, chosen at run time),
 #                                vcast (any TensorCast datatype: -qw -qa -qg), tcfp12 (W = W_hi + W_lo, two FP8 GEMMs),
-#                                q115 (SF16: Q1.15 true-forward boundaries, -DENABLE_Q115 -DSF16_TRUE_FORWARD=1)
+#                                q115 (SF16: Q1.15 true-forward boundaries, -DENABLE_Q115 -DSF16_TRUE_FORWARD=1),
+#                                example (weight-only FP8: the smallest recipe, doc/architecture.md)
 #   make train_gpt2q115cu / train_gpt2q115_constrainedcu / train_gpt3q115cu
-#                                the Q1.15 targets under the seed's names: GPT-2; GPT-2 with the weights
+#                                the Q1.15 targets under SF16's own names: GPT-2; GPT-2 with the weights
 #                                kept inside the Q1.15 range; GPT-3 (default model gpt3:c768)
 #   make train_gpt_q115_scaled   NOT SF16 as specified: Q1.15 with a power-of-two range per boundary
 #                                (doc/recipes/q115.md: the fix for true-forward's failure to train)
@@ -13,7 +14,7 @@
 #   make test                    every test: CPU tests always, GPU tests when a CUDA device is present
 #   make all                     every target
 # Variables: GPU_ARCH (default sm_90a), PRECISION=FP32 (for the bf16 targets), CUDA_HOME, NVCC,
-# SF16_TRUE_FORWARD (default 1; 0 = the Q1.15 targets with the seed's legacy constants), USE_CUDNN
+# SF16_TRUE_FORWARD (default 1; 0 = the Q1.15 targets with SF16's legacy constants), USE_CUDNN
 # (default 0; 1 = attention through cuDNN's fused SDPA kernels, llmc/cudnn_attention.cpp: needs the cuDNN
 # library and headers, and the header-only cuDNN frontend, which `bash dev/setup_cudnn_frontend.sh`
 # puts in .deps/cudnn_frontend (or set CUDNN_FRONTEND_INC); Q1.15 refuses it). After switching
@@ -21,7 +22,8 @@
 
 SHELL := /bin/bash
 comma := ,
-RECIPES := bf16 fp8 nvfp4 vcast tcfp12 q115
+# the recipes, one folder each under llmc/recipes/ (a new recipe: its folder, and its name here)
+RECIPES := bf16 fp8 nvfp4 vcast tcfp12 q115 example
 
 # ---- toolchain discovery -----------------------------------------------------------------------
 CUDA_HOME ?= $(shell dirname $$(dirname $$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)))
@@ -39,7 +41,7 @@ CUDNN_FOUND := $(firstword $(wildcard $(addsuffix /libcudnn.so,$(CUDA_LIB_DIRS))
 # doctest (CPU unit tests): the system's, or a copy in .deps/doctest/doctest.h (git-ignored)
 DOCTEST_INC := $(if $(wildcard /usr/include/doctest/doctest.h),,$(if $(wildcard .deps/doctest/doctest.h),-I.deps,))
 
-ifneq ($(filter-out clean,$(MAKECMDGOALS)),)
+ifneq ($(filter-out clean print-recipes,$(MAKECMDGOALS)),)
   $(info [make] nvcc:      $(if $(filter 1,$(HAVE_NVCC)),$(NVCC) ($(shell $(NVCC) --version | grep -o 'release [0-9.]*')),not found))
   $(info [make] cuBLASLt:  $(or $(CUBLASLT_FOUND),not found))
   $(info [make] NCCL:      $(or $(NCCL_FOUND),not found: the trainers link it; install libnccl-dev or set CUDA_HOME))
@@ -108,7 +110,7 @@ ifeq ($(USE_CUDNN),1)
 endif
 
 # ---- targets -------------------------------------------------------------------------------------
-.PHONY: all test test_cpu clean
+.PHONY: all test test_cpu clean print-recipes
 all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 build/test_cpu \
      train_gpt2q115cu train_gpt2q115_constrainedcu train_gpt3q115cu train_gpt_q115_scaled \
      build/test_attention build/test_fp8 build/test_nvfp4 build/test_vcast build/test_tcfp12 \
@@ -116,10 +118,11 @@ all: $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_
      build/tcfp12_gemm_bench build/libkernel_trace.so
 
 # one binary per recipe: RECIPE_HEADER names its llmc/recipes/<name>/recipe.h, and RECIPE_DEFINES_<name> adds
-# what a recipe's own build needs (Q1.15: the seed's -DENABLE_Q115)
-Q115_DEFINES := -DRECIPE_HEADER='"llmc/recipes/q115/recipe.h"' -DENABLE_Q115 -DSF16_TRUE_FORWARD=$(SF16_TRUE_FORWARD)
+# what a recipe's own build needs (Q1.15: SF16's -DENABLE_Q115)
+Q115_DEFINES := -DRECIPE_HEADER='"llmc/recipes/q115/recipe.h"' -DRECIPE_TOLERANCES='"llmc/recipes/q115/test_tolerances.h"' -DENABLE_Q115 -DSF16_TRUE_FORWARD=$(SF16_TRUE_FORWARD)
 RECIPE_DEFINES_q115 := $(Q115_DEFINES)
-recipe_define = $(if $(RECIPE_DEFINES_$(1)),$(RECIPE_DEFINES_$(1)),-DRECIPE_HEADER='"llmc/recipes/$(1)/recipe.h"' -DRECIPE_$(shell echo $(1) | tr a-z A-Z))
+recipe_define = $(if $(RECIPE_DEFINES_$(1)),$(RECIPE_DEFINES_$(1)),-DRECIPE_HEADER='"llmc/recipes/$(1)/recipe.h"' \
+                -DRECIPE_TOLERANCES='"llmc/recipes/$(1)/test_tolerances.h"')
 $(addprefix train_gpt_,$(RECIPES)): train_gpt_%: train_gpt.cu $(HEADERS) $(CUDNN_OBJ)
 	$(NVCC) $(NVCC_FLAGS) $(call blackwell_for,$*) $(FAST_MATH) $(if $(filter bf16,$*),$(PRECISION_FLAGS)) $(call recipe_define,$*) $< $(NVCC_LDFLAGS) -o $@
 
@@ -136,7 +139,7 @@ test_gpt_%_cudnn: test_gpt.cu train_gpt.cu $(HEADERS) build/cudnn_attention.o
 build/test_attention_cudnn: dev/test/gpu/test_attention.cu dev/test/gpu/gpu_check.h $(HEADERS) build/cudnn_attention.o
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) -DENABLE_CUDNN -I. $< $(NVCC_LDFLAGS) $(if $(CUDNN_OBJ),,$(CUDNN_LINK)) -o $@
 
-# the Q1.15 recipe under the seed's target names
+# the Q1.15 recipe under SF16's target names
 train_gpt2q115cu: train_gpt.cu $(HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $(FAST_MATH) $(Q115_DEFINES) $< $(NVCC_LDFLAGS) -o $@
 train_gpt2q115_constrainedcu: train_gpt.cu $(HEADERS)
@@ -213,6 +216,10 @@ test_cpu: build/test_cpu
 # (dev/test/run_tests.sh --help lists the names; doc/testing.md).
 test:
 	$(if $(ONLY),ONLY='$(ONLY)') bash dev/test/run_tests.sh
+
+# the recipe list, for dev/test/run_tests.sh
+print-recipes:
+	@echo $(RECIPES)
 
 clean:
 	rm -rf build $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 \

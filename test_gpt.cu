@@ -29,20 +29,13 @@
 #include <set>
 #include <sstream>
 
-// the recipe's tolerances: TOL_LOGITS, TOL_LOSS, TOL_GRAD, TOL_LOSSES, TOL_NORM, TOL_KEPT_VS_RECOMPUTED
-#if defined(ENABLE_Q115)
-#include "llmc/recipes/q115/test_tolerances.h"
-#elif defined(RECIPE_FP8)
-#include "llmc/recipes/fp8/test_tolerances.h"
-#elif defined(RECIPE_TCFP12)
-#include "llmc/recipes/tcfp12/test_tolerances.h"
-#elif defined(RECIPE_VCAST)
-#include "llmc/recipes/vcast/test_tolerances.h"
-#elif defined(RECIPE_NVFP4)
-#include "llmc/recipes/nvfp4/test_tolerances.h"
-#else
-#include "llmc/recipes/bf16/test_tolerances.h"  // BF16, and the FP32 build (ENABLE_FP32)
+// the recipe's tolerances (TOL_LOGITS, TOL_LOSS, TOL_GRAD, TOL_LOSSES, TOL_NORM, TOL_KEPT_VS_RECOMPUTED), beside
+// the recipe: the Makefile names llmc/recipes/<name>/test_tolerances.h (the FP32 build: the BF16 recipe's, whose
+// header holds the FP32 bounds under ENABLE_FP32)
+#ifndef RECIPE_TOLERANCES
+#error "build with make test_gpt_<recipe>, which names the recipe's test_tolerances.h in RECIPE_TOLERANCES"
 #endif
+#include RECIPE_TOLERANCES
 
 static int g_passed = 0, g_failed = 0;
 static void check(bool ok, const std::string& what) {
@@ -156,7 +149,7 @@ static const char* REFERENCE_FLAG = "(no --boundaries)";
 #endif
 
 #if defined(ENABLE_Q115)
-// The seed's reality check on one device tensor: every element is a Q1.15 value. An FP32 tensor (the
+// The specification's reality check on one device tensor: every element is a Q1.15 value. An FP32 tensor (the
 // residual stream) must hold simulate_q115(v) exactly: k/32768 with |k| <= 32735 (|v| <= 0.999). A
 // BF16 tensor holds BF16(simulate_q115(x)): k/32768 with |k| <= 32768, equal to its own
 // BF16(simulate_q115(v)) (1.0 is where the clamp value 32735/32768 rounds to in BF16). Returns

@@ -491,10 +491,10 @@ inline std::string usage(const RecipeFlags& recipe_defaults) {
     out += "\nenvironment variables (read at start):\n"
            "  LLMC_PROFILE=1|2              per-phase GPU time at the end of the run (2: each GEMM of the BF16 linears too)\n"
            "  LLMC_TCFP12_CONCAT=0|1        tcfp12: force the two FP8 GEMMs (0) or the one K-concatenated block-scaled GEMM\n"
-           "                                (1, where built) instead of the per-shape timing (doc/tcfp12.md)\n"
+           "                                (1, where built) instead of the per-shape timing (doc/recipes/tcfp12.md)\n"
            "  LLMC_FP8_FUSED_GEMM=0|1       fp8: the MLP's fused FP8 GEMMs on Hopper (1, the default) or cuBLASLt and the\n"
-           "                                quantize passes (0; doc/recipes.md)\n"
-           "  LLMC_NVFP4_EMULATE=1          nvfp4: the emulation even where FP4 tensor cores exist (doc/nvfp4.md)\n"
+           "                                quantize passes (0; doc/recipes/fp8.md)\n"
+           "  LLMC_NVFP4_EMULATE=1          nvfp4: the emulation even where FP4 tensor cores exist (doc/recipes/nvfp4.md)\n"
            "  LLMC_CUDNN_DETERMINISTIC=0    cuDNN attention builds: cuDNN's non-deterministic backward\n";
     out += "\n";
     out += describe_models();

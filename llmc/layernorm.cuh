@@ -203,8 +203,8 @@ __global__ void fused_residual_layernorm_registers_kernel(float* residual, float
 }
 
 // which register kernel fits C (0 = none: use the generic kernels). Up to 16 float4 chunks per lane
-// (C = 2048, 64 registers of row): d36's C = 1280 and d48's 1600 took the generic kernels until
-// 2026-11-25, at ~1.7x the register kernels' time (doc/perf.md).
+// (C = 2048, 64 registers of row), so that d36's C = 1280 and d48's 1600 get them too: the generic kernels
+// re-read the row from memory, the register kernels hold it.
 inline int layernorm_chunks_per_lane(int C) {
     if (C % 4 != 0 || C > 2048) return 0;
     return (C + 127) / 128; // 1..16

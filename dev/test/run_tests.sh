@@ -26,8 +26,10 @@ REF_Q115=${REF_DIR_Q115:-dev/reference/out_q115}
 MULTI_GPU_RECIPES=${MULTI_GPU_RECIPES:-bf16 fp8 tcfp12}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
-RECIPES=(fp32 bf16 fp8 nvfp4 vcast tcfp12 q115)
-RESUME_RECIPES=(bf16 fp8 nvfp4 vcast tcfp12 q115)
+# the recipes are the Makefile's (a new recipe's folder and its name there give it these suites)
+read -ra MAKE_RECIPES <<<"$(make -s print-recipes)"
+RECIPES=(fp32 "${MAKE_RECIPES[@]}")
+RESUME_RECIPES=("${MAKE_RECIPES[@]}")
 # the kernel tests (dev/test/gpu/test_<name>.cu); TIMED ones assert that a kernel is faster than another
 KERNELS=(linear classifier gemm_wgmma fp8 nvfp4 vcast tcfp12)
 TIMED_KERNELS=(attention layernorm q115_attention)
@@ -260,7 +262,7 @@ build_flag_checks() {
     fi
     out=$("$nvcc_bin" -E -x cu -I. -DRECIPE_HEADER='"llmc/recipes/q115/recipe.h"' -DENABLE_Q115 -DSF16_TRUE_FORWARD=1 -DENABLE_CUDNN train_gpt.cu -o /dev/null 2>&1); rc=$?
     if [[ $rc -ne 0 ]] && grep -q "ENABLE_CUDNN is not supported with ENABLE_Q115" <<<"$out"; then
-        echo "[PASS] Q1.15 with cuDNN stops the build with the seed's #error"; p=$((p + 1))
+        echo "[PASS] Q1.15 with cuDNN stops the build with the specification's #error"; p=$((p + 1))
     else
         echo "[FAIL] Q1.15 with cuDNN builds"; f=$((f + 1))
     fi

@@ -31,7 +31,7 @@
 // scale; tcfp12_scale() maps it to 0.0f, so deq(W_lo) = 0 for such a group whatever its codes.
 // (The seed stores int8 exponents with -128 as the sentinel; in E8M0 terms that is 0xFF here.)
 //
-// Options (the seed's; tcfp12_validate() enforces its exclusions):
+// Options (the specification's; tcfp12_validate() enforces its exclusions):
 //   * EF   (default): the FP32 buffer EF' above is kept per weight and added before the next split.
 //          Then sum_t deq_t = T*W + EF_0 - EF_T for a fixed W, so the time-averaged effective
 //          weight converges to W at rate |EF|/T (first-order sigma-delta). Note: EF' is computed

@@ -548,8 +548,8 @@ struct Predefined {
     const char* scale; // "" = unscaled
 };
 
-// The seed's predefined datatypes (TensorCast V1). Unscaled float names parse by the grammar
-// too; they are listed so that predefined_names() covers the seed's whole list.
+// The specification's predefined datatypes (TensorCast V1). Unscaled float names parse by the grammar
+// too; they are listed so that predefined_names() covers the specification's whole list.
 inline const std::vector<Predefined>& predefined_table() {
     static const std::vector<Predefined> table = {
         // unscaled

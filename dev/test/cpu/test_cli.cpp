@@ -18,6 +18,7 @@
 #include "llmc/recipes/q115/options.h"
 #include "llmc/recipes/tcfp12/options.h"
 #include "llmc/recipes/vcast/options.h"
+#include "llmc/recipes/example/options.h"
 
 using llmc::ModelShape;
 using llmc::TrainConfig;
@@ -164,9 +165,11 @@ struct AllRecipes {
     Q115Options q115;
     Tcfp12RecipeOptions tcfp12;
     VcastRecipeOptions vcast;
+    ExampleOptions example;
     std::vector<llmc::RecipeFlags> flags() {
         return {recipe_flags("bf16", bf16), recipe_flags("fp8", fp8), recipe_flags("nvfp4", nvfp4),
-                recipe_flags("q115", q115), recipe_flags("tcfp12", tcfp12), recipe_flags("vcast", vcast)};
+                recipe_flags("q115", q115), recipe_flags("tcfp12", tcfp12), recipe_flags("vcast", vcast),
+                recipe_flags("example", example)};
     }
 };
 
@@ -323,6 +326,16 @@ TEST_CASE("cli: q115 takes -lq alone; bf16 takes no recipe flag") {
     CHECK(contains(recipe_error<Bf16Options>("bf16", {"-lq", "1"}), "not a flag of the bf16 recipe"));
     Bf16Options b;
     CHECK_NOTHROW(checked_recipe("bf16", b, {"-b", "4"}));
+}
+
+TEST_CASE("cli: the example recipe's -wf takes e4m3 or e5m2, and it keeps layers in BF16 like the others") {
+    ExampleOptions o;
+    CHECK(o.weight_format == "e4m3");
+    CHECK_NOTHROW(checked_recipe("example", o, {"-wf", "e5m2", "-sqf", "1"}));
+    CHECK(o.weight_format == "e5m2");
+    CHECK(o.skip_first == 1);
+    CHECK(contains(recipe_error<ExampleOptions>("example", {"-wf", "e3m4"}), "-wf e3m4: the weight format must be e4m3 or e5m2"));
+    CHECK(contains(recipe_error<ExampleOptions>("example", {"-fh", "1"}), "not a flag of the example recipe"));
 }
 
 TEST_CASE("cli: values may start with '-', empty strings are allowed, the last repeat wins") {

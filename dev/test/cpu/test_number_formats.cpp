@@ -295,7 +295,7 @@ TEST_CASE("number formats: subnormal edge cases") {
     CHECK(llmc::fp8e4m3_encode(7.5f * e4_min, Overflow::Saturate) == 0x08);   // tie 7|8 -> min normal
     CHECK(llmc::fp8e4m3_encode(1e-30f, Overflow::Saturate) == 0x00);
     CHECK(llmc::fp8e4m3_encode(-1e-30f, Overflow::Saturate) == 0x80);
-    CHECK(llmc::fp8e4m3_encode(1e-7f, Overflow::Saturate) == 0x00);            // seed 003 flush level
+    CHECK(llmc::fp8e4m3_encode(1e-7f, Overflow::Saturate) == 0x00);            // below half the smallest subnormal: flushed to zero
     CHECK(llmc::fp8e4m3_encode(std::ldexp(1.0f, -140), Overflow::Saturate) == 0x00); // float subnormal in
     // E5M2: smallest subnormal 2^-16
     const float e5_min = std::ldexp(1.0f, -16);

@@ -736,7 +736,7 @@ TEST_CASE("tcfp12: matrix layout: row-major codes, one scale per block of a row,
     CHECK(llmc::tcfp12_num_groups(R, C, 32) == R * C / 32);
 }
 
-TEST_CASE("tcfp12: options: the seed's exclusions are rejected with a message naming the flags") {
+TEST_CASE("tcfp12: options: the specification's exclusions are rejected with a message naming the flags") {
     using llmc::tcfp12_validate;
     Tcfp12Options o;
     CHECK(tcfp12_validate(o) == "");

@@ -108,7 +108,7 @@ const RefFormat kSmallFormats[] = {
 // =============================================================================================
 // Parsing
 
-TEST_CASE("vcast parse: the seed's predefined datatypes") {
+TEST_CASE("vcast parse: the specification's predefined datatypes") {
     struct Want {
         const char* name;
         NumKind kind;
@@ -233,7 +233,7 @@ TEST_CASE("vcast parse: the seed's predefined datatypes") {
     // E8M0 scale: exponents -127..127 (code 255 is NaN)
     CHECK(parse_datatype("mxfp4e2").scale.scale.emin == -127);
     CHECK(parse_datatype("mxfp4e2").scale.scale.emax == 127);
-    // midmax: midway between max and 2^(emax+1) (the seed's definition)
+    // midmax: midway between max and 2^(emax+1) (the specification's definition)
     const NumberSpec e4 = parse_datatype("mxfp8e4").num;
     CHECK(e4.emax == 8);
     CHECK(e4.midmax == 480.0f);

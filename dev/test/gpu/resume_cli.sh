@@ -41,8 +41,8 @@ fi
 # a checkpoint of another recipe: refused, unless -cr 1 asks for the conversion
 other=""
 case "$(basename "$TRAINER")" in
-    *_fp8|*_nvfp4|*_vcast|*_tcfp12|*_q115) other=$(dirname "$TRAINER")/train_gpt_bf16 ;;
     *_bf16) other=$(dirname "$TRAINER")/train_gpt_fp8 ;;
+    *) other=$(dirname "$TRAINER")/train_gpt_bf16 ;;
 esac
 if [[ -n "$other" && -x "$other" ]]; then
     cp -r "$work/b" "$work/c"
@@ -128,7 +128,7 @@ if [[ "$(basename "$TRAINER")" == *_tcfp12 ]]; then
     [[ $rc -ne 0 ]] && grep -q -- "-tabd" <<<"$out" && ok "resuming with another -tabd is refused, naming it" \
         || bad "resume with -tabd 1 not refused (exit $rc): $(tail -n 2 <<<"$out")"
     out=$("$TRAINER" -tsrr 1 -tpdds 1 2>&1); rc=$?
-    [[ $rc -ne 0 ]] && grep -q "mutually exclusive" <<<"$out" && ok "-tsrr 1 -tpdds 1 is refused (the seed's exclusion)" \
+    [[ $rc -ne 0 ]] && grep -q "mutually exclusive" <<<"$out" && ok "-tsrr 1 -tpdds 1 is refused (the specification's exclusion)" \
         || bad "-tsrr 1 -tpdds 1 accepted (exit $rc)"
     # resume is bit-exact under the other options too: per block with PDDS (state per group), SRR, and
     # per tensor with ABD, FP8 wgrad and fast accumulation (no W_lo^T under ABD)

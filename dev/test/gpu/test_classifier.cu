@@ -4,10 +4,9 @@
 // 1,000 to 70,000, GPT-2's padded one among them. Both forms of the kernel where the row fits the staged one:
 // each against float64, and the two bit for bit against each other. Then their time at one d12 micro-step chunk
 // (8192 rows of 50,304 logits), with the bandwidth they reach (each logit read once from DRAM and written once).
-// (2026-11-28, H200: the unstaged form 0.576 ms, 2.86 TB/s. A version holding the row in registers, one read
-// of it instead of two, gave the same bits but took 0.625 ms: 63 registers x 1024 threads left one CTA an SM
-// where the two-pass kernel has two; branch wip/classifier-registers. The staged form holds the row in shared
-// memory instead, two CTAs an SM.)
+// (Holding the row in registers, one read of it instead of two, gives the same bits but needs 63 registers x
+// 1024 threads, which leaves one CTA an SM where the two-pass kernel has two; the staged form holds the row in
+// shared memory instead, two CTAs an SM.)
 #include "dev/test/gpu/gpu_check.h"
 #include "llmc/fused_classifier.cuh"
 #include <cmath>

@@ -1,11 +1,11 @@
-// test_q115_attention.cu: the Q1.15 recipe's attention (seed 002, 4.2) in the fused flash kernels
+// test_q115_attention.cu: the Q1.15 recipe's attention (SF16's score and probability boundaries) in the fused flash kernels
 // (llmc/flash_attention.cuh under Q115Boundaries), checked against
-//   - a float64 CPU computation of the seed's attention: the score q.k stored in BF16 and read through
+//   - a float64 CPU computation of the specification's attention: the score q.k stored in BF16 and read through
 //     simulate_q131 then simulate_q115, times 1/sqrt(HS); the softmax; each probability stored as
 //     BF16(simulate_q115(p)); att @ v stored in BF16, then simulate_q131 and simulate_q115; the
 //     backward straight through every boundary, from the stored probabilities;
 //   - the materialized path (llmc/attention.cuh), same inputs;
-//   - the seed's reality check: every stored probability and output element is k/32768;
+//   - the specification's reality check: every stored probability and output element is k/32768;
 //   - the telemetry: how many values each hook sees, and how many scores it finds clamped.
 // Two input regimes: trainer-like (q, k, v spread over the whole Q1.15 range: most raw scores clamp
 // at +-0.999, as in true-forward training) and small queries (scores mostly inside the range).
@@ -156,7 +156,7 @@ static double rel_l2_gpu(const std::vector<floatX>& a, const std::vector<floatX>
     return rel_l2(a, stride, col0, bd, rows, cols);
 }
 
-// the seed's reality check on one stored BF16 value: k/32768, |v| <= 1, BF16(simulate_q115(v)) == v
+// the specification's reality check on one stored BF16 value: k/32768, |v| <= 1, BF16(simulate_q115(v)) == v
 static bool is_q115_value(float v) {
     const double k = (double)v * 32768.0;
     return std::isfinite(v) && k == std::nearbyint(k) && std::fabs(v) <= 1.0f &&
@@ -356,12 +356,10 @@ static void time_case(int B, int NH, int T, int HS) {
     printf("  Q1.15 flash, counting (-lq step) forward %8.3f\n", c_fwd);
     printf("  plain flash (BF16)  %8.3f %8.3f %8.3f\n", p_fwd, p_bwd, p_fwd + p_bwd);
     printf("  Q1.15 materialized  %8.3f %8.3f %8.3f\n", m_fwd, m_bwd, m_fwd + m_bwd);
-    // The counting forward is its own instantiation (flash_attention.cuh: the ordinary one carries no
-    // counting code), and its cost is the counting's own. H100, against the uncounted forward: one
-    // counter per boundary ~20x, 64 slots 4.8x, 4096 slots 2.5x while the uncounted forward took
-    // 2.9 ms, 7.7x once it took 0.75 ms (2026-11-25) with a warp vote and atomics per score; 2.8x since
-    // each thread tallies its scores and probabilities in registers and commits them once (Bd::Tally).
-    // The bound catches a return of per-value atomics.
+    // The counting forward is its own instantiation (the ordinary one carries no counting code), and its cost
+    // is the counting's own: each thread tallies its scores and probabilities in registers and commits them
+    // once (Bd::Tally). Per-value atomics on shared counters cost several times the uncounted forward; the
+    // bound catches a return of them.
     check(c_fwd < 4.0 * q_fwd, "B=%d NH=%d T=%d HS=%d: the forward with the telemetry counters on takes %.2fx the forward "
           "without (bound 4x)", B, NH, T, HS, c_fwd / q_fwd);
     check(q_fwd + q_bwd < m_fwd + m_bwd, "B=%d NH=%d T=%d HS=%d: Q1.15 flash faster than Q1.15 materialized (%.2fx)", B,

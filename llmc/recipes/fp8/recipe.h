@@ -560,7 +560,7 @@ inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* 
     }
     // The GELU derivative is a separate pass, not cuBLASLt's DGELU epilogue: with FP8 operands that
     // epilogue makes the fc projection's dgrad several times slower than the other three dgrads
-    // together (doc/perf.md).
+    // together (doc/results.md).
     if (!matmul_fp8(dinp, false, wt, dy, nullptr, C, N, OC, 0.0f, false, st)) {
         fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the input gradient (m=%d n=%d k=%d)\n", C, N, OC);
         exit(1);

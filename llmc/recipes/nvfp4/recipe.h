@@ -31,7 +31,7 @@
 //
 // Which layers: the four linears of layers [-sqf, L - -sql); embeddings, LM head, attention and
 // norms stay BF16. Default: the last ceil(15% of L) layers in BF16 (2 of 12 at d12; NVIDIA keeps
-// about the last 15% of layers in higher precision), the first none (doc/nvfp4.md has the runs).
+// about the last 15% of layers in higher precision), the first none (doc/recipes/nvfp4.md).
 //
 // Cost per linear and micro-step: x is read 3 times (amax, quantize for forward, quantize for
 // wgrad) and written twice; dy is read twice (amax, one quantize for both directions) and written

@@ -40,7 +40,7 @@
 //                               branch scales 0.65 / 0.75 (the boundaries stay)
 //   Q115_CONSTRAIN_WEIGHTS=1    the optimizer keeps every parameter inside the Q1.15 range: the master
 //                               weight is clamped to +-0.999 after each AdamW step (and at init/load)
-//   Q115_RANGE_SCALES=1         NOT plain SF16: the fix doc/q115.md proposes for true-forward's
+//   Q115_RANGE_SCALES=1         NOT plain SF16: the fix doc/recipes/q115.md proposes for true-forward's
 //                               failure to train. Each boundary b stores s_b * simulate_q115(x / s_b)
 //                               with a fixed power-of-two range s_b (q115_range below): a 16-bit fixed
 //                               point value with log2(s_b) integer bits (Q4.11 for s_b = 16), so that
@@ -447,7 +447,7 @@ inline void q115_self_check() {
     }
     printf("-Q 115: Q1.15 boundaries verified on the device: %d hooks x 65536 BF16 inputs bit-exact against the CPU "
            "codec (SF16_TRUE_FORWARD=%d%s)\n", Q115_NUM_HOOKS, SF16_TRUE_FORWARD,
-           Q115_RANGE_SCALES ? ", Q115_RANGE_SCALES=1: not the seed's SF16" : "");
+           Q115_RANGE_SCALES ? ", Q115_RANGE_SCALES=1: not SF16 as specified" : "");
 }
 
 inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T,
@@ -469,7 +469,7 @@ inline std::string recipe_describe(const Recipe&) {
                   "GEMMs and backward%s",
                   SF16_TRUE_FORWARD ? "true-forward" : "legacy", Q115_LOGIT_SCALE, Q115_ATTENTION_RESIDUAL_SCALE,
                   Q115_MLP_RESIDUAL_SCALE, Q115_CONSTRAIN_WEIGHTS ? ", weights constrained to +-0.999" : "",
-                  Q115_RANGE_SCALES ? ", RANGE-SCALED boundaries (not the seed's SF16: doc/q115.md)" : "",
+                  Q115_RANGE_SCALES ? ", RANGE-SCALED boundaries (not SF16 as specified: doc/recipes/q115.md)" : "",
                   q115_fused_gemm && gemm_wgmma::available() ? "; qkv/fc quantized in the GEMM epilogue (gemm_wgmma)" : "");
 }
 // (nothing random, nothing that the processes of a data-parallel run must combine, no state beyond the

@@ -17,7 +17,7 @@
 // The split runs once per optimizer step (recipe_weights_changed), on the BF16 weights the BF16
 // recipe's GEMMs would read, with the options -tb (per tensor, or per block of 32/64/128 along K),
 // -tef (error feedback, default), -tsrr (stochastic W_lo instead of EF), -tpdds (EMA W_hi scale,
-// predicted W_lo scale); tcfp12_validate enforces the seed's exclusions.
+// predicted W_lo scale); tcfp12_validate enforces the exclusions TCFP-12 specifies.
 //
 // GEMMs. Per tensor (-tb 0, the default): cuBLASLt FP8 GEMMs with the power-of-two scales as the
 // operands' scale factors; W^T codes for dgrad are transposed once per split (Hopper's FP8 GEMMs
@@ -29,7 +29,7 @@
 // operand (cuBLASLt's block-scaled modes are 1x128/128x128 FP32 scales, not 32/64 E8M0), so the
 // block modes are emulated exactly: deq(W_hi), deq(W_lo) and the quantized x / dy are written as
 // BF16 (exact: at most 4 significant bits each), and BF16 GEMMs form the same products (up to
-// FP32 accumulation order). Correct numbers, BF16 speed or below: doc/tcfp12.md.
+// FP32 accumulation order). Correct numbers, BF16 speed or below: doc/recipes/tcfp12.md.
 //
 // Speculative fresh scales (training with FP8 codes, not on -lq steps; LLMC_TCFP12_SPECULATE=0 turns them
 // off). A fresh scale needs the tensor's amax before any code is written: where the kernel that made the
