@@ -111,9 +111,10 @@ if [[ ! -f dev/data/tinyshakespeare/tiny_shakespeare_val.bin || ! -f dev/data/gp
     fi
 fi
 
-# ---- phase 1: the build, the cuDNN build and the reference, side by side --------------------------------
+# ---- phase 1: the build (and the cuDNN build beside it), then the reference -------------------------------
 # The reference is rewritten only when its files are missing or the scripts that write it changed (a stamp
-# file beside it holds their hash).
+# file beside it holds their hash). It is written after the build, not beside it: PyTorch's float64 CPU work
+# and a make -j(nproc) over-subscribe the cores and slow each other down several times over.
 write_reference() { # $1 = directory, $2... = extra arguments
     local dir=$1; shift
     local stamp
@@ -130,14 +131,6 @@ for id in "${runnable[@]}"; do
     [[ $id == gpt_* || $id == resume_* ]] && needs_ref=1
     [[ $id == gpt_q115 ]] && needs_ref_q115=1
 done
-ref_pids=()
-if [[ $needs_ref == 1 ]]; then
-    (write_reference "$REF" > "$tmp/ref.log" 2>&1; echo $? > "$tmp/ref.rc") & ref_pids+=($!)
-fi
-if [[ $needs_ref_q115 == 1 ]]; then
-    (write_reference "$REF_Q115" --boundaries q115 > "$tmp/ref_q115.log" 2>&1; echo $? > "$tmp/ref_q115.rc") & ref_pids+=($!)
-fi
-
 # the optional cuDNN attention (make USE_CUDNN=1 / train_gpt_<recipe>_cudnn): it must keep building. It needs
 # the cuDNN frontend headers (dev/setup_cudnn_frontend.sh fetches them once from PyPI) and cuDNN; a missing
 # cuDNN stops make while it reads the Makefile, so this is a make of its own.
@@ -159,6 +152,16 @@ if [[ ${#build[@]} -gt 0 ]]; then
     make -s -k -j"$JOBS" "${build[@]}" > "$tmp/build.log" 2>&1 || { grep -E 'error|Error' "$tmp/build.log" | head -n 20; }
 fi
 built() { make -s -q "$@" > /dev/null 2>&1; }
+# the two references side by side, each with half the cores; the suites that need no reference start meanwhile
+ref_pids=()
+ref_threads=$(( (JOBS + 1) / 2 ))
+if [[ $needs_ref == 1 ]]; then
+    (OMP_NUM_THREADS=$ref_threads write_reference "$REF" > "$tmp/ref.log" 2>&1; echo $? > "$tmp/ref.rc") & ref_pids+=($!)
+fi
+if [[ $needs_ref_q115 == 1 ]]; then
+    (OMP_NUM_THREADS=$ref_threads write_reference "$REF_Q115" --boundaries q115 > "$tmp/ref_q115.log" 2>&1
+     echo $? > "$tmp/ref_q115.rc") & ref_pids+=($!)
+fi
 
 # ---- the suites: each writes its log, ending with "<name>: N passed, N failed" or a "skipped: ..." line -----
 # the numbers of a doctest or unittest run as one summary line
@@ -340,11 +343,17 @@ wait_refs() {
         [[ "$(cat "$tmp/$r.rc")" == 0 ]] || { echo "== writing the reference ($r) failed"; failed=$((failed + 1)); }
     done
 }
+# the suites that read the reference (the model tests and the resume scripts) start once it is written; the
+# others first, so that they run while it is
+needs_reference() { [[ $1 == gpt_* || $1 == resume_* ]]; }
+start_order=()
+for id in "${order[@]}"; do needs_reference "$id" || start_order+=("$id"); done
+for id in "${order[@]}"; do needs_reference "$id" && start_order+=("$id"); done
 running_gpu=()
-for id in "${order[@]}"; do
+for id in "${start_order[@]}"; do
     [[ ${serial[$id]} == 1 ]] && continue
+    needs_reference "$id" && wait_refs
     if [[ ${gpu[$id]} == 1 ]]; then
-        wait_refs
         # at most GPU_JOBS GPU suites at once
         while :; do
             alive=(); for j in "${running_gpu[@]}"; do [[ -f "$tmp/$j.rc" ]] || alive+=("$j"); done
