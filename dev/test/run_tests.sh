@@ -43,7 +43,8 @@ suite() { # id "tags" gpu(0/1) "make targets" [serial]
 suite cpu_unit "cpu unit" 0 "build/test_cpu"
 suite python "cpu py" 0 ""
 suite build_flags "cpu q115 nvfp4" 0 ""
-suite bad_input "cpu" 0 "train_gpt_bf16"
+# (every recipe's trainer: the trainer's own checks, and each recipe's checks of its flags)
+suite bad_input "cpu" 0 "$(printf 'train_gpt_%s ' "${MAKE_RECIPES[@]}")"
 for r in "${RECIPES[@]}"; do suite "gpt_$r" "gpu gpt $r" 1 "test_gpt_$r"; done
 for k in "${KERNELS[@]}"; do suite "kernel_$k" "gpu kernels $k" 1 "build/test_$k"; done
 for r in "${RESUME_RECIPES[@]}"; do
@@ -191,7 +192,18 @@ run_suite() { # $1 = id
         done
         echo "python tools: $p passed, $f failed" ;;
     build_flags) build_flag_checks ;;
-    bad_input) bash dev/test/cpu/bad_input.sh ./train_gpt_bf16 ;;
+    bad_input)
+        p=0; f=0
+        for r in "${MAKE_RECIPES[@]}"; do
+            bash dev/test/cpu/bad_input.sh "./train_gpt_$r" > "$tmp/bad_one.log" 2>&1; rc=$?
+            line=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$tmp/bad_one.log" | tail -n 1)
+            n=$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<<"$line"); m=$(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<<"$line")
+            [[ -z "$line" || ( $rc -ne 0 && "${m:-0}" -eq 0 ) ]] && m=$(( ${m:-0} + 1 ))
+            if [[ "${m:-1}" -eq 0 ]]; then echo "[PASS] train_gpt_$r: ${n:-0} bad inputs refused"
+            else grep -E '^\[FAIL' "$tmp/bad_one.log"; echo "[FAIL] train_gpt_$r: ${m} bad-input cases failed"; fi
+            p=$((p + ${n:-0})); f=$((f + ${m:-0}))
+        done
+        echo "bad-input tests: $p passed, $f failed" ;;
     cudnn) cudnn_checks ;;
     gpt_bf16_cudnn)
         while [[ ! -f "$tmp/cudnn_build.rc" ]]; do sleep 1; done

@@ -79,6 +79,7 @@ case "$recipe" in
     tcfp12)
         expect_error "tcfp12: SRR with PDDS" "mutually exclusive" -tsrr 1 -tpdds 1
         expect_error "tcfp12: bad block size" "-tb 48" -tb 48 ;;
+    example) expect_error "example: unknown weight format" "-wf e3m4: the weight format must be e4m3 or e5m2" "${base[@]}" -wf e3m4 ;;
 esac
 other_flag=-fh; [[ "$recipe" == fp8 ]] && other_flag=-tb
 expect_error "a flag of another recipe" "unknown flag '$other_flag': not a flag of the $recipe recipe (train_gpt_$recipe -h lists them)" \
