@@ -13,18 +13,18 @@
 # Offline, point LLMC_SHARED_DATA at a folder with tinyshakespeare.txt, encoder.json and vocab.bpe.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${1:-gpu_run}; mkdir -p "$OUT"
-LOGS=$OUT/logs; mkdir -p "$LOGS"
+DIR=${1:-gpu_run}; mkdir -p "$DIR"
+LOGS=$DIR/logs; mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 RECIPES=${RECIPES:-bf16 fp8 nvfp4}
 LOSS_STEPS=${LOSS_STEPS:-0}
 LQ=${LQ:-100}
 BENCH_SIZES=${BENCH_SIZES-d12}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader; date -u
-echo "== build"; time make -j"$(nproc)" ${BUILD_TARGETS:-all} > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-python3 dev/data/tinyshakespeare.py > "$OUT/data.log" 2>&1 || tail -3 "$OUT/data.log"
+echo "== build"; time make -j"$(nproc)" ${BUILD_TARGETS:-all} > "$DIR/build.log" 2>&1 || { tail -30 "$DIR/build.log"; exit 1; }
+python3 dev/data/tinyshakespeare.py > "$DIR/data.log" 2>&1 || tail -3 "$DIR/data.log"
 if [[ "${TESTS:-1}" == 1 ]]; then
-    echo "== make test"; timeout 420 make test 2>&1 | tee "$OUT/test.log" | grep -E "FAIL|== |tests:|skipped|error" | grep -v "^\[PASS" | tail -30
+    echo "== make test"; timeout 420 make test 2>&1 | tee "$DIR/test.log" | grep -E "FAIL|== |tests:|skipped|error" | grep -v "^\[PASS" | tail -30
 fi
 if [[ "$LOSS_STEPS" -gt 0 ]]; then
     if [[ -z "${LOSS_RUNS:-}" ]]; then LOSS_RUNS=""; for r in $RECIPES; do LOSS_RUNS+="$r:$r:;"; done; fi
@@ -38,20 +38,20 @@ if [[ "$LOSS_STEPS" -gt 0 ]]; then
         # shellcheck disable=SC2086
         timeout 300 "./train_gpt_$r" -x "$LOSS_STEPS" -s 0 -o "$LOGS/loss_$name" "${extra[@]}" $flags > "$LOGS/loss_$name.out" 2>&1
         grep -E "average|error" "$LOGS/loss_$name.out"
-        cp "$LOGS/loss_$name/main.log" "$OUT/loss_$name.log" 2>/dev/null
+        cp "$LOGS/loss_$name/main.log" "$DIR/loss_$name.log" 2>/dev/null
     done
 fi
-: > "$OUT/profile.log"
+: > "$DIR/profile.log"
 # (a synthetic shard: a 524,288-token step needs one shard of at least that many tokens, more than
 # tiny-shakespeare's training split has)
 [[ "${PROFILE:-1}" == 1 ]] && python3 -c "import sys; sys.path.insert(0, 'dev/bench'); import bench; bench.write_shard('$LOGS/synthetic.bin', 4200000)"
 [[ "${PROFILE:-1}" == 1 ]] && for r in $RECIPES; do
-    echo "== per-phase profile: $r, d12 B=64 T=1024" | tee -a "$OUT/profile.log"
+    echo "== per-phase profile: $r, d12 B=64 T=1024" | tee -a "$DIR/profile.log"
     LLMC_PROFILE=1 timeout 120 "./train_gpt_$r" -i "$LOGS/synthetic.bin" -j "" -b 64 -t 1024 -d 524288 -x 8 -v 0 -s 0 > "$LOGS/profile_$r.log" 2>&1
-    sed -n '/per-phase/,$p' "$LOGS/profile_$r.log" | tee -a "$OUT/profile.log" | grep -E "total|average"
+    sed -n '/per-phase/,$p' "$LOGS/profile_$r.log" | tee -a "$DIR/profile.log" | grep -E "total|average"
 done
 for size in $BENCH_SIZES; do
     echo "== bench: $size against the torch.compile peer"
-    timeout 400 python3 dev/bench/bench.py --sizes "$size" --no-build --out "$OUT/bench_$size.md" > "$LOGS/bench_$size.out" 2>&1
+    timeout 400 python3 dev/bench/bench.py --sizes "$size" --no-build --out "$DIR/bench_$size.md" > "$LOGS/bench_$size.out" 2>&1
     grep -E "^\| $size" "$LOGS/bench_$size.out" || tail -5 "$LOGS/bench_$size.out"
 done
