@@ -107,6 +107,7 @@
 #include "gelu.cuh"
 #include "formats/fp8_quantize.cuh"
 #include "layernorm.cuh"
+#include "flash_attention.cuh"
 #include "checkpoint.h"
 #include "profiler.h"
 #include "boundaries.h"
@@ -395,10 +396,6 @@ inline SiteTarget recipe_site_again(R&, RecipeSite, LinearId, cudaStream_t) { re
 // Whether the site's kernel can write codes for an operand of `cols` columns (LayerNorm sites: the model's
 // channels) and heads of head_size (attention sites): the kernels' own checks, layernorm.cuh and
 // flash_attention.cuh
-#if !defined(ENABLE_FP32)
-inline bool flash_attention_forward_gives_fp8(int HS);  // (flash_attention.cuh, which the model includes)
-inline bool flash_attention_backward_gives_fp8(int HS);
-#endif
 inline bool site_kernel_writes_codes(RecipeSite site, int cols, int head_size) {
     (void)head_size;
     switch (site) {
