@@ -10,7 +10,7 @@
 // breaking old readers, and checksummed because a silently corrupt optimizer state would ruin a run
 // without any visible error. Layout (little-endian, as the hosts we run on):
 //   offset  0  uint32  magic 20241122
-//           4  uint32  version 1
+//           4  uint32  version 2 (version 1, still read, differs only in its checksum: FNV-1a 64)
 //           8  int64   step
 //          16  int32   process_rank
 //          20  int32   num_processes
@@ -18,7 +18,7 @@
 //          56  uint32  num_sections
 //          60  uint32  reserved (0)
 //   then num_sections times: char[32] name (zero-padded), uint64 byte length, the bytes
-//   then uint64 FNV-1a 64 of every byte before it.
+//   then uint64 XXH64 (seed 0) of every byte before it.
 //
 // Every file is written atomically (PATH.tmp, fsync, rename), so a crash mid-write never leaves a
 // half-written file under the real name. A checkpoint of step S is complete only once DONE_S exists;
@@ -51,7 +51,8 @@ constexpr int32_t kModelVersionBf16 = 5;
 constexpr size_t kModelHeaderBytes = 1024;  // 256 int32
 
 constexpr uint32_t kStateMagic = 20241122;
-constexpr uint32_t kStateVersion = 1;
+constexpr uint32_t kStateVersion = 2;          // written; 1 and 2 are read
+constexpr uint32_t kStateVersionFnv = 1;       // the first version: an FNV-1a checksum
 constexpr size_t kStateHeaderBytes = 64;
 constexpr size_t kStateNameBytes = 32;          // recipe and section names
 constexpr size_t kStateSectionHeaderBytes = 40; // name + uint64 length
@@ -122,8 +123,10 @@ inline void write_file_atomic(const std::string& path, const std::vector<Chunk>&
     fsync_parent_dir(path);
 }
 
-// FNV-1a, 64-bit. Simple and dependency-free; it guards against torn or bit-rotted files, not against
-// deliberate tampering.
+// The state file's checksum guards against torn or bit-rotted files, not against deliberate tampering.
+//
+// FNV-1a 64 (version 1): one xor and one multiply per byte, each depending on the one before, so it runs
+// at about a byte per four cycles: seconds per gigabyte, and a large model's state is tens of gigabytes.
 constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ULL;
 constexpr uint64_t kFnvPrime = 0x100000001b3ULL;
 inline uint64_t fnv1a(uint64_t h, const void* data, size_t bytes) {
@@ -133,6 +136,80 @@ inline uint64_t fnv1a(uint64_t h, const void* data, size_t bytes) {
         h *= kFnvPrime;
     }
     return h;
+}
+
+// XXH64 (version 2), the xxHash family's 64-bit hash, fed in pieces. It reads 32-byte stripes as four
+// independent 64-bit lanes, so the four multiply chains overlap and it keeps up with memory. Per lane:
+// acc = rotl(acc + word * P2, 31) * P1. After the stripes, the lanes are folded into one value, the
+// remaining 0-31 bytes are mixed in 8, 4 and 1 at a time, and a final avalanche spreads every bit.
+// Same value as the reference implementation's XXH64(data, length, seed 0), whatever the pieces.
+class Xxh64 {
+public:
+    void update(const void* data, size_t bytes) {
+        const unsigned char* p = static_cast<const unsigned char*>(data);
+        total_ += bytes;
+        if (held_ > 0) {  // complete the stripe begun by an earlier piece
+            size_t take = std::min(bytes, sizeof(stripe_) - held_);
+            std::memcpy(stripe_ + held_, p, take);
+            held_ += take; p += take; bytes -= take;
+            if (held_ < sizeof(stripe_)) return;
+            consume_stripe(stripe_);
+            held_ = 0;
+        }
+        for (; bytes >= sizeof(stripe_); p += sizeof(stripe_), bytes -= sizeof(stripe_)) consume_stripe(p);
+        std::memcpy(stripe_, p, bytes);
+        held_ = bytes;
+    }
+
+    uint64_t digest() const {
+        uint64_t h;
+        if (total_ >= sizeof(stripe_)) {
+            h = rotl(lane_[0], 1) + rotl(lane_[1], 7) + rotl(lane_[2], 12) + rotl(lane_[3], 18);
+            for (uint64_t v : lane_) h = (h ^ round(0, v)) * kP1 + kP4;
+        } else {
+            h = kP5;  // (seed 0 + P5)
+        }
+        h += total_;
+        const unsigned char* p = stripe_;
+        size_t left = held_;
+        for (; left >= 8; p += 8, left -= 8) h = rotl(h ^ round(0, load64(p)), 27) * kP1 + kP4;
+        if (left >= 4) {
+            uint32_t w;
+            std::memcpy(&w, p, 4);
+            h = rotl(h ^ (uint64_t)w * kP1, 23) * kP2 + kP3;
+            p += 4; left -= 4;
+        }
+        for (; left > 0; p++, left--) h = rotl(h ^ (uint64_t)*p * kP5, 11) * kP1;
+        h ^= h >> 33; h *= kP2;
+        h ^= h >> 29; h *= kP3;
+        h ^= h >> 32;
+        return h;
+    }
+
+private:
+    static constexpr uint64_t kP1 = 0x9E3779B185EBCA87ULL, kP2 = 0xC2B2AE3D27D4EB4FULL, kP3 = 0x165667B19E3779F9ULL,
+                              kP4 = 0x85EBCA77C2B2AE63ULL, kP5 = 0x27D4EB2F165667C5ULL;
+    static uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+    static uint64_t round(uint64_t acc, uint64_t word) { return rotl(acc + word * kP2, 31) * kP1; }
+    static uint64_t load64(const unsigned char* p) {
+        uint64_t w;
+        std::memcpy(&w, p, 8);  // little-endian, as the hosts we run on
+        return w;
+    }
+    void consume_stripe(const unsigned char* p) {
+        for (int i = 0; i < 4; i++) lane_[i] = round(lane_[i], load64(p + 8 * i));
+    }
+    // the lanes' starting values for seed 0
+    uint64_t lane_[4] = {kP1 + kP2, kP2, 0, 0 - kP1};
+    unsigned char stripe_[32];
+    size_t held_ = 0;
+    uint64_t total_ = 0;
+};
+
+inline uint64_t xxh64(const void* data, size_t bytes) {
+    Xxh64 h;
+    h.update(data, bytes);
+    return h.digest();
 }
 
 inline void put_name(unsigned char* dst, const std::string& name) {
@@ -376,8 +453,9 @@ public:
             chunks.push_back({sh, kStateSectionHeaderBytes});
             chunks.push_back({sections_[i].data, sections_[i].bytes});
         }
-        uint64_t sum = ckpt_detail::kFnvOffset;
-        for (const ckpt_detail::Chunk& c : chunks) sum = ckpt_detail::fnv1a(sum, c.data, c.bytes);
+        ckpt_detail::Xxh64 hash;
+        for (const ckpt_detail::Chunk& c : chunks) hash.update(c.data, c.bytes);
+        const uint64_t sum = hash.digest();
         chunks.push_back({&sum, 8});
         ckpt_detail::write_file_atomic(path, chunks);
     }
@@ -424,15 +502,18 @@ public:
         uint32_t magic, version, count;
         std::memcpy(&magic, &buf_[0], 4);
         if (magic != kStateMagic) input_error("%s is not a state file (magic number %u, expected %u)", p, magic, kStateMagic);
-        // The checksum comes before every other field: a flipped bit in the version or a length
-        // should be reported as corruption, not as a confusing "unsupported version".
+        // The version says which checksum to verify; the checksum then comes before every other field, so
+        // a flipped bit in a length is reported as corruption. A version neither writer used is corruption
+        // as likely as a newer format.
+        std::memcpy(&version, &buf_[4], 4);
+        if (version != kStateVersion && version != kStateVersionFnv)
+            input_error("%s is corrupt or of a newer format (state file version %u; this build reads versions %u and %u)",
+                        p, version, kStateVersionFnv, kStateVersion);
         uint64_t stored;
         std::memcpy(&stored, &buf_[buf_.size() - 8], 8);
-        if (ckpt_detail::fnv1a(ckpt_detail::kFnvOffset, buf_.data(), buf_.size() - 8) != stored)
-            input_error("%s is corrupt (checksum mismatch)", p);
-        std::memcpy(&version, &buf_[4], 4);
-        if (version != kStateVersion)
-            input_error("%s has unsupported state file version %u (this build reads version %u)", p, version, kStateVersion);
+        const uint64_t sum = version == kStateVersionFnv ? ckpt_detail::fnv1a(ckpt_detail::kFnvOffset, buf_.data(), buf_.size() - 8)
+                                                         : ckpt_detail::xxh64(buf_.data(), buf_.size() - 8);
+        if (sum != stored) input_error("%s is corrupt (checksum mismatch)", p);
         int32_t rank, nprocs;
         std::memcpy(&step_, &buf_[8], 8);
         std::memcpy(&rank, &buf_[16], 4);

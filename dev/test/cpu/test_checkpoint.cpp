@@ -358,6 +358,59 @@ TEST_CASE("checkpoint: state file round trip") {
     CHECK_FALSE(r0.has("m"));
 }
 
+TEST_CASE("checkpoint: the state file checksum is XXH64, whatever the pieces it is fed in") {
+    // XXH64 with seed 0 of these inputs, as the reference implementation (the xxhash package) computes it
+    std::string digits;
+    for (int i = 0; i < 7; i++) digits += "0123456789";
+    std::string bytes;
+    for (int i = 0; i < 3; i++) for (int b = 0; b < 256; b++) bytes.push_back((char)b);
+    bytes += "xyz";
+    const struct { std::string text; uint64_t want; } cases[] = {
+        {"", 0xef46db3751d8e999ULL}, {"a", 0xd24ec4f1a98c6e5bULL}, {"abc", 0x44bc2cf5ad770999ULL},
+        {digits, 0x4916a0f3f0e1c781ULL}, {bytes, 0xe921a1b45bd779f8ULL}};
+    for (const auto& c : cases) {
+        CAPTURE(c.text.size());
+        CHECK(llmc::ckpt_detail::xxh64(c.text.data(), c.text.size()) == c.want);
+        // fed in pieces of every size from 1 to 40 bytes: the same value
+        for (size_t piece = 1; piece <= 40; piece++) {
+            llmc::ckpt_detail::Xxh64 h;
+            for (size_t at = 0; at < c.text.size(); at += piece) h.update(c.text.data() + at, std::min(piece, c.text.size() - at));
+            CHECK(h.digest() == c.want);
+        }
+    }
+}
+
+TEST_CASE("checkpoint: a version 1 state file (FNV-1a checksum) still reads") {
+    TempDir dir;
+    std::vector<float> m = ramp(30, 0.25f);
+    llmc::StateWriter w(12, 0, 1, "bf16");
+    w.add("m", m.data(), m.size() * 4);
+    std::string p = dir / "state.bin";
+    w.write_atomic(p);
+    std::vector<unsigned char> b = read_bytes(p);
+    uint32_t version;
+    std::memcpy(&version, &b[4], 4);
+    CHECK(version == 2);
+    // rewrite it as version 1 wrote it: the version field 1 and FNV-1a 64 of every byte before the checksum
+    version = 1;
+    std::memcpy(&b[4], &version, 4);
+    uint64_t fnv = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i + 8 < b.size(); i++) fnv = (fnv ^ b[i]) * 0x100000001b3ULL;
+    std::memcpy(&b[b.size() - 8], &fnv, 8);
+    write_bytes(p, b);
+    llmc::StateReader r;
+    r.open(p);
+    std::vector<float> back(30);
+    r.read("m", back.data(), back.size() * 4);
+    CHECK(back == m);
+    CHECK(r.step() == 12);
+    // and its XXH64 instead of FNV-1a is a checksum mismatch
+    uint64_t xx = llmc::ckpt_detail::xxh64(b.data(), b.size() - 8);
+    std::memcpy(&b[b.size() - 8], &xx, 8);
+    write_bytes(p, b);
+    CHECK(contains(error_of([&] { r.open(p); }), "checksum mismatch"));
+}
+
 TEST_CASE("checkpoint: state writer rejects bad names") {
     llmc::StateWriter w(1, 0, 1, "r");
     int x = 0;
@@ -386,8 +439,9 @@ TEST_CASE("checkpoint: a flipped byte anywhere in a state file is detected") {
         llmc::StateReader r;
         std::string msg = error_of([&] { r.open(bad); });
         CHECK(contains(msg, bad));
-        // the magic is checked first, so a flip there reads as "not a state file"
-        CHECK(contains(msg, i < 4 ? "is not a state file" : "is corrupt (checksum mismatch)"));
+        // the magic is checked first, so a flip there reads as "not a state file"; the version next (it
+        // picks the checksum), so a flip there reads as corrupt or newer
+        CHECK(contains(msg, i < 4 ? "is not a state file" : i < 8 ? "is corrupt or of a newer format" : "is corrupt (checksum mismatch)"));
     }
     // truncation is corruption too
     for (size_t cut : {bytes.size() - 1, bytes.size() - 9, (size_t)100}) {
