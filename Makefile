@@ -75,7 +75,8 @@ HEADERS := $(wildcard llmc/*.h llmc/*.cuh llmc/formats/*.h llmc/formats/*.cuh ll
 # GEMMs, and the binary picks the path by compute capability at run time (llmc/recipes/nvfp4/recipe.h). Added
 # where this nvcc knows sm_100 (CUDA 12.8 and newer) and GPU_ARCH is not sm_100a already.
 BLACKWELL_GENCODE := $(if $(filter 1,$(HAVE_NVCC)),$(if $(filter sm_100a,$(GPU_ARCH)),,$(if $(shell $(NVCC) --list-gpu-code 2>/dev/null | grep -x sm_100),-gencode arch=compute_100a$(comma)code=sm_100a)))
-blackwell_for = $(if $(filter nvfp4,$(1)),$(BLACKWELL_GENCODE))
+# (--threads 2: nvcc compiles the two architectures side by side, so these binaries are not the build's long pole)
+blackwell_for = $(if $(filter nvfp4,$(1)),$(BLACKWELL_GENCODE)$(if $(BLACKWELL_GENCODE), --threads 2))
 SF16_TRUE_FORWARD ?= 1
 USE_CUDNN ?= 0
 CUDNN_OBJ :=

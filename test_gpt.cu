@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
+#include <chrono>
 #include <future>
 #include <set>
 #include <sstream>
@@ -463,8 +464,7 @@ static void check_resume(TestContext& c) {
     try { save_checkpoint(&model, ckdir, save_at, data_state, opt.seed, 0, 1); }
     catch (const InputError& e) { check(false, strfmt("save_checkpoint: %s", e.what())); }
     // The refusals (checked at the end) read this checkpoint, which nothing changes from now on, and no GPU: each
-    // reads and checksums the whole state file (FNV-1a, a byte at a time), so they run on a thread of their own
-    // beside the GPU work. A checkpoint of another shape is refused before its state file is read.
+    // reads and checksums the whole state file, so they run on a thread of their own beside the GPU work. A checkpoint of another shape is refused before its state file is read.
     struct Refusals { bool shape = false, seed = false, seq_len = false, sharding = false; };
     std::future<Refusals> refusals = std::async(std::launch::async, [&]() {
         Refusals got;
@@ -778,7 +778,9 @@ int main(int argc, char** argv) {
     for (const NamedCheck& k : CHECKS) {
         if (!only.empty() && !only.count(k.name)) continue;
         printf("== %s\n", k.name);
+        const auto started = std::chrono::steady_clock::now();
         k.run(c);
+        printf("(%s: %.1f s)\n", k.name, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     }
 
     std::string cleanup = "rm -rf '" + c.ckdir + "'";

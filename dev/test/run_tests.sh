@@ -17,6 +17,7 @@
 # Environment: ONLY, JOBS (make's -j, default nproc), GPU_JOBS, REF_DIR, REF_DIR_Q115, MULTI_GPU_RECIPES.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
+SECONDS=0  # (the "(... at N s)" lines: time since the start)
 JOBS=${JOBS:-$(nproc)}
 # (a d12 test_gpt holds about 16 GB of GPU memory and a few GB of host memory and /dev/shm; six leave an H200's
 # 141 GB with room for the -r -1 check, which wants 1/16 of the GPU free. Most of a suite's time is host work.)
@@ -151,6 +152,7 @@ for id in "${runnable[@]}"; do for t in ${targets[$id]}; do [[ " ${build[*]} " =
 if [[ ${#build[@]} -gt 0 ]]; then
     echo "== building (make -j$JOBS): ${build[*]}"
     make -s -k -j"$JOBS" "${build[@]}" > "$tmp/build.log" 2>&1 || { grep -E 'error|Error' "$tmp/build.log" | head -n 20; }
+    echo "(built at ${SECONDS} s)"
 fi
 built() { make -s -q "$@" > /dev/null 2>&1; }
 # the two references side by side, each with half the cores; the suites that need no reference start meanwhile
@@ -354,6 +356,7 @@ wait_refs() {
         cat "$tmp/$r.log" | tail -n 3
         [[ "$(cat "$tmp/$r.rc")" == 0 ]] || { echo "== writing the reference ($r) failed"; failed=$((failed + 1)); }
     done
+    [[ ${#ref_pids[@]} -gt 0 ]] && echo "(reference ready at ${SECONDS} s)"
 }
 # the suites that read the reference (the model tests and the resume scripts) start once it is written; the
 # others first, so that they run while it is
@@ -393,5 +396,6 @@ if [[ ${#skipped_gpu[@]} -gt 0 ]]; then
     echo "skipped: no CUDA device (GPU suites: ${skipped_gpu[*]})"
     skipped=$((skipped + 1))
 fi
+echo "(all suites done at ${SECONDS} s)"
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 [[ $failed -eq 0 ]]
