@@ -36,6 +36,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -204,6 +205,23 @@ private:
     unsigned char stripe_[32];
     size_t held_ = 0;
     uint64_t total_ = 0;
+};
+
+// A byte buffer that resize() leaves uninitialized (std::vector would zero it first: one more pass over a
+// state file of gigabytes that the read overwrites at once).
+class ByteBuffer {
+public:
+    void resize(size_t n) { data_.reset(n ? new unsigned char[n] : nullptr); size_ = n; }
+    void clear() { resize(0); }
+    unsigned char* data() { return data_.get(); }
+    const unsigned char* data() const { return data_.get(); }
+    size_t size() const { return size_; }
+    bool empty() const { return size_ == 0; }
+    unsigned char& operator[](size_t i) { return data_[i]; }
+    const unsigned char& operator[](size_t i) const { return data_[i]; }
+private:
+    std::unique_ptr<unsigned char[]> data_;
+    size_t size_ = 0;
 };
 
 inline uint64_t xxh64(const void* data, size_t bytes) {
@@ -582,7 +600,7 @@ private:
     }
 
     std::string path_;
-    std::vector<unsigned char> buf_;
+    ckpt_detail::ByteBuffer buf_;
     std::vector<Section> sections_;
     int64_t step_ = 0;
     int rank_ = 0, nprocs_ = 0;

@@ -7,14 +7,16 @@
 #   bash dev/test/run_tests.sh --help          the names ONLY takes
 #
 # Phases: 1. one parallel make of exactly the targets the chosen suites need (the cuDNN build, a make of its
-# own, beside it), while the PyTorch reference is written where it is missing or older than its script;
+# own, beside it), while the PyTorch reference is written where it is missing or older than its script, on
+# cores of its own;
 # 2. the suites, up to GPU_JOBS (default 6) GPU suites at a time beside the CPU ones, each into its own log,
 # printed in the order below once it and the suites before it are done; 3. the suites whose assertions compare
 # kernel times (the attention, LayerNorm and Q1.15 attention kernel tests, cuDNN's) and the out-of-memory check
 # (which fills the GPU), one at a time with the GPU to themselves.
 # Without a CUDA device the GPU suites say "skipped: no CUDA device".
 # The last line is "tests: N passed, N failed, N skipped"; the exit status is non-zero on any failure.
-# Environment: ONLY, JOBS (make's -j, default nproc), GPU_JOBS, REF_DIR, REF_DIR_Q115, MULTI_GPU_RECIPES.
+# Environment: ONLY, JOBS (cores for make and the reference, default nproc), GPU_JOBS, REF_THREADS, REF_DIR,
+# REF_DIR_Q115, MULTI_GPU_RECIPES.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 SECONDS=0  # (the "(... at N s)" lines: time since the start)
@@ -113,20 +115,23 @@ if [[ ! -f dev/data/tinyshakespeare/tiny_shakespeare_val.bin || ! -f dev/data/gp
     fi
 fi
 
-# ---- phase 1: the build (and the cuDNN build beside it), then the reference -------------------------------
+# ---- phase 1: the build (and the cuDNN build beside it), and the reference beside them ----------------------
 # The reference is rewritten only when its files are missing or the scripts that write it changed (a stamp
-# file beside it holds their hash). It is written after the build, not beside it: PyTorch's float64 CPU work
-# and a make -j(nproc) over-subscribe the cores and slow each other down several times over.
+# file beside it holds their hash). PyTorch's float64 work runs on a few cores of its own (REF_THREADS each,
+# default 2) while make runs on the others: OpenMP threads that share a core with a compiler stall at every
+# barrier, so the two are kept apart rather than both given every core.
+REF_THREADS=${REF_THREADS:-2}
+reference_stamp() { echo "$(cat dev/reference/*.py | sha256sum | cut -d' ' -f1) $*"; }
+reference_current() { # $1 = directory, $2... = extra arguments
+    local dir=$1; shift
+    [[ -f "$dir/ref_state.bin" && -f "$dir/ref_model.bin" && "$(cat "$dir/.stamp" 2>/dev/null)" == "$(reference_stamp "$@")" ]]
+}
 write_reference() { # $1 = directory, $2... = extra arguments
     local dir=$1; shift
-    local stamp
-    stamp=$(cat dev/reference/*.py | sha256sum | cut -d' ' -f1)" $*"
-    if [[ -f "$dir/ref_state.bin" && -f "$dir/ref_model.bin" && "$(cat "$dir/.stamp" 2>/dev/null)" == "$stamp" ]]; then
-        echo "reference $dir: up to date"
-        return 0
-    fi
+    if reference_current "$dir" "$@"; then echo "reference $dir: up to date"; return 0; fi
     rm -f "$dir/.stamp"
-    python3 dev/reference/gpt_reference.py --write-reference "$@" --out "$dir" && echo "$stamp" > "$dir/.stamp"
+    OMP_NUM_THREADS=$REF_THREADS python3 dev/reference/gpt_reference.py --write-reference "$@" --out "$dir" &&
+        reference_stamp "$@" > "$dir/.stamp"
 }
 needs_ref=0; needs_ref_q115=0
 for id in "${runnable[@]}"; do
@@ -147,24 +152,28 @@ if is_chosen cudnn || is_chosen gpt_bf16_cudnn; then
     ) & cudnn_pid=$!
 fi
 
+# the references (the plain one and Q1.15's) side by side, beside the build; the suites that need no
+# reference start once the build is done
+ref_pids=(); build_jobs=$JOBS
+if [[ $needs_ref == 1 ]]; then
+    reference_current "$REF" || build_jobs=$((build_jobs - REF_THREADS))
+    (write_reference "$REF" > "$tmp/ref.log" 2>&1; echo $? > "$tmp/ref.rc"; echo "(done at ${SECONDS} s)" >> "$tmp/ref.log") &
+    ref_pids+=($!)
+fi
+if [[ $needs_ref_q115 == 1 ]]; then
+    reference_current "$REF_Q115" --boundaries q115 || build_jobs=$((build_jobs - REF_THREADS))
+    (write_reference "$REF_Q115" --boundaries q115 > "$tmp/ref_q115.log" 2>&1; echo $? > "$tmp/ref_q115.rc"
+     echo "(done at ${SECONDS} s)" >> "$tmp/ref_q115.log") & ref_pids+=($!)
+fi
+[[ $build_jobs -lt 2 ]] && build_jobs=2
 build=()
 for id in "${runnable[@]}"; do for t in ${targets[$id]}; do [[ " ${build[*]} " == *" $t "* ]] || build+=("$t"); done; done
 if [[ ${#build[@]} -gt 0 ]]; then
-    echo "== building (make -j$JOBS): ${build[*]}"
-    make -s -k -j"$JOBS" "${build[@]}" > "$tmp/build.log" 2>&1 || { grep -E 'error|Error' "$tmp/build.log" | head -n 20; }
+    echo "== building (make -j$build_jobs): ${build[*]}"
+    make -s -k -j"$build_jobs" "${build[@]}" > "$tmp/build.log" 2>&1 || { grep -E 'error|Error' "$tmp/build.log" | head -n 20; }
     echo "(built at ${SECONDS} s)"
 fi
 built() { make -s -q "$@" > /dev/null 2>&1; }
-# the two references side by side, each with half the cores; the suites that need no reference start meanwhile
-ref_pids=()
-ref_threads=$(( (JOBS + 1) / 2 ))
-if [[ $needs_ref == 1 ]]; then
-    (OMP_NUM_THREADS=$ref_threads write_reference "$REF" > "$tmp/ref.log" 2>&1; echo $? > "$tmp/ref.rc") & ref_pids+=($!)
-fi
-if [[ $needs_ref_q115 == 1 ]]; then
-    (OMP_NUM_THREADS=$ref_threads write_reference "$REF_Q115" --boundaries q115 > "$tmp/ref_q115.log" 2>&1
-     echo $? > "$tmp/ref_q115.rc") & ref_pids+=($!)
-fi
 
 # ---- the suites: each writes its log, ending with "<name>: N passed, N failed" or a "skipped: ..." line -----
 # the numbers of a doctest or unittest run as one summary line
@@ -356,7 +365,7 @@ wait_refs() {
         cat "$tmp/$r.log" | tail -n 3
         [[ "$(cat "$tmp/$r.rc")" == 0 ]] || { echo "== writing the reference ($r) failed"; failed=$((failed + 1)); }
     done
-    [[ ${#ref_pids[@]} -gt 0 ]] && echo "(reference ready at ${SECONDS} s)"
+    [[ ${#ref_pids[@]} -gt 0 ]] && echo "(the suites that read the reference start at ${SECONDS} s)"
 }
 # the suites that read the reference (the model tests and the resume scripts) start once it is written; the
 # others first, so that they run while it is
