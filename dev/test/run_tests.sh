@@ -9,10 +9,11 @@
 # Phases: 1. one parallel make of exactly the targets the chosen suites need (the cuDNN build, a make of its
 # own, beside it), while the PyTorch reference is written where it is missing or older than its script, on
 # cores of its own;
-# 2. the suites, up to GPU_JOBS (default 6) GPU suites at a time beside the CPU ones, each into its own log,
-# printed in the order below once it and the suites before it are done; 3. the suites whose assertions compare
-# kernel times (the attention, LayerNorm and Q1.15 attention kernel tests, cuDNN's) and the out-of-memory check
-# (which fills the GPU), one at a time with the GPU to themselves.
+# 2. the suites, each into its own log, printed in the order below once it and the suites before it are
+# done: the CPU suites in the background throughout; first, one at a time with the GPU to themselves, the
+# suites whose assertions compare kernel times (the attention, LayerNorm and Q1.15 attention kernel tests,
+# cuDNN's) and the out-of-memory check (which fills the GPU); then the other GPU suites, up to GPU_JOBS
+# (default 6) at a time, longest first.
 # Without a CUDA device the GPU suites say "skipped: no CUDA device".
 # The last line is "tests: N passed, N failed, N skipped"; the exit status is non-zero on any failure.
 # Environment: ONLY, JOBS (cores for make and the reference, default nproc), GPU_JOBS, REF_THREADS, REF_DIR,
@@ -352,7 +353,8 @@ print_ready() {
     done
 }
 
-# ---- phase 2: the suites that may share the machine ---------------------------------------------------
+# ---- phase 2: the suites -------------------------------------------------------------------------------
+# (printed in this order: the ones that share the machine, then the ones that want the GPU to themselves)
 order=(); for id in "${runnable[@]}"; do [[ ${serial[$id]} == 0 ]] && order+=("$id"); done
 for id in "${runnable[@]}"; do [[ ${serial[$id]} == 1 ]] && order+=("$id"); done
 refs_done=0
@@ -365,41 +367,45 @@ wait_refs() {
         cat "$tmp/$r.log" | tail -n 3
         [[ "$(cat "$tmp/$r.rc")" == 0 ]] || { echo "== writing the reference ($r) failed"; failed=$((failed + 1)); }
     done
-    [[ ${#ref_pids[@]} -gt 0 ]] && echo "(the suites that read the reference start at ${SECONDS} s)"
 }
-# the suites that read the reference (the model tests and the resume scripts) start once it is written; the
-# others first, so that they run while it is
 needs_reference() { [[ $1 == gpt_* || $1 == resume_* ]]; }
+# 2a. the CPU suites, in the background for the whole phase (they use no GPU)
+for id in "${order[@]}"; do [[ ${serial[$id]} == 0 && ${gpu[$id]} == 0 ]] && start_suite "$id"; done
+# 2b. the timed kernel tests, the out-of-memory check (which fills the GPU) and cuDNN's tests, one at a time
+# with the GPU to themselves
+[[ -n "$cudnn_pid" ]] && wait "$cudnn_pid"
+for id in "${order[@]}"; do
+    [[ ${serial[$id]} == 1 ]] || continue
+    start_suite "$id"; wait $!
+done
+# 2c. the GPU suites, up to GPU_JOBS at once, longest first (the model tests, then the two-process and the
+# FP8 kernel tests, then the resume scripts, then the rest), so that no long one starts last
+rank_of() {
+    case $1 in gpt_*) echo 0 ;; multi_gpu | kernel_fp8) echo 1 ;; resume_*) echo 2 ;; *) echo 3 ;; esac
+}
 start_order=()
-for id in "${order[@]}"; do needs_reference "$id" || start_order+=("$id"); done
-for id in "${order[@]}"; do needs_reference "$id" && start_order+=("$id"); done
+for rank in 0 1 2 3; do
+    for id in "${order[@]}"; do
+        [[ ${serial[$id]} == 0 && ${gpu[$id]} == 1 && $(rank_of "$id") == "$rank" ]] && start_order+=("$id")
+    done
+done
 running_gpu=()
 for id in "${start_order[@]}"; do
-    [[ ${serial[$id]} == 1 ]] && continue
     needs_reference "$id" && wait_refs
-    if [[ ${gpu[$id]} == 1 ]]; then
-        # at most GPU_JOBS GPU suites at once
-        while :; do
-            alive=(); for j in "${running_gpu[@]}"; do [[ -f "$tmp/$j.rc" ]] || alive+=("$j"); done
-            running_gpu=("${alive[@]}")
-            [[ ${#running_gpu[@]} -lt $GPU_JOBS ]] && break
-            sleep 0.5; print_ready
-        done
-        running_gpu+=("$id")
-    fi
+    # at most GPU_JOBS GPU suites at once
+    while :; do
+        alive=(); for j in "${running_gpu[@]}"; do [[ -f "$tmp/$j.rc" ]] || alive+=("$j"); done
+        running_gpu=("${alive[@]}")
+        [[ ${#running_gpu[@]} -lt $GPU_JOBS ]] && break
+        sleep 0.5; print_ready
+    done
+    running_gpu+=("$id")
+    [[ $id == "${start_order[0]}" ]] && echo "(the GPU suites start at ${SECONDS} s)"
     start_suite "$id"
     print_ready
 done
 wait_refs
-n_parallel=0; for id in "${order[@]}"; do [[ ${serial[$id]} == 0 ]] && n_parallel=$((n_parallel + 1)); done
-while [[ $next_print -lt $n_parallel ]]; do sleep 0.5; print_ready; done
-
-# ---- phase 3: the timed kernel tests, the out-of-memory check and cuDNN's tests, one at a time -----------
-[[ -n "$cudnn_pid" ]] && wait "$cudnn_pid"
-for id in "${order[@]}"; do
-    [[ ${serial[$id]} == 1 ]] || continue
-    start_suite "$id"; wait; print_ready
-done
+while [[ $next_print -lt ${#order[@]} ]]; do sleep 0.5; print_ready; done
 
 if [[ ${#skipped_gpu[@]} -gt 0 ]]; then
     echo "skipped: no CUDA device (GPU suites: ${skipped_gpu[*]})"
