@@ -836,9 +836,11 @@ inline float gpt_update(GPT* model, const OptimizerSettings& o) {
 // the seed and the step or epoch, so the seed is the whole RNG state a resume needs.
 inline void save_checkpoint(const GPT* model, const std::string& dir, int step, const DataLoaderState& data,
                             uint64_t seed, int rank, int num_processes, int grad_accum_steps = 1) {
+    uint64_t model_xxh64 = 0;
     if (rank == 0) {
         std::vector<floatX> host = gpt_get_params(model);
-        write_model_file(model_path(dir, step), model->shape, CHECKPOINT_VERSION, host.data(), host.size() * sizeof(floatX));
+        model_xxh64 = write_model_file(model_path(dir, step), model->shape, CHECKPOINT_VERSION, host.data(),
+                                       host.size() * sizeof(floatX));
     }
     const size_t N = model->shard.shard_elements;
     std::vector<float> m(N), v(N), master(N);
@@ -868,12 +870,16 @@ inline void save_checkpoint(const GPT* model, const std::string& dir, int step, 
     w.add("recompute", &recompute, sizeof(recompute));
     const std::vector<MatmulChoice> gemm_choices = matmul_choices();
     if (!gemm_choices.empty()) w.add("gemm_algorithms", gemm_choices.data(), gemm_choices.size() * sizeof(MatmulChoice));
+    // (the model file's checksum: llm.c's format has no room for it)
+    if (rank == 0) w.add("model_xxh64", &model_xxh64, sizeof(model_xxh64));
     recipe_save(model->recipe, w);
     w.write_atomic(state_path(dir, step, rank));
+    // read back and verified (its checksum) before the checkpoint may be marked complete
+    { StateReader back; back.open(state_path(dir, step, rank)); }
     // the checkpoint is complete once every process has written its state file
     if (model->mg) multi_gpu_barrier(model->mg, model->stream, "the barrier after writing the checkpoint",
                                      std::max(600.0, model->mg->timeout_s));
-    if (rank == 0) write_done_marker(dir, step);
+    if (rank == 0) write_done_marker(dir, step, &model_xxh64);
 }
 
 // Checks the checkpoint of `step` in `dir` against the model shape, the batch shape and this recipe
@@ -881,8 +887,14 @@ inline void save_checkpoint(const GPT* model, const std::string& dir, int step, 
 // are taken and this recipe's state starts afresh). No GPU needed.
 inline void check_checkpoint(const std::string& dir, int step, const ModelShape& shape, int B, int T, uint64_t seed,
                              int rank, int num_processes, bool convert_recipe = false, int zero_owners = 1,
-                             int grad_accum_steps = 1) {
+                             int grad_accum_steps = 1, const DataLoader* train_loader = nullptr) {
+    check_checkpoint_files(dir, step, rank);
     ModelFileInfo info = read_model_header(model_path(dir, step));
+    if (info.version != CHECKPOINT_VERSION) {
+        input_error("checkpoint %s stores %s parameters, this build keeps them in %s; resume it with a build of its "
+                    "precision (%s)", model_path(dir, step).c_str(), info.version == kModelVersionFp32 ? "fp32" : "bf16",
+                    PRECISION_NAME, info.version == kModelVersionFp32 ? "make train_gpt_fp32" : "the BF16 builds");
+    }
     const ModelShape& c = info.shape;
     if (c.num_layers != shape.num_layers || c.channels != shape.channels || c.num_heads != shape.num_heads ||
         c.max_seq_len != shape.max_seq_len || c.padded_vocab_size != shape.padded_vocab_size || c.vocab_size != shape.vocab_size) {
@@ -893,6 +905,16 @@ inline void check_checkpoint(const std::string& dir, int step, const ModelShape&
     }
     StateReader r;
     r.open(state_path(dir, step, rank));
+    if (r.rank() != rank)
+        input_error("%s says it is process %d's state, not process %d's; the checkpoint's files were mixed up",
+                    state_path(dir, step, rank).c_str(), r.rank(), rank);
+    if (r.has("model_xxh64")) {
+        uint64_t want = 0;
+        r.read("model_xxh64", &want, sizeof(want));
+        if (file_xxh64(model_path(dir, step)) != want)
+            input_error("%s is corrupt (its checksum, kept in %s, does not match)", model_path(dir, step).c_str(),
+                        state_path(dir, step, rank).c_str());
+    }
     if (r.recipe() != RECIPE_NAME && !convert_recipe) {
         input_error("checkpoint %s was written by the '%s' recipe, this binary is '%s'; resume it with train_gpt_%s, "
                     "or pass -cr 1 to continue it under '%s' (its recipe state starts afresh)",
@@ -932,6 +954,21 @@ inline void check_checkpoint(const std::string& dir, int step, const ModelShape&
         input_error("checkpoint %s was written with %d accumulation micro-steps per step, this run has %d; the data "
                     "position would not carry over, so resume with the same -d", state_path(dir, step, rank).c_str(),
                     accumulation, grad_accum_steps);
+    }
+    // the optimizer state is this model's (whole state: one FP32 value per parameter and section)
+    if (zero_owners == 1) {
+        const size_t want = num_parameters(shape) * sizeof(float);
+        for (const char* name : {"adam_m", "adam_v", "master_weights"}) {
+            if (r.size_of(name) != want)
+                input_error("%s: section '%s' holds %zu bytes, this model's needs %zu; the file does not belong to this "
+                            "checkpoint", state_path(dir, step, rank).c_str(), name, r.size_of(name), want);
+        }
+    }
+    if (train_loader) {
+        DataLoaderState data;
+        r.read("dataloader", &data, sizeof(data));
+        try { train_loader->check_position(data); }
+        catch (const InputError& e) { input_error("checkpoint %s: %s", state_path(dir, step, rank).c_str(), e.what()); }
     }
 }
 
@@ -1058,51 +1095,82 @@ int main(int argc, char** argv) {
         local_rank = resolve_processes(cfg, std::getenv); // -pn / -pr, else the launcher's environment
         validate_config(cfg);
         check_recipe_options(recipe_options, !cfg.output_dir.empty());
+        if (!cfg.recipe_check.empty() && cfg.recipe_check != RECIPE_NAME && cfg.recipe_check != RECIPE_CHECK_ALIAS) {
+            input_error("-Q %s: this binary is the '%s' recipe (train_gpt_%s)", cfg.recipe_check.c_str(), RECIPE_NAME, RECIPE_NAME);
+        }
+        from_checkpoint_file = !parse_model_descriptor(cfg.model, &shape);
+        if (!from_checkpoint_file) check_seq_len(cfg, shape);
+        if (!cfg.init_server.empty()) { std::string host; int port; split_host_port(cfg.init_server, &host, &port); }
     } catch (const InputError& e) {
         // a bad flag: the usage, then the reason last so that it is what the user sees
         fprintf(stderr, "%s\nerror: %s\n", usage(recipe_usage).c_str(), e.what());
         return 1;
     }
+    // -o: one run per directory, one trainer at a time (process 0 holds its lock until the process ends)
+    OutputDirLock output_lock;
+    RemoveIfUnused made_dirs; // (declared after the lock, so it goes first: the lock file before its directory)
+    const bool master_process = cfg.process_rank == 0; // prints, writes main.log and the model files, samples
     try {
-        if (!cfg.recipe_check.empty() && cfg.recipe_check != RECIPE_NAME && cfg.recipe_check != RECIPE_CHECK_ALIAS) {
-            input_error("-Q %s: this binary is the '%s' recipe (train_gpt_%s)", cfg.recipe_check.c_str(), RECIPE_NAME, RECIPE_NAME);
-        }
-        from_checkpoint_file = !parse_model_descriptor(cfg.model, &shape);
         if (from_checkpoint_file) {
             init_info = read_model_header(cfg.model);
             shape = init_info.shape;
+            check_seq_len(cfg, shape);
         }
-        check_seq_len(cfg, shape);
+        if (!cfg.init_dir.empty()) {
+            struct stat st;
+            if (stat(cfg.init_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+                input_error("-pf %s: not a directory; the processes meet in a directory all of them see, made before the run",
+                            cfg.init_dir.c_str());
+        }
         train_loader.reset(new DataLoader(cfg.train_pattern, "-i", cfg.B, cfg.T, cfg.process_rank, cfg.num_processes,
                                           true, cfg.seed, shape.vocab_size, cfg.grad_accum_steps));
         if (!cfg.val_pattern.empty() && cfg.val_every > 0) {
             val_loader.reset(new DataLoader(cfg.val_pattern, "-j", cfg.B, cfg.T, cfg.process_rank, cfg.num_processes,
                                             false, cfg.seed, shape.vocab_size));
         }
-        if (!cfg.output_dir.empty()) ensure_output_dir(cfg.output_dir);
-        if (!cfg.init_server.empty()) { std::string host; int port; split_host_port(cfg.init_server, &host, &port); }
+        // every token id now where the data is small enough to read at start-up (up to 1G tokens, on 8
+        // threads); larger data is checked shard by shard as training reaches it
+        train_loader->check_all_tokens(1ll << 30, 8);
+        if (val_loader) val_loader->check_all_tokens(1ll << 30, 8);
         // ZeRO-1 cuts every parameter block into one piece per process (zero.h)
         const bool sharded = cfg.num_processes > 1 && cfg.zero_stage == 1;
         if (sharded && shape.channels % cfg.num_processes != 0)
             input_error("-z 1: ZeRO-1 splits every parameter block into %d equal pieces, which needs -pn %d to divide "
                         "the channels C = %d; use -z 0 or another number of processes", cfg.num_processes,
                         cfg.num_processes, shape.channels);
-        if (cfg.resume) {
-            resume_step = find_latest_checkpoint(cfg.output_dir);
-            if (resume_step >= 0) check_checkpoint(cfg.output_dir, resume_step, shape, cfg.B, cfg.T, cfg.seed, cfg.process_rank,
-                                                 cfg.num_processes, cfg.convert_recipe != 0, sharded ? cfg.num_processes : 1,
-                                                 cfg.grad_accum_steps);
-            // -r -1 resumes with the checkpoint's choice (the same bits); an explicit -r is taken as given
-            if (resume_step >= 0 && cfg.recompute < 0) {
-                recompute_from_checkpoint = checkpoint_recompute(cfg.output_dir, resume_step, cfg.process_rank);
-                if (recompute_from_checkpoint >= 0) cfg.recompute = recompute_from_checkpoint;
+        if (!cfg.output_dir.empty()) {
+            const std::string& dir = cfg.output_dir;
+            check_output_dir_path(dir);
+            struct stat st;
+            if (master_process && stat(dir.c_str(), &st) == 0) output_lock.acquire(dir);
+            // a new run never mixes with an old one: its main.log, checkpoints and -nk pruning would
+            const RunFiles run = run_files(dir);
+            if (!cfg.resume && !cfg.overwrite && !run.empty()) {
+                const std::string held = run.checkpoint_files.empty()
+                    ? std::string("main.log")
+                    : strfmt("%smain.log, %zu checkpoint file(s)", run.has_log ? "" : "no ", run.checkpoint_files.size());
+                input_error("-o %s holds a run already (%s); resume it with -y 1, delete it and start afresh with -ow 1, "
+                            "or choose another -o", dir.c_str(), held.c_str());
             }
+            if (cfg.resume) {
+                resume_step = find_latest_checkpoint(dir);
+                if (resume_step >= 0) check_checkpoint(dir, resume_step, shape, cfg.B, cfg.T, cfg.seed, cfg.process_rank,
+                                                     cfg.num_processes, cfg.convert_recipe != 0, sharded ? cfg.num_processes : 1,
+                                                     cfg.grad_accum_steps, train_loader.get());
+                // -r -1 resumes with the checkpoint's choice (the same bits); an explicit -r is taken as given
+                if (resume_step >= 0 && cfg.recompute < 0) {
+                    recompute_from_checkpoint = checkpoint_recompute(dir, resume_step, cfg.process_rank);
+                    if (recompute_from_checkpoint >= 0) cfg.recompute = recompute_from_checkpoint;
+                }
+            }
+            // the last check: -o can be made and written to (made here, it goes again if the run does not start)
+            made_dirs = RemoveIfUnused(ensure_output_dir(dir));
+            if (master_process && !output_lock.held()) output_lock.acquire(dir);
         }
     } catch (const InputError& e) {
         fprintf(stderr, "error: %s\n", e.what());
         return 1;
     }
-    const bool master_process = cfg.process_rank == 0; // prints, writes main.log and the model files, samples
     if (cfg.sample_every > 0 && master_process) {
         try { tokenizer.load(cfg.tokenizer_path); }
         catch (const InputError& e) { fprintf(stderr, "warning: %s; samples will print token ids\n", e.what()); }
@@ -1120,8 +1188,11 @@ int main(int argc, char** argv) {
         return 1;
     }
     int gpu = 0;
-    try { gpu = choose_gpu(cfg, local_rank, device_count); }
-    catch (const InputError& e) { fprintf(stderr, "error: %s\n", e.what()); return 1; }
+    try {
+        gpu = choose_gpu(cfg, local_rank, device_count);
+        // every check has passed, the GPU's too: only now is the old run deleted (-ow 1)
+        if (!cfg.output_dir.empty() && master_process && cfg.overwrite) remove_run_files(cfg.output_dir);
+    } catch (const InputError& e) { fprintf(stderr, "error: %s\n", e.what()); return 1; }
     cudaCheck(cudaSetDevice(gpu));
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, gpu));
@@ -1205,18 +1276,27 @@ int main(int argc, char** argv) {
     fflush(stdout);
     }
 
-    // main.log: appended to when resuming, otherwise started fresh
+    // main.log: always appended to (a new run starts in a directory without one: -ow 1 deleted the old)
     FILE* logfile = nullptr;
+    const std::string log_path = cfg.output_dir + "/main.log";
+    // (a write error of the log ends the run with one line; the newest checkpoint stays)
+    auto log_written = [&]() {
+        if (!logfile || (fflush(logfile) == 0 && !ferror(logfile))) return true;
+        fprintf(stderr, "error: cannot write %s: %s; the run stops here (resume it with -y 1 once there is room)\n",
+                log_path.c_str(), strerror(errno));
+        return false;
+    };
     if (!cfg.output_dir.empty() && master_process) {
-        std::string path = cfg.output_dir + "/main.log";
-        logfile = fopen(path.c_str(), resume_step >= 0 ? "a" : "w");
-        if (!logfile) { fprintf(stderr, "error: cannot open %s for writing\n", path.c_str()); return 1; }
+        logfile = fopen(log_path.c_str(), "a");
+        if (!logfile) { fprintf(stderr, "error: cannot open %s for writing: %s\n", log_path.c_str(), strerror(errno)); return 1; }
         fprintf(logfile, "# recipe:%s precision:%s model:%s params:%zu B:%d T:%d tokens_per_step:%lld seed:%llu\n", RECIPE_NAME,
                 PRECISION_NAME, cfg.model.c_str(), model.num_params, B, T, tokens_per_step, (unsigned long long)cfg.seed);
         fprintf(logfile, "# %s\n", recipe_describe(model.recipe).c_str());
         if (mg.active) fprintf(logfile, "# processes:%d zero:%d optimizer_state_gib_per_gpu:%.4f\n", mg.world, mg.zero_stage, optimizer_gib);
-        fflush(logfile);
+        if (!log_written()) return 1;
     }
+
+    made_dirs.keep(); // (the run has started: -o stays, whatever happens from here)
 
     LRSchedule schedule;
     schedule.kind = parse_schedule_kind(cfg.lr_schedule);
@@ -1226,6 +1306,16 @@ int main(int argc, char** argv) {
     schedule.final_fraction = cfg.final_lr_fraction;
 
     std::vector<int> inputs(B * T), targets(B * T);
+    // the next batch; a shard found bad when training first reaches it ends the run with one line (the data
+    // larger than the start-up check reads), and its newest checkpoint stays
+    auto fetch_batch = [&](DataLoader* loader) {
+        try { loader->next_batch(inputs.data(), targets.data()); return true; }
+        catch (const InputError& e) {
+            fprintf(stderr, "error: process %d: %s; the run stops here (its newest checkpoint is kept: fix the data and "
+                    "resume with -y 1)\n", cfg.process_rank, e.what());
+            return false;
+        }
+    };
     double total_train_seconds = 0.0;
     int timed_steps = 0;
     for (int step = start_step; step <= max_steps; step++) {
@@ -1238,13 +1328,14 @@ int main(int argc, char** argv) {
             if (cfg.val_max_steps > 0) batches = std::min<int64_t>(batches, cfg.val_max_steps);
             double sum = 0.0;
             for (int64_t i = 0; i < batches; i++) {
-                val_loader->next_batch(inputs.data(), targets.data());
+                if (!fetch_batch(val_loader.get())) return 1;
                 sum += gpt_forward_loss(&model, inputs.data(), targets.data(), B, T);
             }
             // (each process evaluated its own slices of the same chunks: the mean of the means)
             float val_loss = (float)multi_gpu_mean(&mg, sum / batches, model.stream, "the validation loss");
             if (master_process) printf("val loss %.6f (step %d, %lld batches)\n", val_loss, step, (long long)batches * mg.world);
-            if (logfile) { fprintf(logfile, "s:%d tel:%.6f\n", step, val_loss); fflush(logfile); }
+            if (logfile) fprintf(logfile, "s:%d tel:%.6f\n", step, val_loss);
+            if (!log_written()) return 1;
         }
         // sample
         if (master_process && cfg.sample_every > 0 && cfg.gen_tokens > 0 && step > start_step &&
@@ -1282,7 +1373,7 @@ int main(int argc, char** argv) {
         const float dloss = 1.0f / (float)tokens_per_step;
         for (int micro = 0; micro < cfg.grad_accum_steps; micro++) {
             recipe_begin_micro_step(model.recipe, train_loader->next_slice());
-            train_loader->next_batch(inputs.data(), targets.data());
+            if (!fetch_batch(train_loader.get())) return 1;
             gpt_forward(&model, inputs.data(), targets.data(), B, T, true, dloss);
             // (the last micro-step hands each layer's gradients to the other processes as it finishes)
             gpt_backward(&model, B, T, micro == cfg.grad_accum_steps - 1);
@@ -1311,7 +1402,8 @@ int main(int argc, char** argv) {
                max_steps, train_loss, norm, opt.lr, seconds * 1000.0, tok_s,
                mfu >= 0 ? strfmt("%5.1f%%", mfu).c_str() : "n/a", human_seconds(avg * (max_steps - step - 1)).c_str());
         fflush(stdout);
-        if (logfile) { fprintf(logfile, "s:%d trl:%.6f lr:%.6e norm:%.6f\n", step, train_loss, opt.lr, norm); fflush(logfile); }
+        if (logfile) fprintf(logfile, "s:%d trl:%.6f lr:%.6e norm:%.6f\n", step, train_loss, opt.lr, norm);
+        if (!log_written()) return 1;
     }
     multi_gpu_finish(&mg);
     if (master_process) {

@@ -59,7 +59,8 @@ import bench  # noqa: E402  (recipe lists, runs with a timeout, builds, error li
 import plot_logs  # noqa: E402  (the report)
 
 DATA_FILES = ("dev/data/tinyshakespeare/tiny_shakespeare_train.bin", "dev/data/tinyshakespeare/tiny_shakespeare_val.bin")
-CHECKPOINT_PATTERNS = ("model_*.bin", "state_*.bin", "DONE_*")   # what llmc/checkpoint.h writes into -o
+# what llmc/checkpoint.h writes into -o, and the temporaries of an interrupted write (NAME.tmp.PID)
+CHECKPOINT_PATTERNS = ("model_*.bin", "state_*.bin", "DONE_*", "model_*.bin.tmp*", "state_*.bin.tmp*")
 
 
 def parse_seeds(text):

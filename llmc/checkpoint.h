@@ -26,6 +26,7 @@
 #pragma once
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -96,10 +97,14 @@ inline void fsync_parent_dir(const std::string& path) {
     }
 }
 
-// Write the chunks, in order, to path+".tmp", flush them to disk, then rename over `path`. Either the
-// whole new file appears under `path` or (on any failure) `path` is left as it was and no .tmp remains.
+// The temporary name a file is written under: PATH.tmp.PID, one per process, so that two writers never
+// share one (the output directory's lock already keeps a second trainer out).
+inline std::string temp_path(const std::string& path) { return path + strfmt(".tmp.%d", (int)::getpid()); }
+
+// Write the chunks, in order, to temp_path(path), flush them to disk, then rename over `path`. Either the
+// whole new file appears under `path` or (on any failure) `path` is left as it was and no temporary remains.
 inline void write_file_atomic(const std::string& path, const std::vector<Chunk>& chunks) {
-    std::string tmp = path + ".tmp";
+    std::string tmp = temp_path(path);
     errno = 0;
     FILE* f = std::fopen(tmp.c_str(), "wb");
     if (!f) input_error("cannot write %s: %s", path.c_str(), std::strerror(errno));
@@ -281,11 +286,22 @@ inline int done_marker_step(const std::string& filename) {
     return -1;
 }
 
+// Strips a temporary name's ".tmp" or ".tmp.PID" ending; false if there is none.
+inline bool strip_temp_suffix(std::string& s) {
+    if (strip_suffix(s, ".tmp")) return true;
+    const size_t at = s.rfind(".tmp.");
+    if (at == std::string::npos) return false;
+    int pid;
+    if (!parse_step_digits(s.substr(at + 5), &pid)) return false;
+    s.erase(at);
+    return true;
+}
+
 // The step of any file this module writes into a checkpoint directory (model, state, DONE marker,
-// or a leftover .tmp of one of them), or -1 for anything else (main.log, the user's own files).
+// or a leftover temporary of one of them), or -1 for anything else (main.log, the user's own files).
 inline int checkpoint_file_step(const std::string& filename) {
     std::string s = filename;
-    strip_suffix(s, ".tmp");
+    strip_temp_suffix(s);
     int step, rank;
     if (strip_prefix(s, "DONE_")) return parse_step_digits(s, &step) ? step : -1;
     if (strip_prefix(s, "model_")) return strip_suffix(s, ".bin") && parse_step_digits(s, &step) ? step : -1;
@@ -334,6 +350,8 @@ inline std::vector<int> done_steps(const std::string& dir) {
 
 inline ModelFileInfo read_model_header(const std::string& path) {
     const char* p = path.c_str();
+    struct stat path_st;
+    if (::stat(p, &path_st) == 0 && S_ISDIR(path_st.st_mode)) input_error("%s is a directory, not a model file", p);
     FILE* f = std::fopen(p, "rb");
     if (!f) input_error("cannot open model file %s: %s", p, std::strerror(errno));
     int32_t h[kModelHeaderBytes / 4];
@@ -401,8 +419,10 @@ inline void read_model_params(const std::string& path, const ModelFileInfo& info
                     err ? std::strerror(err) : "unexpected end of file");
 }
 
-inline void write_model_file(const std::string& path, const ModelShape& shape, int version, const void* params,
-                             size_t bytes) {
+// Writes a model file; returns the XXH64 of all its bytes (a checkpoint records it in its state file, since
+// llm.c's format has no room for one).
+inline uint64_t write_model_file(const std::string& path, const ModelShape& shape, int version, const void* params,
+                                 size_t bytes) {
     size_t expected = num_parameters(shape) * ckpt_detail::bytes_per_param(version);
     if (bytes != expected)
         throw std::invalid_argument(strfmt("write_model_file(%s): %zu bytes of parameters given, the shape needs %zu",
@@ -417,6 +437,24 @@ inline void write_model_file(const std::string& path, const ModelShape& shape, i
     h[6] = shape.channels;
     h[7] = shape.padded_vocab_size;
     ckpt_detail::write_file_atomic(path, {{h, sizeof(h)}, {params, bytes}});
+    ckpt_detail::Xxh64 hash;
+    hash.update(h, sizeof(h));
+    hash.update(params, bytes);
+    return hash.digest();
+}
+
+// The XXH64 of a whole file, read in pieces.
+inline uint64_t file_xxh64(const std::string& path) {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) input_error("cannot open %s: %s", path.c_str(), std::strerror(errno));
+    ckpt_detail::Xxh64 hash;
+    std::vector<unsigned char> piece(8u << 20);
+    size_t got;
+    while ((got = std::fread(piece.data(), 1, piece.size(), f)) > 0) hash.update(piece.data(), got);
+    const bool failed = std::ferror(f) != 0;
+    std::fclose(f);
+    if (failed) input_error("cannot read %s", path.c_str());
+    return hash.digest();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -620,12 +658,16 @@ inline std::string state_path(const std::string& dir, int step, int rank) {
 inline std::string done_path(const std::string& dir, int step) { return dir + strfmt("/DONE_%08d", step); }
 
 // Mark checkpoint `step` complete. Refuses unless the model file and every rank's state file are
-// there (the number of ranks is read from rank 0's state header), so a DONE marker always means
-// "this step can be resumed from".
-inline void write_done_marker(const std::string& dir, int step) {
+// there (the number of ranks is read from rank 0's state header) and, given the checksum the writer
+// computed, the model file on disk still has it; so a DONE marker always means "this step can be resumed
+// from". (Each process verifies its own state file's checksum after writing it: save_checkpoint.)
+inline void write_done_marker(const std::string& dir, int step, const uint64_t* model_xxh64 = nullptr) {
     std::string model = model_path(dir, step), state0 = state_path(dir, step, 0);
     if (!ckpt_detail::file_exists(model))
         input_error("cannot mark checkpoint %d complete: %s is missing", step, model.c_str());
+    if (model_xxh64 && file_xxh64(model) != *model_xxh64)
+        input_error("cannot mark checkpoint %d complete: %s on disk differs from what was written (a failing disk, or "
+                    "another writer)", step, model.c_str());
     FILE* f = std::fopen(state0.c_str(), "rb");
     if (!f) input_error("cannot mark checkpoint %d complete: %s is missing", step, state0.c_str());
     unsigned char header[kStateHeaderBytes];
@@ -647,12 +689,23 @@ inline void write_done_marker(const std::string& dir, int step) {
     ckpt_detail::write_file_atomic(done_path(dir, step), {});
 }
 
-// The newest step with a DONE marker (and its model file), or -1 if there is none or `dir` does not
-// exist. Checkpoints without a marker were interrupted mid-write and are never resumed from.
+// The newest step with a DONE marker, or -1 if there is none or `dir` does not exist. Checkpoints
+// without a marker were interrupted mid-write and are never resumed from. A marked one whose files have
+// gone since is still the newest: resuming it fails with a clear message (check_checkpoint_files) rather
+// than silently resuming an older one.
 inline int find_latest_checkpoint(const std::string& dir) {
-    for (int step : ckpt_detail::done_steps(dir))
-        if (ckpt_detail::file_exists(model_path(dir, step))) return step;
-    return -1;
+    const std::vector<int> steps = ckpt_detail::done_steps(dir);
+    return steps.empty() ? -1 : steps.front();
+}
+
+// The files of a checkpoint marked complete that one process reads: the model file and its state file.
+inline void check_checkpoint_files(const std::string& dir, int step, int rank) {
+    for (const std::string& path : {model_path(dir, step), state_path(dir, step, rank)}) {
+        if (!ckpt_detail::file_exists(path))
+            input_error("checkpoint %d in %s is marked complete (%s) but %s is missing; put it back, or delete the "
+                        "marker to resume from the checkpoint before it", step, dir.c_str(), done_path(dir, step).c_str(),
+                        path.c_str());
+    }
 }
 
 // Keep the newest `keep_last` complete checkpoints; delete every checkpoint file (model, state, DONE,
@@ -678,15 +731,117 @@ inline void prune_checkpoints(const std::string& dir, int keep_last) {
                 input_error("cannot delete old checkpoint file %s: %s", path.c_str(), std::strerror(errno));
 }
 
-// mkdir -p `dir`, then prove it is writable by creating and removing a probe file: better to fail
-// now than after hours of training when the first checkpoint is due.
-inline void ensure_output_dir(const std::string& dir) {
+// ---------------------------------------------------------------------------------------------
+// the output directory: one run per directory, one trainer at a time
+// ---------------------------------------------------------------------------------------------
+
+// What `dir` holds of a run: main.log and the checkpoint files (model, state, DONE markers, leftover
+// temporaries). A missing directory holds nothing.
+struct RunFiles {
+    bool has_log = false;
+    std::vector<std::string> checkpoint_files;  // names, not paths
+    bool empty() const { return !has_log && checkpoint_files.empty(); }
+};
+
+inline RunFiles run_files(const std::string& dir) {
+    RunFiles run;
+    bool missing;
+    for (const std::string& name : ckpt_detail::list_dir(dir, &missing)) {
+        if (name == "main.log") run.has_log = true;
+        else if (ckpt_detail::checkpoint_file_step(name) >= 0) run.checkpoint_files.push_back(name);
+    }
+    std::sort(run.checkpoint_files.begin(), run.checkpoint_files.end());
+    return run;
+}
+
+// Deletes a run's main.log and checkpoint files (DONE markers first, so that no marker is left pointing
+// at deleted files); the user's other files stay.
+inline void remove_run_files(const std::string& dir) {
+    const RunFiles run = run_files(dir);
+    std::vector<std::string> doomed;
+    for (const std::string& name : run.checkpoint_files)
+        if (ckpt_detail::done_marker_step(name) >= 0) doomed.push_back(name);
+    for (const std::string& name : run.checkpoint_files)
+        if (ckpt_detail::done_marker_step(name) < 0) doomed.push_back(name);
+    if (run.has_log) doomed.push_back("main.log");
+    for (const std::string& name : doomed) {
+        const std::string path = dir + "/" + name;
+        if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+            input_error("-ow 1: cannot delete %s: %s", path.c_str(), std::strerror(errno));
+    }
+}
+
+// An exclusive lock on the output directory (flock on DIR/.lock), held until the process ends, however
+// it ends (the kernel drops it with the last descriptor, also after kill -9). The file names its holder, so
+// a second trainer on the same -o is refused at once, naming the first. (Only process 0 of a run takes it:
+// the others write their state files into the same directory.)
+class OutputDirLock {
+public:
+    OutputDirLock() = default;
+    OutputDirLock(const OutputDirLock&) = delete;
+    OutputDirLock& operator=(const OutputDirLock&) = delete;
+    ~OutputDirLock() { release(); }
+
+    bool held() const { return fd_ >= 0; }
+
+    void acquire(const std::string& dir) {
+        release();
+        const std::string path = dir + "/.lock";
+        const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) input_error("-o %s: cannot open its lock file %s: %s", dir.c_str(), path.c_str(), std::strerror(errno));
+        if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            const int err = errno;
+            char holder[256] = {0};
+            const ssize_t got = ::pread(fd, holder, sizeof(holder) - 1, 0);
+            ::close(fd);
+            std::string who = got > 0 ? std::string(holder, (size_t)got) : std::string("another process");
+            while (!who.empty() && (who.back() == '\n' || who.back() == '\0')) who.pop_back();
+            if (err == EWOULDBLOCK)
+                input_error("-o %s is in use by another trainer (%s); wait for it to end or choose another -o", dir.c_str(),
+                            who.c_str());
+            input_error("-o %s: cannot lock %s: %s", dir.c_str(), path.c_str(), std::strerror(err));
+        }
+        char host[128] = {0};
+        if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown host");
+        const std::string me = strfmt("pid %d on %s\n", (int)::getpid(), host);
+        if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != (ssize_t)me.size()) {
+            // (the lock holds without its note; a refused trainer then names "another process")
+        }
+        fd_ = fd;
+    }
+
+    void release() {
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = -1;
+    }
+
+private:
+    int fd_ = -1;
+};
+
+// The checks of -o that create nothing: a path that exists must be a directory (or a link to one).
+inline void check_output_dir_path(const std::string& dir) {
     const char* d = dir.c_str();
     if (dir.empty()) input_error("-o: the output directory name is empty");
+    struct stat st, lst;
+    if (::lstat(d, &lst) != 0) return;  // not there yet: made once every check has passed
+    if (S_ISLNK(lst.st_mode) && ::stat(d, &st) != 0)
+        input_error("-o %s is a symbolic link to something that does not exist (%s)", d, std::strerror(errno));
+    if (::stat(d, &st) == 0 && !S_ISDIR(st.st_mode)) input_error("-o %s exists and is not a directory", d);
+}
+
+// mkdir -p `dir`, then prove it is writable by creating and removing a probe file: better to fail
+// now than after hours of training when the first checkpoint is due. Returns the directories it made,
+// outermost first (RemoveIfUnused takes them away again if the run does not start).
+inline std::vector<std::string> ensure_output_dir(const std::string& dir) {
+    const char* d = dir.c_str();
+    check_output_dir_path(dir);
+    std::vector<std::string> made;
     for (size_t i = 1; i <= dir.size(); i++) {
         if (i < dir.size() && dir[i] != '/') continue;
         std::string prefix = dir.substr(0, i);
-        if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
+        if (::mkdir(prefix.c_str(), 0755) == 0) made.push_back(prefix);
+        else if (errno != EEXIST)
             input_error("-o %s is not writable: cannot create %s: %s", d, prefix.c_str(), std::strerror(errno));
     }
     struct stat st;
@@ -697,6 +852,27 @@ inline void ensure_output_dir(const std::string& dir) {
     if (fd < 0) input_error("-o %s is not writable: %s", d, std::strerror(errno));
     ::close(fd);
     ::unlink(probe.c_str());
+    return made;
 }
+
+// The directories a start made (ensure_output_dir), taken away again (innermost first, with the lock file
+// in them) unless keep() was called: a run that stops before it starts leaves no stray directories.
+class RemoveIfUnused {
+public:
+    explicit RemoveIfUnused(std::vector<std::string> dirs = {}) : dirs_(std::move(dirs)) {}
+    RemoveIfUnused(const RemoveIfUnused&) = delete;
+    RemoveIfUnused& operator=(const RemoveIfUnused&) = delete;
+    RemoveIfUnused(RemoveIfUnused&& o) noexcept : dirs_(std::move(o.dirs_)) { o.dirs_.clear(); }
+    RemoveIfUnused& operator=(RemoveIfUnused&& o) noexcept { std::swap(dirs_, o.dirs_); return *this; }
+    void keep() { dirs_.clear(); }
+    ~RemoveIfUnused() {
+        for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) {
+            ::unlink((*it + "/.lock").c_str());
+            ::rmdir(it->c_str());
+        }
+    }
+private:
+    std::vector<std::string> dirs_;
+};
 
 } // namespace llmc

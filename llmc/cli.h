@@ -71,6 +71,7 @@ struct TrainConfig {
     int checkpoint_every = 0;             // -n: write a checkpoint every N steps (0 = only at the end if -o)
     int checkpoint_keep = 0;              // -nk: keep the newest K checkpoints (0 = keep all)
     int resume = 0;                       // -y: 1 = resume from the newest complete checkpoint in -o
+    int overwrite = 0;                    // -ow: 1 = a new run (-y 0) deletes the run -o holds (main.log, checkpoints)
     int convert_recipe = 0;               // -cr: 1 = resume another recipe's checkpoint under this one
     // several processes, one GPU each (llmc/process_group.h): -pn and -pr, or what a launcher puts in
     // the environment (scripts/launch.sh, mpirun, srun); the NCCL id goes through -pf or -ps
@@ -152,6 +153,7 @@ inline std::vector<Flag> flag_table(TrainConfig& c) {
         {"-n", K::Int, &c.checkpoint_every, "write a checkpoint every N steps (0 = only at the end; needs -o)"},
         {"-nk", K::Int, &c.checkpoint_keep, "keep only the newest K checkpoints (0 = keep all)"},
         {"-y", K::Int, &c.resume, "1 = resume from the newest complete checkpoint in -o"},
+        {"-ow", K::Int, &c.overwrite, "1 = start afresh in an -o that holds a run, deleting its main.log and checkpoints"},
         {"-cr", K::Int, &c.convert_recipe, "1 = resume a checkpoint of another recipe under this one (its recipe state starts afresh)"},
         {"-pn", K::Int, &c.num_processes, "processes (one GPU each) in a data-parallel run (0 = from the launcher's environment, else 1)"},
         {"-pr", K::Int, &c.process_rank, "this process's rank in [0, -pn) (-1 = from the launcher's environment)"},
@@ -425,6 +427,9 @@ inline void validate_config(TrainConfig& cfg) {
     if (cfg.convert_recipe != 0 && cfg.convert_recipe != 1) input_error("-cr %d: must be 0 or 1", cfg.convert_recipe);
     if (cfg.resume == 1 && cfg.output_dir.empty())
         input_error("-y 1: resuming needs the checkpoint directory; pass it with -o DIR");
+    if (cfg.overwrite != 0 && cfg.overwrite != 1) input_error("-ow %d: must be 0 or 1", cfg.overwrite);
+    if (cfg.overwrite == 1 && cfg.resume == 1)
+        input_error("-ow 1 -y 1: resuming keeps the run in -o, -ow 1 deletes it; pass one of them");
 }
 
 inline bool parse_model_descriptor(const std::string& s, ModelShape* shape) {

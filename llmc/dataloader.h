@@ -29,11 +29,13 @@
 #include <glob.h>
 #include <sys/stat.h>
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 #include "common.h"
 #include "rand.h"
@@ -146,8 +148,9 @@ public:
             int64_t chunks = info.num_tokens > 0 ? (info.num_tokens - 1) / global_tokens_ : 0;
             if (chunks == 0) {
                 if (micro_steps == 1)
-                    input_error("shard %s has %lld tokens, fewer than one batch needs (B*T*P+1 = %lld); lower -b/-t",
-                                info.path.c_str(), (long long)info.num_tokens, (long long)(global_tokens_ + 1));
+                    input_error("shard %s has %lld tokens, fewer than one batch needs (B*T*P+1 = %lld with P = %d "
+                                "processes); lower -b/-t%s", info.path.c_str(), (long long)info.num_tokens,
+                                (long long)(global_tokens_ + 1), num_processes, num_processes > 1 ? " or -pn" : "");
                 input_error("shard %s has %lld tokens, fewer than one optimizer step needs (-d + 1 = %lld); lower -d",
                             info.path.c_str(), (long long)info.num_tokens, (long long)(global_tokens_ + 1));
             }
@@ -202,6 +205,17 @@ public:
     // Continue from a saved position (the same shards, B, T and processes are assumed; the
     // checkpoint code checks those). Loads the shard that position points into.
     void restore(const DataLoaderState& s) {
+        check_position(s);
+        pos_ = s;
+        micro_ = 0;
+        shard_order_ = shard_order_for(s.epoch);
+        shard_order_epoch_ = s.epoch;
+        have_shard_order_ = true;
+        prepare();
+    }
+
+    // Throws unless `s` is a position in these shards (what restore needs; reads no tokens).
+    void check_position(const DataLoaderState& s) const {
         if (s.shard_pos >= shards_.size())
             input_error("data position (epoch %llu, shard %llu, chunk %llu) is out of range: %s '%s' has %zu shard(s); "
                         "resume with the same data",
@@ -215,12 +229,31 @@ public:
                         "of %lld tokens; resume with the same data, -b, -t, -d and process count",
                         (unsigned long long)s.epoch, (unsigned long long)s.shard_pos, (unsigned long long)s.chunk_pos,
                         shards_[shard].path.c_str(), (long long)shard_chunks_[shard], (long long)global_tokens_);
-        pos_ = s;
-        micro_ = 0;
-        shard_order_ = order;
-        shard_order_epoch_ = s.epoch;
-        have_shard_order_ = true;
-        prepare();
+    }
+
+    // Checks the token ids of every shard now, on up to `threads` host threads, where all shards together
+    // hold at most `max_tokens` (a larger data set is checked shard by shard as training reaches it, and a
+    // bad token there stops the run with one line, its newest checkpoint kept). Throws for the first bad
+    // shard in shard order.
+    bool check_all_tokens(int64_t max_tokens, int threads) {
+        if (total_tokens_ > max_tokens) return false;
+        std::vector<std::string> errors(shards_.size());
+        std::atomic<size_t> next{0};
+        auto worker = [&]() {
+            std::vector<unsigned char> piece(4u << 20);
+            for (size_t i; (i = next.fetch_add(1)) < shards_.size();) {
+                try { scan_shard_tokens(shards_[i], piece); }
+                catch (const InputError& e) { errors[i] = e.what(); }
+            }
+        };
+        std::vector<std::thread> pool;
+        const int n = (int)std::max<size_t>(1, std::min<size_t>((size_t)std::max(threads, 1), shards_.size()));
+        for (int t = 1; t < n; t++) pool.emplace_back(worker);
+        worker();
+        for (std::thread& t : pool) t.join();
+        for (const std::string& e : errors)
+            if (!e.empty()) throw InputError(e);
+        return true;
     }
 
     // chunks per epoch: optimizer steps (batches, for an evaluation loader with micro_steps 1)
@@ -266,6 +299,31 @@ private:
             chunk_order_shard_ = shard;
             have_chunk_order_ = true;
         }
+    }
+
+    // Reads a shard's tokens piece by piece and checks each id against the vocab (nothing kept).
+    void scan_shard_tokens(const ShardInfo& info, std::vector<unsigned char>& piece) const {
+        const char* p = info.path.c_str();
+        FILE* f = std::fopen(p, "rb");
+        if (!f) input_error("cannot open token shard %s: %s", p, std::strerror(errno));
+        bool ok = std::fseek(f, (long)kShardHeaderBytes, SEEK_SET) == 0;
+        size_t at = 0;  // tokens checked so far
+        const size_t total = (size_t)info.num_tokens;
+        while (ok && at < total) {
+            const size_t want = std::min(piece.size() / 2, total - at);
+            ok = std::fread(piece.data(), 1, 2 * want, f) == 2 * want;
+            for (size_t i = 0; ok && i < want; i++) {
+                const unsigned t = (unsigned)piece[2 * i] | ((unsigned)piece[2 * i + 1] << 8);
+                if ((int)t >= vocab_size_) {
+                    std::fclose(f);
+                    input_error("token id %u at position %zu in %s is >= vocab size %d; the shard was not made with the "
+                                "GPT-2 tokenizer", t, at + i, p, vocab_size_);
+                }
+            }
+            at += want;
+        }
+        std::fclose(f);
+        if (!ok) input_error("cannot read the tokens of shard %s (truncated?); %s", p, kShardHint);
     }
 
     // Reads a whole shard into tokens_ and checks every token id against the vocab.

@@ -127,5 +127,104 @@ fi
 head -c 5000 "$ck/model_00000010.bin" > "$work/truncated_model.bin"
 expect_error "truncated model file" "truncated_model.bin" "${base[@]}" -e "$work/truncated_model.bin"
 
+# expect_untouched NAME DIR LISTING: DIR's files and contents are as LISTING (from `listing DIR`) says (the
+# lock file a trainer takes on an existing -o, .lock, aside)
+listing() { (cd "$1" 2>/dev/null && find . \( -type f -o -type l \) ! -name .lock | sort | xargs -r md5sum) ; }
+expect_untouched() {
+    if [[ "$(listing "$2")" == "$3" ]]; then echo "[PASS] $1"; passed=$((passed + 1))
+    else echo "[FAIL] $1: the directory's files changed"; failed=$((failed + 1)); fi
+}
+
+# ---- the output directory: one run per directory, one trainer at a time ----
+run="$work/run"; mkdir -p "$run"; echo "s:0 trl:10.9" > "$run/main.log"; touch "$run/DONE_00000005" "$run/notes.txt"
+before=$(listing "$run")
+expect_error "-y 0 into a directory that holds a run" "holds a run already" "${base[@]}" -o "$run"
+expect_untouched "a refused -y 0 leaves the old run's files as they were" "$run" "$before"
+expect_error "-ow 1 with -y 1" "-ow 1 -y 1" "${base[@]}" -o "$run" -ow 1 -y 1
+# -ow 1 deletes the old run only once every check has passed, the GPU's included
+if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    cp -r "$run" "$work/run_ow"
+    out=$("$TRAINER" "${base[@]}" -o "$work/run_ow" -ow 1 2>&1); rc=$?
+    if [[ $rc -eq 0 && ! -e "$work/run_ow/DONE_00000005" && -f "$work/run_ow/notes.txt" ]] && ! grep -q "trl:10.9" "$work/run_ow/main.log"; then
+        echo "[PASS] -ow 1 replaces the run in -o (its main.log and checkpoints), keeping other files"; passed=$((passed + 1))
+    else
+        echo "[FAIL] -ow 1: exit $rc, $(tail -n 2 <<<"$out")"; failed=$((failed + 1))
+    fi
+else
+    expect_error "-ow 1 without a GPU" "no CUDA device" "${base[@]}" -o "$run" -ow 1
+    expect_untouched "-ow 1 deletes nothing when a check fails (here: no GPU)" "$run" "$before"
+    expect_error "a new -o without a GPU" "no CUDA device" "${base[@]}" -o "$work/fresh/run"
+    if [[ ! -e "$work/fresh" ]]; then echo "[PASS] a run that does not start leaves no -o directory"; passed=$((passed + 1))
+    else echo "[FAIL] a run that did not start left $work/fresh"; failed=$((failed + 1)); fi
+fi
+# a directory another trainer holds: its lock file names the holder
+locked="$work/locked"; mkdir -p "$locked"
+python3 - "$locked/.lock" <<'PY' &
+import fcntl, sys, time
+f = open(sys.argv[1], "w"); f.write("pid 4242 on the-other-host\n"); f.flush()
+fcntl.flock(f, fcntl.LOCK_EX); open(sys.argv[1] + ".held", "w").close(); time.sleep(60)
+PY
+holder=$!
+for _ in $(seq 100); do [[ -f "$locked/.lock.held" ]] && break; sleep 0.1; done
+rm -f "$locked/.lock.held"
+expect_error "a second trainer on a locked -o" "in use by another trainer (pid 4242 on the-other-host)" "${base[@]}" -o "$locked"
+kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
+# nothing is created when a later check fails
+expect_error "-o not created when a check fails" "badmagic.bin" -i "$good" -j "$work/badmagic.bin" -b 2 -t 64 -o "$work/new/run"
+if [[ ! -e "$work/new" ]]; then echo "[PASS] a refused start creates no -o directory"; passed=$((passed + 1))
+else echo "[FAIL] a refused start created $work/new"; failed=$((failed + 1)); fi
+ln -s "$work/nowhere" "$work/dangling"
+expect_error "-o a dangling symbolic link" "symbolic link to something that does not exist" "${base[@]}" -o "$work/dangling"
+expect_error "-e a directory" "is a directory, not a model file" "${base[@]}" -e "$work"
+expect_error "-pf a missing directory" "-pf $work/no_such_dir: not a directory" "${base[@]}" -pn 2 -pr 0 -pf "$work/no_such_dir"
+# the second shard in sorted order holds a token id >= vocab: refused at start-up, not mid-run
+mkdir -p "$work/shards"; cp "$good" "$work/shards/a.bin"; cp "$work/badtoken.bin" "$work/shards/b.bin"
+expect_error "a bad token in a later shard" "shards/b.bin is >= vocab size" -i "$work/shards/*.bin" -j "$good" -b 2 -t 64
+
+# ---- checkpoints that fail a check before the GPU: a tiny model (V = Vp = 64, C = 8, L = 1) and its state ----
+# make_checkpoint DIR [field=value ...]: model and state files (state file version 1: FNV-1a) and DONE of step 10
+make_checkpoint() {
+    python3 - "$@" <<'PY'
+import struct, sys
+d, over = sys.argv[1], dict(a.split("=", 1) for a in sys.argv[2:])
+maxT, V, L, NH, C, Vp = 64, 64, 1, 1, 8, 64
+n = Vp*C + maxT*C + L*(12*C*C + 13*C) + 2*C
+h = [0]*256; h[0:8] = [20240326, 5, maxT, V, L, NH, C, Vp]
+if "model" not in over:
+    with open(f"{d}/model_00000010.bin", "wb") as f: f.write(struct.pack("<256i", *h)); f.write(bytes(2*n))
+nopt = int(over.get("nopt", n))
+sections = [("adam_m", bytes(4*nopt)), ("adam_v", bytes(4*nopt)), ("master_weights", bytes(4*nopt)),
+            ("optimizer_sharding", struct.pack("<2i", 1, 0)),
+            ("dataloader", struct.pack("<3Q", 0, int(over.get("shard_pos", 0)), 0)),
+            ("adam_steps", struct.pack("<q", 10)), ("batch_shape", struct.pack("<2i", 2, 64)),
+            ("seed", struct.pack("<Q", 7)), ("grad_accum_steps", struct.pack("<i", 1)), ("recompute", struct.pack("<i", 1))]
+body = struct.pack("<IIqii32sII", 20241122, 1, 10, int(over.get("rank", 0)), 1, b"bf16", len(sections), 0)
+for name, data in sections: body += struct.pack("<32sQ", name.encode(), len(data)) + data
+fnv = 0xcbf29ce484222325
+for byte in body: fnv = ((fnv ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+with open(f"{d}/state_00000010_00000.bin", "wb") as f: f.write(body + struct.pack("<Q", fnv))
+open(f"{d}/DONE_00000010", "w").close()
+PY
+}
+python3 - "$work/small.bin" <<'PY'
+import struct, sys, random
+rng = random.Random(1); n = 4000
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0]*253))); f.write(struct.pack("<%dH" % n, *[rng.randrange(64) for _ in range(n)]))
+PY
+mkdir -p "$work/ckmodel"; make_checkpoint "$work/ckmodel"
+small=(-e "$work/ckmodel/model_00000010.bin" -i "$work/small.bin" -j "$work/small.bin" -b 2 -t 64 -x 1 -s 0 -sd 7 -cr 1 -y 1)
+ck_case() { # NAME FRAGMENT field=value...: a checkpoint with the fields given, resumed
+    local name=$1 fragment=$2; shift 2
+    local d; d=$(mktemp -d "$work/ck_XXXX"); make_checkpoint "$d" "$@"
+    local logbefore; echo "keep" > "$d/main.log"; logbefore=$(listing "$d")
+    expect_error "$name" "$fragment" "${small[@]}" -o "$d"
+    expect_untouched "$name: the checkpoint is left as it was" "$d" "$logbefore"
+}
+ck_case "resume: data position out of range" "data position (epoch 0, shard 5, chunk 0) is out of range" shard_pos=5
+ck_case "resume: a state file of another process" "not process 0's" rank=1
+ck_case "resume: optimizer state of another size" "the file does not belong to this checkpoint" nopt=100
+ck_case "resume: a complete checkpoint whose model file is gone" "is marked complete" model=none
+
 echo "bad-input tests: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

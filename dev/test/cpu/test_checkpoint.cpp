@@ -274,11 +274,12 @@ TEST_CASE("checkpoint: atomic writes leave no temp file and never clobber on fai
     std::string p = dir / "model.bin";
     llmc::write_model_file(p, s, 3, a.data(), n * 4);
     std::vector<unsigned char> before = read_bytes(p);
-    REQUIRE(mkdir((p + ".tmp").c_str(), 0755) == 0);
+    const std::string tmp = llmc::ckpt_detail::temp_path(p);
+    REQUIRE(mkdir(tmp.c_str(), 0755) == 0);
     msg = error_of([&] { llmc::write_model_file(p, s, 3, b.data(), n * 4); });
     CHECK(contains(msg, "cannot write " + p));
     CHECK(read_bytes(p) == before);
-    rmdir((p + ".tmp").c_str());
+    rmdir(tmp.c_str());
 
     // the destination is a non-empty directory, so the final rename fails: the temp file is removed
     std::string d = dir / "occupied";
@@ -286,7 +287,7 @@ TEST_CASE("checkpoint: atomic writes leave no temp file and never clobber on fai
     touch(d + "/keep");
     msg = error_of([&] { llmc::write_model_file(d, s, 3, b.data(), n * 4); });
     CHECK(contains(msg, "cannot write " + d));
-    CHECK_FALSE(exists(d + ".tmp"));
+    CHECK_FALSE(exists(llmc::ckpt_detail::temp_path(d)));
     CHECK(exists(d + "/keep"));
 
     // state files go through the same path
@@ -513,10 +514,18 @@ TEST_CASE("checkpoint: DONE markers and finding the latest checkpoint") {
     touch(dir / "main.log");
     CHECK(llmc::find_latest_checkpoint(d) == 10);
 
-    // a marker whose model file has gone is not resumable
+    // a marker whose model file has gone is still the newest, and resuming it is refused, naming the file
+    // and the marker (not an older checkpoint resumed without a word)
     write_checkpoint(d, 50);
     CHECK(llmc::find_latest_checkpoint(d) == 50);
+    llmc::check_checkpoint_files(d, 50, 0);
     REQUIRE(unlink(llmc::model_path(d, 50).c_str()) == 0);
+    CHECK(llmc::find_latest_checkpoint(d) == 50);
+    std::string gone = error_of([&] { llmc::check_checkpoint_files(d, 50, 0); });
+    CHECK(contains(gone, llmc::model_path(d, 50)));
+    CHECK(contains(gone, llmc::done_path(d, 50)));
+    CHECK(contains(error_of([&] { llmc::check_checkpoint_files(d, 10, 1); }), llmc::state_path(d, 10, 1)));
+    REQUIRE(unlink(llmc::done_path(d, 50).c_str()) == 0);
     CHECK(llmc::find_latest_checkpoint(d) == 10);
 
     // the marker is refused until every file of the step is there
@@ -537,6 +546,108 @@ TEST_CASE("checkpoint: DONE markers and finding the latest checkpoint") {
     llmc::write_done_marker(d, 60);
     CHECK(llmc::find_latest_checkpoint(d) == 60);
     CHECK_FALSE(exists(llmc::done_path(d, 60) + ".tmp"));
+}
+
+TEST_CASE("checkpoint: the model file's checksum and the DONE marker") {
+    TempDir dir;
+    const std::string& d = dir.path;
+    ModelShape s = tiny_shape();
+    std::vector<float> params = ramp(llmc::num_parameters(s), 0.25f);
+    const uint64_t sum = llmc::write_model_file(llmc::model_path(d, 7), s, 3, params.data(), params.size() * 4);
+    CHECK(sum == llmc::file_xxh64(llmc::model_path(d, 7)));
+    std::vector<unsigned char> bytes = read_bytes(llmc::model_path(d, 7));
+    CHECK(sum == llmc::ckpt_detail::xxh64(bytes.data(), bytes.size()));
+    llmc::StateWriter w(7, 0, 1, "fp32");
+    w.write_atomic(llmc::state_path(d, 7, 0));
+    // a model file changed on disk after it was written: no marker
+    uint64_t other = sum ^ 1;
+    CHECK(contains(error_of([&] { llmc::write_done_marker(d, 7, &other); }), "differs from what was written"));
+    CHECK_FALSE(exists(llmc::done_path(d, 7)));
+    llmc::write_done_marker(d, 7, &sum);
+    CHECK(exists(llmc::done_path(d, 7)));
+}
+
+TEST_CASE("checkpoint: temporary names are per process and count as checkpoint files") {
+    const std::string t = llmc::ckpt_detail::temp_path("out/model_00000010.bin");
+    CHECK(t == "out/model_00000010.bin.tmp." + std::to_string(getpid()));
+    CHECK(llmc::ckpt_detail::checkpoint_file_step("model_00000010.bin.tmp.123") == 10);
+    CHECK(llmc::ckpt_detail::checkpoint_file_step("state_00000020_00001.bin.tmp.9") == 20);
+    CHECK(llmc::ckpt_detail::checkpoint_file_step("DONE_00000030.tmp.77") == 30);
+    CHECK(llmc::ckpt_detail::checkpoint_file_step("DONE_00000030.tmp") == 30);
+    CHECK(llmc::ckpt_detail::checkpoint_file_step("model_00000010.bin.tmp.x1") == -1);
+    CHECK(llmc::ckpt_detail::checkpoint_file_step("notes.tmp.12") == -1);
+    CHECK(llmc::ckpt_detail::done_marker_step("DONE_00000030.tmp.77") == -1);  // never a marker
+}
+
+TEST_CASE("checkpoint: the output directory's run, its removal, and its lock") {
+    TempDir dir;
+    const std::string& d = dir.path;
+    CHECK(llmc::run_files(d).empty());
+    CHECK(llmc::run_files(dir / "absent").empty());
+    touch(dir / "notes.txt");
+    touch(dir / ".lock");
+    CHECK(llmc::run_files(d).empty());  // the user's files and the lock are not a run
+    touch(dir / "main.log");
+    CHECK(llmc::run_files(d).has_log);
+    write_checkpoint(d, 10);
+    touch(dir / "model_00000020.bin.tmp.99");
+    llmc::RunFiles run = llmc::run_files(d);
+    CHECK(run.checkpoint_files.size() == 4);  // model, state, DONE of step 10, the leftover temporary
+    llmc::remove_run_files(d);
+    CHECK(llmc::run_files(d).empty());
+    CHECK(exists(dir / "notes.txt"));
+
+    // the lock: a second holder is refused, naming the first; released, it can be taken again
+    {
+        llmc::OutputDirLock first, second;
+        first.acquire(d);
+        CHECK(first.held());
+        std::string msg = error_of([&] { second.acquire(d); });
+        CHECK(contains(msg, "in use by another trainer"));
+        CHECK(contains(msg, "pid " + std::to_string(getpid())));
+        CHECK_FALSE(second.held());
+        first.release();
+        second.acquire(d);
+        CHECK(second.held());
+    }
+    llmc::OutputDirLock again;
+    again.acquire(d);  // (the destructors released it)
+    CHECK(contains(error_of([&] { llmc::OutputDirLock l; l.acquire(dir / "absent"); }), "lock file"));
+}
+
+TEST_CASE("checkpoint: the directories a start made go again unless the run starts") {
+    TempDir dir;
+    {
+        llmc::RemoveIfUnused made(llmc::ensure_output_dir(dir / "a/b/c"));
+        llmc::OutputDirLock lock;
+        lock.acquire(dir / "a/b/c");
+        CHECK(exists(dir / "a/b/c/.lock"));
+    }
+    CHECK_FALSE(exists(dir / "a"));
+    {
+        llmc::RemoveIfUnused made(llmc::ensure_output_dir(dir / "a/b"));
+        made.keep();
+    }
+    CHECK(exists(dir / "a/b"));
+    CHECK(llmc::ensure_output_dir(dir / "a/b").empty());  // nothing new made
+    {
+        llmc::RemoveIfUnused made(llmc::ensure_output_dir(dir / "a/b/c"));
+        touch(dir / "a/b/c/main.log");  // not empty: left alone
+    }
+    CHECK(exists(dir / "a/b/c/main.log"));
+}
+
+TEST_CASE("checkpoint: -o checks that create nothing") {
+    TempDir dir;
+    llmc::check_output_dir_path(dir / "not_yet");  // fine: made later
+    CHECK_FALSE(exists(dir / "not_yet"));
+    touch(dir / "file");
+    CHECK(contains(error_of([&] { llmc::check_output_dir_path(dir / "file"); }), "is not a directory"));
+    REQUIRE(symlink((dir / "nowhere").c_str(), (dir / "dangling").c_str()) == 0);
+    CHECK(contains(error_of([&] { llmc::check_output_dir_path(dir / "dangling"); }), "symbolic link"));
+    REQUIRE(symlink(dir.path.c_str(), (dir / "link").c_str()) == 0);
+    llmc::check_output_dir_path(dir / "link");  // a link to a directory is fine
+    CHECK(contains(error_of([&] { llmc::read_model_header(dir.path); }), "is a directory"));
 }
 
 TEST_CASE("checkpoint: pruning keeps the newest complete checkpoints") {

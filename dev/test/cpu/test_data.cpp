@@ -433,7 +433,8 @@ TEST_CASE("shards: a shard too small for one batch is an error that says what to
     write_shard(p, iota_tokens(64, 0));
     // B*T*P + 1 = 2*16*2 + 1 = 65 > 64
     std::string msg = input_error_of([&] { DataLoader dl(p, "-i", 2, 16, 0, 2, false, 0, 50257); });
-    CHECK(msg == "shard " + p + " has 64 tokens, fewer than one batch needs (B*T*P+1 = 65); lower -b/-t");
+    CHECK(msg == "shard " + p + " has 64 tokens, fewer than one batch needs (B*T*P+1 = 65 with P = 2 processes); "
+                 "lower -b/-t or -pn");
     // with one process it fits: (64 - 1) / 32 = 1 chunk
     DataLoader dl(p, "-i", 2, 16, 0, 1, false, 0, 50257);
     CHECK(dl.batches_per_epoch() == 1);
@@ -909,4 +910,30 @@ TEST_CASE("dataloader: a step's data depends on -d alone, not on how processes a
     write_shard(small, iota_tokens(30, 0));
     CHECK(contains(input_error_of([&] { DataLoader d(small, "-i", B, T, 0, 1, false, 5, 50257, 8); }),
                               "fewer than one optimizer step needs (-d + 1 = 49); lower -d"));
+}
+
+TEST_CASE("shards: every shard's token ids are checked at start-up, on several threads") {
+    TempDir td;
+    for (int i = 0; i < 5; i++) {
+        std::vector<uint16_t> tokens = iota_tokens(1000, 0);
+        if (i == 3) tokens[777] = 60000;
+        write_shard(td.path("s" + std::to_string(i) + ".bin"), tokens);
+    }
+    // the constructor reads only the first shard of the order: s3's bad token is not seen yet
+    DataLoader dl(td.path("s*.bin"), "-i", 2, 16, 0, 1, false, 0, 50257);
+    CHECK_FALSE(dl.check_all_tokens(4000, 4));  // more tokens than the limit: left for later
+    for (int threads : {1, 3, 8}) {
+        CAPTURE(threads);
+        std::string msg = input_error_of([&] { dl.check_all_tokens(1 << 20, threads); });
+        CHECK(msg.find("token id 60000 at position 777 in " + td.path("s3.bin")) != std::string::npos);
+    }
+    // a shard reached in training with a bad token is the same error (the trainer stops with it)
+    DataLoader clean(td.path("s[0124].bin"), "-i", 2, 16, 0, 1, false, 0, 50257);
+    CHECK(clean.check_all_tokens(1 << 20, 2));
+    // a saved position is checked without loading anything
+    DataLoaderState far;
+    far.shard_pos = 9;
+    CHECK(input_error_of([&] { clean.check_position(far); }).find("out of range") != std::string::npos);
+    far.shard_pos = 1;
+    clean.check_position(far);
 }
