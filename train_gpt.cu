@@ -887,7 +887,8 @@ inline void save_checkpoint(const GPT* model, const std::string& dir, int step, 
 // are taken and this recipe's state starts afresh). No GPU needed.
 inline void check_checkpoint(const std::string& dir, int step, const ModelShape& shape, int B, int T, uint64_t seed,
                              int rank, int num_processes, bool convert_recipe = false, int zero_owners = 1,
-                             int grad_accum_steps = 1, const DataLoader* train_loader = nullptr) {
+                             int grad_accum_steps = 1, const DataLoader* train_loader = nullptr,
+                             const RecipeOptions* recipe_options = nullptr) {
     check_checkpoint_files(dir, step, rank);
     ModelFileInfo info = read_model_header(model_path(dir, step));
     if (info.version != CHECKPOINT_VERSION) {
@@ -964,6 +965,8 @@ inline void check_checkpoint(const std::string& dir, int step, const ModelShape&
                             "checkpoint", state_path(dir, step, rank).c_str(), name, r.size_of(name), want);
         }
     }
+    // the recipe's state against this run's options (a checkpoint of another recipe, taken with -cr 1, has none)
+    if (recipe_options && r.recipe() == RECIPE_NAME) check_recipe_checkpoint(*recipe_options, shape.num_layers, r);
     if (train_loader) {
         DataLoaderState data;
         r.read("dataloader", &data, sizeof(data));
@@ -1116,6 +1119,13 @@ int main(int argc, char** argv) {
             shape = init_info.shape;
             check_seq_len(cfg, shape);
         }
+        check_bf16_layers_for_model(recipe_options, shape.num_layers);
+        // the environment switches, the recipe's and the trainer's
+        check_recipe_environment(recipe_options);
+        check_env_choice("LLMC_PROFILE", {"0", "1", "2"}, "0 (off), 1 (the per-phase GPU time table) or 2 (with the linears "
+                         "split into their GEMMs)");
+        check_env_choice("LLMC_CUDNN_DETERMINISTIC", {"0", "1"}, "0 (cuDNN's faster attention backward) or 1 (its "
+                         "deterministic one)");
         if (!cfg.init_dir.empty()) {
             struct stat st;
             if (stat(cfg.init_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
@@ -1156,7 +1166,7 @@ int main(int argc, char** argv) {
                 resume_step = find_latest_checkpoint(dir);
                 if (resume_step >= 0) check_checkpoint(dir, resume_step, shape, cfg.B, cfg.T, cfg.seed, cfg.process_rank,
                                                      cfg.num_processes, cfg.convert_recipe != 0, sharded ? cfg.num_processes : 1,
-                                                     cfg.grad_accum_steps, train_loader.get());
+                                                     cfg.grad_accum_steps, train_loader.get(), &recipe_options);
                 // -r -1 resumes with the checkpoint's choice (the same bits); an explicit -r is taken as given
                 if (resume_step >= 0 && cfg.recompute < 0) {
                     recompute_from_checkpoint = checkpoint_recompute(dir, resume_step, cfg.process_rank);

@@ -3,7 +3,12 @@
 // from, and RecipeContext, what recipe_init gets from the run besides the flags.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
 #include <string>
+#include <type_traits>
+#include <algorithm>
 #include "common.h"
 #include "flags.h"
 
@@ -35,6 +40,42 @@ inline void resolve_skip_defaults(LayersKeptInBf16& o, int default_first, int de
 inline bool layer_is_quantized(const LayersKeptInBf16& o, int layer, int num_layers) {
     return layer >= o.skip_first && layer < num_layers - o.skip_last;
 }
+
+// -sqf / -sql against the model, before the GPU: layers that exist, and at least one left to quantize (a
+// recipe whose every layer stays BF16 is the BF16 recipe under another name, which a user never means).
+// Options without -sqf / -sql have nothing to check.
+template <class Options>
+inline void check_bf16_layers_for_model(const Options& options, int num_layers) {
+    if constexpr (std::is_base_of_v<LayersKeptInBf16, Options>) {
+        const LayersKeptInBf16& o = options;
+        const int first = std::max(o.skip_first, 0), last = std::max(o.skip_last, 0);
+        if (first + last >= num_layers)
+            llmc::input_error("-sqf %d -sql %d: the model has %d layers, so no layer would be quantized; lower them, or "
+                              "train with train_gpt_bf16", o.skip_first, o.skip_last, num_layers);
+    } else {
+        (void)options; (void)num_layers;
+    }
+}
+
+// An environment switch of a recipe or of the trainer, checked before the GPU: unset, or one of `allowed`;
+// anything else stops the run with one line ("NAME must be <meaning>, got 'VALUE'").
+inline void check_env_choice(const char* name, std::initializer_list<const char*> allowed, const char* meaning) {
+    const char* v = std::getenv(name);
+    if (!v) return;
+    for (const char* a : allowed)
+        if (std::strcmp(v, a) == 0) return;
+    llmc::input_error("%s must be %s, got '%s'", name, meaning, v);
+}
+
+// A checkpoint's recipe state against this run's options, before the GPU (a recipe whose state depends on
+// its options overloads this for its options type, with llmc::StateReader; the template checks nothing).
+template <class Options, class Reader>
+inline void check_recipe_checkpoint(const Options&, int /*num_layers*/, const Reader&) {}
+
+// A recipe's own environment switches (its options.h overloads this for its options type; the template is
+// for recipes without any).
+template <class Options>
+inline void check_recipe_environment(const Options&) {}
 
 // -lq: the recipe's quantization telemetry, lines in main.log
 struct TelemetryInterval {

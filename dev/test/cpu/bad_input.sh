@@ -81,6 +81,18 @@ case "$recipe" in
         expect_error "tcfp12: bad block size" "-tb 48" -tb 48 ;;
     example) expect_error "example: unknown weight format" "-wf e3m4: the weight format must be e4m3 or e5m2" "${base[@]}" -wf e3m4 ;;
 esac
+# -sqf / -sql that leave no layer to quantize (the recipes that have them)
+case "$recipe" in fp8 | nvfp4 | vcast | tcfp12 | example)
+    expect_error "-sqf beyond the model's layers" "the model has 12 layers, so no layer would be quantized" "${base[@]}" -sqf 100 ;;
+esac
+# environment switches: a bad value stops the run before the GPU (the recipe's own, and the trainer's)
+case "$recipe" in
+    fp8) LLMC_FP8_FUSED_GEMM=2 expect_error "bad LLMC_FP8_FUSED_GEMM" "LLMC_FP8_FUSED_GEMM must be 0" "${base[@]}" ;;
+    nvfp4) LLMC_NVFP4_EMULATE=yes expect_error "bad LLMC_NVFP4_EMULATE" "LLMC_NVFP4_EMULATE must be 0" "${base[@]}" ;;
+    tcfp12) LLMC_TCFP12_CONCAT=2 expect_error "bad LLMC_TCFP12_CONCAT" "LLMC_TCFP12_CONCAT must be 0" "${base[@]}" ;;
+    q115) LLMC_Q115_FUSED_GEMM=on expect_error "bad LLMC_Q115_FUSED_GEMM" "LLMC_Q115_FUSED_GEMM must be 0" "${base[@]}" ;;
+esac
+LLMC_PROFILE=3 expect_error "bad LLMC_PROFILE" "LLMC_PROFILE must be 0 (off), 1" "${base[@]}"
 other_flag=-fh; [[ "$recipe" == fp8 ]] && other_flag=-tb
 expect_error "a flag of another recipe" "unknown flag '$other_flag': not a flag of the $recipe recipe (train_gpt_$recipe -h lists them)" \
     "${base[@]}" "$other_flag" 1
@@ -198,7 +210,10 @@ sections = [("adam_m", bytes(4*nopt)), ("adam_v", bytes(4*nopt)), ("master_weigh
             ("dataloader", struct.pack("<3Q", 0, int(over.get("shard_pos", 0)), 0)),
             ("adam_steps", struct.pack("<q", 10)), ("batch_shape", struct.pack("<2i", 2, 64)),
             ("seed", struct.pack("<Q", 7)), ("grad_accum_steps", struct.pack("<i", 1)), ("recompute", struct.pack("<i", 1))]
-body = struct.pack("<IIqii32sII", 20241122, 1, 10, int(over.get("rank", 0)), 1, b"bf16", len(sections), 0)
+if "fp8_options" in over:
+    sections.append(("fp8_options", struct.pack("<4i", *[int(x) for x in over["fp8_options"].split(",")])))
+recipe = over.get("recipe", "bf16").encode()
+body = struct.pack("<IIqii32sII", 20241122, 1, 10, int(over.get("rank", 0)), 1, recipe, len(sections), 0)
 for name, data in sections: body += struct.pack("<32sQ", name.encode(), len(data)) + data
 fnv = 0xcbf29ce484222325
 for byte in body: fnv = ((fnv ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
@@ -225,6 +240,11 @@ ck_case "resume: data position out of range" "data position (epoch 0, shard 5, c
 ck_case "resume: a state file of another process" "not process 0's" rank=1
 ck_case "resume: optimizer state of another size" "the file does not belong to this checkpoint" nopt=100
 ck_case "resume: a complete checkpoint whose model file is gone" "is marked complete" model=none
+# the FP8 recipe's state under other -fh/-fm/-sqf/-sql: refused before the GPU
+if [[ "$recipe" == fp8 ]]; then
+    ck_case "resume: an FP8 checkpoint of other -fh/-fm/-sqf/-sql" "written with -fh 16 -fm 0 -sqf 0 -sql 0, this run has -fh 1024" \
+        recipe=fp8 fp8_options=16,0,0,0
+fi
 
 echo "bad-input tests: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -125,7 +125,7 @@ inline int fp8_linear_index(LinearId id) { return id.layer * NUM_LINEAR_KINDS + 
 inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T,
                         const RecipeContext& = RecipeContext()) {
     r.options = o;
-    resolve_skip_defaults(r.options, 0, 0);
+    resolve_fp8_defaults(r.options);
     r.L = shape.num_layers; r.C = shape.channels; r.B = B; r.T = T;
     linear_scratch_init(r.scratch, r.C);
     r.num_linears = r.L * NUM_LINEAR_KINDS;

@@ -25,3 +25,8 @@ inline void check_recipe_options(const Nvfp4Options& o, bool has_output_dir) {
     check_switch("-fos", o.fp4_four_over_six);
     check_telemetry(o, has_output_dir);
 }
+
+// its environment switches (read again when the recipe sets itself up on the GPU)
+inline void check_recipe_environment(const Nvfp4Options&) {
+    check_env_choice("LLMC_NVFP4_EMULATE", {"0", "1"}, "0 (native FP4 GEMMs where the GPU has them) or 1 (the emulation everywhere)");
+}

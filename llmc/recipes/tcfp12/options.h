@@ -33,3 +33,9 @@ inline void check_recipe_options(const Tcfp12RecipeOptions& o, bool has_output_d
     check_switch("-tfa", o.tcfp_fast_accum);
     check_telemetry(o, has_output_dir);
 }
+
+// its environment switches (read again when the recipe sets itself up on the GPU)
+inline void check_recipe_environment(const Tcfp12RecipeOptions&) {
+    check_env_choice("LLMC_TCFP12_SPECULATE", {"0", "1"}, "0 (an amax pass before every quantization) or 1 (speculative fresh scales)");
+    check_env_choice("LLMC_TCFP12_CONCAT", {"0", "1"}, "0 (two GEMMs) or 1 (one K-concatenated GEMM)");
+}
