@@ -143,5 +143,25 @@ if [[ "$(basename "$TRAINER")" == *_tcfp12 ]]; then
             || bad "$opts: resumed losses differ:"$'\n'"$want"$'\n'"---"$'\n'"$got"
     done
 fi
+# one trainer per -o, and a kill -9 in the middle of checkpointing loses nothing (a checkpoint every step,
+# so the kill lands in or near a write)
+if [[ "$(basename "$TRAINER")" == *_bf16 ]]; then
+    "$TRAINER" "${args[@]}" -x 100000 -v 0 -n 1 -nk 3 -o "$work/k" > "$work/k.out" 2>&1 &
+    first=$!
+    for _ in $(seq 1200); do [[ $(ls "$work/k"/DONE_* 2>/dev/null | wc -l) -ge 2 ]] && break; sleep 0.1; done
+    out=$("$TRAINER" "${args[@]}" -o "$work/k" -y 1 2>&1); rc=$?
+    [[ $rc -ne 0 ]] && grep -q "in use by another trainer (pid $first on " <<<"$out" \
+        && ok "a second trainer on a busy -o is refused at once, naming the first" \
+        || bad "a second trainer on a busy -o: exit $rc, $(tail -n 2 <<<"$out")"
+    sleep "0.$((RANDOM % 10))"; kill -9 "$first"; wait "$first" 2>/dev/null
+    newest=$(ls "$work/k" | sed -nE 's/^DONE_0*([0-9]+)$/\1/p' | sort -n | tail -n 1)
+    logged=$(grep -c '^s:[0-9]* trl' "$work/k/main.log")
+    "$TRAINER" "${args[@]}" -x $((newest + 2)) -v 0 -n 1 -nk 3 -o "$work/k" -y 1 > "$work/k2.out" 2>&1; rc=$?
+    [[ $rc -eq 0 && -n "$newest" ]] && grep -q "(from $newest)" "$work/k2.out" \
+        && ok "after kill -9 the run resumes from its newest complete checkpoint (step $newest)" \
+        || bad "resume after kill -9 (newest DONE: ${newest:-none}): exit $rc, $(tail -n 2 "$work/k2.out")"
+    [[ $(grep -c '^s:[0-9]* trl' "$work/k/main.log") -eq $((logged + 2)) && "$(head -c 9 "$work/k/main.log")" == "# recipe:" ]] \
+        && ok "main.log keeps the killed run's lines and goes on after them" || bad "main.log lost lines after kill -9 and resume"
+fi
 echo "resume tests: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]
