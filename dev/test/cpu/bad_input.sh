@@ -96,6 +96,11 @@ LLMC_PROFILE=3 expect_error "bad LLMC_PROFILE" "LLMC_PROFILE must be 0 (off), 1"
 other_flag=-fh; [[ "$recipe" == fp8 ]] && other_flag=-tb
 expect_error "a flag of another recipe" "unknown flag '$other_flag': not a flag of the $recipe recipe (train_gpt_$recipe -h lists them)" \
     "${base[@]}" "$other_flag" 1
+# a bad value of a flag prints the usage too
+expect_error "-e of an unknown size prints the usage" "usage:" "${base[@]}" -e d13
+expect_error "-t above the model's maxT prints the usage" "usage:" "${base[@]}" -t 2048
+expect_error "-Q of another recipe prints the usage" "usage:" "${base[@]}" -Q "$other_recipe"
+expect_error "a malformed -ps prints the usage" "usage:" "${base[@]}" -pn 2 -pr 0 -ps "nocolon"
 # several processes
 expect_error "-pn 2 without a way to exchange the NCCL id" "-pf DIR" "${base[@]}" -pn 2 -pr 0
 expect_error "-pr outside [0, -pn)" "-pr 2" "${base[@]}" -pn 2 -pr 2 -pf "$work"
