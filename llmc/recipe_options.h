@@ -50,8 +50,9 @@ inline void check_bf16_layers_for_model(const Options& options, int num_layers) 
         const LayersKeptInBf16& o = options;
         const int first = std::max(o.skip_first, 0), last = std::max(o.skip_last, 0);
         if (first + last >= num_layers)
-            llmc::input_error("-sqf %d -sql %d: the model has %d layers, so no layer would be quantized; lower them, or "
-                              "train with train_gpt_bf16", o.skip_first, o.skip_last, num_layers);
+            llmc::input_error("-sqf %d -sql %d keep %d layers in BF16 (-1 counts as 0 here), but the model has %d, so "
+                              "no layer would be quantized; lower them, or train with train_gpt_bf16", o.skip_first,
+                              o.skip_last, first + last, num_layers);
     } else {
         (void)options; (void)num_layers;
     }

@@ -83,7 +83,7 @@ case "$recipe" in
 esac
 # -sqf / -sql that leave no layer to quantize (the recipes that have them)
 case "$recipe" in fp8 | nvfp4 | vcast | tcfp12 | example)
-    expect_error "-sqf beyond the model's layers" "the model has 12 layers, so no layer would be quantized" "${base[@]}" -sqf 100 ;;
+    expect_error "-sqf beyond the model's layers" "but the model has 12, so no layer would be quantized" "${base[@]}" -sqf 100 ;;
 esac
 # environment switches: a bad value stops the run before the GPU (the recipe's own, and the trainer's)
 case "$recipe" in
@@ -206,9 +206,11 @@ import struct, sys
 d, over = sys.argv[1], dict(a.split("=", 1) for a in sys.argv[2:])
 maxT, V, L, NH, C, Vp = 64, 64, 1, 1, 8, 64
 n = Vp*C + maxT*C + L*(12*C*C + 13*C) + 2*C
-h = [0]*256; h[0:8] = [20240326, 5, maxT, V, L, NH, C, Vp]
+version = int(over.get("version", 5))
+h = [0]*256; h[0:8] = [20240326, version, maxT, V, L, NH, C, Vp]
 if "model" not in over:
-    with open(f"{d}/model_00000010.bin", "wb") as f: f.write(struct.pack("<256i", *h)); f.write(bytes(2*n))
+    with open(f"{d}/model_00000010.bin", "wb") as f:
+        f.write(struct.pack("<256i", *h)); f.write(bytes((4 if version == 3 else 2)*n))
 nopt = int(over.get("nopt", n))
 sections = [("adam_m", bytes(4*nopt)), ("adam_v", bytes(4*nopt)), ("master_weights", bytes(4*nopt)),
             ("optimizer_sharding", struct.pack("<2i", 1, 0)),
@@ -234,17 +236,21 @@ with open(sys.argv[1], "wb") as f:
 PY
 mkdir -p "$work/ckmodel"; make_checkpoint "$work/ckmodel"
 small=(-e "$work/ckmodel/model_00000010.bin" -i "$work/small.bin" -j "$work/small.bin" -b 2 -t 64 -x 1 -s 0 -sd 7 -cr 1 -y 1)
-ck_case() { # NAME FRAGMENT field=value...: a checkpoint with the fields given, resumed
+ck_case() { # NAME FRAGMENT field=value...: a checkpoint with the fields given, resumed (cr=0: without -cr 1)
     local name=$1 fragment=$2; shift 2
     local d; d=$(mktemp -d "$work/ck_XXXX"); make_checkpoint "$d" "$@"
     local logbefore; echo "keep" > "$d/main.log"; logbefore=$(listing "$d")
-    expect_error "$name" "$fragment" "${small[@]}" -o "$d"
+    local args=("${small[@]}"); [[ " $* " == *" cr=0 "* ]] && args=("${args[@]:0:${#args[@]}-4}" -y 1)
+    expect_error "$name" "$fragment" "${args[@]}" -o "$d"
     expect_untouched "$name: the checkpoint is left as it was" "$d" "$logbefore"
 }
 ck_case "resume: data position out of range" "data position (epoch 0, shard 5, chunk 0) is out of range" shard_pos=5
 ck_case "resume: a state file of another process" "not process 0's" rank=1
 ck_case "resume: optimizer state of another size" "the file does not belong to this checkpoint" nopt=100
 ck_case "resume: a complete checkpoint whose model file is gone" "is marked complete" model=none
+ck_case "resume: a checkpoint of FP32 parameters into a BF16 build" "stores fp32 parameters, this build keeps them in bf16" version=3
+other_ck=fp8; [[ "$recipe" == fp8 ]] && other_ck=bf16
+ck_case "resume: another recipe's checkpoint without -cr 1" "was written by the '$other_ck' recipe" recipe=$other_ck cr=0
 # the FP8 recipe's state under other -fh/-fm/-sqf/-sql: refused before the GPU
 if [[ "$recipe" == fp8 ]]; then
     ck_case "resume: an FP8 checkpoint of other -fh/-fm/-sqf/-sql" "written with -fh 16 -fm 0 -sqf 0 -sql 0, this run has -fh 1024" \
