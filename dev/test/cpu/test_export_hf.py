@@ -296,6 +296,15 @@ class ExportHF(unittest.TestCase):
         self.check_forward(cfg, st, self.flat16)
         # wte's raw bytes are the file's first V*C bf16 values
         self.assertEqual(st["transformer.wte.weight"][2], self.bits16[:V * C].tobytes())
+        # the safetensors package accepts the header (its numpy side cannot make bf16 arrays, so only the
+        # names, metadata and the checks it makes on opening: dtypes, shapes against byte ranges, no gaps)
+        try:
+            from safetensors import safe_open
+        except ImportError:
+            self.skipTest("safetensors not installed (pip install safetensors)")
+        with safe_open(os.path.join(out, "model.safetensors"), framework="np") as f:
+            self.assertEqual(set(f.keys()), set(st))
+            self.assertEqual(f.metadata(), {"format": "pt"})
 
     def test_bf16_file_to_fp32(self):
         out = self.export_ok(self.bf16_path, "out_bf16_fp32", "--dtype", "fp32")
