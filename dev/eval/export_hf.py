@@ -72,7 +72,7 @@ def read_model(path):
     """(shape dict, version, {name: array view}) from an llm.c model file. Arrays are memory-mapped:
     '<f4' for version 3, '<u2' (bfloat16 bit patterns) for version 5."""
     if not os.path.isfile(path):
-        raise ExportError(f"{path}: no such file")
+        raise ExportError(f"{path}: no such file" + (" (a directory)" if os.path.isdir(path) else ""))
     size = os.path.getsize(path)
     if size < HEADER_INTS * 4:
         raise ExportError(f"{path}: {size} bytes, shorter than the 1024-byte header of an llm.c model file")
@@ -220,7 +220,7 @@ def export(model_path, outdir, dtype=None, data_dir=None, tokenizer=True, force=
               "match this vocabulary", file=sys.stderr)
     tmp = f"{outdir}.tmp-{os.getpid()}"
     try:
-        os.makedirs(tmp)
+        os.mkdir(tmp)   # (not makedirs: a missing parent directory is an error, not something to create)
         write_safetensors(os.path.join(tmp, "model.safetensors"), hf_tensors(shape, tensors), version, dtype)
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(hf_config(shape, dtype), f, indent=2)
