@@ -214,13 +214,13 @@ def export(model_path, outdir, dtype=None, data_dir=None, tokenizer=True, force=
     outdir = outdir.rstrip("/") or outdir
     if os.path.exists(outdir) and not force:
         raise ExportError(f"{outdir} exists (pass --force to replace it)")
+    parent = os.path.dirname(os.path.abspath(outdir))
+    if not os.path.isdir(parent):
+        raise ExportError(f"{parent}: no such directory (OUTDIR's parent must exist)")
     tok = find_tokenizer(data_dir) if tokenizer else None
-    if tok and shape["V"] != GPT2_VOCAB:
-        print(f"warning: V={shape['V']} is not GPT-2's {GPT2_VOCAB}; the copied GPT-2 tokenizer does not "
-              "match this vocabulary", file=sys.stderr)
     tmp = f"{outdir}.tmp-{os.getpid()}"
     try:
-        os.mkdir(tmp)   # (not makedirs: a missing parent directory is an error, not something to create)
+        os.mkdir(tmp)
         write_safetensors(os.path.join(tmp, "model.safetensors"), hf_tensors(shape, tensors), version, dtype)
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(hf_config(shape, dtype), f, indent=2)
@@ -233,6 +233,9 @@ def export(model_path, outdir, dtype=None, data_dir=None, tokenizer=True, force=
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if tok and shape["V"] != GPT2_VOCAB:
+        print(f"warning: V={shape['V']} is not GPT-2's {GPT2_VOCAB}; the copied GPT-2 tokenizer does not "
+              "match this vocabulary", file=sys.stderr)
     return shape, version, dtype
 
 

@@ -373,7 +373,8 @@ class ExportHF(unittest.TestCase):
         out, msg = self.refused(os.path.join(self.tmp, "missing.bin"), "missing file", "out_missing")
         self.assertFalse(os.path.exists(out))
         # OUTDIR's parent directory is not created
-        self.refused(self.fp32_path, "missing parent of OUTDIR", os.path.join("no_parent", "out"))
+        _, msg = self.refused(self.fp32_path, "missing parent of OUTDIR", os.path.join("no_parent", "out"))
+        self.assertIn("no such directory", msg)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "no_parent")))
         # no tokenizer files anywhere they are looked for: the two scripts copied into a stand-in repository
         # whose ../shared/data does not exist, with $LLMC_SHARED_DATA unset and an empty --data-dir
