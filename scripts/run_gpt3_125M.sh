@@ -8,6 +8,8 @@
 # device boundaries at start. RECIPE=<name> runs train_gpt_<name> instead (bf16, fp8, nvfp4, vcast,
 # tcfp12, q115), without -Q. True-forward Q1.15 does not train this model (its logits and
 # activations are clamped to +-1); RECIPE=bf16 is the baseline.
+# A checkpoint every 5,000 steps (the newest 2 kept); scripts/resume_loop.sh reruns the trainer with -y 1
+# after a crash (MAX_RESTARTS, default 20), so the run continues from its newest checkpoint.
 # Usage: [RECIPE=bf16] bash scripts/run_gpt3_125M.sh [extra trainer flags, which override these]
 # Make the data first: python3 dev/data/fineweb.py
 set -euo pipefail
@@ -23,8 +25,8 @@ else
     make -j"$(nproc)" "$TRAINER"
 fi
 OUT_DIR=${OUT_DIR:-log_gpt3_125M_${RECIPE:-q115}}
-exec "./$TRAINER" "${CHECK[@]}" \
+exec bash scripts/resume_loop.sh "./$TRAINER" "${CHECK[@]}" \
     -i "dev/data/fineweb10B/fineweb_train_*.bin" -j "dev/data/fineweb10B/fineweb_val_*.bin" \
     -o "$OUT_DIR" -e gpt3:c768 -b 32 -t 2048 -d 524288 -r 1 \
     -l 0.0006 -u 715 -k cosine -q 0.1 -c 0.1 -gc 1.0 -x 572204 \
-    -v 250 -m 20 -s 20000 -g 144 -n 5000 -nk 2 -y 1 "$@"
+    -v 250 -m 20 -s 20000 -g 144 -n 5000 -nk 2 "$@"

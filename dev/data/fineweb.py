@@ -1,6 +1,8 @@
-"""Tokenize FineWeb (or any local text corpus) into llm.c token shards.
+"""Tokenize FineWeb or FineWeb-Edu (or any local text corpus) into llm.c token shards.
 
     python3 dev/data/fineweb.py                         # HF dataset HuggingFaceFW/fineweb, sample-10BT (network)
+    python3 dev/data/fineweb.py --edu                   # HF dataset HuggingFaceFW/fineweb-edu, sample-10BT
+    python3 dev/data/fineweb.py --edu --name sample-100BT   # FineWeb-Edu's 100B-token sample
     python3 dev/data/fineweb.py --local-dir DIR         # *.parquet / *.jsonl / *.txt files under DIR (offline)
 
 Each document becomes <|endoftext|> followed by its GPT-2 tokens; the token stream is cut into
@@ -10,6 +12,12 @@ validation split, the rest are training data:
     dev/data/fineweb10B/fineweb_train_000001.bin ...
 The last shard holds whatever is left, so it is usually shorter. Also writes dev/data/gpt2_tokenizer.bin.
 
+The names follow llm.c's fineweb.py: the subset sample-<N>BT goes to fineweb<N>B/ (FineWeb) or
+edu_fineweb<N>B/ (--edu, FineWeb-Edu, whose shards are edu_fineweb_val_000000.bin,
+edu_fineweb_train_000001.bin, ...); a subset of another name (a single crawl, CC-MAIN-...) to
+fineweb_<name>/ or edu_fineweb_<name>/. --edu also names the shards of a --local-dir run, for a local
+copy of FineWeb-Edu. --out-dir overrides the directory, never the file names.
+
 Local inputs: .parquet and .jsonl rows take their "text" field (parquet needs pyarrow);
 a .txt file is one document.
 """
@@ -17,6 +25,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import re
 import sys
 
 import numpy as np
@@ -80,12 +89,28 @@ def iter_local_docs(local_dir):
                         yield t
 
 
-def iter_hf_docs(name):
+def dataset_layout(edu, name):
+    """(HF dataset, default output directory, shard file prefix) of FineWeb (edu False) or FineWeb-Edu
+    (edu True) subset `name`; llm.c's names: sample-10BT -> fineweb10B/fineweb_*, edu_fineweb10B/edu_fineweb_*."""
+    m = re.fullmatch(r"sample-(\d+)BT", name)
+    suffix = f"{m.group(1)}B" if m else f"_{name}"
+    prefix = "edu_fineweb" if edu else "fineweb"
+    dataset = "HuggingFaceFW/fineweb-edu" if edu else "HuggingFaceFW/fineweb"
+    return dataset, os.path.join(dc.REPO_ROOT, "dev", "data", prefix + suffix), prefix
+
+
+def shard_name(prefix, index):
+    """Shard 0 is the validation split, the others training data: <prefix>_{val|train}_<index:06d>.bin."""
+    split = "val" if index == 0 else "train"
+    return f"{prefix}_{split}_{index:06d}.bin"
+
+
+def iter_hf_docs(dataset, name):
     try:
         from datasets import load_dataset
     except ImportError:
         sys.exit("error: the HF dataset needs `pip install datasets` and network; or pass --local-dir")
-    ds = load_dataset("HuggingFaceFW/fineweb", name=name, split="train", streaming=True)
+    ds = load_dataset(dataset, name=name, split="train", streaming=True)
     for row in ds:
         yield row["text"]
 
@@ -93,14 +118,22 @@ def iter_hf_docs(name):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--local-dir", default=None, help="tokenize the .parquet/.jsonl/.txt files here instead of the HF dataset")
-    ap.add_argument("--name", default="sample-10BT", help="HF FineWeb subset (without --local-dir)")
+    ap.add_argument("--edu", action="store_true",
+                    help="FineWeb-Edu (HuggingFaceFW/fineweb-edu) instead of FineWeb: edu_fineweb<N>B/edu_fineweb_*.bin")
+    ap.add_argument("--name", default="sample-10BT",
+                    help="HF subset: sample-10BT, sample-100BT, ... (names the output directory too)")
     ap.add_argument("--data-dir", default=None, help="directory with encoder.json and vocab.bpe (GPT-2 BPE)")
-    ap.add_argument("--out-dir", default=os.path.join(dc.REPO_ROOT, "dev", "data", "fineweb10B"))
+    ap.add_argument("--out-dir", default=None,
+                    help="output directory (default dev/data/fineweb10B, or edu_fineweb10B with --edu; "
+                         "100B for sample-100BT)")
     ap.add_argument("--tokenizer-out", default=os.path.join(dc.REPO_ROOT, "dev", "data", "gpt2_tokenizer.bin"))
     ap.add_argument("--shard-size", type=int, default=10**8, help="tokens per shard")
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="tokenizer processes")
     ap.add_argument("--max-docs", type=int, default=-1, help="stop after this many documents (-1 = all)")
     args = ap.parse_args()
+    dataset, default_out_dir, prefix = dataset_layout(args.edu, args.name)
+    if args.out_dir is None:
+        args.out_dir = default_out_dir
     if args.shard_size < 1:
         sys.exit("error: --shard-size must be >= 1")
 
@@ -111,7 +144,7 @@ def main():
     _enc = dc.get_gpt2_encoding(args.data_dir)
     dc.write_tokenizer(_enc, args.tokenizer_out)
 
-    docs = iter_local_docs(args.local_dir) if args.local_dir else iter_hf_docs(args.name)
+    docs = iter_local_docs(args.local_dir) if args.local_dir else iter_hf_docs(dataset, args.name)
     if args.max_docs >= 0:
         docs = (d for i, d in zip(range(args.max_docs), docs))
 
@@ -123,8 +156,7 @@ def main():
         tokenized = map(tokenize_doc, docs)
 
     def shard_path(index):
-        split = "val" if index == 0 else "train"
-        return os.path.join(args.out_dir, f"fineweb_{split}_{index:06d}.bin")
+        return os.path.join(args.out_dir, shard_name(prefix, index))
 
     # fill a fixed buffer; when a document does not fit, its head ends this shard and its tail
     # starts the next one
