@@ -47,7 +47,7 @@ run() {
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 > "$work/${name}_smi.csv" &
     local smi=$!
     local rc=0
-    env ${devices:+CUDA_VISIBLE_DEVICES=$devices} RECIPE=$recipe NPROC=$gpus OUT_DIR="$work/ckpt_$name" \
+    env ${devices:+CUDA_VISIBLE_DEVICES=$devices} RECIPE=$recipe NPROC=$gpus OUT_DIR="$work/ckpt_$name" MAX_RESTARTS=0 \
         bash scripts/run_gpt2_124M.sh "${data[@]}" -x "$STEPS" > "$work/$name.log" 2>&1 || rc=$?
     kill $smi 2>/dev/null; wait $smi 2>/dev/null || true
     # a 1-GPU run on GPU d: keep that GPU's samples only, renumbered 0 like the run saw it
