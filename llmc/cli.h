@@ -49,6 +49,8 @@ constexpr long long kMaxMicroBatchTokens = 1LL << 28; // B*T
 constexpr int kMaxProcesses = 1 << 16;                // -pn
 constexpr long long kMaxBatchTokens = 1LL << 40;      // B*T*processes, and -d
 constexpr int kMaxGradAccumSteps = 1 << 20;           // -d / (B*T*processes)
+// -pt: the id exchange waits in poll(), whose timeout is an int of milliseconds (2^31 ms is 24 days)
+constexpr int kMaxCommTimeout = 7 * 24 * 3600;
 
 // Everything the trainer can be told. Defaults are the project's loss protocol
 // (d12 on tiny-shakespeare, doc/protocol.md), so `./train_gpt_bf16` alone trains it.
@@ -379,7 +381,9 @@ inline void validate_config(TrainConfig& cfg) {
     if (cfg.gpus_per_node < 0) input_error("-pg %d: must be >= 0 (0 = the launcher's local rank)", cfg.gpus_per_node);
     if (cfg.zero_stage != 0 && cfg.zero_stage != 1)
         input_error("-z %d: the ZeRO stage must be 0 (all-reduce) or 1 (sharded optimizer state)", cfg.zero_stage);
-    if (cfg.comm_timeout < 1) input_error("-pt %d: the collective timeout must be at least 1 second", cfg.comm_timeout);
+    if (cfg.comm_timeout < 1 || cfg.comm_timeout > kMaxCommTimeout)
+        input_error("-pt %d: the collective timeout must be between 1 and %d seconds (a week)", cfg.comm_timeout,
+                    kMaxCommTimeout);
     if (!cfg.init_method.empty() && cfg.init_method != "fs" && cfg.init_method != "tcp")
         input_error("-pi %s: unknown init method; use fs (with -pf DIR) or tcp (with -ps HOST:PORT)", cfg.init_method.c_str());
     if (cfg.init_method == "fs" && cfg.init_dir.empty())

@@ -525,6 +525,10 @@ TEST_CASE("cli: validate_config bounds every size and product, naming the flags,
     c = parse({"-b", "1", "-t", "1", "-d", "1048576"});
     llmc::validate_config(c);
     CHECK(c.grad_accum_steps == 1048576);
+    // -pt becomes milliseconds in an int for poll()
+    CHECK(contains(msg_of({"-pt", "2147483647"}), "-pt 2147483647: the collective timeout must be between 1 and 604800"));
+    c = parse({"-pt", "604800"});
+    llmc::validate_config(c);
 }
 
 TEST_CASE("cli: validate_config range checks name the flag") {
