@@ -1,6 +1,6 @@
-// fuzz_cli.cpp: the command line (llmc/cli.h: parse_args, validate_config; llmc/process_group.h:
-// resolve_processes; the recipe's check_recipe_options) on arbitrary bytes, as the trainer's main()
-// calls them.
+// fuzz_cli.cpp: the command line (llmc/cli.h: parse_args, validate_config, parse_model_descriptor,
+// check_seq_len; llmc/process_group.h: resolve_processes, split_host_port; the recipe's
+// check_recipe_options) on arbitrary bytes, as the trainer's main() calls them.
 //
 // The input is split at NUL bytes into strings. The first byte picks the recipe flag table (0: none, as
 // a parser of the trainer's flags alone; 1..7: bf16, fp8, nvfp4, q115, tcfp12, vcast, example). A
@@ -41,6 +41,15 @@ void run_cli(const char* recipe, std::vector<char*>& argv) {
     llmc::resolve_processes(cfg, fake_getenv);
     llmc::validate_config(cfg);
     if (recipe) check_recipe_options(options, !cfg.output_dir.empty());
+    // the next checks of main() that need no file: the model descriptor, -t against it, -ps's HOST:PORT
+    llmc::ModelShape shape;
+    if (llmc::parse_model_descriptor(cfg.model, &shape)) llmc::check_seq_len(cfg, shape);
+    if (!cfg.init_server.empty()) {
+        std::string host;
+        int port = 0;
+        llmc::split_host_port(cfg.init_server, &host, &port);
+        if (port < 1 || port > 65535) std::abort();
+    }
     // what validate_config promises the rest of the trainer
     const long long micro = (long long)cfg.B * cfg.T * cfg.num_processes;
     if (cfg.grad_accum_steps < 1 || (cfg.total_batch_size != -1 && micro * cfg.grad_accum_steps != cfg.total_batch_size))
