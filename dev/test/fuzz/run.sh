@@ -14,12 +14,15 @@ if ! [[ "$per_harness" =~ ^[1-9][0-9]*$ ]]; then
 fi
 cxx=${FUZZ_CXX:-clang++}
 work=$(mktemp -d "${TMPDIR:-/tmp}/llmc_fuzz_run_XXXXXX") || exit 1
-trap 'rm -rf "$work"' EXIT
+# the harnesses write each input to a file: in memory (/dev/shm) where there is one, it is many times faster
+scratch=$work
+[[ -d /dev/shm && -w /dev/shm ]] && scratch=$(mktemp -d /dev/shm/llmc_fuzz_run_XXXXXX)
+trap 'rm -rf "$work" "$scratch"' EXIT
 
 # libFuzzer comes with clang (the compiler-rt runtime): probe for it with a one-line harness
 echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' > "$work/probe.cpp"
 if ! "$cxx" -fsanitize=fuzzer,address,undefined "$work/probe.cpp" -o "$work/probe" > "$work/probe.log" 2>&1; then
-    echo "fuzz: $cxx with libFuzzer is missing ($(head -n 1 "$work/probe.log")); install clang (apt-get install clang)"
+    echo "fuzz: $cxx with libFuzzer is missing ($(head -n 1 "$work/probe.log")); install clang (Debian: apt-get install clang libclang-rt-dev)"
     exit 1
 fi
 echo "== building the fuzz harnesses (make fuzz)"
@@ -35,21 +38,22 @@ for src in dev/test/fuzz/fuzz_*.cpp; do
     bin=build/fuzz/fuzz_$name
     corpus=$work/corpus/$name
     found=build/fuzz/findings/$name
-    mkdir -p "$corpus" "$found" "$work/tmp_$name"
+    mkdir -p "$corpus" "$found" "$scratch/tmp_$name"
     [[ -d dev/test/fuzz/corpus/$name ]] && cp dev/test/fuzz/corpus/"$name"/* "$corpus"/ 2>/dev/null
-    before=$(ls "$found" | wc -l)
+    touch "$work/start_$name"
     # -timeout: one input taking 10 s is a finding (a hang); -rss_limit_mb: so is using 2 GB
-    TMPDIR="$work/tmp_$name" "$bin" -max_total_time="$per_harness" -timeout=10 -rss_limit_mb=2048 \
+    TMPDIR="$scratch/tmp_$name" "$bin" -max_total_time="$per_harness" -timeout=10 -rss_limit_mb=2048 \
         -print_final_stats=1 -artifact_prefix="$found/" "$corpus" > "$work/$name.log" 2>&1
     rc=$?
     execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/$name.log" | grep -o '[0-9]*$' | tail -n 1)
-    new=$(ls -t "$found" | head -n $(( $(ls "$found" | wc -l) - before )))
+    # the inputs libFuzzer saved in this run (crash-, leak-, timeout-, oom-<sha1>; the same input again overwrites)
+    new=$(find "$found" -maxdepth 1 -type f -newer "$work/start_$name" ! -name '*.log' | sort)
     if [[ $rc -eq 0 && -z "$new" ]]; then
         printf '%-14s %10s executions in %ss, 0 findings\n' "$name" "${execs:-?}" "$per_harness"
     else
         findings=$((findings + 1))
         printf '%-14s %10s executions, FINDING (exit %d): %s\n' "$name" "${execs:-?}" "$rc" \
-            "$(for f in $new; do printf '%s ' "$found/$f"; done)"
+            "$(echo $new)"
         grep -m 3 -E 'ERROR|runtime error|deadly signal|uncaught|Timeout|out-of-memory' "$work/$name.log" | sed 's/^/    /'
         cp "$work/$name.log" "$found/$name.log" && echo "    full log: $found/$name.log"
     fi
