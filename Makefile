@@ -225,3 +225,14 @@ print-recipes:
 clean:
 	rm -rf build $(addprefix train_gpt_,$(RECIPES)) $(addprefix test_gpt_,$(RECIPES)) train_gpt_fp32 test_gpt_fp32 \
 	    train_gpt2q115cu train_gpt2q115_constrainedcu train_gpt3q115cu
+
+# libFuzzer harnesses of the host-side parsers (dev/test/fuzz/fuzz_<name>.cpp -> build/fuzz/fuzz_<name>), built
+# with clang++ and AddressSanitizer + UndefinedBehaviorSanitizer; not part of `all`.
+# bash dev/test/fuzz/run.sh [SECONDS] builds and runs them (doc/testing.md, Fuzzing).
+FUZZ_CXX ?= clang++
+FUZZ_HARNESSES := $(patsubst dev/test/fuzz/fuzz_%.cpp,build/fuzz/fuzz_%,$(wildcard dev/test/fuzz/fuzz_*.cpp))
+.PHONY: fuzz
+fuzz: $(FUZZ_HARNESSES)
+build/fuzz/fuzz_%: dev/test/fuzz/fuzz_%.cpp dev/test/fuzz/fuzz_util.h $(HEADERS)
+	@mkdir -p build/fuzz
+	$(FUZZ_CXX) -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I. $< -o $@

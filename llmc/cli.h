@@ -35,6 +35,23 @@ struct ModelShape {
     int channels = 768;          // C
 };
 
+// Limits on the sizes of a step. validate_config checks each flag against its limit before any product
+// of them is formed, then each product against its own, so no size arithmetic can overflow:
+//   B, T <= 2^20 each; B*T <= 2^28, since the trainer indexes a micro-batch's token buffers with 32-bit
+//   ints (3*B*T+1 of them for the embedding backward); processes <= 2^16; tokens per optimizer step
+//   (B*T*processes*accumulation, -d) <= 2^40, so the data loader's offsets (chunk * -d) fit in 64 bits;
+//   gradient accumulation steps <= 2^20.
+// Real runs are far below all of these (GPU memory refuses long before); they exist to turn an absurd
+// value into a clear error instead of a wrapped number.
+constexpr int kMaxMicroBatch = 1 << 20;               // -b
+constexpr int kMaxSeqLen = 1 << 20;                   // -t (the model's own maximum is checked later)
+constexpr long long kMaxMicroBatchTokens = 1LL << 28; // B*T
+constexpr int kMaxProcesses = 1 << 16;                // -pn
+constexpr long long kMaxBatchTokens = 1LL << 40;      // B*T*processes, and -d
+constexpr int kMaxGradAccumSteps = 1 << 20;           // -d / (B*T*processes)
+// -pt: the id exchange waits in poll(), whose timeout is an int of milliseconds (2^31 ms is 24 days)
+constexpr int kMaxCommTimeout = 7 * 24 * 3600;
+
 // Everything the trainer can be told. Defaults are the project's loss protocol
 // (d12 on tiny-shakespeare, doc/protocol.md), so `./train_gpt_bf16` alone trains it.
 struct TrainConfig {
@@ -358,13 +375,17 @@ inline void validate_config(TrainConfig& cfg) {
     // (-pn 0 and -pr -1 mean "from the environment": resolve_processes() fills them before this)
     if (cfg.num_processes == 0) cfg.num_processes = 1;
     if (cfg.process_rank == -1) cfg.process_rank = 0;
+    if (cfg.num_processes > kMaxProcesses)
+        input_error("-pn %d: at most %d processes take part in a run", cfg.num_processes, kMaxProcesses);
     if (cfg.num_processes < 1 || cfg.process_rank < 0 || cfg.process_rank >= cfg.num_processes)
         input_error("-pr %d: the process rank must be in [0, %d) for -pn %d; check the launcher's settings",
                     cfg.process_rank, cfg.num_processes, cfg.num_processes);
     if (cfg.gpus_per_node < 0) input_error("-pg %d: must be >= 0 (0 = the launcher's local rank)", cfg.gpus_per_node);
     if (cfg.zero_stage != 0 && cfg.zero_stage != 1)
         input_error("-z %d: the ZeRO stage must be 0 (all-reduce) or 1 (sharded optimizer state)", cfg.zero_stage);
-    if (cfg.comm_timeout < 1) input_error("-pt %d: the collective timeout must be at least 1 second", cfg.comm_timeout);
+    if (cfg.comm_timeout < 1 || cfg.comm_timeout > kMaxCommTimeout)
+        input_error("-pt %d: the collective timeout must be between 1 and %d seconds (a week)", cfg.comm_timeout,
+                    kMaxCommTimeout);
     if (!cfg.init_method.empty() && cfg.init_method != "fs" && cfg.init_method != "tcp")
         input_error("-pi %s: unknown init method; use fs (with -pf DIR) or tcp (with -ps HOST:PORT)", cfg.init_method.c_str());
     if (cfg.init_method == "fs" && cfg.init_dir.empty())
@@ -376,28 +397,44 @@ inline void validate_config(TrainConfig& cfg) {
                     "address (-ps HOST:PORT); scripts/launch.sh passes one for you", cfg.num_processes);
     if (cfg.train_pattern.empty()) input_error("-i: a training data pattern is required");
     if (cfg.model.empty()) input_error("-e: a model descriptor or checkpoint file is required");
-    if (cfg.B < 1) input_error("-b %d: the micro-batch size must be at least 1", cfg.B);
-    if (cfg.T < 1) input_error("-t %d: the sequence length must be at least 1", cfg.T);
+    if (cfg.B < 1 || cfg.B > kMaxMicroBatch)
+        input_error("-b %d: the micro-batch size must be between 1 and %d", cfg.B, kMaxMicroBatch);
+    if (cfg.T < 1 || cfg.T > kMaxSeqLen)
+        input_error("-t %d: the sequence length must be between 1 and %d", cfg.T, kMaxSeqLen);
 
+    // Every product below is of factors already bounded above, so it fits in 64 bits before it is
+    // compared with its own limit (B*T <= 2^40, B*T*P <= 2^56).
+    const long long tokens_per_process = (long long)cfg.B * cfg.T;
+    if (tokens_per_process > kMaxMicroBatchTokens)
+        input_error("-b %d -t %d: a micro-batch of B*T = %lld tokens is more than the %lld one process can hold; "
+                    "lower -b or -t", cfg.B, cfg.T, tokens_per_process, kMaxMicroBatchTokens);
     // tokens consumed by one forward/backward across all processes
-    long long tokens_per_micro = (long long)cfg.B * cfg.T * cfg.num_processes;
+    const long long tokens_per_micro = tokens_per_process * cfg.num_processes;
+    if (tokens_per_micro > kMaxBatchTokens)
+        input_error("-b %d -t %d -pn %d: B*T*processes = %lld tokens per micro-step is more than the %lld tokens an "
+                    "optimizer step may have; lower -b, -t or the process count",
+                    cfg.B, cfg.T, cfg.num_processes, tokens_per_micro, kMaxBatchTokens);
     if (cfg.total_batch_size == -1) {
         cfg.grad_accum_steps = 1;
     } else {
-        if (cfg.total_batch_size <= 0)
-            input_error("-d %lld: the total batch size must be a positive number of tokens, or -1 for B*T*processes",
-                        cfg.total_batch_size);
+        if (cfg.total_batch_size <= 0 || cfg.total_batch_size > kMaxBatchTokens)
+            input_error("-d %lld: the total batch size must be between 1 and %lld tokens, or -1 for B*T*processes",
+                        cfg.total_batch_size, kMaxBatchTokens);
+        // both at most kMaxBatchTokens: the quotient and the suggestion below stay far from overflow
+        const long long accum = cfg.total_batch_size / tokens_per_micro;
         if (cfg.total_batch_size % tokens_per_micro != 0) {
-            // suggest the nearest multiple (never zero) so the user can copy it straight back in
+            // suggest the nearest multiple (never zero, never past the limits) so the user can copy it straight back in
             long long k = (cfg.total_batch_size + tokens_per_micro / 2) / tokens_per_micro;
             if (k < 1) k = 1;
+            if (k > kMaxGradAccumSteps) k = kMaxGradAccumSteps;
+            if (k * tokens_per_micro > kMaxBatchTokens) k = accum;
             input_error("-d %lld: the total batch size must be a multiple of B*T*processes = %d*%d*%d = %lld; try -d %lld",
                         cfg.total_batch_size, cfg.B, cfg.T, cfg.num_processes, tokens_per_micro, k * tokens_per_micro);
         }
-        long long accum = cfg.total_batch_size / tokens_per_micro;
-        if (accum > INT32_MAX)
-            input_error("-d %lld: that is %lld gradient accumulation steps per optimizer step; use a smaller -d",
-                        cfg.total_batch_size, accum);
+        if (accum > kMaxGradAccumSteps)
+            input_error("-d %lld: that is %lld gradient accumulation steps of B*T*processes = %lld tokens per optimizer "
+                        "step, more than the %d allowed; use a smaller -d or a larger -b",
+                        cfg.total_batch_size, accum, tokens_per_micro, kMaxGradAccumSteps);
         cfg.grad_accum_steps = (int)accum;
     }
 

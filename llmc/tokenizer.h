@@ -9,10 +9,13 @@
 // Encoding is not needed on the GPU side (the data scripts tokenize with tiktoken), so only
 // decoding lives here.
 #pragma once
+#include <sys/stat.h>
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <string>
 #include <vector>
 #include "common.h"
@@ -22,12 +25,37 @@ namespace llmc {
 constexpr uint32_t kTokenizerMagic = 20240328;
 constexpr uint32_t kTokenizerHeaderBytes = 256 * 4;
 constexpr const char* kTokenizerHint = "make it with dev/data/tinyshakespeare.py";
+// The largest tokenizer file load() reads. GPT-2's is under 1 MB; the cap keeps a wrong -tk (a
+// dataset, a device such as /dev/zero) from being read into memory whole.
+constexpr size_t kTokenizerMaxBytes = 64u << 20;
 
 class Tokenizer {
 public:
-    // Loads and checks a tokenizer file. Throws InputError naming the file; on error the tokenizer
-    // keeps whatever it had before.
+    // Loads and checks a tokenizer file. Throws InputError naming the file, and nothing else (the
+    // trainer turns it into a warning and prints token ids); on error the tokenizer keeps whatever it
+    // had before. Every allocation is bounded by the file's size, itself at most kTokenizerMaxBytes.
     void load(const std::string& path) {
+        try {
+            load_checked(path);
+        } catch (const std::bad_alloc&) {
+            input_error("not enough memory to load tokenizer file %s", path.c_str());
+        }
+    }
+
+    bool loaded() const { return loaded_; }
+    uint32_t vocab_size() const { return (uint32_t)pieces_.size(); }
+    uint32_t eot_token() const { return eot_; }
+
+    // The raw bytes of token `id`; "<?>" for an id outside the vocab (e.g. a padded-vocab logit
+    // that was sampled, or decoding before load()).
+    const std::string& decode(uint32_t id) const {
+        static const std::string unknown = "<?>";
+        if (id >= pieces_.size()) return unknown;
+        return pieces_[id];
+    }
+
+private:
+    void load_checked(const std::string& path) {
         const char* p = path.c_str();
         std::vector<unsigned char> buf;
         read_whole_file(path, &buf);
@@ -48,8 +76,12 @@ public:
         if (eot >= vocab)
             input_error("tokenizer file %s: end-of-text id %u is not below its vocab size %u; the file is corrupt; %s", p,
                         eot, vocab, kTokenizerHint);
+        // The header's vocab is not trusted for sizing: each token takes at least 2 bytes (its length and
+        // one byte), so the file holds at most body/2 of them and the loop below stops with an error
+        // (truncated, or a length 0) before it pushes more. A huge claimed vocab reserves no more.
+        const size_t body_bytes = buf.size() - kTokenizerHeaderBytes;
         std::vector<std::string> pieces;
-        pieces.reserve(vocab);
+        pieces.reserve(std::min<size_t>(vocab, body_bytes / 2));
         size_t at = kTokenizerHeaderBytes;
         for (uint32_t id = 0; id < vocab; id++) {
             if (at >= buf.size())
@@ -73,32 +105,36 @@ public:
         loaded_ = true;
     }
 
-    bool loaded() const { return loaded_; }
-    uint32_t vocab_size() const { return (uint32_t)pieces_.size(); }
-    uint32_t eot_token() const { return eot_; }
-
-    // The raw bytes of token `id`; "<?>" for an id outside the vocab (e.g. a padded-vocab logit
-    // that was sampled, or decoding before load()).
-    const std::string& decode(uint32_t id) const {
-        static const std::string unknown = "<?>";
-        if (id >= pieces_.size()) return unknown;
-        return pieces_[id];
-    }
-
-private:
     static uint32_t le_u32(const unsigned char* b) {
         return (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
     }
 
+    // Reads a regular file of at most kTokenizerMaxBytes. A directory, device or pipe is refused before
+    // it is opened (opening a pipe could block, reading /dev/zero never ends).
     static void read_whole_file(const std::string& path, std::vector<unsigned char>* out) {
-        FILE* f = std::fopen(path.c_str(), "rb");
-        if (!f) input_error("cannot open tokenizer file %s: %s; %s (or pass -tk)", path.c_str(), std::strerror(errno), kTokenizerHint);
+        const char* p = path.c_str();
+        struct stat sb;
+        if (stat(p, &sb) != 0)
+            input_error("cannot open tokenizer file %s: %s; %s (or pass -tk)", p, std::strerror(errno), kTokenizerHint);
+        if (!S_ISREG(sb.st_mode))
+            input_error("tokenizer file %s is not a regular file (a directory or device?); %s (or pass -tk)", p,
+                        kTokenizerHint);
+        if ((unsigned long long)sb.st_size > kTokenizerMaxBytes)
+            input_error("tokenizer file %s is %lld bytes, more than the %zu a tokenizer file may have; is -tk the right "
+                        "file? %s", p, (long long)sb.st_size, kTokenizerMaxBytes, kTokenizerHint);
+        FILE* f = std::fopen(p, "rb");
+        if (!f) input_error("cannot open tokenizer file %s: %s; %s (or pass -tk)", p, std::strerror(errno), kTokenizerHint);
         unsigned char block[65536];
         size_t n;
-        while ((n = std::fread(block, 1, sizeof(block), f)) > 0) out->insert(out->end(), block, block + n);
+        // (the cap holds even for a file that grows while it is read)
+        while (out->size() <= kTokenizerMaxBytes && (n = std::fread(block, 1, sizeof(block), f)) > 0)
+            out->insert(out->end(), block, block + n);
         bool err = std::ferror(f) != 0;
         std::fclose(f);
-        if (err) input_error("cannot read tokenizer file %s (is it a directory?); %s", path.c_str(), kTokenizerHint);
+        if (err) input_error("cannot read tokenizer file %s: %s; %s", p, std::strerror(errno), kTokenizerHint);
+        if (out->size() > kTokenizerMaxBytes)
+            input_error("tokenizer file %s grew past %zu bytes while it was read; %s", p, kTokenizerMaxBytes,
+                        kTokenizerHint);
     }
 
     std::vector<std::string> pieces_;

@@ -256,6 +256,25 @@ if [[ "$recipe" == fp8 ]]; then
     ck_case "resume: an FP8 checkpoint of other -fh/-fm/-sqf/-sql" "written with -fh 16 -fm 0 -sqf 0 -sql 0, this run has -fh 1024" \
         recipe=fp8 fp8_options=16,0,0,0
 fi
+# sizes whose products overflow: each flag has a limit, each product is checked (once a SIGFPE)
+expect_error "-b -t -pn -d whose product overflows 64 bits" "-b 1073741824: the micro-batch size must be between 1 and" \
+    "${base[@]}" -b 1073741824 -t 1073741824 -pn 16 -pr 0 -pf "$work" -d 5
+expect_error "-b and -t each in range, B*T not" "a micro-batch of B*T = 1099511627776 tokens" "${base[@]}" -b 1048576 -t 1048576
+expect_error "-d past its limit" "-d 9223372036854775807: the total batch size must be between 1 and" \
+    "${base[@]}" -d 9223372036854775807
+# a bad tokenizer is a warning (samples print token ids); these runs then stop at the GPU choice: rank 0 of
+# two is told by the launcher's environment to use GPU 99, which no machine has
+python3 - "$work/huge_vocab_tokenizer.bin" <<'PY'
+import struct, sys
+# a tokenizer header (magic, version 2, vocab 2^32-1, end-of-text 0) and one token, "a"
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256I", 20240328, 2, 0xFFFFFFFF, 0, *([0] * 252)) + b"\x01a")
+PY
+LLMC_WORLD_SIZE=2 LLMC_RANK=0 LLMC_LOCAL_RANK=99 expect_error "-tk /dev/zero is refused, not read forever" \
+    "warning: tokenizer file /dev/zero is not a regular file" "${base[@]}" -s 1 -pf "$work" -tk /dev/zero
+LLMC_WORLD_SIZE=2 LLMC_RANK=0 LLMC_LOCAL_RANK=99 expect_error "-tk with a huge vocab in its header" \
+    "warning: tokenizer file $work/huge_vocab_tokenizer.bin is truncated" "${base[@]}" -s 1 -pf "$work" \
+    -tk "$work/huge_vocab_tokenizer.bin"
 
 echo "bad-input tests: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -489,6 +489,48 @@ TEST_CASE("cli: validate_config rejects a total batch that does not divide") {
     CHECK(contains(error_of([] { validated({"-d", "-5"}); }), "-d -5"));
 }
 
+TEST_CASE("cli: validate_config bounds every size and product, naming the flags, with no overflow") {
+    auto msg_of = [](const std::vector<std::string>& args) {
+        return error_of([&] {
+            TrainConfig c = parse(args);
+            llmc::validate_config(c);
+        });
+    };
+    // B*T*processes once wrapped int64 to 0 here, and the divisibility check divided by it
+    std::string msg = msg_of({"-b", "1073741824", "-t", "1073741824", "-pn", "16", "-pr", "0", "-pf", "/tmp", "-d", "5"});
+    CHECK(contains(msg, "-b 1073741824: the micro-batch size must be between 1 and 1048576"));
+    CHECK(contains(msg_of({"-t", "2147483647"}), "-t 2147483647: the sequence length must be between 1 and 1048576"));
+    CHECK(contains(msg_of({"-pn", "2147483647", "-pr", "0", "-pf", "/tmp"}), "-pn 2147483647: at most 65536"));
+    // each factor in range, their product not
+    msg = msg_of({"-b", "1048576", "-t", "1048576"});
+    CHECK(contains(msg, "-b 1048576 -t 1048576: a micro-batch of B*T = 1099511627776 tokens"));
+    msg = msg_of({"-b", "16384", "-t", "16384", "-pn", "65536", "-pr", "0", "-pf", "/tmp"});
+    CHECK(contains(msg, "-b 16384 -t 16384 -pn 65536: B*T*processes = 17592186044416 tokens"));
+    // -d: bounded, and its suggestion is never negative nor past the limits
+    CHECK(contains(msg_of({"-d", "9223372036854775807"}), "-d 9223372036854775807: the total batch size must be between 1 and 1099511627776"));
+    CHECK(contains(msg_of({"-d", "-9223372036854775807"}), "-d -9223372036854775807"));
+    msg = msg_of({"-b", "8", "-t", "1024", "-d", "1099511627775"});
+    CHECK(contains(msg, "try -d "));
+    CHECK(!contains(msg, "try -d -"));
+    msg = msg_of({"-b", "1", "-t", "1", "-d", "1099511627776"});
+    CHECK(contains(msg, "-d 1099511627776: that is 1099511627776 gradient accumulation steps"));
+    CHECK(contains(msg, "more than the 1048576 allowed"));
+    // a suggestion made while the accumulation is past its limit is clamped to the limit
+    msg = msg_of({"-b", "1", "-t", "3", "-d", "4000000"});
+    CHECK(contains(msg, "try -d 3145728"));
+    // the largest of everything that is allowed still validates
+    TrainConfig c = parse({"-b", "16384", "-t", "16384", "-pn", "4096", "-pr", "4095", "-pf", "/tmp", "-d", "1099511627776"});
+    llmc::validate_config(c);
+    CHECK(c.grad_accum_steps == 1);
+    c = parse({"-b", "1", "-t", "1", "-d", "1048576"});
+    llmc::validate_config(c);
+    CHECK(c.grad_accum_steps == 1048576);
+    // -pt becomes milliseconds in an int for poll()
+    CHECK(contains(msg_of({"-pt", "2147483647"}), "-pt 2147483647: the collective timeout must be between 1 and 604800"));
+    c = parse({"-pt", "604800"});
+    llmc::validate_config(c);
+}
+
 TEST_CASE("cli: validate_config range checks name the flag") {
     struct Bad {
         std::vector<std::string> args;
