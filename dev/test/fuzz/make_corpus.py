@@ -125,4 +125,27 @@ write("cli", "tcfp12.bin", cli(5, "-tb", "32", "-tsrr", "1"))
 write("cli", "vcast.bin", cli(6, "-qw", "mxfp8e4m3", "-t", "128"))
 write("cli", "example.bin", cli(7, "-wf", "e5m2", "-y", "1", "-o", "dir"))
 write("cli", "bad_values.bin", cli(1, "-b", "4x", "-l", "nan", "-sd", "-1", "-e", "gpt3:c7"))
+
+# multiple-choice eval files (llmc/eval_file.h): magic 20240522, version 1, examples, longest example's bytes;
+# per example a uint16 run: 65535, its bytes, its index, label, endings, context length, context, endings
+def eval_example(index, label, context, endings):
+    body = [label, len(endings), len(context), *context]
+    for e in endings:
+        body += [len(e), *e]
+    return [65535, 2 * (3 + len(body)), index, *body]
+
+
+def eval_file(examples, count=None, longest=None):
+    runs = [eval_example(i, *ex) for i, ex in enumerate(examples)]
+    longest = max(2 * len(r) for r in runs) if longest is None else longest
+    words = [w for r in runs for w in r]
+    return header(20240522, 1, len(runs) if count is None else count, longest) + struct.pack("<%dH" % len(words), *words)
+
+
+two = [(1, [10, 11], [[1], [2, 3], [4], [5]]), (0, [7], [[50256], [8], [9, 9], [1]])]
+write("eval_file", "two_examples.bin", eval_file(two))
+write("eval_file", "one_long.bin", eval_file([(3, list(range(40)), [[1] * 20, [2] * 24, [3], [4] * 10])]))
+write("eval_file", "claims_more.bin", eval_file(two, count=3))
+write("eval_file", "longest_too_small.bin", eval_file(two, longest=8))
+write("eval_file", "token_past_vocab.bin", eval_file([(0, [60000], [[1], [2]])]))
 print("wrote the seed corpora under", OUT, file=sys.stderr)
