@@ -40,7 +40,7 @@ class ResumeLoop(unittest.TestCase):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def env(self, fails, **extra):
-        env = dict(os.environ, CALLS=self.calls, FAILS=str(fails), RESTART_DELAY="0")
+        env = dict(os.environ, CALLS=self.calls, FAILS=str(fails), RESTART_DELAY="0", STARTUP_SECONDS="0")
         env.pop("MAX_RESTARTS", None)
         env.update({k: str(v) for k, v in extra.items()})
         return env
@@ -82,6 +82,17 @@ class ResumeLoop(unittest.TestCase):
         self.assertEqual(r.returncode, 3)
         self.assertEqual(self.recorded(), ["-y 1"])
 
+    def test_a_first_start_that_fails_at_once_is_not_restarted(self):
+        r = self.loop(3, STARTUP_SECONDS=30)
+        self.assertEqual(r.returncode, 3)
+        self.assertEqual(len(self.recorded()), 1)
+        self.assertIn("not a crash; not restarting", r.stderr)
+        # a first run that lasted longer than STARTUP_SECONDS is a crash: restarted
+        os.remove(self.calls)
+        r = self.loop(1, STARTUP_SECONDS=1, FAKE_SLEEP=2)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(self.recorded()), 2)
+
     def test_waits_restart_delay_between_runs(self):
         start = time.monotonic()
         r = self.loop(1, RESTART_DELAY=1)
@@ -93,6 +104,7 @@ class ResumeLoop(unittest.TestCase):
         r = self.loop(0, MAX_RESTARTS="many")
         self.assertEqual(r.returncode, 2)
         self.assertIn("error: MAX_RESTARTS", r.stderr)
+        self.assertEqual(self.loop(0, STARTUP_SECONDS="-1").returncode, 2)
         self.assertEqual(self.recorded(), [])
         r = subprocess.run(["bash", LOOP], capture_output=True, text=True)
         self.assertEqual(r.returncode, 2)
