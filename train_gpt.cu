@@ -1153,7 +1153,8 @@ int main(int argc, char** argv) {
             check_output_dir_path(dir);
             struct stat st;
             if (master_process && stat(dir.c_str(), &st) == 0) output_lock.acquire(dir);
-            // a new run never mixes with an old one: its main.log, checkpoints and -nk pruning would
+            // a new run never mixes with an old one (their main.log lines, same-step checkpoints and -nk's
+            // pruning would), so -y 0 into a directory holding a run is refused unless -ow 1 replaces it
             const RunFiles run = run_files(dir);
             if (!cfg.resume && !cfg.overwrite && !run.empty()) {
                 const std::string held = run.checkpoint_files.empty()
