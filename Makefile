@@ -13,6 +13,7 @@
 #   make train_gpt_fp32 / test_gpt_fp32   the FP32 reference-precision build (same as PRECISION=FP32)
 #   make test                    every test: CPU tests always, GPU tests when a CUDA device is present
 #   make all                     every target
+#   make fuzz                    the libFuzzer harnesses of the host parsers (clang; bash dev/test/fuzz/run.sh runs them)
 # Variables: GPU_ARCH (default sm_90a), PRECISION=FP32 (for the bf16 targets), CUDA_HOME, NVCC,
 # SF16_TRUE_FORWARD (default 1; 0 = the Q1.15 targets with SF16's legacy constants), USE_CUDNN
 # (default 0; 1 = attention through cuDNN's fused SDPA kernels, llmc/cudnn_attention.cpp: needs the cuDNN

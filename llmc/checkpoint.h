@@ -342,6 +342,18 @@ inline std::vector<int> done_steps(const std::string& dir) {
     return steps;
 }
 
+// Deletes the named checkpoint files of `dir`, DONE markers first: if the process is killed halfway, no
+// marker is left pointing at deleted files.
+inline void delete_checkpoint_files(const std::string& dir, const std::vector<std::string>& names, const char* failure) {
+    for (bool markers : {true, false})
+        for (const std::string& name : names) {
+            if ((done_marker_step(name) >= 0) != markers) continue;
+            const std::string path = dir + "/" + name;
+            if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+                input_error("%s %s: %s", failure, path.c_str(), std::strerror(errno));
+        }
+}
+
 } // namespace ckpt_detail
 
 // ---------------------------------------------------------------------------------------------
@@ -718,17 +730,12 @@ inline void prune_checkpoints(const std::string& dir, int keep_last) {
     int cutoff = complete[(size_t)keep_last - 1];  // the oldest step we keep
 
     bool missing;
-    std::vector<std::string> doomed_markers, doomed_files;
+    std::vector<std::string> doomed;
     for (const std::string& name : ckpt_detail::list_dir(dir, &missing)) {
         int step = ckpt_detail::checkpoint_file_step(name);
-        if (step < 0 || step >= cutoff) continue;
-        (ckpt_detail::done_marker_step(name) >= 0 ? doomed_markers : doomed_files).push_back(dir + "/" + name);
+        if (step >= 0 && step < cutoff) doomed.push_back(name);
     }
-    // Markers go first: if we are killed halfway, no DONE marker is left pointing at deleted files.
-    for (const std::vector<std::string>* list : {&doomed_markers, &doomed_files})
-        for (const std::string& path : *list)
-            if (::unlink(path.c_str()) != 0 && errno != ENOENT)
-                input_error("cannot delete old checkpoint file %s: %s", path.c_str(), std::strerror(errno));
+    ckpt_detail::delete_checkpoint_files(dir, doomed, "cannot delete old checkpoint file");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -758,17 +765,10 @@ inline RunFiles run_files(const std::string& dir) {
 // at deleted files); the user's other files stay.
 inline void remove_run_files(const std::string& dir) {
     const RunFiles run = run_files(dir);
-    std::vector<std::string> doomed;
-    for (const std::string& name : run.checkpoint_files)
-        if (ckpt_detail::done_marker_step(name) >= 0) doomed.push_back(name);
-    for (const std::string& name : run.checkpoint_files)
-        if (ckpt_detail::done_marker_step(name) < 0) doomed.push_back(name);
-    if (run.has_log) doomed.push_back("main.log");
-    for (const std::string& name : doomed) {
-        const std::string path = dir + "/" + name;
-        if (::unlink(path.c_str()) != 0 && errno != ENOENT)
-            input_error("-ow 1: cannot delete %s: %s", path.c_str(), std::strerror(errno));
-    }
+    ckpt_detail::delete_checkpoint_files(dir, run.checkpoint_files, "-ow 1: cannot delete");
+    const std::string log = dir + "/main.log";
+    if (run.has_log && ::unlink(log.c_str()) != 0 && errno != ENOENT)
+        input_error("-ow 1: cannot delete %s: %s", log.c_str(), std::strerror(errno));
 }
 
 // An exclusive lock on the output directory (flock on DIR/.lock), held until the process ends, however

@@ -312,18 +312,26 @@ private:
         while (ok && at < total) {
             const size_t want = std::min(piece.size() / 2, total - at);
             ok = std::fread(piece.data(), 1, 2 * want, f) == 2 * want;
-            for (size_t i = 0; ok && i < want; i++) {
-                const unsigned t = (unsigned)piece[2 * i] | ((unsigned)piece[2 * i + 1] << 8);
-                if ((int)t >= vocab_size_) {
-                    std::fclose(f);
-                    input_error("token id %u at position %zu in %s is >= vocab size %d; the shard was not made with the "
-                                "GPT-2 tokenizer", t, at + i, p, vocab_size_);
-                }
+            if (ok) {
+                try { decode_tokens(piece.data(), want, at, p, nullptr); }
+                catch (const InputError&) { std::fclose(f); throw; }
             }
             at += want;
         }
         std::fclose(f);
         if (!ok) input_error("cannot read the tokens of shard %s (truncated?); %s", p, kShardHint);
+    }
+
+    // Decodes n little-endian uint16 token ids (the shard's from position `first` on) into out (if given),
+    // checking each against the vocab.
+    void decode_tokens(const unsigned char* raw, size_t n, size_t first, const char* path, uint16_t* out) const {
+        for (size_t i = 0; i < n; i++) {
+            const uint16_t t = (uint16_t)(raw[2 * i] | (raw[2 * i + 1] << 8));
+            if ((int)t >= vocab_size_)
+                input_error("token id %u at position %zu in %s is >= vocab size %d; the shard was not made with the "
+                            "GPT-2 tokenizer", (unsigned)t, first + i, path, vocab_size_);
+            if (out) out[i] = t;
+        }
     }
 
     // Reads a whole shard into tokens_ and checks every token id against the vocab.
@@ -344,13 +352,7 @@ private:
         std::fclose(f);
         if (!ok) input_error("cannot read the tokens of shard %s (truncated?); %s", p, kShardHint);
         tokens_.resize((size_t)info.num_tokens);
-        for (size_t i = 0; i < tokens_.size(); i++) {
-            uint16_t t = (uint16_t)(raw[2 * i] | (raw[2 * i + 1] << 8));   // little-endian uint16
-            if ((int)t >= vocab_size_)
-                input_error("token id %u at position %zu in %s is >= vocab size %d; the shard was not made with the "
-                            "GPT-2 tokenizer", (unsigned)t, i, p, vocab_size_);
-            tokens_[i] = t;
-        }
+        decode_tokens(raw.data(), tokens_.size(), 0, p, tokens_.data());
         loaded_shard_ = shard;
         have_tokens_ = true;
     }

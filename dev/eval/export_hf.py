@@ -246,7 +246,7 @@ def main():
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                     help="parameter type written (default: the model file's, bf16 for version 5, fp32 for 3)")
     ap.add_argument("--data-dir", default=None,
-                    help="directory with encoder.json and vocab.bpe (else $LLMC_SHARED_DATA, ../shared/data)")
+                    help="directory with encoder.json and vocab.bpe (else $LLMC_SHARED_DATA, or a shared/data folder beside the checkout)")
     ap.add_argument("--no-tokenizer", action="store_true", help="write only config.json and model.safetensors")
     ap.add_argument("--force", action="store_true", help="replace an existing OUTDIR")
     args = ap.parse_args()

@@ -377,7 +377,7 @@ class ExportHF(unittest.TestCase):
         self.assertIn("no such directory", msg)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "no_parent")))
         # no tokenizer files anywhere they are looked for: the two scripts copied into a stand-in repository
-        # whose ../shared/data does not exist, with $LLMC_SHARED_DATA unset and an empty --data-dir
+        # without a shared/data folder beside it, with $LLMC_SHARED_DATA unset and an empty --data-dir
         fake = os.path.join(self.tmp, "norepo", "repo")
         for sub, name in (("eval", "export_hf.py"), ("data", "data_common.py")):
             os.makedirs(os.path.join(fake, "dev", sub), exist_ok=True)

@@ -4,7 +4,7 @@ The names are llm.c's: --edu sample-10BT -> dev/data/edu_fineweb10B/edu_fineweb_
 from HuggingFaceFW/fineweb-edu. A --edu --local-dir run over a small .jsonl written here must produce
 exactly those shard files, holding <|endoftext|> + the GPT-2 tokens of each document in order. The run
 needs GPT-2's encoder.json / vocab.bpe where dev/data/data_common.py looks (--data-dir,
-$LLMC_SHARED_DATA, ../shared/data); without them it is skipped, saying so.
+$LLMC_SHARED_DATA, a shared/data folder beside the checkout); without them it is skipped, saying so.
 """
 import json
 import os
@@ -78,7 +78,7 @@ class FinewebEduLocalRun(unittest.TestCase):
 
     def test_edu_local_run_writes_edu_shards(self):
         if dc.find_local_file("encoder.json") is None or dc.find_local_file("vocab.bpe") is None:
-            self.skipTest("GPT-2's encoder.json / vocab.bpe not found locally (../shared/data or $LLMC_SHARED_DATA)")
+            self.skipTest("GPT-2's encoder.json / vocab.bpe not found locally ($LLMC_SHARED_DATA or a shared/data folder beside the checkout)")
         src = os.path.join(self.tmp, "src")
         os.makedirs(src)
         docs = [f"Document {i}: photosynthesis turns light into chemical energy, step {i}." for i in range(12)]

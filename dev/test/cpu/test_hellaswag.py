@@ -100,7 +100,7 @@ class HellaswagTest(unittest.TestCase):
 
     def test_command_line_with_gpt2_encoding(self):
         if data_common.find_local_file("encoder.json") is None or data_common.find_local_file("vocab.bpe") is None:
-            self.skipTest("no local encoder.json/vocab.bpe (../shared/data or $LLMC_SHARED_DATA)")
+            self.skipTest("no local encoder.json/vocab.bpe ($LLMC_SHARED_DATA or a shared/data folder beside the checkout)")
         out = os.path.join(self.dir, "hs.bin")
         r = subprocess.run([sys.executable, os.path.join(REPO, "dev", "data", "hellaswag.py"), "--jsonl",
                             self.write_jsonl(EXAMPLES), "--out", out], capture_output=True, text=True)

@@ -128,7 +128,7 @@ if [[ "$(basename "$TRAINER")" == *_tcfp12 ]]; then
     [[ $rc -ne 0 ]] && grep -q -- "-tabd" <<<"$out" && ok "resuming with another -tabd is refused, naming it" \
         || bad "resume with -tabd 1 not refused (exit $rc): $(tail -n 2 <<<"$out")"
     out=$("$TRAINER" -tsrr 1 -tpdds 1 2>&1); rc=$?
-    [[ $rc -ne 0 ]] && grep -q "mutually exclusive" <<<"$out" && ok "-tsrr 1 -tpdds 1 is refused (the specification's exclusion)" \
+    [[ $rc -ne 0 ]] && grep -q "mutually exclusive" <<<"$out" && ok "-tsrr 1 -tpdds 1 is refused (the two exclude each other)" \
         || bad "-tsrr 1 -tpdds 1 accepted (exit $rc)"
     # resume is bit-exact under the other options too: per block with PDDS (state per group), SRR, and
     # per tensor with ABD, FP8 wgrad and fast accumulation (no W_lo^T under ABD)

@@ -603,14 +603,9 @@ inline void recipe_save(const Recipe& r, StateWriter& w) {
 // Throws InputError when the checkpoint's FP8 settings differ from this run's.
 inline void recipe_load(Recipe& r, StateReader& rd) {
     const size_t nt = r.num_tensors, H = r.options.amax_history;
-    int32_t opts[4];
-    rd.read("fp8_options", opts, sizeof(opts));
-    const int32_t mine[4] = {r.options.amax_history, r.options.scale_margin, r.options.skip_first, r.options.skip_last};
-    if (memcmp(opts, mine, sizeof(opts)) != 0) {
-        input_error("the checkpoint was written with -fh %d -fm %d -sqf %d -sql %d, this run has -fh %d -fm %d -sqf %d "
-                    "-sql %d; resume with the checkpoint's settings", opts[0], opts[1], opts[2], opts[3], mine[0],
-                    mine[1], mine[2], mine[3]);
-    }
+    // (its settings were checked before the GPU too: options.h; the same check, for any other caller)
+    if (!rd.has("fp8_options")) input_error("the checkpoint has no FP8 settings (section fp8_options)");
+    check_recipe_checkpoint(r.options, r.L, rd);
     int64_t steps = 0;
     rd.read("fp8_steps", &steps, sizeof(steps));
     r.steps_pushed = steps;
