@@ -200,6 +200,11 @@ struct TestContext {
     bool have_forward = false, have_grads = false;
     float forward_loss = 0.0f;    // the loss of the evaluation forward pass on the reference batch
     std::vector<float> grads;     // the gradients of the reference batch
+    // the checkpoint checks' own small model (checkpoint_model below)
+    ModelShape ck_shape;
+    GPT ck_model;
+    std::vector<float> ck_init;
+    bool have_ck_model = false;
 };
 
 // the seed of the checkpoint checks' optimizer steps: a non-trivial one exercises stochastic rounding
@@ -211,6 +216,29 @@ static void reset_model(TestContext& c) {
     cudaCheck(cudaMemset(c.model.m_memory, 0, c.model.num_params * sizeof(float)));
     cudaCheck(cudaMemset(c.model.v_memory, 0, c.model.num_params * sizeof(float)));
     c.model.adam_steps = 0;
+}
+
+// The checkpoint checks (resume, zero1) compare runs with each other, bit for bit, and never with the reference,
+// so they use a small model of their own: 4 layers of 256 channels (4 heads of 64, the head size of the d12
+// reference), the reference's vocabulary and maxT, GPT-2's init from CHECKPOINT_SEED. A checkpoint of it is about
+// 0.2 GB where d12's is 1.7 GB, and these checks write, fsync, read back and checksum several: their time is
+// mostly that size. Built on first use; returned at its initial parameters with fresh AdamW moments.
+static GPT& checkpoint_model(TestContext& c) {
+    if (!c.have_ck_model) {
+        c.ck_shape = c.info.shape;
+        c.ck_shape.num_layers = 4;
+        c.ck_shape.channels = 256;
+        c.ck_shape.num_heads = 4;
+        gpt_build(&c.ck_model, c.ck_shape);
+        gpt_allocate(&c.ck_model, c.B, c.T, 1);
+        c.ck_init = gpt_random_init(&c.ck_model, CHECKPOINT_SEED);
+        c.have_ck_model = true;
+    }
+    gpt_set_params(&c.ck_model, c.ck_init);
+    cudaCheck(cudaMemset(c.ck_model.m_memory, 0, c.ck_model.num_params * sizeof(float)));
+    cudaCheck(cudaMemset(c.ck_model.v_memory, 0, c.ck_model.num_params * sizeof(float)));
+    c.ck_model.adam_steps = 0;
+    return c.ck_model;
 }
 
 static void run_forward(TestContext& c) {
@@ -430,14 +458,14 @@ static void check_trajectory(TestContext& c) {
     check(max_norm_rel <= TOL_NORM, strfmt("10-step grad norms: max rel diff %.3e (tol %.2g)", max_norm_rel, TOL_NORM));
 }
 
-// resume: 3 steps, save, 3 more; a model resumed from the checkpoint (with another -r) logs the same losses and
+// resume (on checkpoint_model's small model): 3 steps, save, 3 more; a model resumed from the checkpoint (with another -r) logs the same losses and
 // ends with the same parameters, master weights, moments and state file (recipe state included) bit for bit;
 // -r -1 picks the recompute setting the model's memory allows and logs the losses within TOL_KEPT_VS_RECOMPUTED;
 // a checkpoint of another shape, seed, -t or optimizer sharding is refused with a message naming the flag
 static void check_resume(TestContext& c) {
-    const ModelFileInfo& info = c.info;
     const Reference& ref = c.ref;
-    GPT& model = c.model;
+    GPT& model = checkpoint_model(c);
+    const ModelShape& shape = c.ck_shape;
     const int B = c.B, T = c.T;
     const size_t BT = c.BT;
     const std::string& ckdir = c.ckdir;
@@ -458,7 +486,6 @@ static void check_resume(TestContext& c) {
         }
         cudaCheck(cudaDeviceSynchronize());
     };
-    reset_model(c);
     std::vector<float> losses_a;
     run_steps(&model, 0, save_at, &losses_a);
     try { save_checkpoint(&model, ckdir, save_at, data_state, opt.seed, 0, 1); }
@@ -468,12 +495,12 @@ static void check_resume(TestContext& c) {
     struct Refusals { bool shape = false, seed = false, seq_len = false, sharding = false; };
     std::future<Refusals> refusals = std::async(std::launch::async, [&]() {
         Refusals got;
-        ModelShape other = info.shape;
+        ModelShape other = shape;
         other.num_layers += 1;
         try { check_checkpoint(ckdir, save_at, other, B, T, opt.seed, 0, 1); } catch (const InputError& e) { got.shape = strstr(e.what(), "shape") != nullptr; }
-        try { check_checkpoint(ckdir, save_at, info.shape, B, T, opt.seed + 1, 0, 1); } catch (const InputError& e) { got.seed = strstr(e.what(), "-sd") != nullptr; }
-        try { check_checkpoint(ckdir, save_at, info.shape, B, T + 1, opt.seed, 0, 1); } catch (const InputError& e) { got.seq_len = strstr(e.what(), "-t") != nullptr; }
-        try { check_checkpoint(ckdir, save_at, info.shape, B, T, opt.seed, 0, 1, false, 2); } catch (const InputError& e) { got.sharding = strstr(e.what(), "-z 0") != nullptr; }
+        try { check_checkpoint(ckdir, save_at, shape, B, T, opt.seed + 1, 0, 1); } catch (const InputError& e) { got.seed = strstr(e.what(), "-sd") != nullptr; }
+        try { check_checkpoint(ckdir, save_at, shape, B, T + 1, opt.seed, 0, 1); } catch (const InputError& e) { got.seq_len = strstr(e.what(), "-t") != nullptr; }
+        try { check_checkpoint(ckdir, save_at, shape, B, T, opt.seed, 0, 1, false, 2); } catch (const InputError& e) { got.sharding = strstr(e.what(), "-z 0") != nullptr; }
         return got;
     });
     // (so does reading the -r the checkpoint records, checked below)
@@ -481,13 +508,13 @@ static void check_resume(TestContext& c) {
     run_steps(&model, save_at, total, &losses_a);
 
     GPT resumed;
-    gpt_build(&resumed, info.shape);
+    gpt_build(&resumed, shape);
     gpt_allocate(&resumed, B, T, 2); // a different recompute setting must not change the numbers
     DataLoaderState restored_state;
     bool loaded = false;
     try {
         check(find_latest_checkpoint(ckdir) == save_at, "find_latest_checkpoint finds the saved step");
-        check_checkpoint(ckdir, save_at, info.shape, B, T, opt.seed, 0, 1);
+        check_checkpoint(ckdir, save_at, shape, B, T, opt.seed, 0, 1);
         load_checkpoint(&resumed, ckdir, save_at, &restored_state, 0);
         loaded = true;
     } catch (const InputError& e) { check(false, strfmt("load_checkpoint: %s", e.what())); }
@@ -539,11 +566,11 @@ static void check_resume(TestContext& c) {
         // differ in the last bits, so the losses after resuming from the -r 1 checkpoint are close
         // to the -r 1 model's, not equal; the checkpoint records -r 1 for a -r -1 resume.
         GPT kept;
-        gpt_build(&kept, info.shape);
+        gpt_build(&kept, shape);
         gpt_allocate(&kept, B, T, -1);
         // (a recipe that reads no GELU output in backward, FP8 with its own x^T, keeps one buffer: -r 1)
         bool gelu_read_in_backward = false;
-        for (int l = 0; l < info.shape.num_layers; l++)
+        for (int l = 0; l < shape.num_layers; l++)
             gelu_read_in_backward = gelu_read_in_backward || recipe_needs_input_in_backward(kept.recipe, {l, LIN_FCPROJ}, B * T);
         const int auto_want = gelu_read_in_backward ? 0 : 1;
         check(kept.recompute == auto_want && kept.recompute_auto,
@@ -568,27 +595,26 @@ static void check_resume(TestContext& c) {
     check(refused.sharding, "resuming a whole optimizer state as a ZeRO-1 shard is refused with a message naming -z");
 }
 
-// zero1: ZeRO-1 on one GPU: two models that each own half of every parameter block (zero.h), given the summed
+// zero1 (on checkpoint_model's small model): ZeRO-1 on one GPU: two models that each own half of every parameter block (zero.h), given the summed
 // gradients a reduce-scatter would leave them, take the optimizer step of their pieces bit-identically to the
 // model that owns everything (moments, master weights, parameters with stochastic rounding) for 3 steps, the norms
 // of their pieces add up to the whole norm, and a shard's checkpoint round-trips bit for bit and is refused as a
 // whole state (-z 0)
 static void check_zero1(TestContext& c) {
-    const ModelFileInfo& info = c.info;
     const Reference& ref = c.ref;
-    const std::vector<float>& init_params = c.init_params;
-    GPT& model = c.model;
+    GPT& model = checkpoint_model(c);
+    const ModelShape& shape = c.ck_shape;
+    const std::vector<float>& init_params = c.ck_init;
     const int B = c.B, T = c.T;
     const size_t BT = c.BT;
     DataLoaderState data_state; data_state.epoch = 2; data_state.shard_pos = 1; data_state.chunk_pos = 7;
     OptimizerSettings opt = reference_optimizer(ref);
     opt.seed = CHECKPOINT_SEED;
     {
-        reset_model(c);
         const int P = 2;
         GPT shards[P];
         for (int r = 0; r < P; r++) {
-            gpt_build(&shards[r], info.shape, r, P);
+            gpt_build(&shards[r], shape, r, P);
             gpt_allocate(&shards[r], B, T, 1);
             gpt_set_params(&shards[r], init_params);
         }
@@ -662,15 +688,15 @@ static void check_zero1(TestContext& c) {
             save_checkpoint(&shards[1], zdir, 3, data_state, opt.seed, 1, 2);
             save_checkpoint(&shards[0], zdir, 3, data_state, opt.seed, 0, 2); // (rank 0 last: it marks the checkpoint done)
             GPT back;
-            gpt_build(&back, info.shape, 1, 2);
+            gpt_build(&back, shape, 1, 2);
             gpt_allocate(&back, B, T, 1);
-            check_checkpoint(zdir, 3, info.shape, B, T, opt.seed, 1, 2, false, 2);
+            check_checkpoint(zdir, 3, shape, B, T, opt.seed, 1, 2, false, 2);
             DataLoaderState st;
             load_checkpoint(&back, zdir, 3, &st, 1);
             const size_t NS = back.shard.shard_elements;
             round_trip = device_bytes(back.master_memory, NS) == device_bytes(shards[1].master_memory, NS) &&
                          device_bytes(back.v_memory, NS) == device_bytes(shards[1].v_memory, NS);
-            try { check_checkpoint(zdir, 3, info.shape, B, T, opt.seed, 1, 2, false, 1); }
+            try { check_checkpoint(zdir, 3, shape, B, T, opt.seed, 1, 2, false, 1); }
             catch (const InputError& e) { refused_whole = strstr(e.what(), "-z 1") != nullptr; }
         } catch (const InputError& e) { check(false, strfmt("ZeRO-1 checkpoint: %s", e.what())); }
         check(round_trip, "ZeRO-1: a process's shard of the optimizer state survives save and load bit for bit");
@@ -695,15 +721,15 @@ static const NamedCheck CHECKS[] = {
     {"zero1", check_zero1},
 };
 
-// A scratch directory for the checkpoints: at d12 a whole one is 1.7 GB (BF16 model file, FP32 master weights
-// and moments), and at most three are there at once (about 5 GB). Every checkpoint write fsyncs (checkpoint.h):
+// A scratch directory for the checkpoints: a whole one of checkpoint_model is about 0.2 GB (BF16 model file, FP32
+// master weights and moments), and at most three are there at once. Every checkpoint write fsyncs (checkpoint.h):
 // on a disk that costs seconds per gigabyte, in memory nothing. So $TEST_GPT_TMPDIR if set, else /dev/shm where
-// it has 16 GiB free (room for a few of these tests at once), else /tmp.
+// it has 4 GiB free (room for several of these tests at once), else /tmp.
 static std::string make_checkpoint_dir() {
     std::vector<std::string> places;
     if (const char* env = getenv("TEST_GPT_TMPDIR")) places.push_back(env);
     struct statvfs fs;
-    if (statvfs("/dev/shm", &fs) == 0 && (double)fs.f_bavail * fs.f_frsize >= 16.0 * (1ull << 30)) places.push_back("/dev/shm");
+    if (statvfs("/dev/shm", &fs) == 0 && (double)fs.f_bavail * fs.f_frsize >= 4.0 * (1ull << 30)) places.push_back("/dev/shm");
     places.push_back("/tmp");
     for (const std::string& place : places) {
         std::string tmpl = place + "/test_gpt_ckpt_XXXXXX";

@@ -153,7 +153,8 @@ expect_untouched() {
 }
 
 # ---- the output directory: one run per directory, one trainer at a time ----
-run="$work/run"; mkdir -p "$run"; echo "s:0 trl:10.9" > "$run/main.log"; touch "$run/DONE_00000005" "$run/notes.txt"
+# (the old run's main.log holds a loss no fresh model logs, so a replaced main.log cannot hold it by chance)
+run="$work/run"; mkdir -p "$run"; echo "s:0 trl:99.25" > "$run/main.log"; touch "$run/DONE_00000005" "$run/notes.txt"
 before=$(listing "$run")
 expect_error "-y 0 into a directory that holds a run" "holds a run already" "${base[@]}" -o "$run"
 expect_untouched "a refused -y 0 leaves the old run's files as they were" "$run" "$before"
@@ -162,7 +163,7 @@ expect_error "-ow 1 with -y 1" "-ow 1 -y 1" "${base[@]}" -o "$run" -ow 1 -y 1
 if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
     cp -r "$run" "$work/run_ow"
     out=$("$TRAINER" "${base[@]}" -o "$work/run_ow" -ow 1 2>&1); rc=$?
-    if [[ $rc -eq 0 && ! -e "$work/run_ow/DONE_00000005" && -f "$work/run_ow/notes.txt" ]] && ! grep -q "trl:10.9" "$work/run_ow/main.log"; then
+    if [[ $rc -eq 0 && ! -e "$work/run_ow/DONE_00000005" && -f "$work/run_ow/notes.txt" ]] && ! grep -q "trl:99.25" "$work/run_ow/main.log"; then
         echo "[PASS] -ow 1 replaces the run in -o (its main.log and checkpoints), keeping other files"; passed=$((passed + 1))
     else
         echo "[FAIL] -ow 1: exit $rc, $(tail -n 2 <<<"$out")"; failed=$((failed + 1))
