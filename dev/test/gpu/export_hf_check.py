@@ -9,8 +9,8 @@ first B*T as B rows of T, the targets the same shifted by one. That is what the 
 reports for a one-process run with -b B -t T -m BATCHES on a one-shard validation set, so pass that number
 as --expect. Prints both and the difference; exits 1 when |difference| > --tol.
 
-Needs torch and transformers (the GPU machine). It was not run where it was written (no torch there); the
-mapping it checks is proven on the CPU by dev/test/cpu/test_export_hf.py.
+Needs torch and transformers (it uses the GPU when there is one). The layout it relies on is checked without
+them by dev/test/cpu/test_export_hf.py.
 """
 import argparse
 import sys
