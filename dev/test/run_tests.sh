@@ -59,6 +59,7 @@ done
 suite gpt_bf16_cudnn "gpu gpt cudnn" 1 ""
 suite multi_gpu "gpu" 1 "$(printf 'train_gpt_%s ' $MULTI_GPU_RECIPES)"
 suite setup_error "gpu fp8" 1 "train_gpt_fp8"
+suite export_hf "gpu bf16 export" 1 "train_gpt_bf16"
 for k in "${TIMED_KERNELS[@]}"; do
     t="gpu kernels timed $k"; [[ $k == q115_attention ]] && t+=" q115"
     suite "kernel_$k" "$t" 1 "build/test_$k" 1
@@ -236,6 +237,7 @@ run_suite() { # $1 = id
         # data parallelism through NCCL: one process on any GPU machine; two processes (losses against one
         # process, ZeRO-1 memory, resume, killed process) where there are two GPUs
         bash dev/test/gpu/multi_gpu.sh "$MULTI_GPU_RECIPES" ;;
+    export_hf) bash dev/test/gpu/export_hf.sh ./train_gpt_bf16 ;;
     setup_error)
         # a recipe's setup error (a bad LLMC_FP8_FUSED_GEMM, read when the FP8 recipe sets itself up on the GPU)
         # is a clear message and exit 1, not an abort on an uncaught exception
@@ -379,10 +381,10 @@ for id in "${order[@]}"; do
     [[ ${serial[$id]} == 1 ]] || continue
     start_suite "$id"; wait $!
 done
-# 2c. the GPU suites, up to GPU_JOBS at once, longest first (the model tests, then the two-process and the
-# FP8 kernel tests, then the resume scripts, then the rest), so that no long one starts last
+# 2c. the GPU suites, up to GPU_JOBS at once, longest first (the multi-GPU, FP8 kernel and TCFP-12 resume tests,
+# then the other resume scripts, then the model tests, then the rest), so that no long one starts last
 rank_of() {
-    case $1 in gpt_*) echo 0 ;; multi_gpu | kernel_fp8) echo 1 ;; resume_*) echo 2 ;; *) echo 3 ;; esac
+    case $1 in multi_gpu | kernel_fp8 | resume_tcfp12) echo 0 ;; resume_*) echo 1 ;; gpt_*) echo 2 ;; *) echo 3 ;; esac
 }
 start_order=()
 for rank in 0 1 2 3; do
