@@ -3,12 +3,15 @@
 
     python3 dev/bench/test_bench.py
 
-Argument parsing, the synthetic shard (checked the way llmc/dataloader.h checks a shard), the
-parser of the trainer's output on text printed with the trainer's own format strings, the
-median / tok/s / MFU / ratio arithmetic, recipe discovery, the OOM retry loop, the parent side of
-the peer protocol (with a stand-in for the peer process), and the table.
+Argument parsing (the peer selection too), the synthetic shard (checked the way llmc/dataloader.h
+checks a shard), the parser of the trainer's output on text printed with the trainer's own format
+strings, the median / tok/s / MFU / ratio arithmetic (against the fastest BF16 peer and the fastest
+FP8 peer), recipe discovery, the OOM retry loop, the parent side of the peer protocol (with a
+stand-in for the peer process), torchao's wheel, and the table. Where torch is importable, the peer
+worker also runs on the CPU at a tiny size.
 """
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -16,6 +19,7 @@ import sys
 import tempfile
 import textwrap
 import unittest
+import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
@@ -49,6 +53,17 @@ def trainer_output(params=124475904, L=12, C=768, NH=12, maxT=1024, B=64, T=1024
 
 OOM_TEXT = ("error: out of GPU memory allocating activations: asked for 40.00 GiB, 12.00 GiB free of 79.19 GiB.\n"
             "       Use a smaller micro-batch (-b), recompute more in backward (-r 2), or a shorter -t.\n")
+
+
+BF16_PEER = bench.peer_label("torch-bf16")
+
+
+def peer_row(kind, tok_s, size="d12", rnd=1, status="ok", B=64):
+    """An ok (or failed) row of the peer `kind`, as run_peer makes it."""
+    r = dict(bench.new_row(size, bench.peer_label(kind), "peer", B, 1024, rnd=rnd), status=status, tok_s=tok_s,
+             peer_kind=kind)
+    r["ms"] = 524288 / tok_s * 1000 if tok_s else None
+    return r
 
 
 def args_for(argv):
@@ -226,7 +241,7 @@ class TestNumbers(unittest.TestCase):
         rows = [dict(bench.new_row("d12", "bf16", "ours", 64, 1024), status="ok", tok_s=3.0e6),
                 dict(bench.new_row("d12", "fp8", "ours", 64, 1024), status="ok", tok_s=4.5e6),
                 dict(bench.new_row("d12", "nvfp4", "ours", 64, 1024), status="failed", error="error: boom"),
-                dict(bench.new_row("d12", bench.PEER_LABEL, "peer", 32, 1024), status="ok", tok_s=2.0e6),
+                dict(bench.new_row("d12", BF16_PEER, "peer", 32, 1024), status="ok", tok_s=2.0e6),
                 dict(bench.new_row("d24", "bf16", "ours", 32, 1024), status="ok", tok_s=1.0e6)]
         bench.compute_ratios(rows)
         self.assertEqual([(r["vs_peer"], r["vs_bf16"]) for r in rows],
@@ -236,7 +251,7 @@ class TestNumbers(unittest.TestCase):
         rows = [dict(bench.new_row("d12", "bf16", "ours", 64, 1024), status="ok", tok_s=3.0e6),
                 dict(bench.new_row("d12", "bf16", "ours", 64, 1024, gpus=2), status="ok", tok_s=5.7e6),
                 dict(bench.new_row("d12", "fp8", "ours", 64, 1024, gpus=2), status="ok", tok_s=7.6e6),
-                dict(bench.new_row("d12", bench.PEER_LABEL, "peer", 64, 1024), status="ok", tok_s=2.0e6)]
+                dict(bench.new_row("d12", BF16_PEER, "peer", 64, 1024), status="ok", tok_s=2.0e6)]
         bench.compute_ratios(rows)
         got = [(r["vs_peer"], r["vs_bf16"], r["vs_1gpu"]) for r in rows]
         self.assertEqual(got[0], (1.5, 1.0, 1.0))
@@ -277,10 +292,10 @@ class TestRounds(unittest.TestCase):
         return r
 
     def rows(self):
-        return [self.row("bf16", 1, 3.0e6), self.row("fp8", 1, 3.6e6), self.row(bench.PEER_LABEL, 1, 2.0e6, "peer"),
-                self.row("bf16", 2, 2.0e6), self.row("fp8", 2, 2.5e6), self.row(bench.PEER_LABEL, 2, 1.0e6, "peer"),
+        return [self.row("bf16", 1, 3.0e6), self.row("fp8", 1, 3.6e6), self.row(BF16_PEER, 1, 2.0e6, "peer"),
+                self.row("bf16", 2, 2.0e6), self.row("fp8", 2, 2.5e6), self.row(BF16_PEER, 2, 1.0e6, "peer"),
                 self.row("bf16", 3, 4.0e6), self.row("fp8", 3, None, status="failed"),
-                self.row(bench.PEER_LABEL, 3, 2.0e6, "peer")]
+                self.row(BF16_PEER, 3, 2.0e6, "peer")]
 
     def test_ratios_against_the_same_round(self):
         rows = bench.compute_ratios(self.rows())
@@ -293,7 +308,7 @@ class TestRounds(unittest.TestCase):
     def test_summary(self):
         summary = bench.summarize_rounds(bench.compute_ratios(self.rows()))
         self.assertEqual([(g["recipe"], g["rounds"], g["rounds_ok"]) for g in summary],
-                         [("bf16", 3, 3), ("fp8", 3, 2), (bench.PEER_LABEL, 3, 3)])
+                         [("bf16", 3, 3), ("fp8", 3, 2), (BF16_PEER, 3, 3)])
         bf16, fp8, peer = summary
         self.assertEqual(bf16["tok_s"], 3.0e6)                         # median of 3, 2, 4
         self.assertEqual(bf16["vs_peer"], (2.0, 1.5, 2.0))             # rounds 1.5, 2.0, 2.0: median, lowest, highest
@@ -415,13 +430,13 @@ class TestRuns(unittest.TestCase):
             bench.peer_command = lambda *a, **k: [sys.executable, fake] + real(*a, **k)[2:]
             try:
                 row = bench.with_halving(64, 1024, 524288,
-                                         lambda B: bench.run_peer("d12", B, 1024, args, tmp, 989.4e12))
+                                         lambda B: bench.run_peer("torch-bf16", "d12", B, 1024, args, tmp, 989.4e12))
             finally:
                 bench.peer_command = real
             self.assertEqual((row["status"], row["B"], row["B_tried"]), ("ok", 32, [64, 32]))
             self.assertEqual(row["ms"], 1400.0)                  # median of steps 6..15
             self.assertEqual(row["peak_gib"], 30.5)
-            self.assertEqual(row["recipe"], bench.PEER_LABEL)
+            self.assertEqual(row["recipe"], BF16_PEER)
             self.assertIn("allocated peak 28.25 GiB", row["notes"][0])
             self.assertAlmostEqual(row["mfu"], 100 * 803478528.0 * 524288 / 1.4 / 989.4e12)
         finally:
@@ -464,7 +479,7 @@ class TestTable(unittest.TestCase):
         ok = dict(bench.new_row("d12", "bf16", "ours", 64, 1024), status="ok", step_ms=[850.0] * 15,
                   params=124475904, L=12, C=768, peak_gib=23.45)
         bench.fill_speed(ok, 524288, 5, 989.4e12)
-        peer = dict(bench.new_row("d12", bench.PEER_LABEL, "peer", 32, 1024), status="ok", step_ms=[1700.0] * 15,
+        peer = dict(bench.new_row("d12", BF16_PEER, "peer", 32, 1024), status="ok", step_ms=[1700.0] * 15,
                     params=124475904, L=12, C=768, peak_gib=30.5, B_tried=[64, 32],
                     notes=["allocated peak 28.25 GiB"])
         bench.fill_speed(peer, 524288, 5, 989.4e12)
@@ -474,10 +489,12 @@ class TestTable(unittest.TestCase):
                 "total_batch": 524288, "warmup": 5, "steps": 10, "peak_flops": 989.4e12}
         md = bench.render_table(rows, meta)
         lines = md.splitlines()
-        self.assertIn("| d12 | bf16 | 1 | 64 | 1024 | 850.0 | 616,809 | 50.1 | 23.45 | 2.00 | 1.00 | 1.00 |  |", lines)
-        self.assertIn("| d12 | torch.compile | 1 | 32 | 1024 | 1700.0 | 308,405 | 25.0 | 30.50 | 1.00 | 0.50 | — | "
+        self.assertIn("| size | recipe | GPUs | B | T | ms/step | tok/s | MFU % | peak GiB | vs peer | vs FP8 peer | vs bf16 | "
+                      "vs 1 GPU | notes |", lines)
+        self.assertIn("| d12 | bf16 | 1 | 64 | 1024 | 850.0 | 616,809 | 50.1 | 23.45 | 2.00 | — | 1.00 | 1.00 |  |", lines)
+        self.assertIn("| d12 | torch.compile bf16 | 1 | 32 | 1024 | 1700.0 | 308,405 | 25.0 | 30.50 | 1.00 | — | 0.50 | — | "
                       "allocated peak 28.25 GiB; B tried 64→32 |", lines)
-        self.assertIn("| d12 | fp8 | 1 | 64 | 1024 | — | — | — | — | — | — | — | **FAILED**: exit 1: error: a \\| b |", lines)
+        self.assertIn("| d12 | fp8 | 1 | 64 | 1024 | — | — | — | — | — | — | — | — | **FAILED**: exit 1: error: a \\| b |", lines)
         self.assertIn("8.035e+08 FLOPs per token", md)
         self.assertIn("including the CUDA context", md)
         self.assertIn("excluding the CUDA context", md)
