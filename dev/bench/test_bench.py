@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -673,6 +674,65 @@ class TestFP8Peers(unittest.TestCase):
             self.assertEqual(saved_json["meta"]["torchao"], {"wheel": None, "error": None})
         finally:
             bench.REPO_ROOT, bench.run_ours, bench.run_peer = saved
+
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed: the peer's model and worker are checked where it is")
+class TestPeerOnCPU(unittest.TestCase):
+    """The peers' own code on the CPU: the padded-vocabulary loss of the reference model, and the worker
+    (eager) at d6 for one step of each kind."""
+
+    def test_padded_vocab_loss(self):
+        import torch
+        import torch.nn.functional as F
+        sys.path.insert(0, os.path.join(bench.REPO_ROOT, "dev", "reference"))
+        from gpt_reference import GPT, GPTConfig
+        cfg = GPTConfig(max_seq_len=8, vocab_size=10, padded_vocab_size=16, num_layers=1, num_heads=2, channels=8)
+        torch.manual_seed(0)
+        sliced, padded = GPT(cfg, use_sdpa=True), GPT(cfg, use_sdpa=True, loss_over_padded_vocab=True)
+        padded.load_state_dict(sliced.state_dict())
+        x, y = torch.randint(0, 10, (2, 8)), torch.randint(0, 10, (2, 8))
+        logits, loss = padded(x, y)
+        self.assertEqual(logits.shape[-1], 16)
+        self.assertTrue(torch.allclose(loss, F.cross_entropy(logits.reshape(-1, 16), y.reshape(-1))))
+        _, loss_sliced = sliced(x, y)
+        self.assertTrue(torch.allclose(loss_sliced, F.cross_entropy(logits[..., :10].reshape(-1, 10), y.reshape(-1))))
+        self.assertGreater(float(loss), float(loss_sliced))       # the padded columns take probability mass
+        loss.backward()
+        loss_sliced.backward()
+        self.assertTrue(bool(padded.wte.weight.grad[10:].abs().sum() > 0))   # they are trained
+        self.assertTrue(bool((sliced.wte.weight.grad[10:] == 0).all()))
+
+    def run_worker(self, kind):
+        tmp = tempfile.mkdtemp()
+        try:
+            out = os.path.join(tmp, "peer.json")
+            cmd = bench.peer_command(sys.executable, kind, "d6", 1, 16, 16, 0, 1, out, True) + ["--device", "cpu"]
+            subprocess.run(cmd, capture_output=True, timeout=600)
+            with open(out) as f:
+                return json.load(f)
+        finally:
+            shutil.rmtree(tmp)
+
+    def test_worker_bf16_peers(self):
+        for kind, columns in (("torch-bf16", 50304), ("torch-bf16-sliced", 50257)):
+            res = self.run_worker(kind)
+            self.assertEqual((res["status"], res["loss_columns"], res["fp8_linears"]), ("ok", columns, 0), res.get("error"))
+            self.assertEqual(len(res["step_ms"]), 1)
+            self.assertLess(abs(res["losses"][0] - 10.83), 0.3)   # about ln(50257) at the init
+            self.assertIn('torch.set_float32_matmul_precision("high")', res["settings"])
+
+    def test_worker_fp8_peer(self):
+        """with torchao: its Float8Linear in every block's four nn.Linear (emulated on the CPU); without it:
+        the row's reason"""
+        res = self.run_worker("torchao-fp8-tensorwise")
+        if importlib.util.find_spec("torchao") is None:
+            self.assertEqual(res["status"], "unavailable")
+            self.assertIn("torchao cannot be imported", res["error"])
+        else:
+            self.assertEqual((res["status"], res["fp8_linears"], res["loss_columns"]), ("ok", 24, 50304), res.get("error"))
 
 
 class TestPartialReport(unittest.TestCase):
