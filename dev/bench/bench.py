@@ -22,7 +22,7 @@ MFU counts 6*N + 6*L*C*T FLOPs per token (N = all parameters, as llm.c) against 
 BF16 peak (989.4 TFLOP/s on H100/H200, the trainer's own figure).
 
 Micro-batch sizes: the defaults below are starting points. A run that runs out of GPU memory is
-retried with B halved (ours and the peer independently), and the table reports the B used.
+retried with B halved (ours and each peer independently), and the table reports the B used.
 
 Rounds (--repeat N): the whole plan runs N times over (every recipe and the peers, then all again), and
 each round's ratios use that round's bf16 and peer rows. The report adds one line per recipe over the
@@ -124,7 +124,7 @@ def build_arg_parser():
     p.add_argument("--gpus", default="1",
                    help="comma list of process counts, one GPU each, e.g. 1,2: every recipe runs once per "
                         "count (counts above 1 through scripts/launch.sh, data parallel, the same total batch); "
-                        "the peer runs on 1 GPU (default 1)")
+                        "the peers run on 1 GPU (default 1)")
     p.add_argument("--repeat", type=int, default=1,
                    help="run the whole plan this many times in rounds; the report gives each round's rows and, "
                         "per recipe, the median and range of the ratios over the rounds (default 1)")
@@ -144,8 +144,8 @@ def build_arg_parser():
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per trainer run (default 300)")
     p.add_argument("--peer-timeout", type=float, default=None,
                    help="seconds per peer run, compile included (default: --timeout)")
-    p.add_argument("--peer-python", default=sys.executable, help="python with torch for the peer")
-    p.add_argument("--peer-eager", action="store_true", help="run the peer without torch.compile")
+    p.add_argument("--peer-python", default=sys.executable, help="python with torch for the peers")
+    p.add_argument("--peer-eager", action="store_true", help="run the peers without torch.compile")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="dense BF16 peak for MFU (default: from the GPU name, as the trainer does)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic tokens")
@@ -666,6 +666,11 @@ def prepare_torchao(args, peers, work_dir, log_dir):
     target = os.path.join(work_dir, "torchao_site")
     info["error"] = install_wheel(args.peer_python, wheel, target, os.path.join(log_dir, "torchao_install.log"))
     if info["error"] is None:
+        # only torchao goes ahead of the standard library on PYTHONPATH: its wheel also ships a top-level
+        # `test` package (torchao's tests), which there would hide the standard library's `test`
+        for name in os.listdir(target):
+            if name != "torchao" and not name.startswith("torchao-"):
+                shutil.rmtree(os.path.join(target, name), ignore_errors=True)
         info["path"] = target
     return info
 
@@ -893,7 +898,7 @@ def render_table(rows, meta):
             out.append(f"  - {r['size']} ({r['kind']}): N = {r['params']:,}, L = {r['L']}, C = {r['C']}, "
                        f"T = {r['T']} → {r['flops_per_token']:.4g} FLOPs per token")
     out.append("- Peak GiB: ours = cudaMemGetInfo total − free at the end of the run (the trainer allocates "
-               "everything up front, so this is its peak), **including the CUDA context (~0.5 GiB)**; the peer = "
+               "everything up front, so this is its peak), **including the CUDA context (~0.5 GiB)**; each peer = "
                "torch.cuda.max_memory_reserved(), **excluding the CUDA context**; its notes give "
                "max_memory_allocated and the device-level total − free at its end, comparable with ours.")
     out.append("- vs peer = tok/s ÷ the fastest BF16 peer's tok/s of the same size; vs FP8 peer (our fp8 rows, "
@@ -933,8 +938,8 @@ class TorchaoUnavailable(Exception):
 
 
 def allow_fast_fp32_matmuls(torch):
-    """What nanoGPT sets, so that no FP32 matmul or convolution the peer does outside autocast runs at
-    full FP32 speed: TF32 allowed. Returns the settings made (a torch that refuses one is noted, not fatal)."""
+    """What nanoGPT sets: the FP32 matmuls and convolutions a peer runs outside autocast may use TF32
+    tensor cores. Returns the settings made (one this torch refuses is noted in the list, not fatal)."""
     done = []
     for name, setter in (("torch.backends.cuda.matmul.allow_tf32 = True",
                           lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", True)),

@@ -188,6 +188,7 @@ class TestTorchaoWheel(unittest.TestCase):
         path = os.path.join(self.dir, name)
         with zipfile.ZipFile(path, "w") as z:
             z.writestr("torchao/__init__.py", "__version__ = 'test'\n")
+            z.writestr("test/__init__.py", "")          # torchao's wheel ships its tests as a top-level package
             z.writestr("torchao-0.18.0.dist-info/METADATA", "Name: torchao\nVersion: 0.18.0\n")
             if data_dir:
                 z.writestr("torchao-0.18.0.data/scripts/x", "")
@@ -225,6 +226,8 @@ class TestTorchaoWheel(unittest.TestCase):
         info = bench.prepare_torchao(args, bench.DEFAULT_PEERS, self.dir, self.dir)
         self.assertIsNone(info["error"])
         self.assertEqual(info["path"], os.path.join(self.dir, "torchao_site"))
+        # only torchao and its metadata stay: a top-level `test` there would hide the standard library's
+        self.assertEqual(sorted(os.listdir(info["path"])), ["torchao", "torchao-0.18.0.dist-info"])
         saved = os.environ.get("PYTHONPATH")
         try:
             os.environ["PYTHONPATH"] = "/elsewhere"
