@@ -128,7 +128,7 @@ def build_arg_parser():
     p.add_argument("--repeat", type=int, default=1,
                    help="run the whole plan this many times in rounds; the report gives each round's rows and, "
                         "per recipe, the median and range of the ratios over the rounds (default 1)")
-    p.add_argument("--no-peer", action="store_true", help="skip every PyTorch peer")
+    p.add_argument("--no-peer", action="store_true", help="skip every PyTorch peer (whatever --peers says)")
     p.add_argument("--peers", default=None,
                    help="comma list of peer kinds to run, 'default' or 'all' (default: "
                         f"{','.join(DEFAULT_PEERS)}; all: {','.join(PEERS)})")
