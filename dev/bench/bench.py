@@ -4,12 +4,17 @@
     python3 dev/bench/bench.py [--sizes d12,d24] [--recipes bf16,fp8] [--out out/bench.md]
     python3 dev/bench/bench.py --sizes d48 --recipes "bf16,tcfp12,tcfp12:-tabd 1 -tfw 1 -tfa 1"   (a recipe with flags: a row of its own)
 
-For every model size it runs every recipe's trainer (train_gpt_<recipe>) and the PyTorch peer
-(dev/reference/gpt_reference.py: bf16 autocast, SDPA, fused AdamW, torch.compile) on synthetic
-uniform random tokens, one run at a time on GPU 0 (with --gpus 1,2 each recipe also on GPUs 0-1,
-data parallel through scripts/launch.sh), and prints one table:
+For every model size it runs every recipe's trainer (train_gpt_<recipe>) and the PyTorch peers
+(the dev/reference/gpt_reference.py model as nanoGPT trains it: FP32 parameters, bf16 autocast, SDPA,
+fused AdamW, torch.compile, the loss over the padded vocabulary; and the same with torchao's float8
+training, tensorwise and rowwise; PEERS below) on synthetic uniform random tokens, one run at a time
+on GPU 0 (with --gpus 1,2 each recipe also on GPUs 0-1, data parallel through scripts/launch.sh),
+and prints one table:
 
-    size | recipe | GPUs | B | T | ms/step | tok/s | MFU % | peak GiB | vs peer | vs bf16 | vs 1 GPU | notes
+    size | recipe | GPUs | B | T | ms/step | tok/s | MFU % | peak GiB | vs peer | vs FP8 peer | vs bf16 | vs 1 GPU | notes
+
+vs peer is against the fastest BF16 peer of the size, vs FP8 peer (FP8 rows: our fp8 recipe and
+the torchao peers) against the fastest torchao FP8 peer.
 
 Protocol: total batch 524,288 tokens per optimizer step (gradient accumulation over
 total / (B*T) micro-steps), 5 warm-up steps, then the median of 10 timed steps.
@@ -17,18 +22,19 @@ MFU counts 6*N + 6*L*C*T FLOPs per token (N = all parameters, as llm.c) against 
 BF16 peak (989.4 TFLOP/s on H100/H200, the trainer's own figure).
 
 Micro-batch sizes: the defaults below are starting points. A run that runs out of GPU memory is
-retried with B halved (ours and the peer independently), and the table reports the B used.
+retried with B halved (ours and each peer independently), and the table reports the B used.
 
-Rounds (--repeat N): the whole plan runs N times over (every recipe and the peer, then all again), and
+Rounds (--repeat N): the whole plan runs N times over (every recipe and the peers, then all again), and
 each round's ratios use that round's bf16 and peer rows. The report adds one line per recipe over the
 rounds: the median ms/step and the median and range of its ratios. Where a ratio sits near a target, one
 round cannot say which side it is on: machines and runs of one binary vary by a few ms at d12.
 
-The script itself never imports torch: the peer runs in a subprocess per size (this same file
-with --peer-worker), so one size's GPU memory cannot leak into the next measurement.
+The script itself never imports torch: each peer runs in a subprocess per size (this same file
+with --peer-worker), so one run's GPU memory cannot leak into the next measurement.
 """
 import argparse
 import datetime
+import glob
 import json
 import os
 import re
@@ -40,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -67,7 +74,25 @@ SHARD_MAGIC = 20240520      # llm.c token shard header (llmc/dataloader.h)
 SHARD_VERSION = 1
 SHARD_HEADER_INTS = 256
 GIB = 1024.0 ** 3
-PEER_LABEL = "torch.compile"
+
+# The PyTorch peers: kind (--peers) -> (the row's name in the table, family, what it runs).
+# Every peer trains the dev/reference model with FP32 parameters, bf16 autocast, SDPA, fused AdamW and
+# torch.compile. The family says which ratio a peer sets: "bf16" peers `vs peer`, "fp8" peers `vs FP8 peer`.
+PEERS = {
+    # nanoGPT: the cross-entropy over all 50,304 logits of the padded vocabulary
+    "torch-bf16": ("torch.compile bf16", "bf16", {"padded_loss": True, "fp8_recipe": None}),
+    # the loss over the logits sliced to the 50,257 real tokens (the trainer's loss): slower, so only on request
+    "torch-bf16-sliced": ("torch.compile bf16 sliced", "bf16", {"padded_loss": False, "fp8_recipe": None}),
+    # torchao.float8.convert_to_float8_training with Float8LinearConfig.from_recipe_name(recipe): the blocks'
+    # four nn.Linear per layer in FP8, the tied LM head (F.linear on wte, no nn.Linear) stays bf16
+    "torchao-fp8-tensorwise": ("torchao fp8 tensorwise", "fp8", {"padded_loss": True, "fp8_recipe": "tensorwise"}),
+    "torchao-fp8-rowwise": ("torchao fp8 rowwise", "fp8", {"padded_loss": True, "fp8_recipe": "rowwise"}),
+}
+DEFAULT_PEERS = ["torch-bf16", "torchao-fp8-tensorwise", "torchao-fp8-rowwise"]
+# Our recipes whose rows (and RECIPE:FLAGS variants) also get `vs FP8 peer`
+FP8_FAMILY_RECIPES = {"fp8"}
+# Where bench.py looks for a torchao wheel by default (git-ignored; it travels with the checkout)
+TORCHAO_WHEEL_GLOB = os.path.join(".deps", "wheels", "torchao-*.whl")
 
 # Dense BF16 tensor-core peak by GPU name; the same table as peak_bf16_flops() in train_gpt.cu,
 # so our MFU column agrees with the trainer's own per-step MFU.
@@ -99,11 +124,19 @@ def build_arg_parser():
     p.add_argument("--gpus", default="1",
                    help="comma list of process counts, one GPU each, e.g. 1,2: every recipe runs once per "
                         "count (counts above 1 through scripts/launch.sh, data parallel, the same total batch); "
-                        "the peer runs on 1 GPU (default 1)")
+                        "the peers run on 1 GPU (default 1)")
     p.add_argument("--repeat", type=int, default=1,
                    help="run the whole plan this many times in rounds; the report gives each round's rows and, "
                         "per recipe, the median and range of the ratios over the rounds (default 1)")
-    p.add_argument("--no-peer", action="store_true", help="skip the PyTorch peer")
+    p.add_argument("--no-peer", action="store_true", help="skip every PyTorch peer (whatever --peers says)")
+    p.add_argument("--peers", default=None,
+                   help="comma list of peer kinds to run, 'default' or 'all' (default: "
+                        f"{','.join(DEFAULT_PEERS)}; all: {','.join(PEERS)})")
+    p.add_argument("--torchao-wheel", default="auto",
+                   help="the torchao wheel the FP8 peers import: a .whl path, installed (pip --no-deps --no-index "
+                        "--target) into a temporary directory put first on the peers' PYTHONPATH; 'auto' "
+                        f"(default): the newest {TORCHAO_WHEEL_GLOB} if there is one, else the peer python's own "
+                        "torchao; 'none': the peer python's own torchao")
     p.add_argument("--no-build", action="store_true", help="use the existing train_gpt_<r> binaries")
     p.add_argument("--out", default=None,
                    help="write the markdown table to FILE, the raw JSON beside it (FILE with .json), "
@@ -111,8 +144,8 @@ def build_arg_parser():
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per trainer run (default 300)")
     p.add_argument("--peer-timeout", type=float, default=None,
                    help="seconds per peer run, compile included (default: --timeout)")
-    p.add_argument("--peer-python", default=sys.executable, help="python with torch for the peer")
-    p.add_argument("--peer-eager", action="store_true", help="run the peer without torch.compile")
+    p.add_argument("--peer-python", default=sys.executable, help="python with torch for the peers")
+    p.add_argument("--peer-eager", action="store_true", help="run the peers without torch.compile")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="dense BF16 peak for MFU (default: from the GPU name, as the trainer does)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic tokens")
@@ -133,6 +166,37 @@ def parse_sizes(text):
     if not sizes:
         raise ValueError("--sizes: no size given")
     return sizes
+
+
+def parse_peers(text, no_peer=False):
+    """--peers / --no-peer -> the peer kinds to run, in PEERS order: None -> DEFAULT_PEERS; 'all' -> every
+    kind; 'default' may be combined with kinds ('default,torch-bf16-sliced'); --no-peer -> []."""
+    if no_peer:
+        return []
+    if text is None:
+        return list(DEFAULT_PEERS)
+    chosen = set()
+    for part in text.split(","):
+        part = part.strip()
+        if part == "all":
+            chosen.update(PEERS)
+        elif part == "default":
+            chosen.update(DEFAULT_PEERS)
+        elif part in PEERS:
+            chosen.add(part)
+        else:
+            raise ValueError(f"--peers: '{part}' is not a peer kind (known: {', '.join(PEERS)}, default, all)")
+    if not chosen:
+        raise ValueError("--peers: no peer given (--no-peer runs none)")
+    return [k for k in PEERS if k in chosen]
+
+
+def peer_label(kind):
+    return PEERS[kind][0]
+
+
+def peer_family(kind):
+    return PEERS[kind][1]
 
 
 def parse_gpus(text):
@@ -402,19 +466,29 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
+def row_family(row):
+    """'bf16' or 'fp8' for a peer row (its kind's family), 'fp8' for our FP8-family recipes and their
+    RECIPE FLAGS variants, None for our other recipes."""
+    if row["kind"] == "peer":
+        return PEERS.get(row.get("peer_kind"), (None, "bf16"))[1]
+    return "fp8" if row["recipe"].split(" ")[0] in FP8_FAMILY_RECIPES else None
+
+
 def compute_ratios(rows):
-    """vs_peer = tok/s / the peer's tok/s of the same size (the peer row itself, even when flagged
-    eager after a failed compile), for 1-GPU rows only (the peer runs on one GPU); vs_bf16 = tok/s /
-    our bf16's at the same size and GPU count; vs_1gpu = tok/s / the same recipe's 1-GPU tok/s at
-    the same size (the scaling; 1.0 for the 1-GPU row itself). Each against the rows of its own round
-    (--repeat). None where either is missing."""
-    peer, bf16, one_gpu = {}, {}, {}
+    """vs_peer = tok/s / the fastest BF16 peer's tok/s of the same size (a peer flagged eager after a
+    failed compile counts as it is), for 1-GPU rows only (the peers run on one GPU); vs_fp8_peer =
+    tok/s / the fastest torchao FP8 peer's, for FP8-family rows (row_family) on one GPU; vs_bf16 =
+    tok/s / our bf16's at the same size and GPU count; vs_1gpu = tok/s / the same recipe's 1-GPU tok/s
+    at the same size (the scaling; 1.0 for the 1-GPU row itself). Each against the rows of its own
+    round (--repeat). None where either is missing."""
+    best_peer, bf16, one_gpu = {}, {}, {}       # best_peer[(family, size, round)]: the fastest peer's tok/s
     for r in rows:
         if r.get("status") != "ok":
             continue
         rnd = r.get("round", 1)
         if r["kind"] == "peer":
-            peer[(r["size"], rnd)] = r["tok_s"]
+            key = (row_family(r), r["size"], rnd)
+            best_peer[key] = max(best_peer.get(key, 0.0), r["tok_s"])
         elif r["recipe"] == "bf16":
             bf16[(r["size"], r.get("gpus", 1), rnd)] = r["tok_s"]
         if r["kind"] == "ours" and r.get("gpus", 1) == 1:
@@ -422,11 +496,16 @@ def compute_ratios(rows):
     for r in rows:
         ok = r.get("status") == "ok"
         g, rnd = r.get("gpus", 1), r.get("round", 1)
-        r["vs_peer"] = ratio(r["tok_s"], peer.get((r["size"], rnd))) if ok and g == 1 else None
+        r["vs_peer"] = ratio(r["tok_s"], best_peer.get(("bf16", r["size"], rnd))) if ok and g == 1 else None
+        r["vs_fp8_peer"] = (ratio(r["tok_s"], best_peer.get(("fp8", r["size"], rnd)))
+                            if ok and g == 1 and row_family(r) == "fp8" else None)
         r["vs_bf16"] = ratio(r["tok_s"], bf16.get((r["size"], g, rnd))) if ok else None
         r["vs_1gpu"] = (ratio(r["tok_s"], one_gpu.get((r["size"], r["recipe"], rnd)))
                         if ok and r["kind"] == "ours" else None)
     return rows
+
+
+RATIO_KEYS = ("vs_peer", "vs_fp8_peer", "vs_bf16", "vs_1gpu")
 
 
 def summarize_rounds(rows):
@@ -442,7 +521,7 @@ def summarize_rounds(rows):
         s = {"size": size, "recipe": recipe, "gpus": g, "rounds": len(rs), "rounds_ok": len(ok),
              "ms": statistics.median(r["ms"] for r in ok) if ok else None,
              "tok_s": statistics.median(r["tok_s"] for r in ok) if ok else None}
-        for key in ("vs_peer", "vs_bf16", "vs_1gpu"):
+        for key in RATIO_KEYS:
             vals = [r[key] for r in ok if r.get(key) is not None]
             s[key] = (statistics.median(vals), min(vals), max(vals)) if vals else None
         out.append(s)
@@ -524,11 +603,85 @@ def trainer_command(recipe, size, B, T, total_batch, num_steps, shard, gpus=1, f
             "-x", str(num_steps), "-v", "0", "-s", "0", "-j", "", "-i", shard] + list(flags)
 
 
-def peer_command(python, size, B, T, total_batch, warmup, steps, json_out, eager):
-    cmd = [python, os.path.abspath(__file__), "--peer-worker", "--size", size, "--B", str(B), "--T", str(T),
-           "--total-batch", str(total_batch), "--warmup", str(warmup), "--steps", str(steps),
+def peer_command(python, kind, size, B, T, total_batch, warmup, steps, json_out, eager):
+    cmd = [python, os.path.abspath(__file__), "--peer-worker", "--peer-kind", kind, "--size", size, "--B", str(B),
+           "--T", str(T), "--total-batch", str(total_batch), "--warmup", str(warmup), "--steps", str(steps),
            "--json-out", json_out]
     return cmd + (["--eager"] if eager else [])
+
+
+def wheel_version(path):
+    """torchao-0.18.0-py3-none-any.whl -> (0, 18, 0); () when the name has no version"""
+    m = re.match(r"[A-Za-z0-9_]+-(\d+(?:\.\d+)*)", os.path.basename(path))
+    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
+
+
+def find_torchao_wheel(spec, repo):
+    """--torchao-wheel -> the wheel to install, or None for the peer python's own torchao: 'none' -> None;
+    'auto' -> the highest version matching TORCHAO_WHEEL_GLOB under repo, None if there is none; else the path."""
+    if spec == "none":
+        return None
+    if spec == "auto":
+        wheels = glob.glob(os.path.join(repo, TORCHAO_WHEEL_GLOB))
+        return max(wheels, key=lambda w: (wheel_version(w), w)) if wheels else None
+    return os.path.abspath(spec)
+
+
+def install_wheel(python, wheel, target, log_path):
+    """Installs one wheel, without its dependencies and without an index (the GPU machine has no network),
+    into the directory target: `python -m pip install --no-deps --no-index --target`. Where that python
+    has no pip, the wheel is unpacked instead: a wheel is a zip of what --target would hold, unless it
+    has a .data directory. Returns None, or the reason it failed."""
+    if not os.path.isfile(wheel):
+        return f"torchao wheel {wheel} not found"
+    cmd = [python, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check",
+           "--target", target, wheel]
+    rc, text, timed_out = run_logged(cmd, REPO_ROOT, 300, log_path)
+    if rc == 0 and not timed_out:
+        return None
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            names = z.namelist()
+            if any(n.split("/", 1)[0].endswith(".data") for n in names):
+                return f"pip could not install {os.path.basename(wheel)} ({error_line(text)}), and it has a .data directory"
+            z.extractall(target)
+    except (OSError, zipfile.BadZipFile) as e:
+        return f"{os.path.basename(wheel)}: pip failed ({error_line(text)}), unpacking failed ({e})"
+    with open(log_path, "a") as log:
+        log.write(f"pip failed; unpacked {wheel} into {target}\n")
+    return None
+
+
+def prepare_torchao(args, peers, work_dir, log_dir):
+    """Makes torchao importable for the FP8 peers, once per bench: {"wheel": the wheel installed or None,
+    "path": the directory to put first on the peers' PYTHONPATH or None, "error": why the FP8 peers
+    cannot run, or None}. Without a wheel the peers import the peer python's own torchao, if it has one."""
+    info = {"wheel": None, "path": None, "error": None}
+    if not any(peer_family(k) == "fp8" for k in peers):
+        return info
+    wheel = find_torchao_wheel(args.torchao_wheel, REPO_ROOT)
+    if wheel is None:
+        return info
+    info["wheel"] = wheel
+    target = os.path.join(work_dir, "torchao_site")
+    info["error"] = install_wheel(args.peer_python, wheel, target, os.path.join(log_dir, "torchao_install.log"))
+    if info["error"] is None:
+        # only torchao goes ahead of the standard library on PYTHONPATH: its wheel also ships a top-level
+        # `test` package (torchao's tests), which there would hide the standard library's `test`
+        for name in os.listdir(target):
+            if name != "torchao" and not name.startswith("torchao-"):
+                shutil.rmtree(os.path.join(target, name), ignore_errors=True)
+        info["path"] = target
+    return info
+
+
+def peer_env(torchao):
+    """The FP8 peers' environment: torchao's directory first on PYTHONPATH (None: inherit as it is)."""
+    if not torchao or not torchao.get("path"):
+        return None
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([torchao["path"]] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
 
 
 def with_halving(start_B, T, total_batch, attempt):
@@ -588,18 +741,26 @@ def run_ours(entry, size, B, T, args, shard, log_dir, peak, gpus=1, rnd=1):
     return row
 
 
-def run_peer(size, B, T, args, log_dir, peak, rnd=1):
-    """One peer run in a fresh python process; a row like run_ours'."""
-    row = new_row(size, PEER_LABEL, "peer", B, T, rnd=rnd)
-    stem = os.path.join(log_dir, f"{safe(size)}_peer_B{B}" + round_suffix(rnd, args))
+def run_peer(kind, size, B, T, args, log_dir, peak, rnd=1, torchao=None):
+    """One run of the peer `kind` in a fresh python process; a row like run_ours'. torchao: what
+    prepare_torchao returned (the FP8 peers' wheel); an FP8 peer that cannot get torchao is a row with
+    status 'unavailable' and the reason, not a missing row."""
+    label, family, _ = PEERS[kind]
+    row = new_row(size, label, "peer", B, T, rnd=rnd)
+    row["peer_kind"] = kind
+    if family == "fp8" and torchao and torchao.get("error"):
+        row["status"], row["error"] = "unavailable", torchao["error"]
+        return row
+    stem = os.path.join(log_dir, f"{safe(size)}_peer_{kind}_B{B}" + round_suffix(rnd, args))
     json_out, log_path = stem + ".json", stem + ".log"
     row["log"] = log_path
-    cmd = peer_command(args.peer_python, size, B, T, args.total_batch, args.warmup, args.steps, json_out,
+    cmd = peer_command(args.peer_python, kind, size, B, T, args.total_batch, args.warmup, args.steps, json_out,
                        args.peer_eager)
     timeout = args.peer_timeout if args.peer_timeout else args.timeout
     if os.path.exists(json_out):
         os.remove(json_out)
-    rc, text, timed_out = run_logged(cmd, REPO_ROOT, timeout, log_path)
+    rc, text, timed_out = run_logged(cmd, REPO_ROOT, timeout, log_path,
+                                     env=peer_env(torchao) if family == "fp8" else None)
     res = {}
     if os.path.exists(json_out):
         with open(json_out) as f:
@@ -608,18 +769,22 @@ def run_peer(size, B, T, args, log_dir, peak, rnd=1):
                step_ms=res.get("step_ms", []), peak_gib=res.get("max_reserved_gib"),
                alloc_gib=res.get("max_allocated_gib"), device_used_gib=res.get("device_used_gib"),
                compiled=res.get("compiled"), compile_error=res.get("compile_error"),
-               torch_version=res.get("torch_version"))
+               torch_version=res.get("torch_version"), torchao_version=res.get("torchao_version"),
+               loss_columns=res.get("loss_columns"), fp8_linears=res.get("fp8_linears"),
+               settings=res.get("settings"))
     if res.get("losses"):
         row["loss_last"] = res["losses"][-1]
     if res.get("compile_error"):
-        row["recipe"] = PEER_LABEL + " (eager!)"   # flagged: not the protocol's peer
+        row["recipe"] = label + " (eager!)"   # flagged: not the protocol's peer
         row["notes"].append("torch.compile FAILED, eager fallback: " + res["compile_error"][:150])
     elif res.get("compiled") is False:
-        row["recipe"] = "eager"
+        row["recipe"] = label + " (eager)"
+    if family == "fp8" and res.get("torchao_version"):
+        row["notes"].append(f"torchao {res['torchao_version']}, {res.get('fp8_linears')} nn.Linear in FP8, LM head bf16")
     if timed_out:
         row["status"], row["error"] = "timeout", f"timed out after {timeout:.0f} s ({len(row['step_ms'])} steps done)"
-    elif res.get("status") == "oom":
-        row["status"], row["error"] = "oom", res.get("error")
+    elif res.get("status") in ("oom", "unavailable"):
+        row["status"], row["error"] = res["status"], res.get("error")
     elif rc != 0 or res.get("status") != "ok":
         row["status"] = "oom" if is_oom(res.get("error") or "") else "failed"
         row["error"] = f"exit {rc}: " + (res.get("error") or error_line(text))
@@ -693,8 +858,9 @@ def render_table(rows, meta):
         out += [f"{rounds} rounds: the whole plan ran {rounds} times over; each row's ratios are against its own "
                 f"round's rows, and the table after this one gives each recipe's median over the rounds.", ""]
     round_col = ("| round ", "| ---: ") if rounds > 1 else ("", "")
-    out.append("| size | recipe " + round_col[0] + "| GPUs | B | T | ms/step | tok/s | MFU % | peak GiB | vs peer | vs bf16 | vs 1 GPU | notes |")
-    out.append("| --- | --- " + round_col[1] + "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    out.append("| size | recipe " + round_col[0] + "| GPUs | B | T | ms/step | tok/s | MFU % | peak GiB | vs peer | "
+               "vs FP8 peer | vs bf16 | vs 1 GPU | notes |")
+    out.append("| --- | --- " + round_col[1] + "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         notes = list(r.get("notes", []))
         if r["status"] != "ok":
@@ -705,7 +871,7 @@ def render_table(rows, meta):
         rc = f"| {r.get('round', 1)} " if rounds > 1 else ""
         out.append(f"| {r['size']} | {r['recipe']} {rc}| {r.get('gpus', 1)} | {r['B']} | {r['T']} | {fmt(r['ms'], '.1f')} | "
                    f"{fmt(r['tok_s'], ',.0f')} | {fmt(r['mfu'], '.1f')} | {fmt(r['peak_gib'], '.2f')} | "
-                   f"{fmt(r.get('vs_peer'), '.2f')} | {fmt(r.get('vs_bf16'), '.2f')} | "
+                   f"{fmt(r.get('vs_peer'), '.2f')} | {fmt(r.get('vs_fp8_peer'), '.2f')} | {fmt(r.get('vs_bf16'), '.2f')} | "
                    f"{fmt(r.get('vs_1gpu'), '.2f')} | {note} |")
     out.append("")
     if rounds > 1:
@@ -713,11 +879,12 @@ def render_table(rows, meta):
             return "—" if v is None else f"{v[0]:.3f} ({v[1]:.3f}–{v[2]:.3f})"
         out += [f"Over the rounds: the median of the rounds that ran (ms/step, tok/s), and of each ratio with its "
                 f"lowest and highest round in brackets (three decimals: the rows above round to two).", "",
-                "| size | recipe | GPUs | rounds ok | median ms/step | median tok/s | vs peer | vs bf16 | vs 1 GPU |",
-                "| --- | --- | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+                "| size | recipe | GPUs | rounds ok | median ms/step | median tok/s | vs peer | vs FP8 peer | vs bf16 | vs 1 GPU |",
+                "| --- | --- | ---: | ---: | ---: | ---: | --- | --- | --- | --- |"]
         for g in summarize_rounds(rows):
             out.append(f"| {g['size']} | {g['recipe']} | {g['gpus']} | {g['rounds_ok']} of {g['rounds']} | {fmt(g['ms'], '.1f')} | "
-                       f"{fmt(g['tok_s'], ',.0f')} | {spread(g['vs_peer'])} | {spread(g['vs_bf16'])} | {spread(g['vs_1gpu'])} |")
+                       f"{fmt(g['tok_s'], ',.0f')} | {spread(g['vs_peer'])} | {spread(g['vs_fp8_peer'])} | "
+                       f"{spread(g['vs_bf16'])} | {spread(g['vs_1gpu'])} |")
         out.append("")
     peak = meta.get("peak_flops")
     out.append(f"- MFU = FLOPs per token × tok/s / {fmt(peak and peak / 1e12, '.1f', 'unknown')} TFLOP/s "
@@ -731,14 +898,21 @@ def render_table(rows, meta):
             out.append(f"  - {r['size']} ({r['kind']}): N = {r['params']:,}, L = {r['L']}, C = {r['C']}, "
                        f"T = {r['T']} → {r['flops_per_token']:.4g} FLOPs per token")
     out.append("- Peak GiB: ours = cudaMemGetInfo total − free at the end of the run (the trainer allocates "
-               "everything up front, so this is its peak), **including the CUDA context (~0.5 GiB)**; the peer = "
+               "everything up front, so this is its peak), **including the CUDA context (~0.5 GiB)**; each peer = "
                "torch.cuda.max_memory_reserved(), **excluding the CUDA context**; its notes give "
                "max_memory_allocated and the device-level total − free at its end, comparable with ours.")
-    out.append("- vs peer = tok/s ÷ the torch.compile peer's tok/s of the same size (1-GPU rows; the peer runs "
-               "on one GPU); vs bf16 = tok/s ÷ our bf16's at the same size and GPU count; vs 1 GPU = tok/s ÷ "
-               "the same recipe's 1-GPU tok/s (the data-parallel scaling; with several GPUs, tok/s is the "
-               "whole job's, MFU is per GPU, ms/step and peak GiB are process 0's). Peer: FP32 parameters, bf16 autocast, SDPA, fused AdamW (decay on 2-D tensors), "
-               "torch.compile, clip 1.0, timed with CUDA events.")
+    out.append("- vs peer = tok/s ÷ the fastest BF16 peer's tok/s of the same size; vs FP8 peer (our fp8 rows, "
+               "their variants and the torchao peers) = tok/s ÷ the fastest torchao FP8 peer's; both for 1-GPU rows "
+               "(the peers run on one GPU). vs bf16 = tok/s ÷ our bf16's at the same size and GPU count; vs 1 GPU = "
+               "tok/s ÷ the same recipe's 1-GPU tok/s (the data-parallel scaling; with several GPUs, tok/s is the "
+               "whole job's, MFU is per GPU, ms/step and peak GiB are process 0's).")
+    if any(r["kind"] == "peer" for r in rows):
+        out.append("- Peers: FP32 parameters, bf16 autocast, SDPA (is_causal), fused AdamW (decay on 2-D tensors), "
+                   "torch.compile, clip 1.0, TF32 allowed, timed with CUDA events. torch.compile bf16: nanoGPT's "
+                   "loss, the cross-entropy over all 50,304 logits of the padded vocabulary; torch.compile bf16 sliced: over "
+                   "the logits sliced to the 50,257 real tokens; torchao fp8 tensorwise / rowwise: torch.compile "
+                   "bf16 with every block's nn.Linear converted by torchao.float8.convert_to_float8_training "
+                   "(Float8LinearConfig.from_recipe_name), the tied LM head left in bf16.")
     starts = ", ".join(f"{k} {b}" + (f" at T = {t}" if t != 1024 else "") for k, (b, t) in SIZE_DEFAULTS.items() if k != "d6")
     out.append(f"- B: per-size starting points unless --B was given ({starts}), "
                "halved on out-of-memory for each run independently; the table gives the B used.")
@@ -759,9 +933,78 @@ class WallClockEvent:
         return (later.t - self.t) * 1000.0
 
 
+class TorchaoUnavailable(Exception):
+    """torchao cannot be imported: the FP8 peer's row says so (status 'unavailable')."""
+
+
+def allow_fast_fp32_matmuls(torch):
+    """What nanoGPT sets: the FP32 matmuls and convolutions a peer runs outside autocast may use TF32
+    tensor cores. Returns the settings made (one this torch refuses is noted in the list, not fatal)."""
+    done = []
+    for name, setter in (("torch.backends.cuda.matmul.allow_tf32 = True",
+                          lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", True)),
+                         ("torch.backends.cudnn.allow_tf32 = True",
+                          lambda: setattr(torch.backends.cudnn, "allow_tf32", True)),
+                         ('torch.set_float32_matmul_precision("high")',
+                          lambda: torch.set_float32_matmul_precision("high"))):
+        try:
+            setter()
+            done.append(name)
+        except Exception as e:  # noqa: BLE001 - a setting this torch does not take is reported, not fatal
+            done.append(f"{name} refused: {type(e).__name__}: {e}")
+    return done
+
+
+def fp8_linear_filter(module, fqn):
+    """Which nn.Linear torchao converts to FP8 (module_filter_fn): as torchao's documented example and
+    torchtitan's float8 converter, every Linear whose dimensions are multiples of 16 (what the FP8 GEMMs
+    need) except the output projection. Here the output projection is no nn.Linear (the LM head is
+    F.linear on the tied wte) and is never offered; 'lm_head' / 'output' are refused by name all the same."""
+    import torch
+    if fqn.split(".")[-1] in ("lm_head", "output"):
+        return False
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features % 16 == 0 and module.out_features % 16 == 0
+    return True
+
+
+def make_peer_model(kind, size, device):
+    """The peer `kind`'s model on device, before torch.compile: FP32 parameters with the trainer's init,
+    SDPA, the loss PEERS says; for the torchao kinds the blocks' nn.Linear swapped for torchao's Float8Linear.
+    Returns (model, facts for the JSON: loss_columns, fp8_linears, torchao_version)."""
+    import torch
+    sys.path.insert(0, os.path.join(REPO_ROOT, "dev", "reference"))
+    from gpt_reference import build_model
+
+    spec = PEERS[kind][2]
+    model = build_model(size, use_sdpa=True, seed=0, device=device, dtype=torch.float32,
+                        loss_over_padded_vocab=spec["padded_loss"])
+    facts = {"loss_columns": model.cfg.padded_vocab_size if spec["padded_loss"] else model.cfg.vocab_size,
+             "fp8_linears": 0, "torchao_version": None}
+    if spec["fp8_recipe"]:
+        try:
+            import torchao
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        except Exception as e:  # noqa: BLE001 - any import failure means no FP8 peer
+            raise TorchaoUnavailable(f"torchao cannot be imported ({type(e).__name__}: {e}); put its wheel in "
+                                     f"{TORCHAO_WHEEL_GLOB} or pass --torchao-wheel (dev/bench/README.md)") from e
+        facts["torchao_version"] = getattr(torchao, "__version__", "unknown")
+        config = Float8LinearConfig.from_recipe_name(spec["fp8_recipe"])
+        if not device.startswith("cuda"):      # the CPU check of this code: torchao emulates the FP8 GEMMs
+            import dataclasses
+            config = dataclasses.replace(config, emulate=True)
+        linears_before = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+        convert_to_float8_training(model, config=config, module_filter_fn=fp8_linear_filter)
+        facts["fp8_linears"] = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+        if facts["fp8_linears"] != linears_before:
+            raise RuntimeError(f"torchao converted {facts['fp8_linears']} of the {linears_before} nn.Linear")
+    return model, facts
+
+
 def peer_worker(argv):
     p = argparse.ArgumentParser(prog="bench.py --peer-worker")
     p.add_argument("--peer-worker", action="store_true")
+    p.add_argument("--peer-kind", choices=sorted(PEERS), default="torch-bf16")
     p.add_argument("--size", required=True)
     p.add_argument("--B", type=int, required=True)
     p.add_argument("--T", type=int, required=True)
@@ -772,8 +1015,8 @@ def peer_worker(argv):
     p.add_argument("--eager", action="store_true")
     p.add_argument("--device", default="cuda", help="cpu: only to check this code without a GPU")
     a = p.parse_args(argv)
-    result = {"status": "failed", "error": None, "size": a.size, "B": a.B, "T": a.T, "step_ms": [],
-              "losses": [], "compiled": not a.eager, "compile_error": None}
+    result = {"status": "failed", "error": None, "peer_kind": a.peer_kind, "size": a.size, "B": a.B, "T": a.T,
+              "step_ms": [], "losses": [], "compiled": not a.eager, "compile_error": None}
 
     def save():
         with open(a.json_out + ".tmp", "w") as f:
@@ -783,13 +1026,12 @@ def peer_worker(argv):
     try:
         import torch
         result["torch_version"] = torch.__version__
-        sys.path.insert(0, os.path.join(REPO_ROOT, "dev", "reference"))
-        from gpt_reference import build_model
-
         dev = a.device
         on_gpu = dev.startswith("cuda")
         result["device"] = torch.cuda.get_device_name(0) if on_gpu else dev
-        model = build_model(a.size, use_sdpa=True, seed=0, device=dev, dtype=torch.float32)
+        result["settings"] = allow_fast_fp32_matmuls(torch)
+        model, facts = make_peer_model(a.peer_kind, a.size, dev)
+        result.update(facts)
         cfg = model.cfg
         if a.T > cfg.max_seq_len:
             raise ValueError(f"T={a.T} exceeds the model's maxT {cfg.max_seq_len}")
@@ -864,7 +1106,9 @@ def peer_worker(argv):
         return 0
     except Exception as e:  # noqa: BLE001 - every failure is reported in the JSON, not dropped
         msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-        result["status"] = "oom" if is_oom(str(e)) else "failed"
+        if isinstance(e, TorchaoUnavailable):
+            msg = str(e)
+        result["status"] = "unavailable" if isinstance(e, TorchaoUnavailable) else "oom" if is_oom(str(e)) else "failed"
         result["error"] = msg[:500]
         save()
         import traceback
@@ -885,6 +1129,7 @@ def main(argv=None):
         plan = resolve_plan(args)
         gpus = parse_gpus(args.gpus)
         recipes = parse_recipes(args.recipes) if args.recipes else [(r, r, []) for r in discover_recipes(REPO_ROOT)]
+        peers = parse_peers(args.peers, args.no_peer)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -903,12 +1148,12 @@ def main(argv=None):
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     meta = {"gpu": gpu_line, "date": date, "commit": git_revision(), "total_batch": args.total_batch,
             "warmup": args.warmup, "steps": args.steps, "peak_flops": peak, "gpus": gpus, "argv": argv,
-            "repeat": args.repeat}
+            "repeat": args.repeat, "peers": peers}
     print(f"GPU: {gpu_line}\ndate: {date}\ncommit: {meta['commit']}", flush=True)
 
     print(f"recipes: {', '.join(e[0] for e in recipes) or '(none)'}; sizes: "
           + ", ".join(f"{s} (B={b}, T={t})" for s, b, t in plan)
-          + ("" if args.no_peer else f"; peer: {PEER_LABEL}"), flush=True)
+          + f"; peers: {', '.join(peer_label(k) for k in peers) or '(none)'}", flush=True)
 
     if args.out:
         stem = os.path.splitext(args.out)[0]
@@ -918,13 +1163,13 @@ def main(argv=None):
         log_dir = tempfile.mkdtemp(prefix="llmc_bench_logs_")
     work_dir = tempfile.mkdtemp(prefix="llmc_bench_")   # the synthetic shard; removed at the end
     try:
-        return run_all(args, plan, recipes, meta, peak, log_dir, work_dir)
+        return run_all(args, plan, recipes, meta, peak, log_dir, work_dir, peers)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
 
 
-def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
-    """Shard, builds, runs, table (main's body, inside its clean-up of work_dir)."""
+def run_all(args, plan, recipes, meta, peak, log_dir, work_dir, peers=()):
+    """Shard, builds, runs, table (main's body, inside its clean-up of work_dir). peers: the peer kinds."""
     shard = os.path.join(work_dir, "synthetic_train_000000.bin")
     write_shard(shard, shard_tokens_needed(args.total_batch), seed=args.seed)
     print(f"synthetic shard: {shard} ({read_shard_header(shard):,} tokens); logs: {log_dir}", flush=True)
@@ -935,11 +1180,20 @@ def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
                 for g in meta["gpus"]:
                     print("  " + " ".join(quote_arg(c) for c in trainer_command(
                         r, size, B, T, args.total_batch, args.warmup + args.steps, shard, g, flags)))
-            if not args.no_peer:
+            for kind in peers:
                 print("  " + " ".join(quote_arg(c) for c in peer_command(
-                    args.peer_python, size, B, T, args.total_batch, args.warmup, args.steps,
-                    os.path.join(log_dir, f"{safe(size)}_peer_B{B}.json"), args.peer_eager)))
+                    args.peer_python, kind, size, B, T, args.total_batch, args.warmup, args.steps,
+                    os.path.join(log_dir, f"{safe(size)}_peer_{kind}_B{B}.json"), args.peer_eager)))
+        if any(peer_family(k) == "fp8" for k in peers):
+            wheel = find_torchao_wheel(args.torchao_wheel, REPO_ROOT)
+            print("  torchao for the FP8 peers: " + (wheel or "the peer python's own"))
         return 0
+
+    torchao = prepare_torchao(args, peers, work_dir, log_dir)
+    meta["torchao"] = {"wheel": torchao["wheel"] and os.path.basename(torchao["wheel"]), "error": torchao["error"]}
+    if torchao["wheel"]:
+        print(f"torchao for the FP8 peers: {torchao['wheel']}: "
+              + (f"FAILED: {torchao['error']}" if torchao["error"] else f"installed in {torchao['path']}"), flush=True)
 
     # build every recipe; a failed build is reported in the table, the others go on
     built = {}
@@ -957,7 +1211,7 @@ def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
 
     rows = []
     rounds = args.repeat
-    total_runs = rounds * (sum(len(meta["gpus"]) for _ in plan for _ in recipes) + (0 if args.no_peer else len(plan)))
+    total_runs = rounds * (sum(len(meta["gpus"]) for _ in plan for _ in recipes) + len(peers) * len(plan))
 
     def checkpoint_report():
         # the report so far after every run, so that a bench cut short (a time limit, a lost machine)
@@ -986,10 +1240,11 @@ def run_all(args, plan, recipes, meta, peak, log_dir, work_dir):
                     report_row(row)
                     rows.append(row)
                     checkpoint_report()
-            if not args.no_peer:
-                print(f"[{size}] {PEER_LABEL}: B={start_B} T={T}", flush=True)
+            for kind in peers:
+                print(f"[{size}] {peer_label(kind)}: B={start_B} T={T}", flush=True)
                 row = with_halving(start_B, T, args.total_batch,
-                                   lambda B, size=size, T=T: run_peer(size, B, T, args, log_dir, peak, rnd))
+                                   lambda B, kind=kind, size=size, T=T: run_peer(kind, size, B, T, args, log_dir, peak,
+                                                                                 rnd, torchao))
                 report_row(row)
                 rows.append(row)
                 checkpoint_report()

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Where the PyTorch peer's step goes: its GPU kernels grouped into the trainer's phases.
 
-    python3 dev/bench/profile_peer.py --size d24 [--B 32 --T 1024 --total-batch 524288]
+    python3 dev/bench/profile_peer.py --size d24 [--peer-kind torch-bf16] [--B 32 --T 1024 --total-batch 524288]
 
-Builds the same peer as dev/bench/bench.py (dev/reference model, bf16 autocast, SDPA, fused AdamW,
-torch.compile), runs warm-up steps, then records one optimizer step with torch.profiler and sums
+Builds the same peer as dev/bench/bench.py (its make_peer_model: the dev/reference model, bf16 autocast,
+SDPA, fused AdamW, torch.compile, the peer kind's loss and, for a torchao kind, its FP8 Linears; torchao
+must be importable), runs warm-up steps, then records one optimizer step with torch.profiler and sums
 the CUDA kernel time per group: GEMMs (cuBLAS / CUTLASS / nvjet), attention forward and backward
 (flash / cuDNN / memory-efficient SDPA kernels), Triton kernels (torch.compile's fused elementwise,
 LayerNorm, softmax / cross-entropy), the optimizer, and the rest. The trainer's own per-phase view
@@ -40,6 +41,7 @@ def group_of(name):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="d12")
+    p.add_argument("--peer-kind", default="torch-bf16", help="one of bench.py's PEERS (default torch-bf16)")
     p.add_argument("--B", type=int, default=None, help="micro-batch (default: the bench's for the size)")
     p.add_argument("--T", type=int, default=None)
     p.add_argument("--total-batch", type=int, default=524288)
@@ -50,9 +52,7 @@ def main():
     import torch
     from torch.profiler import ProfilerActivity, profile
     sys.path.insert(0, os.path.join(REPO_ROOT, "dev", "bench"))
-    sys.path.insert(0, os.path.join(REPO_ROOT, "dev", "reference"))
     import bench
-    from gpt_reference import build_model
 
     B0, T0 = bench.SIZE_DEFAULTS[a.size]
     B, T = a.B or B0, a.T or T0
@@ -62,7 +62,10 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("profile_peer.py needs a CUDA device")
 
-    model = build_model(a.size, use_sdpa=True, seed=0, device="cuda", dtype=torch.float32)
+    if a.peer_kind not in bench.PEERS:
+        sys.exit(f"--peer-kind {a.peer_kind}: not one of {', '.join(bench.PEERS)}")
+    bench.allow_fast_fp32_matmuls(torch)
+    model, _ = bench.make_peer_model(a.peer_kind, a.size, "cuda")
     params = list(model.parameters())
     opt = torch.optim.AdamW([{"params": [t for t in params if t.dim() >= 2], "weight_decay": 0.1},
                              {"params": [t for t in params if t.dim() < 2], "weight_decay": 0.0}],
@@ -102,7 +105,7 @@ def main():
     for name, (us, _) in per_kernel.items():
         groups[group_of(name)] += us
     total = sum(groups.values())
-    print(f"# peer kernels, one optimizer step: {a.size}, B={B}, T={T}, {accum} micro-steps, "
+    print(f"# peer kernels, one optimizer step: {a.peer_kind}, {a.size}, B={B}, T={T}, {accum} micro-steps, "
           f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     print(f"{'group':42s} {'ms/step':>10s} {'share':>7s}")
     for g, us in sorted(groups.items(), key=lambda kv: -kv[1]):

@@ -3,19 +3,24 @@
 
     python3 dev/bench/test_bench.py
 
-Argument parsing, the synthetic shard (checked the way llmc/dataloader.h checks a shard), the
-parser of the trainer's output on text printed with the trainer's own format strings, the
-median / tok/s / MFU / ratio arithmetic, recipe discovery, the OOM retry loop, the parent side of
-the peer protocol (with a stand-in for the peer process), and the table.
+Argument parsing (the peer selection too), the synthetic shard (checked the way llmc/dataloader.h
+checks a shard), the parser of the trainer's output on text printed with the trainer's own format
+strings, the median / tok/s / MFU / ratio arithmetic (against the fastest BF16 peer and the fastest
+FP8 peer), recipe discovery, the OOM retry loop, the parent side of the peer protocol (with a
+stand-in for the peer process), torchao's wheel, and the table. Where torch is importable, the peer
+worker also runs on the CPU at a tiny size.
 """
 import argparse
+import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import textwrap
 import unittest
+import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
@@ -49,6 +54,17 @@ def trainer_output(params=124475904, L=12, C=768, NH=12, maxT=1024, B=64, T=1024
 
 OOM_TEXT = ("error: out of GPU memory allocating activations: asked for 40.00 GiB, 12.00 GiB free of 79.19 GiB.\n"
             "       Use a smaller micro-batch (-b), recompute more in backward (-r 2), or a shorter -t.\n")
+
+
+BF16_PEER = bench.peer_label("torch-bf16")
+
+
+def peer_row(kind, tok_s, size="d12", rnd=1, status="ok", B=64):
+    """An ok (or failed) row of the peer `kind`, as run_peer makes it."""
+    r = dict(bench.new_row(size, bench.peer_label(kind), "peer", B, 1024, rnd=rnd), status=status, tok_s=tok_s,
+             peer_kind=kind)
+    r["ms"] = 524288 / tok_s * 1000 if tok_s else None
+    return r
 
 
 def args_for(argv):
@@ -121,6 +137,109 @@ class TestArguments(unittest.TestCase):
         self.assertEqual(bench.resolve_plan(args_for(["--gpus", "1,2"])), [("d12", 64, 1024)])
         with self.assertRaises(ValueError):
             bench.resolve_plan(args_for(["--gpus", "16"]))
+
+
+class TestPeerSelection(unittest.TestCase):
+    def test_default_and_no_peer(self):
+        self.assertEqual(bench.parse_peers(None), ["torch-bf16", "torchao-fp8-tensorwise", "torchao-fp8-rowwise"])
+        self.assertNotIn("torch-bf16-sliced", bench.parse_peers(None))        # asked for only
+        self.assertEqual(bench.parse_peers(None, no_peer=True), [])
+        self.assertEqual(bench.parse_peers("all,torch-bf16", no_peer=True), [])   # --no-peer skips them all
+        a = args_for(["--no-peer"])
+        self.assertEqual(bench.parse_peers(a.peers, a.no_peer), [])
+        self.assertEqual(args_for([]).torchao_wheel, "auto")
+
+    def test_lists(self):
+        self.assertEqual(bench.parse_peers("torch-bf16-sliced, torch-bf16"), ["torch-bf16", "torch-bf16-sliced"])
+        self.assertEqual(bench.parse_peers("default,torch-bf16-sliced"), list(bench.PEERS))
+        self.assertEqual(bench.parse_peers("all"), list(bench.PEERS))
+        self.assertEqual(bench.parse_peers("torchao-fp8-rowwise"), ["torchao-fp8-rowwise"])
+        for bad in ("", " , ", "torch", "fp8", "torch-bf16,nanogpt"):
+            with self.assertRaises(ValueError, msg=bad):
+                bench.parse_peers(bad)
+        self.assertEqual(bench.main(["--peers", "nanogpt", "--dry-run", "--recipes", "bf16"]), 2)
+
+    def test_labels_and_families(self):
+        self.assertEqual([bench.peer_label(k) for k in bench.PEERS],
+                         ["torch.compile bf16", "torch.compile bf16 sliced", "torchao fp8 tensorwise",
+                          "torchao fp8 rowwise"])
+        self.assertEqual([bench.peer_family(k) for k in bench.PEERS], ["bf16", "bf16", "fp8", "fp8"])
+        # the nanoGPT peers compute the loss over the padded vocabulary; only the sliced one does not
+        self.assertEqual([spec["padded_loss"] for _, _, spec in bench.PEERS.values()], [True, False, True, True])
+        self.assertEqual([spec["fp8_recipe"] for _, _, spec in bench.PEERS.values()],
+                         [None, None, "tensorwise", "rowwise"])
+
+    def test_peer_command(self):
+        cmd = bench.peer_command("py", "torchao-fp8-rowwise", "d12", 64, 1024, 524288, 5, 10, "/tmp/o.json", False)
+        self.assertEqual(cmd[0], "py")
+        self.assertEqual(cmd[2:5], ["--peer-worker", "--peer-kind", "torchao-fp8-rowwise"])
+        self.assertNotIn("--eager", cmd)
+        self.assertEqual(bench.peer_command("py", "torch-bf16", "d12", 64, 1024, 524288, 5, 10, "o", True)[-1], "--eager")
+
+
+class TestTorchaoWheel(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def make_wheel(self, name, data_dir=False):
+        path = os.path.join(self.dir, name)
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("torchao/__init__.py", "__version__ = 'test'\n")
+            z.writestr("test/__init__.py", "")          # torchao's wheel ships its tests as a top-level package
+            z.writestr("torchao-0.18.0.dist-info/METADATA", "Name: torchao\nVersion: 0.18.0\n")
+            if data_dir:
+                z.writestr("torchao-0.18.0.data/scripts/x", "")
+        return path
+
+    def test_find(self):
+        wheels = os.path.join(self.dir, ".deps", "wheels")
+        self.assertIsNone(bench.find_torchao_wheel("auto", self.dir))             # none there: the peer python's own
+        os.makedirs(wheels)
+        for v in ("0.9.0", "0.18.0", "0.17.0"):
+            open(os.path.join(wheels, f"torchao-{v}-py3-none-any.whl"), "w").close()
+        self.assertEqual(os.path.basename(bench.find_torchao_wheel("auto", self.dir)), "torchao-0.18.0-py3-none-any.whl")
+        self.assertIsNone(bench.find_torchao_wheel("none", self.dir))
+        self.assertEqual(bench.find_torchao_wheel("x.whl", self.dir), os.path.abspath("x.whl"))
+        self.assertEqual(bench.wheel_version("torchao-0.18.0-py3-none-any.whl"), (0, 18, 0))
+
+    def test_install_unpacks_where_pip_fails(self):
+        wheel = self.make_wheel("torchao-0.18.0-py3-none-any.whl")
+        target = os.path.join(self.dir, "site")
+        log = os.path.join(self.dir, "install.log")
+        # a "python" that fails every command stands in for one without pip
+        self.assertIsNone(bench.install_wheel(shutil.which("false"), wheel, target, log))
+        self.assertTrue(os.path.isfile(os.path.join(target, "torchao", "__init__.py")))
+        self.assertTrue(os.path.isdir(os.path.join(target, "torchao-0.18.0.dist-info")))
+        self.assertIn("unpacked", open(log).read())
+        bad = self.make_wheel("torchao-0.1.0-py3-none-any.whl", data_dir=True)
+        self.assertIn(".data directory", bench.install_wheel(shutil.which("false"), bad, target, log))
+        self.assertIn("not found", bench.install_wheel(shutil.which("false"), os.path.join(self.dir, "no.whl"), target, log))
+
+    def test_prepare_and_env(self):
+        args = argparse.Namespace(torchao_wheel=self.make_wheel("torchao-0.18.0-py3-none-any.whl"),
+                                  peer_python=shutil.which("false"))
+        self.assertEqual(bench.prepare_torchao(args, ["torch-bf16"], self.dir, self.dir),   # no FP8 peer: nothing
+                         {"wheel": None, "path": None, "error": None})
+        info = bench.prepare_torchao(args, bench.DEFAULT_PEERS, self.dir, self.dir)
+        self.assertIsNone(info["error"])
+        self.assertEqual(info["path"], os.path.join(self.dir, "torchao_site"))
+        # only torchao and its metadata stay: a top-level `test` there would hide the standard library's
+        self.assertEqual(sorted(os.listdir(info["path"])), ["torchao", "torchao-0.18.0.dist-info"])
+        saved = os.environ.get("PYTHONPATH")
+        try:
+            os.environ["PYTHONPATH"] = "/elsewhere"
+            self.assertEqual(bench.peer_env(info)["PYTHONPATH"], info["path"] + os.pathsep + "/elsewhere")
+            del os.environ["PYTHONPATH"]
+            self.assertEqual(bench.peer_env(info)["PYTHONPATH"], info["path"])
+        finally:
+            if saved is not None:
+                os.environ["PYTHONPATH"] = saved
+        self.assertIsNone(bench.peer_env({"wheel": None, "path": None, "error": None}))
+        args.torchao_wheel = os.path.join(self.dir, "missing.whl")
+        self.assertIn("not found", bench.prepare_torchao(args, bench.DEFAULT_PEERS, self.dir, self.dir)["error"])
 
 
 class TestShard(unittest.TestCase):
@@ -226,17 +345,44 @@ class TestNumbers(unittest.TestCase):
         rows = [dict(bench.new_row("d12", "bf16", "ours", 64, 1024), status="ok", tok_s=3.0e6),
                 dict(bench.new_row("d12", "fp8", "ours", 64, 1024), status="ok", tok_s=4.5e6),
                 dict(bench.new_row("d12", "nvfp4", "ours", 64, 1024), status="failed", error="error: boom"),
-                dict(bench.new_row("d12", bench.PEER_LABEL, "peer", 32, 1024), status="ok", tok_s=2.0e6),
+                dict(bench.new_row("d12", BF16_PEER, "peer", 32, 1024), status="ok", tok_s=2.0e6),
                 dict(bench.new_row("d24", "bf16", "ours", 32, 1024), status="ok", tok_s=1.0e6)]
         bench.compute_ratios(rows)
         self.assertEqual([(r["vs_peer"], r["vs_bf16"]) for r in rows],
                          [(1.5, 1.0), (2.25, 1.5), (None, None), (1.0, 2.0 / 3.0), (None, 1.0)])
 
+    def test_ratios_against_the_fastest_peers(self):
+        """vs peer against the fastest BF16 peer (the sliced one too, when it runs), vs FP8 peer against the
+        fastest torchao peer, for FP8-family rows only: our fp8, its variants and the torchao peers"""
+        rows = [dict(bench.new_row("d12", "bf16", "ours", 64, 1024), status="ok", tok_s=3.0e6),
+                dict(bench.new_row("d12", "fp8", "ours", 64, 1024), status="ok", tok_s=4.5e6),
+                dict(bench.new_row("d12", "fp8 -x 1", "ours", 64, 1024), status="ok", tok_s=3.6e6),
+                dict(bench.new_row("d12", "tcfp12", "ours", 64, 1024), status="ok", tok_s=4.0e6),
+                peer_row("torch-bf16", 2.5e6), peer_row("torch-bf16-sliced", 2.0e6),
+                peer_row("torchao-fp8-tensorwise", 3.0e6), peer_row("torchao-fp8-rowwise", 2.4e6)]
+        bench.compute_ratios(rows)
+        got = [(r["vs_peer"], r["vs_fp8_peer"]) for r in rows]
+        self.assertEqual(got, [(1.2, None), (1.8, 1.5), (1.44, 1.2), (1.6, None),
+                               (1.0, None), (0.8, None), (1.2, 1.0), (0.96, 0.8)])
+        self.assertEqual(bench.row_family(rows[2]), "fp8")
+        self.assertIsNone(bench.row_family(rows[3]))
+        # a failed torchao peer does not count; the other one is the best
+        rows[6]["status"] = "unavailable"
+        bench.compute_ratios(rows)
+        self.assertEqual(rows[1]["vs_fp8_peer"], 4.5 / 2.4)
+        self.assertIsNone(rows[6]["vs_fp8_peer"])
+        # no FP8 peer ran: no ratio, and vs peer is unchanged
+        bench.compute_ratios(rows[:6])
+        self.assertEqual((rows[1]["vs_peer"], rows[1]["vs_fp8_peer"]), (1.8, None))
+        # no BF16 peer ran: no vs peer
+        bench.compute_ratios(rows[:4] + rows[6:])
+        self.assertEqual((rows[1]["vs_peer"], rows[1]["vs_fp8_peer"]), (None, 4.5 / 2.4))
+
     def test_ratios_several_gpus(self):
         rows = [dict(bench.new_row("d12", "bf16", "ours", 64, 1024), status="ok", tok_s=3.0e6),
                 dict(bench.new_row("d12", "bf16", "ours", 64, 1024, gpus=2), status="ok", tok_s=5.7e6),
                 dict(bench.new_row("d12", "fp8", "ours", 64, 1024, gpus=2), status="ok", tok_s=7.6e6),
-                dict(bench.new_row("d12", bench.PEER_LABEL, "peer", 64, 1024), status="ok", tok_s=2.0e6)]
+                dict(bench.new_row("d12", BF16_PEER, "peer", 64, 1024), status="ok", tok_s=2.0e6)]
         bench.compute_ratios(rows)
         got = [(r["vs_peer"], r["vs_bf16"], r["vs_1gpu"]) for r in rows]
         self.assertEqual(got[0], (1.5, 1.0, 1.0))
@@ -277,10 +423,10 @@ class TestRounds(unittest.TestCase):
         return r
 
     def rows(self):
-        return [self.row("bf16", 1, 3.0e6), self.row("fp8", 1, 3.6e6), self.row(bench.PEER_LABEL, 1, 2.0e6, "peer"),
-                self.row("bf16", 2, 2.0e6), self.row("fp8", 2, 2.5e6), self.row(bench.PEER_LABEL, 2, 1.0e6, "peer"),
+        return [self.row("bf16", 1, 3.0e6), self.row("fp8", 1, 3.6e6), self.row(BF16_PEER, 1, 2.0e6, "peer"),
+                self.row("bf16", 2, 2.0e6), self.row("fp8", 2, 2.5e6), self.row(BF16_PEER, 2, 1.0e6, "peer"),
                 self.row("bf16", 3, 4.0e6), self.row("fp8", 3, None, status="failed"),
-                self.row(bench.PEER_LABEL, 3, 2.0e6, "peer")]
+                self.row(BF16_PEER, 3, 2.0e6, "peer")]
 
     def test_ratios_against_the_same_round(self):
         rows = bench.compute_ratios(self.rows())
@@ -293,7 +439,7 @@ class TestRounds(unittest.TestCase):
     def test_summary(self):
         summary = bench.summarize_rounds(bench.compute_ratios(self.rows()))
         self.assertEqual([(g["recipe"], g["rounds"], g["rounds_ok"]) for g in summary],
-                         [("bf16", 3, 3), ("fp8", 3, 2), (bench.PEER_LABEL, 3, 3)])
+                         [("bf16", 3, 3), ("fp8", 3, 2), (BF16_PEER, 3, 3)])
         bf16, fp8, peer = summary
         self.assertEqual(bf16["tok_s"], 3.0e6)                         # median of 3, 2, 4
         self.assertEqual(bf16["vs_peer"], (2.0, 1.5, 2.0))             # rounds 1.5, 2.0, 2.0: median, lowest, highest
@@ -315,6 +461,21 @@ class TestRounds(unittest.TestCase):
         one_round = bench.render_table(bench.compute_ratios(self.rows()[:3]), dict(meta, repeat=1))
         self.assertNotIn("round", one_round)
         self.assertNotIn("Over the rounds", one_round)
+
+    def test_fp8_peer_over_the_rounds(self):
+        rows = [self.row("fp8", 1, 3.6e6), peer_row("torchao-fp8-tensorwise", 3.0e6, rnd=1),
+                peer_row("torchao-fp8-rowwise", 2.0e6, rnd=1),
+                self.row("fp8", 2, 2.5e6), peer_row("torchao-fp8-tensorwise", 2.0e6, rnd=2),
+                peer_row("torchao-fp8-rowwise", 2.5e6, rnd=2)]
+        summary = {g["recipe"]: g for g in bench.summarize_rounds(bench.compute_ratios(rows))}
+        self.assertEqual(summary["fp8"]["vs_fp8_peer"], (1.1, 1.0, 1.2))        # 3.6/3.0, 2.5/2.5 (the faster each round)
+        self.assertEqual(summary["torchao fp8 rowwise"]["vs_fp8_peer"][1:], (2.0 / 3.0, 1.0))
+        self.assertIsNone(summary["fp8"]["vs_peer"])                            # no BF16 peer ran
+        md = bench.render_table(rows, {"gpu": "g", "date": "d", "commit": "c", "total_batch": 524288, "warmup": 5,
+                                       "steps": 10, "peak_flops": None, "repeat": 2})
+        self.assertIn("| vs peer | vs FP8 peer | vs bf16 | vs 1 GPU |", md)
+        self.assertIn("| d12 | fp8 | 1 | 2 of 2 | ", md)
+        self.assertIn("| — | 1.100 (1.000–1.200) | — |", md)
 
     def test_run_all_runs_the_plan_in_rounds(self):
         tmp = tempfile.mkdtemp()
@@ -415,17 +576,166 @@ class TestRuns(unittest.TestCase):
             bench.peer_command = lambda *a, **k: [sys.executable, fake] + real(*a, **k)[2:]
             try:
                 row = bench.with_halving(64, 1024, 524288,
-                                         lambda B: bench.run_peer("d12", B, 1024, args, tmp, 989.4e12))
+                                         lambda B: bench.run_peer("torch-bf16", "d12", B, 1024, args, tmp, 989.4e12))
             finally:
                 bench.peer_command = real
             self.assertEqual((row["status"], row["B"], row["B_tried"]), ("ok", 32, [64, 32]))
             self.assertEqual(row["ms"], 1400.0)                  # median of steps 6..15
             self.assertEqual(row["peak_gib"], 30.5)
-            self.assertEqual(row["recipe"], bench.PEER_LABEL)
+            self.assertEqual(row["recipe"], BF16_PEER)
             self.assertIn("allocated peak 28.25 GiB", row["notes"][0])
             self.assertAlmostEqual(row["mfu"], 100 * 803478528.0 * 524288 / 1.4 / 989.4e12)
         finally:
             shutil.rmtree(tmp)
+
+
+class TestFP8Peers(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def args(self):
+        return argparse.Namespace(peer_python=sys.executable, repeat=1, total_batch=524288, warmup=5, steps=10,
+                                  peer_eager=False, peer_timeout=None, timeout=60)
+
+    def test_a_wheel_that_did_not_install_is_a_row(self):
+        row = bench.run_peer("torchao-fp8-rowwise", "d12", 64, 1024, self.args(), self.dir, 989.4e12,
+                             torchao={"wheel": "w.whl", "path": None, "error": "torchao wheel w.whl not found"})
+        self.assertEqual((row["status"], row["error"], row["recipe"]),
+                         ("unavailable", "torchao wheel w.whl not found", "torchao fp8 rowwise"))
+        # a BF16 peer does not need torchao and is not held back by it
+        self.assertEqual(bench.with_halving(64, 1024, 524288, lambda B: row)["B_tried"], [64])   # no OOM retries
+
+    def test_a_worker_without_torchao_is_a_row(self):
+        """The worker's JSON says 'unavailable' (torchao would not import): the row keeps it, with the reason,
+        and gets the FP8 peers' PYTHONPATH"""
+        fake = os.path.join(self.dir, "fake_peer.py")
+        with open(fake, "w") as f:
+            f.write(textwrap.dedent("""\
+                import json, os, sys
+                a = sys.argv
+                out = a[a.index("--json-out") + 1]
+                json.dump({"status": "unavailable", "peer_kind": a[a.index("--peer-kind") + 1],
+                           "error": "torchao cannot be imported (ModuleNotFoundError: No module named 'torchao')",
+                           "pythonpath": os.environ.get("PYTHONPATH")}, open(out, "w"))
+                print("PYTHONPATH=" + str(os.environ.get("PYTHONPATH")))
+                sys.exit(1)
+                """))
+        real = bench.peer_command
+        bench.peer_command = lambda *a, **k: [sys.executable, fake] + real(*a, **k)[2:]
+        try:
+            row = bench.run_peer("torchao-fp8-tensorwise", "d12", 64, 1024, self.args(), self.dir, 989.4e12,
+                                 torchao={"wheel": "w.whl", "path": "/x/torchao_site", "error": None})
+        finally:
+            bench.peer_command = real
+        self.assertEqual(row["status"], "unavailable")
+        self.assertIn("No module named 'torchao'", row["error"])
+        self.assertEqual(row["peer_kind"], "torchao-fp8-tensorwise")
+        self.assertIn("PYTHONPATH=/x/torchao_site", open(row["log"]).read())
+        self.assertIn("_peer_torchao-fp8-tensorwise_B64", row["log"])
+        rows = bench.compute_ratios([dict(bench.new_row("d12", "fp8", "ours", 64, 1024), status="ok", tok_s=4.0e6),
+                                     peer_row("torch-bf16", 2.0e6), row])
+        md = bench.render_table(rows, {"gpu": "g", "date": "d", "commit": "c", "total_batch": 524288, "warmup": 5,
+                                       "steps": 10, "peak_flops": 989.4e12})
+        self.assertIn("| d12 | torchao fp8 tensorwise | 1 | 64 | 1024 | — | — | — | — | — | — | — | — | "
+                      "**UNAVAILABLE**: torchao cannot be imported (ModuleNotFoundError: No module named 'torchao') |", md)
+        self.assertIn("| d12 | fp8 | 1 | 64 | 1024 | — | 4,000,000 | — | — | 2.00 | — | — | 1.00 |  |", md)
+
+    def test_run_all_runs_every_peer(self):
+        """run_all runs each selected peer per size after our recipes, each kind with its own row"""
+        saved = bench.REPO_ROOT, bench.run_ours, bench.run_peer
+        try:
+            args, meta, out = fake_bench(self.dir)
+            args.no_peer, args.torchao_wheel = False, "none"
+            calls = []
+
+            def fake_run_ours(entry, size, B, T, args, shard, log_dir, peak, gpus=1, rnd=1):
+                row = dict(bench.new_row(size, entry[0], "ours", B, T, gpus, rnd), status="ok",
+                           step_ms=[{"bf16": 900.0, "fp8": 600.0}[entry[1]]] * 15, params=124475904, L=12, C=768)
+                return bench.fill_speed(row, 524288, 5, 989.4e12)
+
+            def fake_run_peer(kind, size, B, T, args, log_dir, peak, rnd=1, torchao=None):
+                calls.append((kind, torchao))
+                ms = {"torch-bf16": 1000.0, "torchao-fp8-tensorwise": 800.0, "torchao-fp8-rowwise": 900.0}[kind]
+                row = dict(bench.new_row(size, bench.peer_label(kind), "peer", B, T, rnd=rnd), status="ok",
+                           peer_kind=kind, step_ms=[ms] * 15, params=124475904, L=12, C=768)
+                return bench.fill_speed(row, 524288, 5, 989.4e12)
+            bench.REPO_ROOT, bench.run_ours, bench.run_peer = self.dir, fake_run_ours, fake_run_peer
+            peers = bench.parse_peers(None)
+            self.assertEqual(bench.run_all(args, bench.resolve_plan(args), bench.parse_recipes("bf16,fp8"), meta,
+                                           989.4e12, self.dir, self.dir, peers), 0)
+            self.assertEqual([k for k, _ in calls], peers)
+            self.assertEqual(calls[0][1], {"wheel": None, "path": None, "error": None})
+            md = open(out).read()
+            self.assertIn("| d12 | fp8 | 1 | 64 | 1024 | 600.0 | 873,813 | 71.0 | — | 1.67 | 1.33 | 1.50 | 1.00 |  |", md)
+            self.assertIn("| d12 | torchao fp8 rowwise | 1 | 64 | 1024 | 900.0 | 582,542 | 47.3 | — | 1.11 | 0.89 | 1.00 | — |  |", md)
+            saved_json = json.load(open(os.path.join(self.dir, "report.json")))
+            self.assertEqual([r.get("peer_kind") for r in saved_json["rows"]], [None, None] + peers)
+            self.assertAlmostEqual(saved_json["rows"][1]["vs_fp8_peer"], 800.0 / 600.0)
+            self.assertEqual(saved_json["meta"]["torchao"], {"wheel": None, "error": None})
+        finally:
+            bench.REPO_ROOT, bench.run_ours, bench.run_peer = saved
+
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed: the peer's model and worker are checked where it is")
+class TestPeerOnCPU(unittest.TestCase):
+    """The peers' own code on the CPU: the padded-vocabulary loss of the reference model, and the worker
+    (eager) at d6 for one step of each kind."""
+
+    def test_padded_vocab_loss(self):
+        import torch
+        import torch.nn.functional as F
+        sys.path.insert(0, os.path.join(bench.REPO_ROOT, "dev", "reference"))
+        from gpt_reference import GPT, GPTConfig
+        cfg = GPTConfig(max_seq_len=8, vocab_size=10, padded_vocab_size=16, num_layers=1, num_heads=2, channels=8)
+        torch.manual_seed(0)
+        sliced, padded = GPT(cfg, use_sdpa=True), GPT(cfg, use_sdpa=True, loss_over_padded_vocab=True)
+        padded.load_state_dict(sliced.state_dict())
+        x, y = torch.randint(0, 10, (2, 8)), torch.randint(0, 10, (2, 8))
+        logits, loss = padded(x, y)
+        self.assertEqual(logits.shape[-1], 16)
+        self.assertTrue(torch.allclose(loss, F.cross_entropy(logits.reshape(-1, 16), y.reshape(-1))))
+        _, loss_sliced = sliced(x, y)
+        self.assertTrue(torch.allclose(loss_sliced, F.cross_entropy(logits[..., :10].reshape(-1, 10), y.reshape(-1))))
+        self.assertGreater(float(loss), float(loss_sliced))       # the padded columns take probability mass
+        loss.backward()
+        loss_sliced.backward()
+        self.assertTrue(bool(padded.wte.weight.grad[10:].abs().sum() > 0))   # they are trained
+        self.assertTrue(bool((sliced.wte.weight.grad[10:] == 0).all()))
+
+    def run_worker(self, kind):
+        tmp = tempfile.mkdtemp()
+        try:
+            out = os.path.join(tmp, "peer.json")
+            cmd = bench.peer_command(sys.executable, kind, "d6", 1, 16, 16, 0, 1, out, True) + ["--device", "cpu"]
+            subprocess.run(cmd, capture_output=True, timeout=600)
+            with open(out) as f:
+                return json.load(f)
+        finally:
+            shutil.rmtree(tmp)
+
+    def test_worker_bf16_peers(self):
+        for kind, columns in (("torch-bf16", 50304), ("torch-bf16-sliced", 50257)):
+            res = self.run_worker(kind)
+            self.assertEqual((res["status"], res["loss_columns"], res["fp8_linears"]), ("ok", columns, 0), res.get("error"))
+            self.assertEqual(len(res["step_ms"]), 1)
+            self.assertLess(abs(res["losses"][0] - 10.83), 0.3)   # about ln(50257) at the init
+            self.assertIn('torch.set_float32_matmul_precision("high")', res["settings"])
+
+    def test_worker_fp8_peer(self):
+        """with torchao: its Float8Linear in every block's four nn.Linear (emulated on the CPU); without it:
+        the row's reason"""
+        res = self.run_worker("torchao-fp8-tensorwise")
+        if importlib.util.find_spec("torchao") is None:
+            self.assertEqual(res["status"], "unavailable")
+            self.assertIn("torchao cannot be imported", res["error"])
+        else:
+            self.assertEqual((res["status"], res["fp8_linears"], res["loss_columns"]), ("ok", 24, 50304), res.get("error"))
 
 
 class TestPartialReport(unittest.TestCase):
@@ -464,7 +774,7 @@ class TestTable(unittest.TestCase):
         ok = dict(bench.new_row("d12", "bf16", "ours", 64, 1024), status="ok", step_ms=[850.0] * 15,
                   params=124475904, L=12, C=768, peak_gib=23.45)
         bench.fill_speed(ok, 524288, 5, 989.4e12)
-        peer = dict(bench.new_row("d12", bench.PEER_LABEL, "peer", 32, 1024), status="ok", step_ms=[1700.0] * 15,
+        peer = dict(bench.new_row("d12", BF16_PEER, "peer", 32, 1024), status="ok", step_ms=[1700.0] * 15,
                     params=124475904, L=12, C=768, peak_gib=30.5, B_tried=[64, 32],
                     notes=["allocated peak 28.25 GiB"])
         bench.fill_speed(peer, 524288, 5, 989.4e12)
@@ -474,10 +784,12 @@ class TestTable(unittest.TestCase):
                 "total_batch": 524288, "warmup": 5, "steps": 10, "peak_flops": 989.4e12}
         md = bench.render_table(rows, meta)
         lines = md.splitlines()
-        self.assertIn("| d12 | bf16 | 1 | 64 | 1024 | 850.0 | 616,809 | 50.1 | 23.45 | 2.00 | 1.00 | 1.00 |  |", lines)
-        self.assertIn("| d12 | torch.compile | 1 | 32 | 1024 | 1700.0 | 308,405 | 25.0 | 30.50 | 1.00 | 0.50 | — | "
+        self.assertIn("| size | recipe | GPUs | B | T | ms/step | tok/s | MFU % | peak GiB | vs peer | vs FP8 peer | vs bf16 | "
+                      "vs 1 GPU | notes |", lines)
+        self.assertIn("| d12 | bf16 | 1 | 64 | 1024 | 850.0 | 616,809 | 50.1 | 23.45 | 2.00 | — | 1.00 | 1.00 |  |", lines)
+        self.assertIn("| d12 | torch.compile bf16 | 1 | 32 | 1024 | 1700.0 | 308,405 | 25.0 | 30.50 | 1.00 | — | 0.50 | — | "
                       "allocated peak 28.25 GiB; B tried 64→32 |", lines)
-        self.assertIn("| d12 | fp8 | 1 | 64 | 1024 | — | — | — | — | — | — | — | **FAILED**: exit 1: error: a \\| b |", lines)
+        self.assertIn("| d12 | fp8 | 1 | 64 | 1024 | — | — | — | — | — | — | — | — | **FAILED**: exit 1: error: a \\| b |", lines)
         self.assertIn("8.035e+08 FLOPs per token", md)
         self.assertIn("including the CUDA context", md)
         self.assertIn("excluding the CUDA context", md)

@@ -6,7 +6,8 @@ Three things live here:
      vocab padded to Vp, loss over the first V logit columns only), buildable at any size
      from a model descriptor (`build_model("d12")`, "gpt2:d24", "gpt3:c768", or an llm.c
      checkpoint path). `use_sdpa=True` swaps the explicit masked softmax for
-     F.scaled_dot_product_attention(is_causal=True) (for the bf16 / torch.compile benchmark).
+     F.scaled_dot_product_attention(is_causal=True) (for the bf16 / torch.compile benchmark), and
+     `loss_over_padded_vocab=True` takes nanoGPT's loss over all Vp columns (the benchmark's peers).
   2. Helpers mapping the model to and from llm.c's flat parameter order (`params_to_flat`,
      `grads_to_flat`, `load_llmc_params`, `write_llmc_model`).
   3. `--write-reference`: a float64 CPU computation of logits, loss, gradients and a short
@@ -204,11 +205,18 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg, use_sdpa=False, boundaries=None):
+    """loss_over_padded_vocab=False (the trainer's loss): the softmax runs over the first V logit
+    columns. True (nanoGPT's loss, for the speed bench's peers): it runs over all Vp columns, so the
+    padded columns take probability mass and their wte rows get gradient; the cross-entropy kernel
+    then reads the LM head's output whole instead of a strided slice of it."""
+
+    def __init__(self, cfg, use_sdpa=False, boundaries=None, loss_over_padded_vocab=False):
         super().__init__()
         self.cfg = cfg
         self.use_sdpa = use_sdpa
         self.bd = boundaries or IdentityBoundaries()
+        assert not (loss_over_padded_vocab and self.bd.active), "boundaries define the loss over V columns"
+        self.loss_over_padded_vocab = loss_over_padded_vocab
         self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.channels)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.channels)
         self.blocks = nn.ModuleList([Block(cfg, use_sdpa, self.bd) for _ in range(cfg.num_layers)])
@@ -228,7 +236,9 @@ class GPT(nn.Module):
         x = bd.norm_output(self.lnf(x))
         logits = bd.logits(F.linear(x, self.wte.weight))  # tied, all Vp columns
         loss = None
-        if targets is not None:
+        if targets is not None and self.loss_over_padded_vocab:
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+        elif targets is not None:
             V = self.cfg.vocab_size
             z = logits[..., :V] if bd.logit_scale == 1.0 else bd.logit_scale * logits[..., :V]
             loss = F.cross_entropy(z.reshape(-1, V), targets.reshape(-1))
@@ -414,11 +424,13 @@ def write_llmc_model(path, cfg, flat):
     atomic_write(path, [llmc_model_header(cfg), flat])
 
 
-def build_model(descriptor, use_sdpa=False, seed=0, device="cpu", dtype=torch.float32, init=True):
+def build_model(descriptor, use_sdpa=False, seed=0, device="cpu", dtype=torch.float32, init=True,
+                loss_over_padded_vocab=False):
     """GPT of the given size with the trainer's init (seeded), or loaded from an llm.c .bin.
 
     descriptor: "d6|d12|d24|d36|d48", "gpt2:dN", "gpt3:cC", or a path to an llm.c model file.
     init=False leaves the parameters uninitialized (allocated only) -- use when loading weights.
+    loss_over_padded_vocab: see GPT (False, the trainer's loss, for everything but the bench's peers).
     """
     path = None
     if descriptor.endswith(".bin"):
@@ -427,7 +439,7 @@ def build_model(descriptor, use_sdpa=False, seed=0, device="cpu", dtype=torch.fl
     else:
         cfg = parse_descriptor(descriptor)
     with torch.device("meta"):                 # skip nn.Linear's own (wasted) default init
-        model = GPT(cfg, use_sdpa=use_sdpa)
+        model = GPT(cfg, use_sdpa=use_sdpa, loss_over_padded_vocab=loss_over_padded_vocab)
     model = model.to_empty(device=device)
     if path is not None:
         load_llmc_params(model, path)
