@@ -1333,9 +1333,9 @@ int main(int argc, char** argv) {
     printf("| steps                 | %-50s |\n", strfmt("%d (from %d)", max_steps, start_step).c_str());
     printf("| lr, schedule, warmup  | %-50s |\n", strfmt("%g, %s to %g x, %d", cfg.learning_rate, cfg.lr_schedule.c_str(), cfg.final_lr_fraction, cfg.warmup_iterations).c_str());
     printf("| weight decay, clip    | %-50s |\n", strfmt("%g, %g", cfg.weight_decay, cfg.grad_clip).c_str());
-    printf("| skip updates (-sl -sg)| %-50s |\n", strfmt("NaN/Inf; loss z > %s, norm z > %s (window %d)",
-           cfg.skip_loss_z > 0 ? strfmt("%g", cfg.skip_loss_z).c_str() : "off",
-           cfg.skip_grad_z > 0 ? strfmt("%g", cfg.skip_grad_z).c_str() : "off", kSpikeWindow).c_str());
+    auto z_rule = [](float z) { return z > 0 ? strfmt("z > %g", z) : std::string("off"); };
+    printf("| skipped updates       | %-50s |\n", strfmt("NaN/Inf; loss %s, norm %s; window %d", z_rule(cfg.skip_loss_z).c_str(),
+                                                        z_rule(cfg.skip_grad_z).c_str(), kSpikeWindow).c_str());
     printf("| recompute, seed       | %-50s |\n", strfmt("%d%s, %llu", model.recompute, model.recompute_auto ? " (auto)"
                                                         : recompute_from_checkpoint >= 0 ? " (the checkpoint's)" : "",
                                                         (unsigned long long)cfg.seed).c_str());
