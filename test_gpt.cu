@@ -709,7 +709,8 @@ static void check_zero1(TestContext& c) {
 // parameters, master weights, AdamW moments and step count as they were, bit for bit; and the run then goes on
 // exactly as a run that never took that step: two more steps give bit-identical losses, parameters, master
 // weights and moments (so the recipe's state kept nothing of the skipped step: FP8's NaN amaxes would have moved
-// the scales the last step quantizes with)
+// the scales the last step quantizes with). And the spike windows' checkpoint section round-trips; a state file
+// without it loads with empty windows.
 static void check_skip(TestContext& c) {
     const Reference& ref = c.ref;
     checkpoint_model(c); // (its shape and initial parameters)
@@ -760,6 +761,26 @@ static void check_skip(TestContext& c) {
     check(same_losses, "after the skipped step, two steps log the losses and norms of a run without it, bit for bit");
     check(state_of(skipping) == state_of(plain),
           "after the skipped step and two more, parameters, master weights and moments equal a run without it, bit for bit");
+    // the windows in the checkpoint: read back as written; a state file without them (written before they were
+    // kept) loads with empty windows and no skips counted
+    SpikeGuard guard;
+    for (int i = 0; i < kSpikeWindow + 3; i++) guard.record(guard.judge(3.0 + 0.01 * (i % 7), 1.0 + 0.1 * (i % 3)), 3.0 + 0.01 * (i % 7), 1.0 + 0.1 * (i % 3));
+    guard.record(guard.judge(NAN, 1.0), NAN, 1.0);
+    const std::string dir = c.ckdir + "/skip";
+    DataLoaderState data_state, restored;
+    SpikeGuard with_window, without_window = guard;
+    try {
+        ensure_output_dir(dir);
+        save_checkpoint(&skipping, dir, 4, data_state, opt.seed, 0, 1, 1, &guard);
+        save_checkpoint(&skipping, dir, 5, data_state, opt.seed, 0, 1, 1, nullptr);
+        check_checkpoint(dir, 4, c.ck_shape, B, T, opt.seed, 0, 1);
+        load_checkpoint(&plain, dir, 4, &restored, 0, &with_window);
+        load_checkpoint(&plain, dir, 5, &restored, 0, &without_window);
+    } catch (const InputError& e) { check(false, strfmt("skip: checkpoint: %s", e.what())); }
+    check(with_window.to_bytes() == guard.to_bytes() && with_window.skipped[SKIP_NAN_LOSS] == 1,
+          "the spike windows and skip counts survive save and load bit for bit");
+    check(without_window.loss.count == 0 && without_window.norm.count == 0 && without_window.total_skipped() == 0,
+          "a state file without the spike windows loads with empty windows");
 }
 
 // The checks in the order they run (see the top of the file)
