@@ -704,6 +704,85 @@ static void check_zero1(TestContext& c) {
     }
 }
 
+// skip (two fresh models of checkpoint_model's shape): a step whose backward pass meets a NaN (injected where
+// LLMC_TEST_NAN_AT=grad puts it) has a non-finite gradient norm; its skipped update (gpt_skip_update) leaves the
+// parameters, master weights, AdamW moments and step count as they were, bit for bit; and the run then goes on
+// exactly as a run that never took that step: two more steps give bit-identical losses, parameters, master
+// weights and moments (so the recipe's state kept nothing of the skipped step: FP8's NaN amaxes would have moved
+// the scales the last step quantizes with). And the spike windows' checkpoint section round-trips; a state file
+// without it loads with empty windows.
+static void check_skip(TestContext& c) {
+    const Reference& ref = c.ref;
+    checkpoint_model(c); // (its shape and initial parameters)
+    const int B = c.B, T = c.T;
+    const size_t BT = c.BT;
+    OptimizerSettings opt = reference_optimizer(ref);
+    opt.seed = CHECKPOINT_SEED;
+    GPT skipping, plain;
+    for (GPT* m : {&skipping, &plain}) {
+        gpt_build(m, c.ck_shape);
+        gpt_allocate(m, B, T, 1);
+        gpt_set_params(m, c.ck_init);
+    }
+    // one step on the reference batch rotated by `batch`, numbered `step` for the recipe's random streams, as the
+    // trainer takes it; with a NaN in the backward pass's input, skipped
+    auto train_step = [&](GPT* m, int step, int batch, bool nan, float* norm) {
+        std::vector<int> x = rotated(ref.inputs, batch), y = rotated(ref.targets, batch);
+        recipe_begin_step(m->recipe, step);
+        recipe_begin_micro_step(m->recipe, 0);
+        gpt_zero_grad(m);
+        const float loss = gpt_forward_loss(m, x.data(), y.data(), B, T, true, 1.0f / BT);
+        if (nan) inject_nan(m->acts.dbtc, m->stream);
+        gpt_backward(m, B, T);
+        *norm = gpt_grad_norm(m);
+        if (nan) gpt_skip_update(m);
+        else gpt_apply_update(m, opt, *norm);
+        cudaCheck(cudaDeviceSynchronize());
+        return loss;
+    };
+    const size_t N = skipping.num_params;
+    auto state_of = [&](const GPT& m) {
+        return std::vector<std::vector<uint8_t>>{device_bytes(m.params_memory, N), device_bytes(m.master_memory, N),
+                                                 device_bytes(m.m_memory, N), device_bytes(m.v_memory, N)};
+    };
+    float norm = 0.0f, norm_plain = 0.0f;
+    train_step(&skipping, 0, 0, false, &norm);
+    train_step(&plain, 0, 0, false, &norm_plain);
+    const auto before = state_of(skipping);
+    train_step(&skipping, 1, 1, true, &norm);
+    check(!std::isfinite(norm), strfmt("a NaN in the backward pass gives a non-finite gradient norm (%g)", norm));
+    check(state_of(skipping) == before && skipping.adam_steps == 1,
+          "a skipped update leaves the parameters, master weights, AdamW moments and step count bit for bit");
+    bool same_losses = true;
+    for (int s = 2; s < 4; s++) {
+        const float a = train_step(&skipping, s, s, false, &norm), b = train_step(&plain, s, s, false, &norm_plain);
+        same_losses = same_losses && memcmp(&a, &b, sizeof(a)) == 0 && memcmp(&norm, &norm_plain, sizeof(norm)) == 0;
+    }
+    check(same_losses, "after the skipped step, two steps log the losses and norms of a run without it, bit for bit");
+    check(state_of(skipping) == state_of(plain),
+          "after the skipped step and two more, parameters, master weights and moments equal a run without it, bit for bit");
+    // the windows in the checkpoint: read back as written; a state file without them (written before they were
+    // kept) loads with empty windows and no skips counted
+    SpikeGuard guard;
+    for (int i = 0; i < kSpikeWindow + 3; i++) guard.record(guard.judge(3.0 + 0.01 * (i % 7), 1.0 + 0.1 * (i % 3)), 3.0 + 0.01 * (i % 7), 1.0 + 0.1 * (i % 3));
+    guard.record(guard.judge(NAN, 1.0), NAN, 1.0);
+    const std::string dir = c.ckdir + "/skip";
+    DataLoaderState data_state, restored;
+    SpikeGuard with_window, without_window = guard;
+    try {
+        ensure_output_dir(dir);
+        save_checkpoint(&skipping, dir, 4, data_state, opt.seed, 0, 1, 1, &guard);
+        save_checkpoint(&skipping, dir, 5, data_state, opt.seed, 0, 1, 1, nullptr);
+        check_checkpoint(dir, 4, c.ck_shape, B, T, opt.seed, 0, 1);
+        load_checkpoint(&plain, dir, 4, &restored, 0, &with_window);
+        load_checkpoint(&plain, dir, 5, &restored, 0, &without_window);
+    } catch (const InputError& e) { check(false, strfmt("skip: checkpoint: %s", e.what())); }
+    check(with_window.to_bytes() == guard.to_bytes() && with_window.skipped[SKIP_NAN_LOSS] == 1,
+          "the spike windows and skip counts survive save and load bit for bit");
+    check(without_window.loss.count == 0 && without_window.norm.count == 0 && without_window.total_skipped() == 0,
+          "a state file without the spike windows loads with empty windows");
+}
+
 // The checks in the order they run (see the top of the file)
 struct NamedCheck { const char* name; void (*run)(TestContext&); };
 static const NamedCheck CHECKS[] = {
@@ -719,6 +798,7 @@ static const NamedCheck CHECKS[] = {
     {"trajectory", check_trajectory},
     {"resume", check_resume},
     {"zero1", check_zero1},
+    {"skip", check_skip},
 };
 
 // A scratch directory for the checkpoints: a whole one of checkpoint_model is about 0.2 GB (BF16 model file, FP32

@@ -28,6 +28,7 @@
 #include "llmc/dataloader.h"
 #include "llmc/tokenizer.h"
 #include "llmc/schedulers.h"
+#include "llmc/spike_guard.h"
 #include "llmc/checkpoint.h"
 #include "llmc/cuda_common.h"
 #include "llmc/encoder.cuh"
@@ -766,13 +767,18 @@ inline void gpt_zero_grad(GPT* model) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// Optimizer step: global gradient norm, clipping, AdamW. Returns the norm before clipping.
+// Optimizer step: global gradient norm (gpt_grad_norm), then clipping and AdamW (gpt_apply_update), or,
+// where the trainer skips the step's update (llmc/spike_guard.h), nothing but the recipe's
+// recipe_step_skipped (gpt_skip_update). gpt_update does the first two and returns the norm.
 struct OptimizerSettings {
     float lr, beta1, beta2, eps, weight_decay, grad_clip;
     uint64_t seed;
 };
 
-inline float gpt_update(GPT* model, const OptimizerSettings& o) {
+// The global norm of the step's gradients (all processes' summed gradients). The same on every process:
+// with -z 0 each computes it from the same all-reduced gradients, under ZeRO-1 it is the all-reduced sum
+// of the pieces' squares. NaN or Inf where a gradient is.
+inline float gpt_grad_norm(GPT* model) {
     cudaStream_t st = model->stream;
     MultiGpu* mg = model->mg && model->mg->active ? model->mg : nullptr;
     const ShardLayout& sh = model->shard;
@@ -797,7 +803,14 @@ inline float gpt_update(GPT* model, const OptimizerSettings& o) {
     float norm_sq = 0.0f;
     cudaCheck(cudaMemcpyAsync(&norm_sq, model->norm_dev, sizeof(float), cudaMemcpyDeviceToHost, st));
     cudaCheck(cudaStreamSynchronize(st));
-    float norm = sqrtf(norm_sq);
+    return sqrtf(norm_sq);
+}
+
+// AdamW on the step's gradients, whose global norm is `norm` (gpt_grad_norm)
+inline void gpt_apply_update(GPT* model, const OptimizerSettings& o, float norm) {
+    cudaStream_t st = model->stream;
+    MultiGpu* mg = model->mg && model->mg->active ? model->mg : nullptr;
+    const ShardLayout& sh = model->shard;
     // torch.nn.utils.clip_grad_norm_ semantics
     float grad_scale = 1.0f;
     if (o.grad_clip > 0.0f) grad_scale = fminf(1.0f, o.grad_clip / (norm + 1e-6f));
@@ -825,6 +838,20 @@ inline float gpt_update(GPT* model, const OptimizerSettings& o) {
     }
     recipe_step_end(model->recipe, st);
     recipe_weights_changed(model->recipe, gpt_linear_weights(model), st);
+}
+
+// A skipped update: the parameters, the master weights, AdamW's moments and its step count (the bias
+// correction's t counts the updates applied) stay as they are; the recipe drops what the step's forward
+// and backward left in its state. Every process takes the same decision, so no collective runs here on
+// any of them (neither the amax reduction nor ZeRO-1's parameter all-gather).
+inline void gpt_skip_update(GPT* model) {
+    PHASE("optimizer: recipe");
+    recipe_step_skipped(model->recipe, model->stream);
+}
+
+inline float gpt_update(GPT* model, const OptimizerSettings& o) {
+    const float norm = gpt_grad_norm(model);
+    gpt_apply_update(model, o, norm);
     return norm;
 }
 
@@ -835,7 +862,8 @@ inline float gpt_update(GPT* model, const OptimizerSettings& o) {
 // Every random stream of a run (data shuffling, stochastic rounding, sampling) is a pure function of
 // the seed and the step or epoch, so the seed is the whole RNG state a resume needs.
 inline void save_checkpoint(const GPT* model, const std::string& dir, int step, const DataLoaderState& data,
-                            uint64_t seed, int rank, int num_processes, int grad_accum_steps = 1) {
+                            uint64_t seed, int rank, int num_processes, int grad_accum_steps = 1,
+                            const SpikeGuard* spike_guard = nullptr) {
     uint64_t model_xxh64 = 0;
     if (rank == 0) {
         std::vector<floatX> host = gpt_get_params(model);
@@ -872,6 +900,11 @@ inline void save_checkpoint(const GPT* model, const std::string& dir, int step, 
     if (!gemm_choices.empty()) w.add("gemm_algorithms", gemm_choices.data(), gemm_choices.size() * sizeof(MatmulChoice));
     // (the model file's checksum: llm.c's format has no room for it)
     if (rank == 0) w.add("model_xxh64", &model_xxh64, sizeof(model_xxh64));
+    // the windows that judge the next steps' updates and the skip counts (llmc/spike_guard.h)
+    if (spike_guard) {
+        const std::vector<uint8_t> window = spike_guard->to_bytes();
+        w.add_copy(SpikeGuard::kSection, window.data(), window.size());
+    }
     recipe_save(model->recipe, w);
     w.write_atomic(state_path(dir, step, rank));
     // read back and verified (its checksum) before the checkpoint may be marked complete
@@ -956,6 +989,13 @@ inline void check_checkpoint(const std::string& dir, int step, const ModelShape&
                     "position would not carry over, so resume with the same -d", state_path(dir, step, rank).c_str(),
                     accumulation, grad_accum_steps);
     }
+    // the spike windows (a checkpoint written before they were kept has none: the windows start empty)
+    if (r.has(SpikeGuard::kSection)) {
+        std::vector<uint8_t> window(r.size_of(SpikeGuard::kSection));
+        r.read(SpikeGuard::kSection, window.data(), window.size());
+        SpikeGuard g;
+        g.from_bytes(window.data(), window.size(), state_path(dir, step, rank));
+    }
     // the optimizer state is this model's (whole state: one FP32 value per parameter and section)
     if (zero_owners == 1) {
         const size_t want = num_parameters(shape) * sizeof(float);
@@ -984,7 +1024,8 @@ inline int checkpoint_recompute(const std::string& dir, int step, int rank) {
     return recompute;
 }
 
-inline void load_checkpoint(GPT* model, const std::string& dir, int step, DataLoaderState* data, int rank) {
+inline void load_checkpoint(GPT* model, const std::string& dir, int step, DataLoaderState* data, int rank,
+                            SpikeGuard* spike_guard = nullptr) {
     const std::string mpath = model_path(dir, step);
     ModelFileInfo info = read_model_header(mpath);
     const size_t N = model->num_params, NS = model->shard.shard_elements;
@@ -1001,6 +1042,14 @@ inline void load_checkpoint(GPT* model, const std::string& dir, int step, DataLo
     int64_t adam_steps = 0;
     r.read("adam_steps", &adam_steps, sizeof(adam_steps));
     model->adam_steps = (int)adam_steps;
+    if (spike_guard) {
+        spike_guard->clear_state();
+        if (r.has(SpikeGuard::kSection)) {
+            std::vector<uint8_t> window(r.size_of(SpikeGuard::kSection));
+            r.read(SpikeGuard::kSection, window.data(), window.size());
+            spike_guard->from_bytes(window.data(), window.size(), state_path(dir, step, rank));
+        }
+    }
     // the parameters exactly as they were (not re-rounded from the master weights)
     if (info.version != CHECKPOINT_VERSION) {
         input_error("checkpoint %s stores %s parameters, this build is %s", mpath.c_str(),
@@ -1059,7 +1108,15 @@ inline void gpt_free(GPT* model) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// Helpers for main: the GPU's peak BF16 rate (for MFU) and a human time.
+// Helpers for main: the GPU's peak BF16 rate (for MFU), a human time, and LLMC_TEST_NAN_AT's NaN.
+
+// one quiet NaN written at dst (device memory), in the stream's order (LLMC_TEST_NAN_AT)
+template <class T>
+inline void inject_nan(T* dst, cudaStream_t stream) {
+    static const T nan_value = (T)NAN;
+    cudaCheck(cudaMemcpyAsync(dst, &nan_value, sizeof(T), cudaMemcpyHostToDevice, stream));
+}
+
 inline double peak_bf16_flops(const cudaDeviceProp& prop) {
     std::string name = prop.name;
     if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos || name.find("H800") != std::string::npos)
@@ -1093,6 +1150,7 @@ int main(int argc, char** argv) {
     int resume_step = -1;
     int recompute_from_checkpoint = -1; // -r -1 on resume: the -r the checkpoint was written with
     int local_rank = -1;
+    NanInjections test_nan; // LLMC_TEST_NAN_AT (tests only)
     try {
         cfg = parse_args(argc, argv, recipe_flags);
         local_rank = resolve_processes(cfg, std::getenv); // -pn / -pr, else the launcher's environment
@@ -1126,6 +1184,7 @@ int main(int argc, char** argv) {
                          "split into their GEMMs)");
         check_env_choice("LLMC_CUDNN_DETERMINISTIC", {"0", "1"}, "0 (cuDNN's faster attention backward) or 1 (its "
                          "deterministic one)");
+        test_nan = parse_test_nan_at(std::getenv("LLMC_TEST_NAN_AT"));
         if (!cfg.init_dir.empty()) {
             struct stat st;
             if (stat(cfg.init_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
@@ -1238,9 +1297,13 @@ int main(int argc, char** argv) {
     // (the recipe's setup checks its options and its environment variables)
     try { gpt_allocate(&model, B, T, cfg.recompute, recipe_options, recipe_context_of_run(cfg.seed, cfg.recipe_check)); }
     catch (const InputError& e) { fprintf(stderr, "error: %s\n", e.what()); return 1; }
+    // which updates are skipped (llmc/spike_guard.h): its windows come from the checkpoint on resume
+    SpikeGuard spike_guard;
+    spike_guard.loss_z = cfg.skip_loss_z;
+    spike_guard.grad_z = cfg.skip_grad_z;
     DataLoaderState resume_data;
     if (resume_step >= 0) {
-        try { load_checkpoint(&model, cfg.output_dir, resume_step, &resume_data, cfg.process_rank); }
+        try { load_checkpoint(&model, cfg.output_dir, resume_step, &resume_data, cfg.process_rank, &spike_guard); }
         catch (const InputError& e) { fprintf(stderr, "error: %s\n", e.what()); return 1; }
         train_loader->restore(resume_data);
     } else if (from_checkpoint_file) {
@@ -1270,6 +1333,9 @@ int main(int argc, char** argv) {
     printf("| steps                 | %-50s |\n", strfmt("%d (from %d)", max_steps, start_step).c_str());
     printf("| lr, schedule, warmup  | %-50s |\n", strfmt("%g, %s to %g x, %d", cfg.learning_rate, cfg.lr_schedule.c_str(), cfg.final_lr_fraction, cfg.warmup_iterations).c_str());
     printf("| weight decay, clip    | %-50s |\n", strfmt("%g, %g", cfg.weight_decay, cfg.grad_clip).c_str());
+    auto z_rule = [](float z) { return z > 0 ? strfmt("z > %g", z) : std::string("off"); };
+    printf("| skipped updates       | %-50s |\n", strfmt("NaN/Inf; loss %s, norm %s; window %d", z_rule(cfg.skip_loss_z).c_str(),
+                                                        z_rule(cfg.skip_grad_z).c_str(), kSpikeWindow).c_str());
     printf("| recompute, seed       | %-50s |\n", strfmt("%d%s, %llu", model.recompute, model.recompute_auto ? " (auto)"
                                                         : recompute_from_checkpoint >= 0 ? " (the checkpoint's)" : "",
                                                         (unsigned long long)cfg.seed).c_str());
@@ -1284,6 +1350,7 @@ int main(int argc, char** argv) {
            model.shard.shard_elements, model.num_params).c_str());
     printf("| GPU memory in use     | %-50s |\n", strfmt("%.2f GiB of %.2f GiB", (total_b - free_b) / 1073741824.0, total_b / 1073741824.0).c_str());
     printf("+-----------------------+----------------------------------------------------+\n");
+    if (test_nan.active()) printf("warning: LLMC_TEST_NAN_AT is set: NaNs are injected on purpose (a test switch)\n");
     fflush(stdout);
     }
 
@@ -1365,7 +1432,7 @@ int main(int argc, char** argv) {
             ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || last_step)) {
             try {
                 save_checkpoint(&model, cfg.output_dir, step, train_loader->state(), cfg.seed, cfg.process_rank,
-                                cfg.num_processes, cfg.grad_accum_steps);
+                                cfg.num_processes, cfg.grad_accum_steps, &spike_guard);
                 if (master_process) prune_checkpoints(cfg.output_dir, cfg.checkpoint_keep);
             } catch (const std::exception& e) {
                 fprintf(stderr, "error: process %d: %s\n", cfg.process_rank, e.what());
@@ -1386,15 +1453,27 @@ int main(int argc, char** argv) {
             recipe_begin_micro_step(model.recipe, train_loader->next_slice());
             if (!fetch_batch(train_loader.get())) return 1;
             gpt_forward(&model, inputs.data(), targets.data(), B, T, true, dloss);
+            // LLMC_TEST_NAN_AT=grad:STEP: a NaN in the gradient the backward pass starts from (process 0's
+            // first micro-step): it reaches the recipe's backward GEMMs, every gradient and the norm
+            if (micro == 0 && master_process && test_nan.due(NAN_IN_GRAD, step)) inject_nan(model.acts.dbtc, model.stream);
             // (the last micro-step hands each layer's gradients to the other processes as it finishes)
             gpt_backward(&model, B, T, micro == cfg.grad_accum_steps - 1);
         }
+        // LLMC_TEST_NAN_AT=loss:STEP: process 0's loss sum, before the sum over the processes
+        if (master_process && test_nan.due(NAN_IN_LOSS, step)) inject_nan(model.loss_sum_dev, model.stream);
         multi_gpu_all_reduce_sum(&mg, model.loss_sum_dev, 1, model.stream, "the training loss");
         const float train_loss = gpt_read_loss(&model, (long long)B * T * cfg.grad_accum_steps * mg.world);
         // quantization telemetry of this step (before the optimizer step moves the scales on)
         if (log_quantization) recipe_log_telemetry(model.recipe, logfile, step);
+        // The update, or not: judged from the all-reduced loss and the global norm, the same on every
+        // process. A skipped step still moves the step counter, the learning-rate schedule and the data on
+        // (as llm.c); AdamW's own step count (bias correction, rounding seeds) counts applied updates.
         OptimizerSettings opt{schedule.lr_at(step), cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, cfg.grad_clip, cfg.seed};
-        const float norm = gpt_update(&model, opt);
+        const float norm = gpt_grad_norm(&model);
+        const SkipDecision skip = spike_guard.judge(train_loss, norm);
+        if (skip.skip()) gpt_skip_update(&model);
+        else gpt_apply_update(&model, opt, norm);
+        spike_guard.record(skip, train_loss, norm);
         cudaCheck(cudaDeviceSynchronize());
         double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         g_profiler.step_end();
@@ -1404,17 +1483,26 @@ int main(int argc, char** argv) {
         // tok_s is the whole job's (all processes' tokens); MFU is per GPU, against one GPU's peak
         const double mfu = peak > 0 ? 100.0 * flops_per_token * tok_s / (peak * mg.world) : -1.0;
         const double avg = timed_steps > 0 ? total_train_seconds / timed_steps : seconds;
-        if (!std::isfinite(train_loss)) {
-            fprintf(stderr, "error: the loss is %f at step %d; lower -l or check the data\n", train_loss, step + 1);
+        // a skipped step: "s:STEP skip:REASON loss:... lr:... norm:..." (with z:... for a spike) in main.log,
+        // where an applied one has "s:STEP trl:...": the train-loss curve has only the steps that trained
+        const std::string skip_z = std::isfinite(skip.z) ? strfmt(" z:%.4f", skip.z) : std::string();
+        if (master_process)
+        printf("step %5d/%d | loss %.6f | norm %7.4f | lr %.2e | %8.2f ms | %9.0f tok/s | MFU %s | ETA %s%s\n", step + 1,
+               max_steps, train_loss, norm, opt.lr, seconds * 1000.0, tok_s,
+               mfu >= 0 ? strfmt("%5.1f%%", mfu).c_str() : "n/a", human_seconds(avg * (max_steps - step - 1)).c_str(),
+               skip.skip() ? strfmt(" | update skipped: %s%s", SKIP_REASON_NAMES[skip.reason], skip_z.c_str()).c_str() : "");
+        fflush(stdout);
+        if (logfile && skip.skip())
+            fprintf(logfile, "s:%d skip:%s loss:%.6f lr:%.6e norm:%.6f%s\n", step, SKIP_REASON_NAMES[skip.reason],
+                    train_loss, opt.lr, norm, skip_z.c_str());
+        else if (logfile) fprintf(logfile, "s:%d trl:%.6f lr:%.6e norm:%.6f\n", step, train_loss, opt.lr, norm);
+        if (!log_written()) return 1;
+        if (spike_guard.stuck()) {
+            fprintf(stderr, "error: the loss or the gradient norm has not been finite for %d steps in a row (steps %d to %d; "
+                    "each update was skipped); lower -l or check the data\n", kMaxNonFiniteInARow,
+                    step + 2 - kMaxNonFiniteInARow, step + 1);
             return 1;
         }
-        if (master_process)
-        printf("step %5d/%d | loss %.6f | norm %7.4f | lr %.2e | %8.2f ms | %9.0f tok/s | MFU %s | ETA %s\n", step + 1,
-               max_steps, train_loss, norm, opt.lr, seconds * 1000.0, tok_s,
-               mfu >= 0 ? strfmt("%5.1f%%", mfu).c_str() : "n/a", human_seconds(avg * (max_steps - step - 1)).c_str());
-        fflush(stdout);
-        if (logfile) fprintf(logfile, "s:%d trl:%.6f lr:%.6e norm:%.6f\n", step, train_loss, opt.lr, norm);
-        if (!log_written()) return 1;
     }
     multi_gpu_finish(&mg);
     if (master_process) {
@@ -1424,6 +1512,14 @@ int main(int argc, char** argv) {
                    MATMUL_COMPUTE == CUBLAS_COMPUTE_32F_FAST_16BF ? "CUBLAS_COMPUTE_32F_FAST_16BF" : "other",
                    g_matmul_plans.size(), g_matmul_compute_fallbacks);
         }
+        // (the counts are the whole run's, steps before a resume included: they are in the checkpoint)
+        const int64_t* sk = spike_guard.skipped;
+        const std::string skipped = strfmt("updates skipped: %lld of %d steps (nan-loss %lld, nan-grad %lld, loss-spike %lld, "
+                                           "grad-spike %lld)", (long long)spike_guard.total_skipped(), max_steps,
+                                           (long long)sk[SKIP_NAN_LOSS], (long long)sk[SKIP_NAN_GRAD],
+                                           (long long)sk[SKIP_LOSS_SPIKE], (long long)sk[SKIP_GRAD_SPIKE]);
+        printf("%s\n", skipped.c_str());
+        if (logfile) fprintf(logfile, "# %s\n", skipped.c_str());
         if (timed_steps > 0) {
             double avg = total_train_seconds / timed_steps;
             printf("average step %.2f ms, %.0f tok/s over %d steps\n", avg * 1000.0, tokens_per_step / avg, timed_steps);

@@ -17,6 +17,7 @@
 #include <vector>
 #include "common.h"
 #include "flags.h"
+#include "spike_guard.h"
 
 // the model a binary trains without -e (train_gpt3q115cu is built with "gpt3:c768")
 #ifndef LLMC_DEFAULT_MODEL
@@ -74,6 +75,8 @@ struct TrainConfig {
     float weight_decay = 0.1f;            // -c: AdamW decoupled weight decay (2-D tensors only)
     float grad_clip = 1.0f;               // -gc: clip the global gradient norm to this (0 = off)
     float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f; // AdamW (fixed, as llm.c)
+    float skip_loss_z = 0.0f;             // -sl: skip the update of a step whose loss is this many std above the window's mean (0 = off)
+    float skip_grad_z = 0.0f;             // -sg: the same for the gradient norm (llmc/spike_guard.h)
     int max_steps = 1000;                 // -x: optimizer steps (-1 = one epoch of the training data)
     uint64_t seed = 0;                    // -sd: init, shuffling and stochastic rounding
     // evaluation, sampling, logging
@@ -159,6 +162,8 @@ inline std::vector<Flag> flag_table(TrainConfig& c) {
         {"-q", K::Float, &c.final_lr_fraction, "final learning rate as a fraction of -l, in [0, 1]"},
         {"-c", K::Float, &c.weight_decay, "AdamW weight decay (applied to 2-D weights only)"},
         {"-gc", K::Float, &c.grad_clip, "clip the global gradient norm to this (0 = off)"},
+        {"-sl", K::Float, &c.skip_loss_z, "skip the update of a step whose loss lies more than this many standard deviations above the mean of the last 128 accepted steps (0 = off; a NaN/Inf loss or gradient norm always skips)"},
+        {"-sg", K::Float, &c.skip_grad_z, "the same for the global gradient norm (0 = off)"},
         {"-x", K::Int, &c.max_steps, "optimizer steps (-1 = one epoch of the training data)"},
         {"-sd", K::U64, &c.seed, "random seed for init, data shuffling and stochastic rounding"},
         {"-v", K::Int, &c.val_every, "validate every N steps (0 = never)"},
@@ -448,6 +453,8 @@ inline void validate_config(TrainConfig& cfg) {
         input_error("-q %g: the final learning rate fraction must be between 0 and 1", (double)cfg.final_lr_fraction);
     if (cfg.weight_decay < 0) input_error("-c %g: weight decay must be >= 0", (double)cfg.weight_decay);
     if (cfg.grad_clip < 0) input_error("-gc %g: the gradient clip must be >= 0 (0 turns it off)", (double)cfg.grad_clip);
+    check_skip_threshold("-sl", cfg.skip_loss_z);
+    check_skip_threshold("-sg", cfg.skip_grad_z);
     if (cfg.max_steps != -1 && cfg.max_steps < 1)
         input_error("-x %d: the number of steps must be at least 1, or -1 for one epoch", cfg.max_steps);
     if (cfg.val_every < 0) input_error("-v %d: must be >= 0 (0 = never validate)", cfg.val_every);
@@ -537,7 +544,8 @@ inline std::string usage(const RecipeFlags& recipe_defaults) {
            "  LLMC_FP8_FUSED_GEMM=0|1       fp8: the MLP's fused FP8 GEMMs on Hopper (1, the default) or cuBLASLt and the\n"
            "                                quantize passes (0; doc/recipes/fp8.md)\n"
            "  LLMC_NVFP4_EMULATE=1          nvfp4: the emulation even where FP4 tensor cores exist (doc/recipes/nvfp4.md)\n"
-           "  LLMC_CUDNN_DETERMINISTIC=0    cuDNN attention builds: cuDNN's non-deterministic backward\n";
+           "  LLMC_CUDNN_DETERMINISTIC=0    cuDNN attention builds: cuDNN's non-deterministic backward\n"
+           "  LLMC_TEST_NAN_AT=loss:S,grad:S  tests only: a NaN in the loss / the gradients at optimizer step S (doc/testing.md)\n";
     out += "\n";
     out += describe_models();
     return out;

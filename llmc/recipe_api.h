@@ -23,6 +23,16 @@
 //   recipe_step_end(r, stream)                  an optimizer step ended: per-step bookkeeping (scales);
 //                                               called before recipe_weights_changed of the new
 //                                               weights; (default) nothing
+//   recipe_step_skipped(r, stream)              the step's update was skipped (a NaN/Inf loss or gradient
+//                                               norm, -sl / -sg: llmc/spike_guard.h): the weights stay,
+//                                               and neither recipe_step_end nor recipe_weights_changed
+//                                               runs. Undo what the step's forward and backward left in
+//                                               the state (amaxes, counts, first calibrations), so that
+//                                               the next step starts from the state before this one, as
+//                                               if the skipped step had not run; every process alike
+//                                               (no collective). (default) nothing: the recipes whose
+//                                               forward and backward keep no state past the step
+//                                               (their scales are current, or made with the weights)
 //   recipe_save(r, writer) / recipe_load(r, reader)   the recipe's state in the checkpoint's state
 //                                               file; (default) none
 //   recipe_begin_step(r, step)                  before a training step's first micro-step; returns
@@ -349,6 +359,8 @@ template <class R>
 inline void recipe_weights_changed(const R&, const LinearWeights&, cudaStream_t) {}
 template <class R>
 inline void recipe_step_end(const R&, cudaStream_t) {}
+template <class R>
+inline void recipe_step_skipped(const R&, cudaStream_t) {}
 template <class R>
 inline void recipe_save(const R&, StateWriter&) {}
 template <class R>

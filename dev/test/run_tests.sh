@@ -55,6 +55,8 @@ for r in "${RESUME_RECIPES[@]}"; do
     other=train_gpt_bf16; [[ $r == bf16 ]] && other=train_gpt_fp8  # (resume_cli.sh resumes under another recipe too)
     suite "resume_$r" "gpu resume $r" 1 "train_gpt_$r $other"
 done
+# (skipped updates: a NaN injected into the loss and the gradient, spikes, resume through them)
+for r in bf16 fp8; do suite "nan_skip_$r" "gpu nan $r" 1 "train_gpt_$r"; done
 # (the whole BF16 model on cuDNN's attention; it waits for the cuDNN build)
 suite gpt_bf16_cudnn "gpu gpt cudnn" 1 ""
 suite multi_gpu "gpu" 1 "$(printf 'train_gpt_%s ' $MULTI_GPU_RECIPES)"
@@ -233,6 +235,7 @@ run_suite() { # $1 = id
         if [[ $r == q115 ]]; then ./test_gpt_q115 "$REF_Q115" "$REF"; else ./test_gpt_"$r" "$REF"; fi ;;
     kernel_*) ./build/test_"${id#kernel_}" ;;
     resume_*) bash dev/test/gpu/resume_cli.sh ./train_gpt_"${id#resume_}" ;;
+    nan_skip_*) bash dev/test/gpu/nan_skip.sh ./train_gpt_"${id#nan_skip_}" ;;
     multi_gpu)
         # data parallelism through NCCL: one process on any GPU machine; two processes (losses against one
         # process, ZeRO-1 memory, resume, killed process) where there are two GPUs

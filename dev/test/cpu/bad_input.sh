@@ -93,6 +93,15 @@ case "$recipe" in
     q115) LLMC_Q115_FUSED_GEMM=on expect_error "bad LLMC_Q115_FUSED_GEMM" "LLMC_Q115_FUSED_GEMM must be 0" "${base[@]}" ;;
 esac
 LLMC_PROFILE=3 expect_error "bad LLMC_PROFILE" "LLMC_PROFILE must be 0 (off), 1" "${base[@]}"
+# update skipping: the -sl / -sg thresholds, and the test switch LLMC_TEST_NAN_AT (kind:step, comma-separated)
+expect_error "-sl below 0" "-sl -1: the z-score threshold must be a finite number >= 0 (0 = off)" "${base[@]}" -sl -1
+expect_error "-sg below 0" "-sg -0.5: the z-score threshold must be a finite number >= 0" "${base[@]}" -sg -0.5
+expect_error "-sg not a number" "-sg: expected a number, got '4x'" "${base[@]}" -sg 4x
+expect_error "-sl nan" "-sl: expected a finite number, got 'nan'" "${base[@]}" -sl nan
+expect_error "-sg inf" "-sg: expected a finite number, got 'inf'" "${base[@]}" -sg inf
+for v in loss loss: grad:-1 grad:3x weights:3 "loss:5," ",grad:2" "loss:2;grad:3" LOSS:1; do
+    LLMC_TEST_NAN_AT=$v expect_error "bad LLMC_TEST_NAN_AT='$v'" "LLMC_TEST_NAN_AT must be a comma-separated list of loss:STEP or grad:STEP" "${base[@]}"
+done
 other_flag=-fh; [[ "$recipe" == fp8 ]] && other_flag=-tb
 expect_error "a flag of another recipe" "unknown flag '$other_flag': not a flag of the $recipe recipe (train_gpt_$recipe -h lists them)" \
     "${base[@]}" "$other_flag" 1
@@ -218,6 +227,8 @@ sections = [("adam_m", bytes(4*nopt)), ("adam_v", bytes(4*nopt)), ("master_weigh
             ("dataloader", struct.pack("<3Q", 0, int(over.get("shard_pos", 0)), 0)),
             ("adam_steps", struct.pack("<q", 10)), ("batch_shape", struct.pack("<2i", 2, 64)),
             ("seed", struct.pack("<Q", 7)), ("grad_accum_steps", struct.pack("<i", 1)), ("recompute", struct.pack("<i", 1))]
+if "spike_window" in over:
+    sections.append(("spike_window", bytes(int(over["spike_window"]))))
 if "fp8_options" in over:
     sections.append(("fp8_options", struct.pack("<4i", *[int(x) for x in over["fp8_options"].split(",")])))
 recipe = over.get("recipe", "bf16").encode()
@@ -252,6 +263,7 @@ ck_case "resume: a complete checkpoint whose model file is gone" "is marked comp
 ck_case "resume: a checkpoint of FP32 parameters into a BF16 build" "stores fp32 parameters, this build keeps them in bf16" version=3
 other_ck=fp8; [[ "$recipe" == fp8 ]] && other_ck=bf16
 ck_case "resume: another recipe's checkpoint without -cr 1" "was written by the '$other_ck' recipe" recipe=$other_ck cr=0
+ck_case "resume: a spike-window section of another size" "section 'spike_window' holds 100 bytes, not the" spike_window=100
 # the FP8 recipe's state under other -fh/-fm/-sqf/-sql: refused before the GPU
 if [[ "$recipe" == fp8 ]]; then
     ck_case "resume: an FP8 checkpoint of other -fh/-fm/-sqf/-sql" "written with -fh 16 -fm 0 -sqf 0 -sql 0, this run has -fh 1024" \

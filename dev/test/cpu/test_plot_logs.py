@@ -73,6 +73,17 @@ class PlotLogsTest(unittest.TestCase):
         self.assertEqual(train[1], 3.5)
         self.assertEqual(val[2], 8.0)
 
+    def test_skipped_updates_are_not_train_losses(self):
+        # the trainer's lines for a step whose update was skipped (NaN/Inf loss or norm, -sl/-sg spikes) and
+        # its end-of-run summary: no train loss, no NaN in the curve, the metadata parse survives them
+        path = write_log(["s:0 trl:5.0 lr:1e-4 norm:1.0", "s:1 skip:nan-loss loss:nan lr:1e-4 norm:1.0",
+                          "s:2 skip:nan-grad loss:4.9 lr:1e-4 norm:-nan",
+                          "s:3 skip:loss-spike loss:9.5 lr:1e-4 norm:1.2 z:7.2500", "s:4 trl:4.8 lr:1e-4 norm:1.0",
+                          "# updates skipped: 3 of 5 steps (nan-loss 1, nan-grad 1, loss-spike 1, grad-spike 0)"])
+        train, val, _ = plot_logs.parse_main_log(path)
+        self.assertEqual(train, {0: 5.0, 4: 4.8})
+        self.assertEqual(val, {})
+
     def test_table_ratios(self):
         a = {"min_val": 5.0, "min_val_step": 300, "train_301_350": 4.0, "train_last50": 3.0, "last_val": 6.0, "last_val_step": 1000}
         b = dict(a, min_val=5.5, train_301_350=4.4)

@@ -13,6 +13,8 @@
 #     says that -z 1 cuts its EF buffer into NPROC pieces;
 #   - an NPROC-process checkpoint resumes bit-identically, and resuming it with 1 process is a clear
 #     error (bf16, and tcfp12 when it is among RECIPES);
+#   - NaNs injected into process 0's loss and backward pass (LLMC_TEST_NAN_AT) are skipped by every
+#     process alike, under -z 1 and -z 0 (bf16);
 #   - killing process 1 (SIGKILL) ends the others with a clear error within 60 s, with and without
 #     the launcher.
 #   NPROC=4 bash dev/test/gpu/multi_gpu.sh "bf16 fp8"   runs them with 4 processes (C = 768 must divide).
@@ -137,6 +139,29 @@ for r in $resume_recipes; do
     [[ $rc -ne 0 ]] && grep -q "written by $P processes, this run has 1" <<<"$out" && pass "$r: resuming a $P-process checkpoint with 1 process is refused" ||
         fail "$r: 1-process resume of a $P-process checkpoint: exit $rc: $(tail -n 2 <<<"$out")"
 done
+
+# skipped updates: a NaN in process 0's loss (step 3) and in its backward pass (step 6) makes every process skip
+# those two updates (they judge the all-reduced loss and the global norm): the run ends with exit 0 and finite
+# losses (a process that applied the NaN update would make every later loss NaN), main.log has the two skips,
+# and the losses follow the 1-process run with the same NaNs as closely as without them
+make -s train_gpt_bf16 && {
+    LLMC_TEST_NAN_AT=loss:3,grad:6 ./train_gpt_bf16 "${COMMON[@]}" -x 12 -d $D -o "$work/nan.1" > "$work/nan.1.out" 2>&1
+    losses "$work/nan.1" > "$work/nan.1.loss"
+    for z in 1 0; do
+        LLMC_TEST_NAN_AT=loss:3,grad:6 bash scripts/launch.sh $P ./train_gpt_bf16 "${COMMON[@]}" -x 12 -d $D -z "$z" \
+            -o "$work/nan.z$z" > "$work/nan.z$z.out" 2>&1; rc=$?
+        losses "$work/nan.z$z" > "$work/nan.z$z.loss"
+        skips=$(grep -E '^s:[0-9]+ skip:' "$work/nan.z$z/main.log" 2>/dev/null | cut -d' ' -f1-2 | tr '\n' ' ')
+        d10=$(max_diff "$work/nan.1.loss" "$work/nan.z$z.loss")
+        if [[ $rc -eq 0 && "$skips" == "s:3 skip:nan-loss s:6 skip:nan-grad " && $(wc -l < "$work/nan.z$z.loss") -eq 10 ]] &&
+           [[ "$skips" == "$(grep -E '^s:[0-9]+ skip:' "$work/nan.1/main.log" | cut -d' ' -f1-2 | tr '\n' ' ')" ]] &&
+           awk -v c="$d10" 'BEGIN { exit !(c <= 0.05) }'; then
+            pass "bf16: $P processes (-z $z) skip the NaN steps 3 and 6 together; the 10 losses within $d10 of 1 process"
+        else
+            fail "bf16: $P processes (-z $z) with NaNs: exit $rc, skips '$skips', |diff| $d10: $(tail -n 3 "$work/nan.z$z.out")"
+        fi
+    done
+}
 
 # faults: kill process 1 in the middle of a run
 kill_test() { # $1 = with launcher (1) or not (0)

@@ -270,6 +270,19 @@ inline void recipe_step_end(Recipe& r, cudaStream_t st) {
     cudaCheck(cudaMemsetAsync(r.stats + (size_t)FP8_X * nl * 3, 0, (size_t)2 * nl * 3 * sizeof(unsigned long long), st));
 }
 
+// A skipped update (recipe_api.h): the step's activation and gradient amaxes (NaN, where a NaN went
+// through the step) and counts are dropped, so that the history never sees them. The weights did not
+// change: their FP8 copies, amaxes and counts stay. Before the first step that was taken, the activations'
+// and gradients' scales were all calibrated on the skipped step's own tensors (fp8_scale_for): they are
+// calibrated afresh on the next step's.
+inline void recipe_step_skipped(Recipe& r, cudaStream_t st) {
+    const int nl = r.num_linears;
+    cudaCheck(cudaMemsetAsync(r.amax_now + FP8_X * nl, 0, (size_t)2 * nl * sizeof(uint32_t), st));
+    cudaCheck(cudaMemsetAsync(r.stats + (size_t)FP8_X * nl * 3, 0, (size_t)2 * nl * 3 * sizeof(unsigned long long), st));
+    if (r.steps_pushed == 0)
+        for (int t = FP8_X * nl; t < NUM_FP8_ROLES * nl; t++) r.calibrated[t] = 0;
+}
+
 inline uint8_t* fp8_saved_xt(const Recipe& r, LinearId id) { return r.saved_xt + r.saved_xt_offset[fp8_linear_index(id)]; }
 
 // writes the GELU output an fc layer's forward left pending (Recipe::pending_gelu_out), if any
