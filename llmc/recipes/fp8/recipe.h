@@ -592,6 +592,11 @@ inline void recipe_save(const Recipe& r, StateWriter& w) {
     int32_t opts[4] = {r.options.amax_history, r.options.scale_margin, r.options.skip_first, r.options.skip_last};
     int64_t steps = r.steps_pushed;
     w.add_copy("fp8_options", opts, sizeof(opts));
+    if (fp8_records_scaling(r.options)) { // (delayed scaling's checkpoints have no such section: options.h)
+        int32_t scaling[3];
+        fp8_scaling_record(r.options, scaling);
+        w.add_copy("fp8_scaling", scaling, sizeof(scaling));
+    }
     w.add_copy("fp8_steps", &steps, sizeof(steps));
     w.add_copy("fp8_scale", scale.data(), nt * sizeof(float));
     w.add_copy("fp8_inv_scale", inv.data(), nt * sizeof(float));
