@@ -115,7 +115,20 @@ struct Recipe {
     // dgrad writes the fc layer's output gradient, E5M2 codes of d(gelu output) bf16(gelu'(pre)) in both layouts
     // with its bias sums, each from its epilogue, instead of cuBLASLt's GEMM and a pass. LLMC_FP8_FUSED_GEMM=0 turns them off (A/B runs).
     bool fused_gemm = true;
+    // -fs (options.h): FP8_SCALING_DELAYED, _CURRENT or _BLOCK
+    int mode = FP8_SCALING_DELAYED;
+    // Current scaling: the amax of an input ([0]) or an output gradient ([1]) that the kernel which wrote the
+    // tensor recorded (recipe_site_output, an amax-only target), and the linear whose next call takes it in
+    // place of an amax pass of its own
+    uint32_t* given_amax = nullptr;
+    LinearId x_amax_given{-1, LIN_QKV}, dy_amax_given{-1, LIN_QKV};
 };
+
+// Whether tensor t's scale is known before the tensor exists: delayed scaling, once the tensor has a history.
+// Only then can a kernel write its codes as it produces it (the LayerNorm and attention sites, the fused MLP
+// GEMMs, the GELU applied in a later pass); current scaling needs the finished tensor's amax first, and
+// block scaling has recipes/fp8/block.h's own passes.
+inline bool fp8_scale_known(const Recipe& r, int t) { return r.mode == FP8_SCALING_DELAYED && r.calibrated[t]; }
 
 inline int fp8_tensor(const Recipe& r, LinearId id, Fp8Role role) {
     return role * r.num_linears + id.layer * NUM_LINEAR_KINDS + id.kind;
@@ -126,6 +139,7 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
                         const RecipeContext& = RecipeContext()) {
     r.options = o;
     resolve_fp8_defaults(r.options);
+    r.mode = fp8_scaling_mode(o);
     r.L = shape.num_layers; r.C = shape.channels; r.B = B; r.T = T;
     linear_scratch_init(r.scratch, r.C);
     r.num_linears = r.L * NUM_LINEAR_KINDS;
@@ -158,21 +172,30 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
     r.dyt8 = (uint8_t*)cuda_malloc_or_die(widest, "fp8 gradients");
     r.eval_scale = (float*)cuda_malloc_or_die(2 * FP8_INV_STRIDE * sizeof(float), "fp8 scales");
     r.eval_amax = (uint32_t*)cuda_malloc_or_die(sizeof(uint32_t), "fp8 amax");
+    r.given_amax = (uint32_t*)cuda_malloc_or_die(2 * sizeof(uint32_t), "fp8 amax");
+    cudaCheck(cudaMemset(r.given_amax, 0, 2 * sizeof(uint32_t)));
     r.col_partials = (float*)cuda_malloc_or_die((size_t)ceil_div((long long)B * T, FP8_TILE) * 4 * r.C * sizeof(float),
                                                 "bias gradient scratch");
     if (const char* e = getenv("LLMC_FP8_FUSED_GEMM")) {
         if (strcmp(e, "0") && strcmp(e, "1")) input_error("LLMC_FP8_FUSED_GEMM must be 0 (cuBLASLt and the passes) or 1 (the fused MLP GEMMs), got '%s'", e);
         r.fused_gemm = e[0] == '1';
     }
+    if (r.mode != FP8_SCALING_DELAYED) r.fused_gemm = false; // (its epilogues quantize with a scale known in advance)
 }
 
 inline std::string recipe_describe(const Recipe& r) {
     const RecipeOptions& o = r.options;
     int q0 = o.skip_first, q1 = r.L - o.skip_last;
     std::string layers = q1 > q0 ? strfmt("layers %d-%d in FP8", q0, q1 - 1) : std::string("no layer in FP8");
-    return strfmt("fp8: E4M3 forward / E5M2 backward, delayed scaling (history %d, margin %d), %s, -sqf %d -sql %d, "
-                  "GELU' rounded to BF16%s",
-                  o.amax_history, o.scale_margin, layers.c_str(), o.skip_first, o.skip_last,
+    std::string scaling = strfmt("E4M3 forward / E5M2 backward, delayed scaling (history %d, margin %d)", o.amax_history,
+                                 o.scale_margin);
+    if (r.mode == FP8_SCALING_CURRENT)
+        scaling = strfmt("E4M3 forward / E5M2 backward, current scaling (margin %d)", o.scale_margin);
+    if (r.mode == FP8_SCALING_BLOCK)
+        scaling = strfmt("E4M3 forward / %s backward, block scaling (1x128 activations and gradients, 128x128 weights%s)",
+                         fp8_block_grads_e5m2(o) ? "E5M2" : "E4M3", o.pow2_scales ? ", power-of-two scales" : "");
+    return strfmt("fp8: %s, %s, -sqf %d -sql %d, GELU' rounded to BF16%s", scaling.c_str(), layers.c_str(), o.skip_first,
+                  o.skip_last,
                   r.fused_gemm && gemm_wgmma::available() ? "; the MLP's FP8 operands from the fc GEMM's and the fc projection dgrad's epilogues" : "");
 }
 
@@ -200,15 +223,24 @@ inline float* fp8_inv(const Recipe& r, int t) { return r.inv_scale + (size_t)t *
 // data-parallel run the training calibration takes process 0's amax (its first slice), the one a
 // single process with every micro-step would have used, so that all processes quantize the step's
 // slices with the same scales, those of one process.
-inline Fp8ScalePtrs fp8_scale_for(Recipe& r, int t, const floatX* x, long long n, bool training, cudaStream_t st) {
-    if (r.calibrated[t]) return {r.scale + t, fp8_inv(r, t)};
+// Current scaling calibrates every time, the same way, from the amax of the tensor about to be quantized:
+// amax_given when the kernel that wrote it recorded that (recipe_site_output), else from a pass of its
+// own over x. Each process scales its own slice (the weights, alike on every process, get alike scales).
+inline Fp8ScalePtrs fp8_scale_for(Recipe& r, int t, const floatX* x, long long n, bool training, cudaStream_t st,
+                                  const uint32_t* amax_given = nullptr) {
+    if (r.mode == FP8_SCALING_DELAYED && r.calibrated[t]) return {r.scale + t, fp8_inv(r, t)};
     float* s = training ? r.scale + t : r.eval_scale;
     float* inv = training ? fp8_inv(r, t) : r.eval_scale + FP8_INV_STRIDE;
-    cudaCheck(cudaMemsetAsync(r.eval_amax, 0, sizeof(uint32_t), st));
-    tensor_amax(r.eval_amax, x, n, st);
-    if (training && g_cross_process.active()) g_cross_process.broadcast_u32(g_cross_process.ctx, r.eval_amax, 1, st);
+    const uint32_t* amax = amax_given;
+    if (!amax) {
+        cudaCheck(cudaMemsetAsync(r.eval_amax, 0, sizeof(uint32_t), st));
+        tensor_amax(r.eval_amax, x, n, st);
+        if (training && r.mode == FP8_SCALING_DELAYED && g_cross_process.active())
+            g_cross_process.broadcast_u32(g_cross_process.ctx, r.eval_amax, 1, st);
+        amax = r.eval_amax;
+    }
     const float fp8_max = t / r.num_linears == FP8_DY ? llmc::FP8_E5M2_MAX : llmc::FP8_E4M3_MAX;
-    fp8_scale_from_amax_kernel<<<1, 1, 0, st>>>(s, inv, r.eval_amax, fp8_max, r.options.scale_margin);
+    fp8_scale_from_amax_kernel<<<1, 1, 0, st>>>(s, inv, amax, fp8_max, r.options.scale_margin);
     cudaCheckLaunch();
     if (training) r.calibrated[t] = 1;
     return {s, inv};
@@ -282,7 +314,7 @@ inline void fp8_write_gelu_out(Recipe& r, cudaStream_t st) { r.pending_gelu_out.
 inline Fp8Target fp8_input_target(Recipe& r, LinearId id, int N, int C, bool training) {
     Fp8Target t;
     const int t_x = fp8_tensor(r, id, FP8_X);
-    if (!fp8_applies(r, id, N, C, linear_out_features(id.kind, r.C)) || !r.calibrated[t_x] || r.count_stats) return t;
+    if (!fp8_applies(r, id, N, C, linear_out_features(id.kind, r.C)) || !fp8_scale_known(r, t_x) || r.count_stats) return t;
     t.rows = r.x8;
     t.scale = r.scale + t_x;
     t.amax = training ? r.amax_now + t_x : nullptr; // evaluation records nothing
@@ -318,7 +350,8 @@ inline const float* fp8_quantize_input(Recipe& r, LinearId id, const floatX* inp
         r.x_given_with_t = false;
         return fp8_inv(r, t);
     }
-    Fp8ScalePtrs s = fp8_scale_for(r, t, inp, (long long)N * C, training, st);
+    const bool amax_given = fp8_take_given(r.x_amax_given, id, "input amax");
+    Fp8ScalePtrs s = fp8_scale_for(r, t, inp, (long long)N * C, training, st, amax_given ? r.given_amax : nullptr);
     if (training) {
         fp8_quantize_transpose<Fp8Kind::E4M3>(r.x8, fp8_saved_xt(r, id), inp, N, C, s.scale, r.amax_now + t,
                                               r.count_stats ? fp8_stats_of(r, t) : Fp8Stats(), st, nullptr, nullptr,
@@ -343,7 +376,7 @@ inline void recipe_linear_forward(Recipe& r, LinearId id, floatX* out, const flo
     (void)weight;
     // the fc projection reads its input, the GELU output that the fc layer left unwritten, from the
     // pre-activation (once its scale exists: a first calibration reads the GELU output itself)
-    const bool gelu_of_input = r.pending_gelu_out.is_for(id, inp) && (r.calibrated[fp8_tensor(r, id, FP8_X)] != 0);
+    const bool gelu_of_input = r.pending_gelu_out.is_for(id, inp) && fp8_scale_known(r, fp8_tensor(r, id, FP8_X));
     const floatX* x_source = inp;
     if (gelu_of_input) {
         if (r.pending_gelu_out.pre_is_derivative && !same_linear(r.x_given, id)) {
@@ -375,7 +408,7 @@ inline void recipe_linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out,
     Fp8Operand a{fp8_weight(r, id), CUDA_R_8F_E4M3, fp8_inv(r, fp8_tensor(r, id, FP8_W))};
     const LinearId fcp{id.layer, LIN_FCPROJ};
     const int t_xp = fp8_tensor(r, fcp, FP8_X);
-    const bool fused = training && r.fused_gemm && !r.count_stats && fp8_applies(r, fcp, N, OC, C) && r.calibrated[t_xp] &&
+    const bool fused = training && r.fused_gemm && !r.count_stats && fp8_applies(r, fcp, N, OC, C) && fp8_scale_known(r, t_xp) &&
                        fp8_gemm::supported(N, OC, C, {pre_gelu, r.x8, r.dy8, a.data, fp8_saved_xt(r, fcp), bias});
     // x's codes from the LayerNorm (no quantize pass, which would write x^T too): the fused GEMM, which loads
     // every tile of x anyway, writes x^T, instead of a transpose pass over x
@@ -419,7 +452,7 @@ inline void recipe_linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out,
 inline Fp8Target fp8_gradient_target(Recipe& r, LinearId id, int N, int OC, bool rows_only) {
     Fp8Target t;
     const int t_dy = fp8_tensor(r, id, FP8_DY);
-    if (!fp8_applies(r, id, N, linear_in_features(id.kind, r.C), OC) || !r.calibrated[t_dy]) return t;
+    if (!fp8_applies(r, id, N, linear_in_features(id.kind, r.C), OC) || !fp8_scale_known(r, t_dy)) return t;
     if (rows_only && r.count_stats) return t;
     t.rows = r.dy8;
     t.cols = rows_only ? nullptr : r.dyt8;
@@ -433,7 +466,25 @@ inline Fp8Target fp8_gradient_target(Recipe& r, LinearId id, int N, int OC, bool
 
 // The sites of recipe_api.h: the LayerNorm and attention outputs as the next linear's E4M3 input, the
 // LayerNorm backward's output and the attention backward's dqkv as E5M2 output gradients (above)
-inline Fp8Target recipe_site_output(Recipe& r, RecipeSite site, LinearId id, int rows, int cols, bool training, cudaStream_t) {
+// Current scaling: the LayerNorm forward and backward and the attention backward write their BF16 output as
+// usual and record its amax (an amax-only target), so that the linear next in line scales it without an amax
+// pass of its own (its quantize pass still reads the BF16 tensor: the scale must exist before the codes). The
+// same amax, bit for bit, as the pass over the stored BF16 values would find.
+inline Fp8Target fp8_current_amax_target(Recipe& r, RecipeSite site, LinearId id, int rows, int cols, cudaStream_t st) {
+    Fp8Target t;
+    const bool input = site == SITE_LAYERNORM_OUTPUT;
+    if (!input && site != SITE_LAYERNORM_BACKWARD_OUTPUT && site != SITE_ATTENTION_BACKWARD_DQKV) return t;
+    const int K = input ? cols : linear_in_features(id.kind, r.C), OC = input ? linear_out_features(id.kind, r.C) : cols;
+    if (!fp8_applies(r, id, rows, K, OC)) return t;
+    t.amax = r.given_amax + (input ? 0 : 1);
+    cudaCheck(cudaMemsetAsync(t.amax, 0, sizeof(uint32_t), st));
+    (input ? r.x_amax_given : r.dy_amax_given) = id;
+    return t;
+}
+
+inline Fp8Target recipe_site_output(Recipe& r, RecipeSite site, LinearId id, int rows, int cols, bool training, cudaStream_t st) {
+    if (r.mode == FP8_SCALING_CURRENT) return fp8_current_amax_target(r, site, id, rows, cols, st);
+    if (r.mode == FP8_SCALING_BLOCK) return Fp8Target();
     switch (site) {
     case SITE_LAYERNORM_OUTPUT: return fp8_input_target(r, id, rows, cols, training);
     case SITE_ATTENTION_OUTPUT: return fp8_attention_output_target(r, id, rows, cols, training);
@@ -449,6 +500,7 @@ inline Fp8Target recipe_site_output(Recipe& r, RecipeSite site, LinearId id, int
 // = that gradient; applied as a separate pass otherwise)
 struct Fp8BackwardStart {
     bool dy_given = false;
+    bool dy_amax_given = false; // (current scaling: the amax of dout, in r.given_amax[1])
     bool bias_partials = false;
     const floatX* gelu_pre = nullptr;
     GeluFactor gelu_factor = GeluFactor::ROUNDED;
@@ -458,6 +510,7 @@ inline Fp8BackwardStart fp8_backward_start(Recipe& r, LinearId id, float* dbias,
     Fp8BackwardStart b;
     fp8_write_gelu_out(r, st);
     b.dy_given = fp8_take_given(r.dy_given, id, "E5M2 output gradient");
+    b.dy_amax_given = fp8_take_given(r.dy_amax_given, id, "output gradient amax");
     b.bias_partials = b.dy_given && r.dy_given_bias_partials;
     r.dy_given_bias_partials = false;
     if (b.dy_given && ((dbias && !b.bias_partials) || r.pending_gelu.grad)) {
@@ -512,14 +565,14 @@ inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* 
     const LinearId fc{id.layer, LIN_FC};
     const int t_dyf = fp8_tensor(r, fc, FP8_DY);
     const bool fused_dy = pre_gelu && id.kind == LIN_FCPROJ && r.fused_gemm && !r.count_stats && fp8_applies(r, fc, N, OC, C) &&
-                          r.calibrated[t_dyf] && fp8_gemm::supported(N, C, OC, {r.x8, r.dyt8, r.dy8, wt.data, pre_gelu});
+                          fp8_scale_known(r, t_dyf) && fp8_gemm::supported(N, C, OC, {r.x8, r.dyt8, r.dy8, wt.data, pre_gelu});
     const bool dyt_in_dgrad = fused_dy && dy_given && r.dy_given_rows_only && fp8_gemm::fc_dy_writes_dy_t_pays(C, OC);
     // dy and dy^T in E5M2, and the bias gradient (column sums of the BF16 dy), from one read of dy
     // (unless the kernel that wrote dy gave them: recipe_site_output)
     PHASE("fp8: quantize dy + bias grad");
     Fp8ScalePtrs sdy{r.scale + t_dy, fp8_inv(r, t_dy)};
     if (!dy_given) {
-        sdy = fp8_scale_for(r, t_dy, dout, (long long)N * OC, true, st);
+        sdy = fp8_scale_for(r, t_dy, dout, (long long)N * OC, true, st, start.dy_amax_given ? r.given_amax + 1 : nullptr);
         fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, r.dyt8, dout, N, OC, sdy.scale, r.amax_now + t_dy,
                                               r.count_stats ? fp8_stats_of(r, t_dy) : Fp8Stats(), st, dbias,
                                               dbias ? r.col_partials : nullptr, gelu_pre, false, nullptr, gelu_factor);
@@ -568,7 +621,7 @@ inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* 
     if (!pre_gelu) return;
     // the fc layer of this block quantizes dinp next: leave the derivative to its dy pass, once its dy
     // scale exists (the calibrating first pass reads dy's amax from the finished tensor)
-    if (id.kind == LIN_FCPROJ && fp8_applies(r, fc, N, OC, C) && r.calibrated[t_dyf]) {
+    if (id.kind == LIN_FCPROJ && fp8_applies(r, fc, N, OC, C) && fp8_scale_known(r, t_dyf)) {
         r.pending_gelu.grad = dinp;
         r.pending_gelu.pre = pre_gelu;
         r.pending_gelu.n = (long long)N * C;
