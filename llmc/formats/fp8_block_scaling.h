@@ -19,6 +19,9 @@
 //   * A block holding inf or NaN (amax not finite) gets s = 1: inf saturates to +-FP8_MAX, NaN stays NaN, as
 //     per-tensor scaling would store them.
 //   * A tiny amax whose quotient overflows FP32 gets s = 2^127 (the largest power of two), whatever -fp2 says.
+//     (Such an amax is a BF16 subnormal. The GPU build's --use_fast_math flushes subnormal inputs of the
+//     multiplication x * s to zero, so there such a block's codes are zeros where this reference scales them
+//     up; the tests compare the two on normal values.)
 //   * K not a multiple of 128: the last block of a row (or the last 128 x 128 block of a weight's row or
 //     column of blocks) holds the K % 128 (or rows % 128) values that remain, and its scale comes from those
 //     values alone; positions past the matrix are not part of any block. The block-scaled GEMM itself wants

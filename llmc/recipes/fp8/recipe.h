@@ -30,6 +30,7 @@
 #include "llmc/recipe_api.h"
 #include "options.h"
 #include "llmc/formats/fp8_quantize.cuh"
+#include "llmc/formats/fp8_block_quantize.cuh"
 #include "fp8_gemm.cuh"
 #include "llmc/gelu.cuh"
 #include "llmc/profiler.h"
@@ -122,7 +123,15 @@ struct Recipe {
     // place of an amax pass of its own
     uint32_t* given_amax = nullptr;
     LinearId x_amax_given{-1, LIN_QKV}, dy_amax_given{-1, LIN_QKV};
+    // Block scaling: the dequantization factors of the codes above (formats/fp8_block_scaling.h's layouts)
+    float* weight_inv = nullptr;              // per linear: W's (128 x 128 blocks of OC x C), then W^T's (of C x OC)
+    std::vector<size_t> weight_inv_offset;    // floats, per linear, into weight_inv
+    float* saved_xt_inv = nullptr;            // per linear: x^T's (1 x 128 blocks of C x N, along the tokens)
+    std::vector<size_t> saved_xt_inv_offset;  // floats, per linear
+    float *x_inv = nullptr, *dy_inv = nullptr, *dyt_inv = nullptr; // scratch: x's, dy's (along K), dy^T's (along N)
+    uint32_t* scale_hist = nullptr;           // (num_tensors x 256) telemetry: counts of floor(log2 s) + 128
 };
+static const int FP8_SCALE_HIST_BINS = 256;
 
 // Whether tensor t's scale is known before the tensor exists: delayed scaling, once the tensor has a history.
 // Only then can a kernel write its codes as it produces it (the LayerNorm and attention sites, the fused MLP
@@ -181,6 +190,28 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
         r.fused_gemm = e[0] == '1';
     }
     if (r.mode != FP8_SCALING_DELAYED) r.fused_gemm = false; // (its epilogues quantize with a scale known in advance)
+    if (r.mode == FP8_SCALING_BLOCK) {
+        using namespace llmc;
+        const size_t N = (size_t)B * T;
+        const size_t winv = quantized_linears_layout(r.options, r.L, r.C, r.weight_inv_offset, [&](int K, int OC) {
+            return fp8_blk128_scale_count(OC, K) + fp8_blk128_scale_count(K, OC);
+        });
+        const size_t xtinv = quantized_linears_layout(r.options, r.L, r.C, r.saved_xt_inv_offset,
+                                                      [&](int K, int) { return fp8_vec128_scale_count(K, (int)N); });
+        const size_t widest = std::max(fp8_vec128_scale_count((int)N, 4 * r.C), fp8_vec128_scale_count(4 * r.C, (int)N));
+        auto alloc = [&](size_t floats) {
+            float* p = (float*)cuda_malloc_or_die(std::max<size_t>(floats, 4) * sizeof(float), "fp8 block scales");
+            cudaCheck(cudaMemset(p, 0, std::max<size_t>(floats, 4) * sizeof(float))); // (the layouts' padding stays 0)
+            return p;
+        };
+        r.weight_inv = alloc(winv);
+        r.saved_xt_inv = alloc(xtinv);
+        r.x_inv = alloc(widest);
+        r.dy_inv = alloc(widest);
+        r.dyt_inv = alloc(widest);
+        r.scale_hist = (uint32_t*)cuda_malloc_or_die(nt * FP8_SCALE_HIST_BINS * sizeof(uint32_t), "fp8 telemetry");
+        cudaCheck(cudaMemset(r.scale_hist, 0, nt * FP8_SCALE_HIST_BINS * sizeof(uint32_t)));
+    }
 }
 
 inline std::string recipe_describe(const Recipe& r) {
@@ -254,9 +285,37 @@ inline uint8_t* fp8_weight_t(const Recipe& r, LinearId id) {
 }
 
 // FP8 GEMMs need every leading dimension to be a multiple of 16 bytes; other shapes (and the
-// layers kept in BF16) take the plain linear
+// layers kept in BF16) take the plain linear. Block scaling also needs each of its GEMMs' K (C, OC and
+// the tokens N) to be a multiple of 128, cuBLASLt's block-scaled GEMMs' condition: a linear of another
+// shape runs in BF16 (the quantizers themselves define a shorter last block: fp8_block_scaling.h).
 inline bool fp8_applies(const Recipe& r, LinearId id, int N, int C, int OC) {
+    if (r.mode == FP8_SCALING_BLOCK && (N % llmc::FP8_BLOCK != 0 || C % llmc::FP8_BLOCK != 0 || OC % llmc::FP8_BLOCK != 0))
+        return false;
     return layer_is_quantized(r.options, id.layer, r.L) && N % 16 == 0 && C % 16 == 0 && OC % 16 == 0;
+}
+
+// ---- block scaling (-fs block) ------------------------------------------------------------------
+// Which GEMMs and which blocks (doc/recipes/fp8.md):
+//   forward  y  = x W^T   A = W   (OC x C),  128 x 128 blocks    B = x  (N x C),  1 x 128 along C
+//   dgrad    dx = dy W    A = W^T (C x OC),  128 x 128 blocks    B = dy (N x OC), 1 x 128 along OC
+//                         (W's blocks transposed: the same scales, another layout of them)
+//   wgrad    dW += dy^T x A = x^T (C x N),   1 x 128 along N     B = dy^T (OC x N), 1 x 128 along N
+// A GEMM's blocks lie along its own K, so the wgrad's operands are not the transposed codes of x and dy
+// (whose blocks lie along C and OC) but their own quantization, by columns, from the same read of the BF16
+// tensor (fp8_block_quantize's cols layout): x^T in the forward pass (saved for the backward), dy^T with dy.
+// E4M3 for the weights and activations, E4M3 (or E5M2, -fbg e5m2) for the gradients; FP32 accumulation,
+// promoted every 128 values of K (no fast accumulation).
+inline float* fp8_weight_inv(const Recipe& r, LinearId id) { return r.weight_inv + r.weight_inv_offset[fp8_linear_index(id)]; }
+inline float* fp8_weight_t_inv(const Recipe& r, LinearId id) {
+    const int C = linear_in_features(id.kind, r.C), OC = linear_out_features(id.kind, r.C);
+    return fp8_weight_inv(r, id) + llmc::fp8_blk128_scale_count(OC, C);
+}
+inline float* fp8_saved_xt_inv(const Recipe& r, LinearId id) { return r.saved_xt_inv + r.saved_xt_inv_offset[fp8_linear_index(id)]; }
+inline uint32_t* fp8_scale_hist(const Recipe& r, int t) { return r.scale_hist + (size_t)t * FP8_SCALE_HIST_BINS; }
+[[noreturn]] inline void fp8_no_block_gemm(const char* what, int m, int n, int k) {
+    fprintf(stderr, "error: cuBLASLt has no block-scaled FP8 GEMM for the %s (m=%d n=%d k=%d; -fs block needs CUDA 12.9+ "
+                    "and Hopper)\n", what, m, n, k);
+    exit(1);
 }
 
 // ---- the API ------------------------------------------------------------------------------------
@@ -272,6 +331,15 @@ inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream
             const int C = linear_in_features(id.kind, r.C), OC = linear_out_features(id.kind, r.C);
             const floatX* W = w.weight[k] + (size_t)l * OC * C;
             const int t = fp8_tensor(r, id, FP8_W);
+            if (r.mode == FP8_SCALING_BLOCK) { // W and W^T with their 128 x 128 block scales, from one read
+                Fp8BlockOutput o;
+                o.rows = fp8_weight(r, id);
+                o.rows_inv = fp8_weight_inv(r, id);
+                o.cols = fp8_weight_t(r, id);
+                o.cols_inv = fp8_weight_t_inv(r, id);
+                fp8_block_quantize<Fp8Kind::E4M3>(W, OC, C, true, r.options.pow2_scales != 0, o, r.amax_now + t, fp8_stats_of(r, t), st);
+                continue;
+            }
             Fp8ScalePtrs s = fp8_scale_for(r, t, W, (long long)OC * C, true, st);
             fp8_quantize_transpose<Fp8Kind::E4M3>(fp8_weight(r, id), fp8_weight_t(r, id), W, OC, C, s.scale,
                                                   r.amax_now + t, fp8_stats_of(r, t), st);
@@ -300,6 +368,8 @@ inline void recipe_step_end(Recipe& r, cudaStream_t st) {
     // the activations' and gradients' counts start again (the weights' are reset with the weights)
     const int nl = r.num_linears;
     cudaCheck(cudaMemsetAsync(r.stats + (size_t)FP8_X * nl * 3, 0, (size_t)2 * nl * 3 * sizeof(unsigned long long), st));
+    if (r.scale_hist)
+        cudaCheck(cudaMemsetAsync(fp8_scale_hist(r, FP8_X * nl), 0, (size_t)2 * nl * FP8_SCALE_HIST_BINS * sizeof(uint32_t), st));
 }
 
 inline uint8_t* fp8_saved_xt(const Recipe& r, LinearId id) { return r.saved_xt + r.saved_xt_offset[fp8_linear_index(id)]; }
@@ -371,6 +441,29 @@ inline bool recipe_needs_input_in_backward(const Recipe& r, LinearId id, int N) 
     return !fp8_applies(r, id, N, linear_in_features(id.kind, r.C), linear_out_features(id.kind, r.C));
 }
 
+// The forward GEMM under block scaling: x with its 1 x 128 blocks along C (and, in training, x^T with its blocks
+// along the tokens, for the backward's wgrad) from one read of x, then the GEMM against W's 128 x 128 blocks.
+inline void fp8_block_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* bias, int N, int C, int OC,
+                              bool training, cudaStream_t st) {
+    const int t_x = fp8_tensor(r, id, FP8_X);
+    PHASE("fp8: block-quantize x");
+    Fp8BlockOutput o;
+    o.rows = r.x8;
+    o.rows_inv = r.x_inv;
+    if (training) {
+        o.cols = fp8_saved_xt(r, id);
+        o.cols_inv = fp8_saved_xt_inv(r, id);
+    }
+    const bool counted = training && r.count_stats;
+    fp8_block_quantize<Fp8Kind::E4M3>(inp, N, C, false, r.options.pow2_scales != 0, o, training ? r.amax_now + t_x : nullptr,
+                                      counted ? fp8_stats_of(r, t_x) : Fp8Stats(), st);
+    if (counted) fp8_scale_log2_histogram(r.x_inv, (long long)llmc::fp8_vec128_scale_count(N, C), fp8_scale_hist(r, t_x), st);
+    PHASE("fp8: gemm forward");
+    if (!matmul_fp8_block_scaled(out, fp8_weight(r, id), CUDA_R_8F_E4M3, fp8_weight_inv(r, id), r.x8, CUDA_R_8F_E4M3, r.x_inv,
+                                 bias, OC, N, C, st, EPI_NONE, nullptr, MATMUL_BLOCKS_A128x128_B1x128))
+        fp8_no_block_gemm("forward pass", OC, N, C);
+}
+
 inline void recipe_linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* weight,
                                   const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
     (void)weight;
@@ -387,6 +480,10 @@ inline void recipe_linear_forward(Recipe& r, LinearId id, floatX* out, const flo
         x_source = r.pending_gelu_out.take();
     } else {
         fp8_write_gelu_out(r, st);
+    }
+    if (r.mode == FP8_SCALING_BLOCK) {
+        fp8_block_forward(r, id, out, x_source, bias, N, C, OC, training, st);
+        return;
     }
     PHASE("fp8: quantize x");
     const float* x_inv = fp8_quantize_input(r, id, x_source, N, C, training, st, gelu_of_input);
@@ -405,6 +502,11 @@ inline void recipe_linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out,
     (void)weight;
     fp8_write_gelu_out(r, st);
     r.fc_keeps_gelu_factor[id.layer] = 0;
+    if (r.mode == FP8_SCALING_BLOCK) { // (the GELU as in the unfused path below: left to the fc projection's forward)
+        fp8_block_forward(r, id, pre_gelu, inp, bias, N, C, OC, training, st);
+        r.pending_gelu_out.leave(gelu_out, pre_gelu, (long long)N * OC, id.layer);
+        return;
+    }
     Fp8Operand a{fp8_weight(r, id), CUDA_R_8F_E4M3, fp8_inv(r, fp8_tensor(r, id, FP8_W))};
     const LinearId fcp{id.layer, LIN_FCPROJ};
     const int t_xp = fp8_tensor(r, fcp, FP8_X);
@@ -543,11 +645,52 @@ inline void recipe_before_plain_linear(Recipe& r, LinearId id, LinearPass pass, 
     if (pass == PASS_FORWARD_GELU) r.fc_keeps_gelu_factor[id.layer] = 0;
 }
 
+// The backward GEMMs under block scaling: the bias gradient (column sums of dout, as the delayed path sums them),
+// dy (1 x 128 along OC) and dy^T (1 x 128 along the tokens) from one read of dout, the wgrad (x^T saved by the
+// forward against dy^T, FP32 accumulated into dweight) and the dgrad (W^T's 128 x 128 blocks against dy), then
+// the GELU derivative as its own pass where the fc projection's input gradient needs it.
+inline void fp8_block_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
+                               const floatX* pre_gelu, int N, int C, int OC, cudaStream_t st) {
+    const int t_dy = fp8_tensor(r, id, FP8_DY);
+    const bool e5m2 = fp8_block_grads_e5m2(r.options), pow2 = r.options.pow2_scales != 0;
+    const cudaDataType_t grad_type = e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+    PHASE("fp8: bias grad");
+    if (dbias) // (no codes written: the quantize-transpose pass's column sums alone; the scale it reads makes no code)
+        fp8_quantize_transpose<Fp8Kind::E5M2>(nullptr, nullptr, dout, N, OC, r.scale, nullptr, Fp8Stats(), st, dbias,
+                                              r.col_partials);
+    PHASE("fp8: block-quantize dy");
+    Fp8BlockOutput o;
+    o.rows = r.dy8;
+    o.rows_inv = r.dy_inv;
+    o.cols = r.dyt8;
+    o.cols_inv = r.dyt_inv;
+    const Fp8Stats stats = r.count_stats ? fp8_stats_of(r, t_dy) : Fp8Stats();
+    if (e5m2) fp8_block_quantize<Fp8Kind::E5M2>(dout, N, OC, false, pow2, o, r.amax_now + t_dy, stats, st);
+    else fp8_block_quantize<Fp8Kind::E4M3>(dout, N, OC, false, pow2, o, r.amax_now + t_dy, stats, st);
+    if (r.count_stats) fp8_scale_log2_histogram(r.dy_inv, (long long)llmc::fp8_vec128_scale_count(N, OC), fp8_scale_hist(r, t_dy), st);
+    PHASE("fp8: gemm wgrad");
+    if (!matmul_fp8_block_scaled(dweight, fp8_saved_xt(r, id), CUDA_R_8F_E4M3, fp8_saved_xt_inv(r, id), r.dyt8, grad_type,
+                                 r.dyt_inv, nullptr, C, OC, N, st, EPI_NONE, nullptr, MATMUL_BLOCKS_A1x128_B1x128, true, 1.0f))
+        fp8_no_block_gemm("weight gradient", C, OC, N);
+    PHASE("fp8: gemm dgrad");
+    if (!matmul_fp8_block_scaled(dinp, fp8_weight_t(r, id), CUDA_R_8F_E4M3, fp8_weight_t_inv(r, id), r.dy8, grad_type, r.dy_inv,
+                                 nullptr, C, N, OC, st, EPI_NONE, nullptr, MATMUL_BLOCKS_A128x128_B1x128))
+        fp8_no_block_gemm("input gradient", C, N, OC);
+    if (!pre_gelu) return;
+    PHASE("fp8: gelu backward");
+    gelu_backward(dinp, pre_gelu, (long long)N * C, st,
+                  r.fc_keeps_gelu_factor[id.layer] ? GeluFactor::GIVEN : GeluFactor::ROUNDED);
+}
+
 inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
                                    const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
                                    cudaStream_t st) {
     (void)weight;
     const Fp8BackwardStart start = fp8_backward_start(r, id, dbias, dout, true, st);
+    if (r.mode == FP8_SCALING_BLOCK) {
+        fp8_block_backward(r, id, dinp, dweight, dbias, dout, pre_gelu, N, C, OC, st);
+        return;
+    }
     const bool dy_given = start.dy_given;
     const bool bias_partials = start.bias_partials;
     // a GELU derivative left for this layer's dy pass (see Recipe::pending_gelu)
@@ -687,14 +830,59 @@ inline bool recipe_begin_step(Recipe& r, int step) {
     return r.count_stats;
 }
 
+// The spread of a tensor's block scales from its histogram of floor(log2 s) (fp8_scale_log2_histogram): the
+// smallest, the median (the lower one of an even count) and the largest bin, as " log2s:MIN/MEDIAN/MAX"
+// ("" for a tensor with no blocks counted)
+inline std::string fp8_log2_scale_spread(const uint32_t* hist) {
+    unsigned long long total = 0;
+    int lo = -1, hi = -1;
+    for (int b = 0; b < FP8_SCALE_HIST_BINS; b++) {
+        if (!hist[b]) continue;
+        total += hist[b];
+        if (lo < 0) lo = b;
+        hi = b;
+    }
+    if (total == 0) return "";
+    unsigned long long seen = 0;
+    int median = lo;
+    for (int b = lo; b <= hi; b++) {
+        seen += hist[b];
+        if (2 * seen >= total) { median = b; break; }
+    }
+    return strfmt(" log2s:%d/%d/%d", lo - 128, median - 128, hi - 128);
+}
+
 // One line per quantized tensor, for the optimizer step that just ran its backward pass:
 //   s:STEP lq:l3.fc.dy amax:... scale:... sat:... ftz:...
+// scale: the tensor's scale (delayed and current scaling: the one it was last quantized with). Under block
+// scaling there is no one scale; the line ends with the spread of its block scales instead,
+//   s:STEP lq:l3.fc.dy amax:... sat:... ftz:... log2s:MIN/MEDIAN/MAX
+// (floor(log2 s) over the blocks: the weights' 128 x 128 blocks now in use; the activations' and gradients'
+// 1 x 128 blocks along K over the step's micro-steps), and sat / ftz count the codes of both layouts.
 inline void recipe_log_telemetry(Recipe& r, FILE* log, int step) {
     const size_t nt = r.num_tensors;
     std::vector<float> scale(nt);
     std::vector<uint32_t> amax(nt);
     std::vector<unsigned long long> stats(nt * 3);
+    std::vector<uint32_t> hist;
+    if (r.mode == FP8_SCALING_BLOCK) {
+        // the weights' block scales, as they are now (the activations' and gradients' were counted as they were made)
+        const int nl = r.num_linears;
+        cudaCheck(cudaMemset(fp8_scale_hist(r, FP8_W * nl), 0, (size_t)nl * FP8_SCALE_HIST_BINS * sizeof(uint32_t)));
+        for (int l = 0; l < r.L; l++) {
+            if (!layer_is_quantized(r.options, l, r.L)) continue;
+            for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+                const LinearId id{l, (LinearKind)k};
+                const int C = linear_in_features(id.kind, r.C), OC = linear_out_features(id.kind, r.C);
+                fp8_scale_log2_histogram(fp8_weight_inv(r, id), (long long)llmc::fp8_blk128_scale_count(OC, C),
+                                         fp8_scale_hist(r, fp8_tensor(r, id, FP8_W)), 0);
+            }
+        }
+        hist.resize(nt * FP8_SCALE_HIST_BINS);
+    }
     cudaCheck(cudaDeviceSynchronize());
+    if (!hist.empty())
+        cudaCheck(cudaMemcpy(hist.data(), r.scale_hist, hist.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemcpy(scale.data(), r.scale, nt * sizeof(float), cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemcpy(amax.data(), r.amax_now, nt * sizeof(uint32_t), cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemcpy(stats.data(), r.stats, nt * 3 * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
@@ -707,6 +895,12 @@ inline void recipe_log_telemetry(Recipe& r, FILE* log, int step) {
                 const double n = c[0] ? (double)c[0] : 1.0;
                 float a;
                 memcpy(&a, &amax[t], 4);
+                if (r.mode == FP8_SCALING_BLOCK) {
+                    fprintf(log, "s:%d lq:l%d.%s.%s amax:%.6e sat:%.6e ftz:%.6e%s\n", step, l, LINEAR_NAMES[k],
+                            FP8_ROLE_NAMES[role], a, c[1] / n, c[2] / n,
+                            fp8_log2_scale_spread(&hist[(size_t)t * FP8_SCALE_HIST_BINS]).c_str());
+                    continue;
+                }
                 fprintf(log, "s:%d lq:l%d.%s.%s amax:%.6e scale:%.6e sat:%.6e ftz:%.6e\n", step, l, LINEAR_NAMES[k],
                         FP8_ROLE_NAMES[role], a, scale[t], c[1] / n, c[2] / n);
             }
