@@ -49,9 +49,10 @@ for mode in "current" "block" "block -fbg e5m2 -fp2 1"; do
     [[ $n -eq 144 ]] && ok "-fs $mode: -lq 2 logs 72 tensors at steps 0 and 2 (144 lines)" \
         || bad "-fs $mode: -lq 2 logged $n telemetry lines in its format, expected 144: $(grep ' lq:' "$d.t/main.log" | head -n 2)"
     if [[ $mode != current ]]; then
-        # block scales fit each block: nothing saturates (the data has no inf)
-        awk '/ lq:/ { split($4, e, ":"); if (e[2] != 0) bad++ } END { exit bad > 0 }' "$d.t/main.log" \
-            && ok "-fs $mode: no value saturates under block scales" || bad "-fs $mode: saturated values: $(grep ' lq:' "$d.t/main.log" | head -n 2)"
+        # block scales fit each block: at most a block's largest value lands past FP8_MAX, by the rounding of
+        # s = FP8_MAX / amax (under 1% of the values; a misplaced scale saturates far more)
+        awk '/ lq:/ { split($4, e, ":"); if (!(e[2] < 0.01)) bad++ } END { exit bad > 0 }' "$d.t/main.log" \
+            && ok "-fs $mode: under 1% of the values saturate under block scales" || bad "-fs $mode: saturated values: $(grep ' lq:' "$d.t/main.log" | head -n 2)"
     fi
 done
 echo "fp8 scaling modes: $passed passed, $failed failed"

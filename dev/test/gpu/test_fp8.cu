@@ -1277,8 +1277,10 @@ static void test_recipe_modes() {
                     want[(size_t)o * C + c] = acc;
                     got[(size_t)o * C + c] = g[(size_t)o * C + c];
                 }
-            const double e = rel_l2(got, want);
-            check(e < 5e-4, "recipe -fs block: wgrad (FP32) vs float64 of the dequantized operands rel L2 %.2e (tol 5e-4)", e);
+            // (through BF16 where cuBLASLt has no FP32 output for it: Recipe::wgrad_bf16, one BF16 rounding)
+            const double e = rel_l2(got, want), tol = r.wgrad_bf16 ? 5e-3 : 5e-4;
+            check(e < tol, "recipe -fs block: wgrad (%s) vs float64 of the dequantized operands rel L2 %.2e (tol %.0e)",
+                  r.wgrad_bf16 ? "BF16 product added to FP32" : "FP32", e, tol);
         }
         {
             std::vector<float> g = to_host(ddb, OC);

@@ -130,6 +130,9 @@ struct Recipe {
     std::vector<size_t> saved_xt_inv_offset;  // floats, per linear
     float *x_inv = nullptr, *dy_inv = nullptr, *dyt_inv = nullptr; // scratch: x's, dy's (along K), dy^T's (along N)
     uint32_t* scale_hist = nullptr;           // (num_tensors x 256) telemetry: counts of floor(log2 s) + 128
+    // (where cuBLASLt has no block-scaled GEMM with an FP32 output: the wgrad's BF16 product, added to the
+    // FP32 gradient by a kernel of ours; allocated on that first need)
+    floatX* wgrad_bf16 = nullptr;
 };
 static const int FP8_SCALE_HIST_BINS = 256;
 
@@ -645,6 +648,16 @@ inline void recipe_before_plain_linear(Recipe& r, LinearId id, LinearPass pass, 
     if (pass == PASS_FORWARD_GELU) r.fc_keeps_gelu_factor[id.layer] = 0;
 }
 
+// dst[i] += src[i] (the block-scaled wgrad's fallback through BF16)
+__global__ void fp8_add_bf16_to_fp32_kernel(float* dst, const floatX* src, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        dst[i] += (float)src[i];
+}
+inline void fp8_add_bf16_to_fp32(float* dst, const floatX* src, long long n, cudaStream_t st) {
+    fp8_add_bf16_to_fp32_kernel<<<fp8_grid_size(n, 256), 256, 0, st>>>(dst, src, n);
+    cudaCheckLaunch();
+}
+
 // The backward GEMMs under block scaling: the bias gradient (column sums of dout, as the delayed path sums them),
 // dy (1 x 128 along OC) and dy^T (1 x 128 along the tokens) from one read of dout, the wgrad (x^T saved by the
 // forward against dy^T, FP32 accumulated into dweight) and the dgrad (W^T's 128 x 128 blocks against dy), then
@@ -670,8 +683,19 @@ inline void fp8_block_backward(Recipe& r, LinearId id, floatX* dinp, float* dwei
     if (r.count_stats) fp8_scale_log2_histogram(r.dy_inv, (long long)llmc::fp8_vec128_scale_count(N, OC), fp8_scale_hist(r, t_dy), st);
     PHASE("fp8: gemm wgrad");
     if (!matmul_fp8_block_scaled(dweight, fp8_saved_xt(r, id), CUDA_R_8F_E4M3, fp8_saved_xt_inv(r, id), r.dyt8, grad_type,
-                                 r.dyt_inv, nullptr, C, OC, N, st, EPI_NONE, nullptr, MATMUL_BLOCKS_A1x128_B1x128, true, 1.0f))
-        fp8_no_block_gemm("weight gradient", C, OC, N);
+                                 r.dyt_inv, nullptr, C, OC, N, st, EPI_NONE, nullptr, MATMUL_BLOCKS_A1x128_B1x128, true, 1.0f)) {
+        // no FP32 output for this GEMM: its product in BF16, then added to the FP32 gradient (one BF16 rounding
+        // of each micro-step's dW, relative 2^-9, far below the FP8 operands' error)
+        if (!r.wgrad_bf16) {
+            r.wgrad_bf16 = (floatX*)cuda_malloc_or_die((size_t)4 * r.C * r.C * sizeof(floatX), "fp8 weight gradient scratch");
+            fprintf(stderr, "note: fp8: cuBLASLt has no block-scaled FP8 GEMM with an FP32 output here; the weight "
+                            "gradients go through BF16 before their FP32 accumulation\n");
+        }
+        if (!matmul_fp8_block_scaled(r.wgrad_bf16, fp8_saved_xt(r, id), CUDA_R_8F_E4M3, fp8_saved_xt_inv(r, id), r.dyt8,
+                                     grad_type, r.dyt_inv, nullptr, C, OC, N, st, EPI_NONE, nullptr, MATMUL_BLOCKS_A1x128_B1x128))
+            fp8_no_block_gemm("weight gradient", C, OC, N);
+        fp8_add_bf16_to_fp32(dweight, r.wgrad_bf16, (long long)C * OC, st);
+    }
     PHASE("fp8: gemm dgrad");
     if (!matmul_fp8_block_scaled(dinp, fp8_weight_t(r, id), CUDA_R_8F_E4M3, fp8_weight_t_inv(r, id), r.dy8, grad_type, r.dy_inv,
                                  nullptr, C, N, OC, st, EPI_NONE, nullptr, MATMUL_BLOCKS_A128x128_B1x128))
