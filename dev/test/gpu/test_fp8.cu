@@ -1133,6 +1133,38 @@ static void test_block_gemm(const char* name, MatmulBlockScaling blocks, Fp8Kind
         const double e = rel_l2(got, want);
         check(e <= tol, "%s m=%d n=%d k=%d: vs float64 of the dequantized operands (block factors as laid out) rel L2 %.2e (tol %.0e)",
               name, m, n, k, e, tol);
+        if (e > tol) {
+            // Diagnosis: the same GEMM with the factors laid out in the other plausible orders (the K-block index
+            // fastest or the row index fastest; counts padded to a multiple of 4 or not), each pair's error
+            // printed, so that a wrong layout in formats/fp8_block_scaling.h shows which one cuBLASLt reads.
+            // Layout v of a (rows x k) operand's block factors (block row br = r or r / 128, block column kb):
+            //   0: kb * nr + br   1: br * nk + kb   2: kb * round4(nr) + br   3: br * round4(nk) + kb
+            auto relayout = [&](bool blk, const std::vector<float>& inv, int rows, int v) {
+                const int nr = blk ? llmc::fp8_blocks(rows) : rows, nk = llmc::fp8_blocks(k);
+                std::vector<float> out((size_t)llmc::fp8_round_up4(nr) * llmc::fp8_round_up4(nk) + 16, 0.0f);
+                for (int br = 0; br < nr; br++)
+                    for (int kb = 0; kb < nk; kb++) {
+                        const float f = blk ? inv[llmc::fp8_blk128_scale_index(br, kb, k)] : inv[llmc::fp8_vec128_scale_index(br, kb, rows)];
+                        const size_t at = v == 0 ? (size_t)kb * nr + br : v == 1 ? (size_t)br * nk + kb
+                                        : v == 2 ? (size_t)kb * llmc::fp8_round_up4(nr) + br : (size_t)br * llmc::fp8_round_up4(nk) + kb;
+                        out[at] = f;
+                    }
+                return out;
+            };
+            for (int va_ = 0; va_ < 4; va_++)
+                for (int vb_ = 0; vb_ < 4; vb_++) {
+                    float* xa = to_device(relayout(a_blk, ia, m, va_));
+                    float* xb = to_device(relayout(b_blk, ib, n, vb_));
+                    if (d_fp32) cudaCheck(cudaMemcpy(dD, d0.data(), d0.size() * 4, cudaMemcpyHostToDevice));
+                    matmul_fp8_block_scaled(dD, dA, CUDA_R_8F_E4M3, xa, dB, b_e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, xb, nullptr,
+                                            m, n, k, 0, EPI_NONE, nullptr, blocks, d_fp32, d_fp32 ? 1.0f : 0.0f);
+                    std::vector<double> g2(got.size());
+                    if (d_fp32) { std::vector<float> h = to_host((float*)dD, g2.size()); for (size_t i = 0; i < g2.size(); i++) g2[i] = h[i]; }
+                    else { std::vector<floatX> h = to_host((floatX*)dD, g2.size()); for (size_t i = 0; i < g2.size(); i++) g2[i] = bf2f(h[i]); }
+                    printf("[INFO] %s: A factors in layout %d, B in layout %d: rel L2 %.2e\n", name, va_, vb_, rel_l2(g2, want));
+                    cudaFree(xa); cudaFree(xb);
+                }
+        }
     }
     cudaFree(dA); cudaFree(dB); cudaFree(dia); cudaFree(dib); cudaFree(dD);
 }
