@@ -186,6 +186,28 @@ static void check_q115_boundary(const char* name, const T* dev, size_t n) {
 }
 #endif
 
+// The recipe's options every model of the checks is built with: its defaults, or the flags given with
+// --recipe "FLAGS" (e.g. test_gpt_fp8 --recipe "-fs block"), parsed through the recipe's own flag table and
+// checked as the trainer checks them. One binary then checks each of a recipe's modes against the same
+// reference and tolerances (test_tolerances.h bounds every mode of its recipe).
+static RecipeOptions g_recipe_options;
+static void parse_recipe_flags(const std::string& text) {
+    llmc::FlagTable table;
+    append_recipe_flags(table, g_recipe_options);
+    std::stringstream words(text);
+    std::vector<std::string> w;
+    for (std::string x; words >> x;) w.push_back(x);
+    for (size_t i = 0; i < w.size(); i++) {
+        const llmc::Flag* row = nullptr;
+        for (const llmc::Flag& f : table) row = w[i] == f.name ? &f : row;
+        if (!row) input_error("--recipe: '%s' is not a flag of the %s recipe", w[i].c_str(), RECIPE_NAME);
+        if (i + 1 >= w.size()) input_error("--recipe: %s needs a value", w[i].c_str());
+        llmc::cli_detail::set_flag(*row, w[++i].c_str());
+    }
+    check_recipe_options(g_recipe_options, false);
+    check_recipe_environment(g_recipe_options);
+}
+
 // What the checks share: the reference, the one model they train, and what earlier checks computed
 struct TestContext {
     std::string dir;          // the reference (argv[1])
@@ -230,7 +252,7 @@ static GPT& checkpoint_model(TestContext& c) {
         c.ck_shape.channels = 256;
         c.ck_shape.num_heads = 4;
         gpt_build(&c.ck_model, c.ck_shape);
-        gpt_allocate(&c.ck_model, c.B, c.T, 1);
+        gpt_allocate(&c.ck_model, c.B, c.T, 1, g_recipe_options);
         c.ck_init = gpt_random_init(&c.ck_model, CHECKPOINT_SEED);
         c.have_ck_model = true;
     }
@@ -372,7 +394,7 @@ static void check_ln_slots(TestContext& c) {
                              "one shared slot (%d) for the others", what, reading, m.acts.ln_shared_slot));
         };
         slots_ok(model, "the recipe's defaults, -r 1");
-        RecipeOptions mixed;
+        RecipeOptions mixed = g_recipe_options;
         [](auto& o) { // (a recipe without -sqf / -sql, bf16's or q115's, has every layer alike)
             if constexpr (std::is_base_of_v<LayersKeptInBf16, std::decay_t<decltype(o)>>) { o.skip_first = 1; o.skip_last = 1; }
         }(mixed);
@@ -509,7 +531,7 @@ static void check_resume(TestContext& c) {
 
     GPT resumed;
     gpt_build(&resumed, shape);
-    gpt_allocate(&resumed, B, T, 2); // a different recompute setting must not change the numbers
+    gpt_allocate(&resumed, B, T, 2, g_recipe_options); // a different recompute setting must not change the numbers
     DataLoaderState restored_state;
     bool loaded = false;
     try {
@@ -567,7 +589,7 @@ static void check_resume(TestContext& c) {
         // to the -r 1 model's, not equal; the checkpoint records -r 1 for a -r -1 resume.
         GPT kept;
         gpt_build(&kept, shape);
-        gpt_allocate(&kept, B, T, -1);
+        gpt_allocate(&kept, B, T, -1, g_recipe_options);
         // (a recipe that reads no GELU output in backward, FP8 with its own x^T, keeps one buffer: -r 1)
         bool gelu_read_in_backward = false;
         for (int l = 0; l < shape.num_layers; l++)
@@ -615,7 +637,7 @@ static void check_zero1(TestContext& c) {
         GPT shards[P];
         for (int r = 0; r < P; r++) {
             gpt_build(&shards[r], shape, r, P);
-            gpt_allocate(&shards[r], B, T, 1);
+            gpt_allocate(&shards[r], B, T, 1, g_recipe_options);
             gpt_set_params(&shards[r], init_params);
         }
         check(shards[0].shard.shard_elements * P == model.num_params, "ZeRO-1: each of 2 processes owns half of the optimizer state");
@@ -689,7 +711,7 @@ static void check_zero1(TestContext& c) {
             save_checkpoint(&shards[0], zdir, 3, data_state, opt.seed, 0, 2); // (rank 0 last: it marks the checkpoint done)
             GPT back;
             gpt_build(&back, shape, 1, 2);
-            gpt_allocate(&back, B, T, 1);
+            gpt_allocate(&back, B, T, 1, g_recipe_options);
             check_checkpoint(zdir, 3, shape, B, T, opt.seed, 1, 2, false, 2);
             DataLoaderState st;
             load_checkpoint(&back, zdir, 3, &st, 1);
@@ -826,12 +848,18 @@ static void usage_names() {
 }
 
 int main(int argc, char** argv) {
-    // arguments: REF [PLAIN_REF] [--only NAME[,NAME...]] [--list]
+    // arguments: REF [PLAIN_REF] [--only NAME[,NAME...]] [--recipe "FLAGS"] [--list]
     std::vector<std::string> positional;
     std::set<std::string> only;
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
         if (a == "--list") { for (const NamedCheck& k : CHECKS) printf("%s\n", k.name); return 0; }
+        if (a == "--recipe") {
+            if (i + 1 >= argc) { fprintf(stderr, "error: --recipe needs the recipe's flags in one argument, e.g. \"-fs block\"\n"); return 2; }
+            try { parse_recipe_flags(argv[++i]); }
+            catch (const InputError& e) { fprintf(stderr, "error: %s\n", e.what()); return 2; }
+            continue;
+        }
         if (a == "--only") {
             if (i + 1 >= argc) { fprintf(stderr, "error: --only needs a comma-separated list of checks\n"); usage_names(); return 2; }
             std::stringstream names(argv[++i]);
@@ -842,7 +870,7 @@ int main(int argc, char** argv) {
                 only.insert(n);
             }
         } else if (a.rfind("--", 0) == 0) {
-            fprintf(stderr, "usage: %s [REF_DIR [PLAIN_REF_DIR]] [--only NAME[,NAME...]] [--list]\n", argv[0]);
+            fprintf(stderr, "usage: %s [REF_DIR [PLAIN_REF_DIR]] [--only NAME[,NAME...]] [--recipe \"FLAGS\"] [--list]\n", argv[0]);
             usage_names();
             return 2;
         } else {
@@ -878,7 +906,8 @@ int main(int argc, char** argv) {
     }
     c.B = c.ref.B; c.T = c.ref.T;
     c.BT = (size_t)c.B * c.T;
-    gpt_allocate(&c.model, c.B, c.T, 1);
+    gpt_allocate(&c.model, c.B, c.T, 1, g_recipe_options);
+    printf("test_gpt: %s\n", recipe_describe(c.model.recipe).c_str());
 #if defined(ENABLE_CUDNN) && !defined(ENABLE_FP32)
     // (train_gpt_<recipe>_cudnn / USE_CUDNN=1: every check then covers cuDNN's attention)
     check(c.model.cudnn_attention || Boundaries::ACTIVE, "the model's attention runs on cuDNN (a cuDNN build)");

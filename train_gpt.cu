@@ -916,9 +916,11 @@ inline void save_checkpoint(const GPT* model, const std::string& dir, int step, 
 }
 
 // Checks the checkpoint of `step` in `dir` against the model shape, the batch shape and this recipe
-// (another recipe's checkpoint is refused unless convert_recipe: then its model and optimizer state
-// are taken and this recipe's state starts afresh). No GPU needed.
-inline void check_checkpoint(const std::string& dir, int step, const ModelShape& shape, int B, int T, uint64_t seed,
+// (another recipe's checkpoint, or this recipe's written under other recipe settings, is refused unless
+// convert_recipe: then its model and optimizer state are taken and this recipe's state starts afresh).
+// Returns whether the checkpoint's recipe state is taken too (load_checkpoint's take_recipe_state). No GPU
+// needed.
+inline bool check_checkpoint(const std::string& dir, int step, const ModelShape& shape, int B, int T, uint64_t seed,
                              int rank, int num_processes, bool convert_recipe = false, int zero_owners = 1,
                              int grad_accum_steps = 1, const DataLoader* train_loader = nullptr,
                              const RecipeOptions* recipe_options = nullptr) {
@@ -1005,14 +1007,24 @@ inline void check_checkpoint(const std::string& dir, int step, const ModelShape&
                             "checkpoint", state_path(dir, step, rank).c_str(), name, r.size_of(name), want);
         }
     }
-    // the recipe's state against this run's options (a checkpoint of another recipe, taken with -cr 1, has none)
-    if (recipe_options && r.recipe() == RECIPE_NAME) check_recipe_checkpoint(*recipe_options, shape.num_layers, r);
+    // the recipe's state against this run's options (a checkpoint of another recipe, taken with -cr 1, has none;
+    // one of this recipe under other settings, taken with -cr 1, is not taken)
+    bool take_recipe_state = r.recipe() == RECIPE_NAME;
+    if (recipe_options && take_recipe_state) {
+        try {
+            check_recipe_checkpoint(*recipe_options, shape.num_layers, r);
+        } catch (const InputError&) {
+            if (!convert_recipe) throw;
+            take_recipe_state = false;
+        }
+    }
     if (train_loader) {
         DataLoaderState data;
         r.read("dataloader", &data, sizeof(data));
         try { train_loader->check_position(data); }
         catch (const InputError& e) { input_error("checkpoint %s: %s", state_path(dir, step, rank).c_str(), e.what()); }
     }
+    return take_recipe_state;
 }
 
 // The -r a checkpoint was written with, or -1 (a checkpoint from before it was recorded)
@@ -1024,8 +1036,9 @@ inline int checkpoint_recompute(const std::string& dir, int step, int rank) {
     return recompute;
 }
 
+// take_recipe_state: false when check_checkpoint said the recipe's state starts afresh (-cr 1)
 inline void load_checkpoint(GPT* model, const std::string& dir, int step, DataLoaderState* data, int rank,
-                            SpikeGuard* spike_guard = nullptr) {
+                            SpikeGuard* spike_guard = nullptr, bool take_recipe_state = true) {
     const std::string mpath = model_path(dir, step);
     ModelFileInfo info = read_model_header(mpath);
     const size_t N = model->num_params, NS = model->shard.shard_elements;
@@ -1058,8 +1071,9 @@ inline void load_checkpoint(GPT* model, const std::string& dir, int step, DataLo
     std::vector<floatX> host(N);
     read_model_params(mpath, info, host.data(), N * sizeof(floatX));
     cudaCheck(cudaMemcpy(model->params_memory, host.data(), N * sizeof(floatX), cudaMemcpyHostToDevice));
-    // the recipe's state (a checkpoint of another recipe, allowed by -cr 1, has none for this one)
-    if (r.recipe() == RECIPE_NAME) recipe_load(model->recipe, r);
+    // the recipe's state (a checkpoint of another recipe, allowed by -cr 1, has none for this one; one of this
+    // recipe under other settings, allowed by -cr 1, has one that means nothing here)
+    if (r.recipe() == RECIPE_NAME && take_recipe_state) recipe_load(model->recipe, r);
     if (r.has("gemm_algorithms")) {
         if (r.size_of("gemm_algorithms") % sizeof(MatmulChoice) == 0) {
             std::vector<MatmulChoice> gemm_choices(r.size_of("gemm_algorithms") / sizeof(MatmulChoice));
@@ -1148,6 +1162,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<DataLoader> train_loader, val_loader;
     Tokenizer tokenizer;
     int resume_step = -1;
+    bool take_recipe_state = true; // (check_checkpoint's answer)
     int recompute_from_checkpoint = -1; // -r -1 on resume: the -r the checkpoint was written with
     int local_rank = -1;
     NanInjections test_nan; // LLMC_TEST_NAN_AT (tests only)
@@ -1224,7 +1239,7 @@ int main(int argc, char** argv) {
             }
             if (cfg.resume) {
                 resume_step = find_latest_checkpoint(dir);
-                if (resume_step >= 0) check_checkpoint(dir, resume_step, shape, cfg.B, cfg.T, cfg.seed, cfg.process_rank,
+                if (resume_step >= 0) take_recipe_state = check_checkpoint(dir, resume_step, shape, cfg.B, cfg.T, cfg.seed, cfg.process_rank,
                                                      cfg.num_processes, cfg.convert_recipe != 0, sharded ? cfg.num_processes : 1,
                                                      cfg.grad_accum_steps, train_loader.get(), &recipe_options);
                 // -r -1 resumes with the checkpoint's choice (the same bits); an explicit -r is taken as given
@@ -1303,7 +1318,8 @@ int main(int argc, char** argv) {
     spike_guard.grad_z = cfg.skip_grad_z;
     DataLoaderState resume_data;
     if (resume_step >= 0) {
-        try { load_checkpoint(&model, cfg.output_dir, resume_step, &resume_data, cfg.process_rank, &spike_guard); }
+        try { load_checkpoint(&model, cfg.output_dir, resume_step, &resume_data, cfg.process_rank, &spike_guard,
+                              take_recipe_state); }
         catch (const InputError& e) { fprintf(stderr, "error: %s\n", e.what()); return 1; }
         train_loader->restore(resume_data);
     } else if (from_checkpoint_file) {

@@ -176,7 +176,7 @@ inline std::vector<Flag> flag_table(TrainConfig& c) {
         {"-nk", K::Int, &c.checkpoint_keep, "keep only the newest K checkpoints (0 = keep all)"},
         {"-y", K::Int, &c.resume, "1 = resume from the newest complete checkpoint in -o"},
         {"-ow", K::Int, &c.overwrite, "1 = start afresh in an -o that holds a run, deleting its main.log and checkpoints"},
-        {"-cr", K::Int, &c.convert_recipe, "1 = resume a checkpoint of another recipe under this one (its recipe state starts afresh)"},
+        {"-cr", K::Int, &c.convert_recipe, "1 = resume a checkpoint of another recipe, or of this one under other recipe settings (its recipe state starts afresh)"},
         {"-pn", K::Int, &c.num_processes, "processes (one GPU each) in a data-parallel run (0 = from the launcher's environment, else 1)"},
         {"-pr", K::Int, &c.process_rank, "this process's rank in [0, -pn) (-1 = from the launcher's environment)"},
         {"-pg", K::Int, &c.gpus_per_node, "GPUs per node: this process uses GPU rank % pg (0 = the launcher's local rank)"},

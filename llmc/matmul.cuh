@@ -70,7 +70,7 @@ struct MatmulKey {
     int m, n, k, transA, transB, has_bias, batch, epilogue;
     int a_type, b_type, d_type, fast_accum; // cudaDataType_t of A, B, D (C = D); FP8 fast accumulation
     int device_alpha;                       // alpha and beta are device pointers
-    int block_scaled;                       // FP8 with block scales (matmul_fp8_block_scaled); 0 otherwise
+    int block_scaled;                       // FP8 with block scales: a MatmulBlockScaling (matmul_fp8_block_scaled); 0 otherwise
                                             // (the field was unnamed padding before: old checkpoints hold 0)
     long long stride_a, stride_b, stride_d;
     bool operator<(const MatmulKey& o) const {
@@ -156,8 +156,9 @@ inline MatmulPlan* matmul_build_plan(const MatmulKey& key, cublasComputeType_t c
         cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g_unit_scale, sizeof(g_unit_scale)));
         cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g_unit_scale, sizeof(g_unit_scale)));
         if (key.block_scaled) {
-            // A: an FP32 scale per 1 x 128 block along k; B: one per 128 x 128 block (matmul_fp8_block_scaled)
-            const int32_t mode_a = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+            // an FP32 scale per 1 x 128 block along k or per 128 x 128 block, per operand (MatmulBlockScaling)
+            const int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+            const int32_t mode_a = key.block_scaled == 2 ? blk : vec, mode_b = key.block_scaled == 1 ? blk : vec;
             cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
             cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
         }
@@ -532,30 +533,44 @@ inline bool matmul_fp8(void* d, bool d_fp32, Fp8Operand a, Fp8Operand b, const f
 // [x | x], each half of A with its own scale (dev/bench/tcfp12_gemm_bench.cu checks the layout of
 // a_scales: the other order gives relative errors ~1). Returns false, with nothing
 // launched, where cuBLASLt has no algorithm.
+// The pairs of block kinds (MatmulKey::block_scaled): which operand has 1 x 128 blocks (a_scales as above)
+// and which 128 x 128 ones (the layout of formats/fp8_block_scaling.h: the K-block index fastest, rows of
+// ceil(k / 128) rounded up to a multiple of 4). cuBLASLt's Hopper kernels take these three pairs. The
+// FP8 recipe's -fs block: A = the weight (128 x 128), B = the activation or gradient (1 x 128) for the forward
+// and dgrad GEMMs; both 1 x 128 for the weight gradient (formats/fp8_block_scaling.h, doc/recipes/fp8.md).
+enum MatmulBlockScaling {
+    MATMUL_BLOCKS_A1x128_B128x128 = 1, // (TCFP-12's K-concatenated GEMM)
+    MATMUL_BLOCKS_A128x128_B1x128 = 2,
+    MATMUL_BLOCKS_A1x128_B1x128 = 3,
+};
+// d_fp32: D in FP32 (a weight gradient, with beta = 1 to accumulate), else floatX
 inline MatmulKey matmul_fp8_block_scaled_key(int m, int n, int k, cudaDataType_t a_type, cudaDataType_t b_type,
-                                             bool has_bias, MatmulEpilogue epilogue) {
-    MatmulKey key = matmul_key(m, n, k, true, false, has_bias, false, false, MatmulBatch(), epilogue);
+                                             bool has_bias, MatmulEpilogue epilogue,
+                                             MatmulBlockScaling blocks = MATMUL_BLOCKS_A1x128_B128x128, bool d_fp32 = false) {
+    MatmulKey key = matmul_key(m, n, k, true, false, has_bias, false, d_fp32, MatmulBatch(), epilogue);
     key.a_type = a_type; key.b_type = b_type;
-    key.block_scaled = 1;
+    key.block_scaled = blocks;
     return key;
 }
-inline bool matmul_fp8_block_scaled(floatX* d, const void* a, cudaDataType_t a_type, const float* a_scales, const void* b,
+inline bool matmul_fp8_block_scaled(void* d, const void* a, cudaDataType_t a_type, const float* a_scales, const void* b,
                                     cudaDataType_t b_type, const float* b_scales, const floatX* bias, int m, int n, int k,
-                                    cudaStream_t stream, MatmulEpilogue epilogue = EPI_NONE, void* aux = nullptr) {
+                                    cudaStream_t stream, MatmulEpilogue epilogue = EPI_NONE, void* aux = nullptr,
+                                    MatmulBlockScaling blocks = MATMUL_BLOCKS_A1x128_B128x128, bool d_fp32 = false,
+                                    float beta = 0.0f) {
     if (k % 128 != 0) return false;
-    const MatmulKey key = matmul_fp8_block_scaled_key(m, n, k, a_type, b_type, bias != nullptr, epilogue);
+    const MatmulKey key = matmul_fp8_block_scaled_key(m, n, k, a_type, b_type, bias != nullptr, epilogue, blocks, d_fp32);
     MatmulPlan* plan = matmul_plan(key);
     if (!plan || plan->candidates.empty()) return false;
     if (bias) cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     if (epilogue_has_aux_matrix(epilogue)) cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales, sizeof(a_scales)));
     cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales, sizeof(b_scales)));
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f;
     auto run = [&](const cublasLtMatmulAlgo_t& algo) {
         return cublasLtMatmul(g_cublaslt, plan->desc, &alpha, a, plan->la, b, plan->lb, &beta, d, plan->ld, d, plan->ld,
                               &algo, g_cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, stream);
     };
-    if (!plan->chosen) matmul_choose(key, *plan, d, 0, stream, run);
+    if (!plan->chosen) matmul_choose(key, *plan, d, beta != 0.0f ? (size_t)m * n * (d_fp32 ? 4 : sizeof(floatX)) : 0, stream, run);
     return matmul_run_candidates(*plan, run);
 }
 

@@ -113,6 +113,10 @@ class TestArguments(unittest.TestCase):
         self.assertEqual(bench.parse_recipes("bf16, tcfp12,tcfp12:-tabd 1 -tfw 1"),
                          [("bf16", "bf16", []), ("tcfp12", "tcfp12", []),
                           ("tcfp12 -tabd 1 -tfw 1", "tcfp12", ["-tabd", "1", "-tfw", "1"])])
+        # the FP8 recipe's scaling modes side by side (doc/recipes/fp8.md)
+        self.assertEqual(bench.parse_recipes("fp8,fp8:-fs current,fp8:-fs block"),
+                         [("fp8", "fp8", []), ("fp8 -fs current", "fp8", ["-fs", "current"]),
+                          ("fp8 -fs block", "fp8", ["-fs", "block"])])
         for bad in ("", " , ", "bf16,bf16", "tcfp12:-tabd 1,tcfp12: -tabd  1", "../x", "Bf16"):
             with self.assertRaises(ValueError, msg=bad):
                 bench.parse_recipes(bad)

@@ -50,6 +50,8 @@ suite build_flags "cpu q115 nvfp4" 0 ""
 # (every recipe's trainer: the trainer's own checks, and each recipe's checks of its flags)
 suite bad_input "cpu" 0 "$(printf 'train_gpt_%s ' "${MAKE_RECIPES[@]}")"
 for r in "${RECIPES[@]}"; do suite "gpt_$r" "gpu gpt $r" 1 "test_gpt_$r"; done
+# (the FP8 recipe's other scaling modes: the same binary, reference and tolerances, test_gpt --recipe "-fs MODE")
+for m in current block; do suite "gpt_fp8_$m" "gpu gpt fp8" 1 "test_gpt_fp8"; done
 for k in "${KERNELS[@]}"; do suite "kernel_$k" "gpu kernels $k" 1 "build/test_$k"; done
 for r in "${RESUME_RECIPES[@]}"; do
     other=train_gpt_bf16; [[ $r == bf16 ]] && other=train_gpt_fp8  # (resume_cli.sh resumes under another recipe too)
@@ -61,6 +63,7 @@ for r in bf16 fp8; do suite "nan_skip_$r" "gpu nan $r" 1 "train_gpt_$r"; done
 suite gpt_bf16_cudnn "gpu gpt cudnn" 1 ""
 suite multi_gpu "gpu" 1 "$(printf 'train_gpt_%s ' $MULTI_GPU_RECIPES)"
 suite setup_error "gpu fp8" 1 "train_gpt_fp8"
+suite fp8_modes "gpu fp8 resume" 1 "train_gpt_fp8"
 suite export_hf "gpu bf16 export" 1 "train_gpt_bf16"
 for k in "${TIMED_KERNELS[@]}"; do
     t="gpu kernels timed $k"; [[ $k == q115_attention ]] && t+=" q115"
@@ -230,12 +233,14 @@ run_suite() { # $1 = id
         else
             tail -n 20 "$tmp/cudnn_build.log"; echo "gpt_bf16_cudnn: test_gpt_bf16_cudnn did not build"; echo "gpt_bf16_cudnn: 0 passed, 1 failed"
         fi ;;
+    gpt_fp8_current | gpt_fp8_block) ./test_gpt_fp8 "$REF" --recipe "-fs ${id#gpt_fp8_}" ;;
     gpt_*)
         r=${id#gpt_}
         if [[ $r == q115 ]]; then ./test_gpt_q115 "$REF_Q115" "$REF"; else ./test_gpt_"$r" "$REF"; fi ;;
     kernel_*) ./build/test_"${id#kernel_}" ;;
     resume_*) bash dev/test/gpu/resume_cli.sh ./train_gpt_"${id#resume_}" ;;
     nan_skip_*) bash dev/test/gpu/nan_skip.sh ./train_gpt_"${id#nan_skip_}" ;;
+    fp8_modes) bash dev/test/gpu/fp8_modes.sh ./train_gpt_fp8 ;;
     multi_gpu)
         # data parallelism through NCCL: one process on any GPU machine; two processes (losses against one
         # process, ZeRO-1 memory, resume, killed process) where there are two GPUs
@@ -387,7 +392,7 @@ done
 # 2c. the GPU suites, up to GPU_JOBS at once, longest first (the multi-GPU, FP8 kernel and TCFP-12 resume tests,
 # then the other resume scripts, then the model tests, then the rest), so that no long one starts last
 rank_of() {
-    case $1 in multi_gpu | kernel_fp8 | resume_tcfp12) echo 0 ;; resume_*) echo 1 ;; gpt_*) echo 2 ;; *) echo 3 ;; esac
+    case $1 in multi_gpu | kernel_fp8 | resume_tcfp12) echo 0 ;; resume_* | fp8_modes) echo 1 ;; gpt_*) echo 2 ;; *) echo 3 ;; esac
 }
 start_order=()
 for rank in 0 1 2 3; do

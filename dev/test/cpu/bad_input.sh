@@ -72,6 +72,9 @@ recipe=$(basename "$TRAINER"); recipe=${recipe#train_gpt_}
 case "$recipe" in
     fp8)
         expect_error "-fh out of range" "-fh 0: the amax history" "${base[@]}" -fh 0
+        expect_error "-fs not a mode" "-fs tensor: the scaling must be delayed, current or block" "${base[@]}" -fs tensor
+        expect_error "-fbg without -fs block" "-fbg and -fp2 are block scaling's" "${base[@]}" -fbg e5m2
+        expect_error "-fp2 not 0/1" "-fp2 2: must be 0 or 1" "${base[@]}" -fs block -fp2 2
         expect_error "-lq without -o" "-lq 10: the telemetry goes to main.log" "${base[@]}" -lq 10 ;;
     nvfp4) expect_error "-rht not 0/1" "-rht 2: must be 0 or 1" "${base[@]}" -rht 2 ;;
     vcast) expect_error "vcast: unknown datatype" "mxfp9e9" "${base[@]}" -qw mxfp9e9 ;;
@@ -231,6 +234,8 @@ if "spike_window" in over:
     sections.append(("spike_window", bytes(int(over["spike_window"]))))
 if "fp8_options" in over:
     sections.append(("fp8_options", struct.pack("<4i", *[int(x) for x in over["fp8_options"].split(",")])))
+if "fp8_scaling" in over:
+    sections.append(("fp8_scaling", struct.pack("<3i", *[int(x) for x in over["fp8_scaling"].split(",")])))
 recipe = over.get("recipe", "bf16").encode()
 body = struct.pack("<IIqii32sII", 20241122, 1, 10, int(over.get("rank", 0)), 1, recipe, len(sections), 0)
 for name, data in sections: body += struct.pack("<32sQ", name.encode(), len(data)) + data
@@ -264,10 +269,13 @@ ck_case "resume: a checkpoint of FP32 parameters into a BF16 build" "stores fp32
 other_ck=fp8; [[ "$recipe" == fp8 ]] && other_ck=bf16
 ck_case "resume: another recipe's checkpoint without -cr 1" "was written by the '$other_ck' recipe" recipe=$other_ck cr=0
 ck_case "resume: a spike-window section of another size" "section 'spike_window' holds 100 bytes, not the" spike_window=100
-# the FP8 recipe's state under other -fh/-fm/-sqf/-sql: refused before the GPU
+# the FP8 recipe's state under other -fh/-fm/-sqf/-sql or another scaling mode: refused before the GPU (unless
+# -cr 1, which starts the recipe state afresh)
 if [[ "$recipe" == fp8 ]]; then
     ck_case "resume: an FP8 checkpoint of other -fh/-fm/-sqf/-sql" "written with -fh 16 -fm 0 -sqf 0 -sql 0, this run has -fh 1024" \
-        recipe=fp8 fp8_options=16,0,0,0
+        recipe=fp8 fp8_options=16,0,0,0 cr=0
+    ck_case "resume: an FP8 checkpoint of -fs block under -fs delayed" "written with -fs block -fbg e4m3 -fp2 0, this run has -fs delayed" \
+        recipe=fp8 fp8_options=1024,0,0,0 fp8_scaling=2,0,0 cr=0
 fi
 # sizes whose products overflow: each flag has a limit, each product is checked (once a SIGFPE)
 expect_error "-b -t -pn -d whose product overflows 64 bits" "-b 1073741824: the micro-batch size must be between 1 and" \

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "llmc/checkpoint.h"
+#include "llmc/recipes/fp8/options.h"
 
 using llmc::ModelShape;
 
@@ -709,4 +710,53 @@ TEST_CASE("checkpoint: ensure_output_dir") {
     msg = error_of([] { llmc::ensure_output_dir("/proc/self"); });  // exists, but nothing can be created in it
     CHECK(contains(msg, "-o /proc/self is not writable"));
     CHECK(contains(error_of([] { llmc::ensure_output_dir(""); }), "-o"));
+}
+
+// The FP8 recipe's checkpoint records its scaling settings (section fp8_scaling, absent under delayed
+// scaling); check_recipe_checkpoint refuses a run with other ones (train_gpt.cu's check_checkpoint lets -cr 1
+// through, with the recipe state started afresh).
+TEST_CASE("checkpoint: the fp8 recipe refuses another scaling mode") {
+    TempDir dir;
+    auto write_state = [&](const Fp8Options& written) {
+        Fp8Options o = written;
+        resolve_fp8_defaults(o);
+        llmc::StateWriter w(5, 0, 1, "fp8");
+        int32_t opts[4] = {o.amax_history, o.scale_margin, o.skip_first, o.skip_last};
+        w.add_copy("fp8_options", opts, sizeof(opts));
+        if (fp8_records_scaling(o)) {
+            int32_t rec[3];
+            fp8_scaling_record(o, rec);
+            w.add_copy("fp8_scaling", rec, sizeof(rec));
+        }
+        const std::string p = dir / "state.bin";
+        w.write_atomic(p);
+        return p;
+    };
+    auto check = [&](const Fp8Options& written, const Fp8Options& run) {
+        llmc::StateReader r;
+        r.open(write_state(written));
+        try {
+            check_recipe_checkpoint(run, 12, r);
+        } catch (const llmc::InputError& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    };
+    Fp8Options delayed, current, block, block_e5m2, block_pow2;
+    current.scaling = "current";
+    block.scaling = block_e5m2.scaling = block_pow2.scaling = "block";
+    block_e5m2.block_grad_format = "e5m2";
+    block_pow2.pow2_scales = 1;
+    const std::vector<Fp8Options> all = {delayed, current, block, block_e5m2, block_pow2};
+    for (size_t i = 0; i < all.size(); i++) {
+        for (size_t j = 0; j < all.size(); j++) {
+            const std::string msg = check(all[i], all[j]);
+            if (i == j) CHECK_MESSAGE(msg.empty(), msg);
+            else CHECK_MESSAGE((contains(msg, "-fs ") && contains(msg, "-cr 1")), msg);
+        }
+    }
+    // a delayed-scaling checkpoint has no fp8_scaling section
+    llmc::StateReader r;
+    r.open(write_state(delayed));
+    CHECK_FALSE(r.has("fp8_scaling"));
 }

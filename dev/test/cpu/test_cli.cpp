@@ -263,6 +263,28 @@ TEST_CASE("cli: the fp8 flags parse into Fp8Options and are range-checked by the
     CHECK(layer_is_quantized(o, 9, 12) == false); // -sql 3: layers 9, 10, 11
 }
 
+TEST_CASE("cli: the fp8 scaling flags: -fs delayed by default, -fbg and -fp2 only with -fs block") {
+    Fp8Options d;
+    CHECK(d.scaling == "delayed");
+    CHECK(fp8_scaling_mode(d) == FP8_SCALING_DELAYED);
+    CHECK(d.block_grad_format == "e4m3");
+    CHECK(d.pow2_scales == 0);
+    Fp8Options c;
+    CHECK_NOTHROW(checked_recipe("fp8", c, {"-fs", "current"}));
+    CHECK(fp8_scaling_mode(c) == FP8_SCALING_CURRENT);
+    Fp8Options b;
+    CHECK_NOTHROW(checked_recipe("fp8", b, {"-fs", "block", "-fbg", "e5m2", "-fp2", "1"}));
+    CHECK(fp8_scaling_mode(b) == FP8_SCALING_BLOCK);
+    CHECK(fp8_block_grads_e5m2(b));
+    CHECK(b.pow2_scales == 1);
+    for (auto bad : std::vector<std::pair<std::vector<std::string>, std::string>>{
+             {{"-fs", "tensor"}, "-fs tensor"}, {{"-fs", "block", "-fbg", "e3m4"}, "-fbg e3m4"},
+             {{"-fs", "block", "-fp2", "2"}, "-fp2 2"}, {{"-fbg", "e5m2"}, "-fs block"}, {{"-fs", "current", "-fp2", "1"}, "-fs block"}}) {
+        const std::string msg = recipe_error<Fp8Options>("fp8", bad.first);
+        CHECK_MESSAGE(contains(msg, bad.second), msg);
+    }
+}
+
 TEST_CASE("cli: the nvfp4 flags: RHT, stochastic rounding and Four Over Six on by default, switches") {
     Nvfp4Options d;
     CHECK(d.fp4_rht == 1);

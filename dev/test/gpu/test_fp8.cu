@@ -10,6 +10,10 @@
 //   3. The recipe itself on a small model: weight scales and FP8 copies, linear forward (+GELU),
 //      linear backward (dx with GELU', dW, dbias), skipped layers = the plain BF16 path bit for bit,
 //      evaluation leaving the state alone, and the delayed-scaling history update.
+//   4. Block and current scaling (-fs block, -fs current): the block quantize kernel against the CPU reference
+//      of formats/fp8_block_scaling.h bit for bit (tail blocks, zero and spiky blocks, power-of-two scales);
+//      cuBLASLt's block-scaled GEMMs against float64 of the dequantized operands (which checks the scale
+//      layouts); the recipe's current-scaling quantization bit for bit and its block-scaled linear.
 //
 //   make build/test_fp8 && ./build/test_fp8
 // Prints [PASS]/[FAIL] lines and "fp8 tests: N passed, N failed"; exit 0 iff all pass. Without a
@@ -24,6 +28,7 @@
 #include "llmc/formats/number_formats.h"
 #include "llmc/recipes/fp8/recipe.h"
 #include "llmc/recipes/fp8/fp8_gemm.cuh"
+#include "llmc/formats/fp8_block_scaling.h"
 #include "dev/bench/bench_timer.h"
 
 
@@ -1004,6 +1009,327 @@ static void test_recipe() {
     for (int k = 0; k < NUM_LINEAR_KINDS; k++) cudaFree(dw[k]);
 }
 
+// ---- 4. block and current scaling (-fs block, -fs current) ------------------------------------------
+// BF16 test values whose magnitude changes from one 128-block to the next (so that a block scale read from
+// the wrong place shows), with an all-zero row, a block holding one huge value, and tiny values
+static std::vector<floatX> block_test_values(int rows, int cols, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<floatX> v((size_t)rows * cols);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            const int e = ((r / 128) * 5 + (c / 128) * 3 + r % 7) % 13 - 6;
+            v[(size_t)r * cols + c] = f2bf(nd(rng) * std::ldexp(1.0f, e));
+        }
+    if (rows > 2) for (int c = 0; c < cols; c++) v[(size_t)2 * cols + c] = f2bf(0.0f);
+    if (rows > 3) v[(size_t)3 * cols + cols / 2] = f2bf(30000.0f);
+    if (rows > 5) for (int c = 0; c < cols; c += 3) v[(size_t)5 * cols + c] = f2bf(1e-5f);
+    return v;
+}
+static std::vector<float> as_floats(const std::vector<floatX>& v) {
+    std::vector<float> f(v.size());
+    for (size_t i = 0; i < v.size(); i++) f[i] = bf2f(v[i]);
+    return f;
+}
+
+// The block quantize kernel against the CPU reference (formats/fp8_block_scaling.h), bit for bit: codes in
+// both layouts, every factor (the weights' padding included), the tensor's amax; partial tiles (rows or cols
+// not multiples of 128, or of 8: the guarded loads)
+template <Fp8Kind K>
+static void test_block_quantize(int rows, int cols, bool weight, bool pow2) {
+    const bool e5m2 = K == Fp8Kind::E5M2;
+    std::vector<floatX> in = block_test_values(rows, cols, 7 + rows + cols);
+    std::vector<float> f = as_floats(in);
+    const size_t n = (size_t)rows * cols;
+    const size_t n_inv = weight ? llmc::fp8_blk128_scale_count(rows, cols) : llmc::fp8_vec128_scale_count(rows, cols);
+    const size_t n_inv_t = weight ? llmc::fp8_blk128_scale_count(cols, rows) : llmc::fp8_vec128_scale_count(cols, rows);
+    std::vector<uint8_t> q(n), qt(n);
+    std::vector<float> inv(n_inv, 0.0f), inv_t(n_inv_t, 0.0f);
+    if (weight) {
+        llmc::fp8_quantize_128x128_ref(f.data(), rows, cols, e5m2, pow2, q.data(), qt.data(), inv.data(), inv_t.data());
+    } else {
+        llmc::fp8_quantize_1x128_ref(f.data(), rows, cols, e5m2, pow2, q.data(), inv.data());
+        llmc::fp8_quantize_1x128_t_ref(f.data(), rows, cols, e5m2, pow2, qt.data(), inv_t.data());
+    }
+    floatX* d_in = to_device(in);
+    Fp8BlockOutput o;
+    cudaCheck(cudaMalloc(&o.rows, n)); cudaCheck(cudaMalloc(&o.cols, n));
+    cudaCheck(cudaMalloc(&o.rows_inv, n_inv * 4)); cudaCheck(cudaMalloc(&o.cols_inv, n_inv_t * 4));
+    cudaCheck(cudaMemset(o.rows_inv, 0, n_inv * 4)); cudaCheck(cudaMemset(o.cols_inv, 0, n_inv_t * 4));
+    uint32_t* d_amax; unsigned long long* d_counts;
+    cudaCheck(cudaMalloc(&d_amax, 4)); cudaCheck(cudaMalloc(&d_counts, 24));
+    cudaCheck(cudaMemset(d_amax, 0, 4)); cudaCheck(cudaMemset(d_counts, 0, 24));
+    Fp8Stats stats; stats.counts = d_counts;
+    fp8_block_quantize<K>(d_in, rows, cols, weight, pow2, o, d_amax, stats, 0);
+    const bool same = to_host(o.rows, n) == q && to_host(o.cols, n) == qt;
+    const bool same_inv = to_host(o.rows_inv, n_inv) == inv && to_host(o.cols_inv, n_inv_t) == inv_t;
+    uint32_t ab = to_host(d_amax, 1)[0];
+    float amax; memcpy(&amax, &ab, 4);
+    std::vector<unsigned long long> counts = to_host(d_counts, 3);
+    const unsigned long long want_count = weight ? n : 2 * n;
+    check(same && same_inv && amax == amax_of(in) && counts[0] == want_count,
+          "block quantize %s %s %d x %d%s: codes (both layouts) and factors = CPU reference, bit for bit; amax %g; %llu values counted",
+          e5m2 ? "E5M2" : "E4M3", weight ? "128x128" : "1x128", rows, cols, pow2 ? " pow2" : "", amax, counts[0]);
+    // one layout alone writes the same
+    Fp8BlockOutput rows_only;
+    rows_only.rows = o.cols; rows_only.rows_inv = o.cols_inv;
+    fp8_block_quantize<K>(d_in, rows, cols, weight, pow2, rows_only, nullptr, Fp8Stats(), 0);
+    check(to_host(o.cols, n) == q, "block quantize %d x %d: the rows layout alone = with both", rows, cols);
+    cudaFree(d_in); cudaFree(o.rows); cudaFree(o.cols); cudaFree(o.rows_inv); cudaFree(o.cols_inv); cudaFree(d_amax); cudaFree(d_counts);
+}
+
+// cuBLASLt's block-scaled FP8 GEMM in the pairs of block kinds the recipe uses (D (n x m) = B A^T, A (m x k), B
+// (n x k)) against a float64 product of the dequantized operands: each value its code times its block's factor,
+// with the factors laid out as formats/fp8_block_scaling.h says. A wrong layout reads another block's factor:
+// with magnitudes that change from block to block, the error is then of order 1.
+static void test_block_gemm(const char* name, MatmulBlockScaling blocks, Fp8Kind kb, bool d_fp32, int m, int n, int k,
+                            double tol) {
+    const bool a_blk = blocks == MATMUL_BLOCKS_A128x128_B1x128, b_blk = blocks == MATMUL_BLOCKS_A1x128_B128x128;
+    const bool b_e5m2 = kb == Fp8Kind::E5M2;
+    std::vector<float> fa = as_floats(block_test_values(m, k, 21 + m)), fb = as_floats(block_test_values(n, k, 22 + n));
+    for (auto& v : fa) v *= 0.02f;
+    std::vector<uint8_t> qa((size_t)m * k), qb((size_t)n * k);
+    std::vector<float> ia(a_blk ? llmc::fp8_blk128_scale_count(m, k) : llmc::fp8_vec128_scale_count(m, k), 0.0f);
+    std::vector<float> ib(b_blk ? llmc::fp8_blk128_scale_count(n, k) : llmc::fp8_vec128_scale_count(n, k), 0.0f);
+    if (a_blk) llmc::fp8_quantize_128x128_ref(fa.data(), m, k, false, false, qa.data(), nullptr, ia.data(), nullptr);
+    else llmc::fp8_quantize_1x128_ref(fa.data(), m, k, false, false, qa.data(), ia.data());
+    if (b_blk) llmc::fp8_quantize_128x128_ref(fb.data(), n, k, b_e5m2, false, qb.data(), nullptr, ib.data(), nullptr);
+    else llmc::fp8_quantize_1x128_ref(fb.data(), n, k, b_e5m2, false, qb.data(), ib.data());
+    auto value = [&](bool blk, bool e5m2, const std::vector<uint8_t>& q, const std::vector<float>& inv, int rows, int r, int c) {
+        const double code = e5m2 ? llmc::fp8e5m2_decode(q[(size_t)r * k + c]) : llmc::fp8e4m3_decode(q[(size_t)r * k + c]);
+        const float f = blk ? inv[llmc::fp8_blk128_scale_index(r / 128, c / 128, k)] : inv[llmc::fp8_vec128_scale_index(r, c / 128, rows)];
+        return code * f;
+    };
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.0f, 0.1f);
+    std::vector<float> d0((size_t)n * m, 0.0f);
+    if (d_fp32) for (auto& v : d0) v = nd(rng);
+    uint8_t *dA = to_device(qa), *dB = to_device(qb);
+    float *dia = to_device(ia), *dib = to_device(ib);
+    void* dD;
+    cudaCheck(cudaMalloc(&dD, (size_t)n * m * 4));
+    if (d_fp32) cudaCheck(cudaMemcpy(dD, d0.data(), d0.size() * 4, cudaMemcpyHostToDevice));
+    const bool ok = matmul_fp8_block_scaled(dD, dA, CUDA_R_8F_E4M3, dia, dB, b_e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, dib, nullptr,
+                                            m, n, k, 0, EPI_NONE, nullptr, blocks, d_fp32, d_fp32 ? 1.0f : 0.0f);
+    check(ok, "%s: cuBLASLt has a block-scaled FP8 algorithm (m=%d n=%d k=%d)", name, m, n, k);
+    if (ok) {
+        std::vector<double> got((size_t)n * m), want((size_t)n * m);
+        if (d_fp32) {
+            std::vector<float> h = to_host((float*)dD, got.size());
+            for (size_t i = 0; i < got.size(); i++) got[i] = h[i];
+        } else {
+            std::vector<floatX> h = to_host((floatX*)dD, got.size());
+            for (size_t i = 0; i < got.size(); i++) got[i] = bf2f(h[i]);
+        }
+        std::vector<double> va((size_t)m * k), vb((size_t)n * k);
+        for (int i = 0; i < m; i++) for (int p = 0; p < k; p++) va[(size_t)i * k + p] = value(a_blk, false, qa, ia, m, i, p);
+        for (int j = 0; j < n; j++) for (int p = 0; p < k; p++) vb[(size_t)j * k + p] = value(b_blk, b_e5m2, qb, ib, n, j, p);
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                double acc = d0[(size_t)j * m + i];
+                for (int p = 0; p < k; p++) acc += va[(size_t)i * k + p] * vb[(size_t)j * k + p];
+                want[(size_t)j * m + i] = acc;
+            }
+        const double e = rel_l2(got, want);
+        check(e <= tol, "%s m=%d n=%d k=%d: vs float64 of the dequantized operands (block factors as laid out) rel L2 %.2e (tol %.0e)",
+              name, m, n, k, e, tol);
+        if (e > tol) {
+            // Diagnosis: the same GEMM with the factors laid out in the other plausible orders (the K-block index
+            // fastest or the row index fastest; counts padded to a multiple of 4 or not), each pair's error
+            // printed, so that a wrong layout in formats/fp8_block_scaling.h shows which one cuBLASLt reads.
+            // Layout v of a (rows x k) operand's block factors (block row br = r or r / 128, block column kb):
+            //   0: kb * nr + br   1: br * nk + kb   2: kb * round4(nr) + br   3: br * round4(nk) + kb
+            auto relayout = [&](bool blk, const std::vector<float>& inv, int rows, int v) {
+                const int nr = blk ? llmc::fp8_blocks(rows) : rows, nk = llmc::fp8_blocks(k);
+                std::vector<float> out((size_t)llmc::fp8_round_up4(nr) * llmc::fp8_round_up4(nk) + 16, 0.0f);
+                for (int br = 0; br < nr; br++)
+                    for (int kb = 0; kb < nk; kb++) {
+                        const float f = blk ? inv[llmc::fp8_blk128_scale_index(br, kb, k)] : inv[llmc::fp8_vec128_scale_index(br, kb, rows)];
+                        const size_t at = v == 0 ? (size_t)kb * nr + br : v == 1 ? (size_t)br * nk + kb
+                                        : v == 2 ? (size_t)kb * llmc::fp8_round_up4(nr) + br : (size_t)br * llmc::fp8_round_up4(nk) + kb;
+                        out[at] = f;
+                    }
+                return out;
+            };
+            for (int va_ = 0; va_ < 4; va_++)
+                for (int vb_ = 0; vb_ < 4; vb_++) {
+                    float* xa = to_device(relayout(a_blk, ia, m, va_));
+                    float* xb = to_device(relayout(b_blk, ib, n, vb_));
+                    if (d_fp32) cudaCheck(cudaMemcpy(dD, d0.data(), d0.size() * 4, cudaMemcpyHostToDevice));
+                    matmul_fp8_block_scaled(dD, dA, CUDA_R_8F_E4M3, xa, dB, b_e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3, xb, nullptr,
+                                            m, n, k, 0, EPI_NONE, nullptr, blocks, d_fp32, d_fp32 ? 1.0f : 0.0f);
+                    std::vector<double> g2(got.size());
+                    if (d_fp32) { std::vector<float> h = to_host((float*)dD, g2.size()); for (size_t i = 0; i < g2.size(); i++) g2[i] = h[i]; }
+                    else { std::vector<floatX> h = to_host((floatX*)dD, g2.size()); for (size_t i = 0; i < g2.size(); i++) g2[i] = bf2f(h[i]); }
+                    printf("[INFO] %s: A factors in layout %d, B in layout %d: rel L2 %.2e\n", name, va_, vb_, rel_l2(g2, want));
+                    cudaFree(xa); cudaFree(xb);
+                }
+        }
+    }
+    cudaFree(dA); cudaFree(dB); cudaFree(dia); cudaFree(dib); cudaFree(dD);
+}
+
+// The recipe under -fs current and -fs block on a small model: current scaling quantizes each tensor with
+// the scale of its own amax at once (a tensor 8x larger gets a scale 8x smaller in the same step), bit for bit
+// as the codec; block scaling's weights, activations and gradients = the CPU reference, and its linear
+// forward and backward against float64 of the dequantized operands.
+static void test_recipe_modes() {
+    ModelShape shape;
+    shape.num_layers = 1; shape.channels = 128; shape.num_heads = 2; shape.max_seq_len = 128;
+    shape.vocab_size = 256; shape.padded_vocab_size = 256;
+    const int B = 2, T = 128, N = B * T, C = shape.channels;
+    std::mt19937 rng(9);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    auto randn = [&](size_t n, float sd) { std::vector<floatX> v(n); for (auto& x : v) x = f2bf(sd * nd(rng)); return v; };
+    std::vector<floatX> hw[NUM_LINEAR_KINDS];
+    floatX* dw[NUM_LINEAR_KINDS];
+    LinearWeights lw;
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+        hw[k] = randn((size_t)linear_in_features((LinearKind)k, C) * linear_out_features((LinearKind)k, C), 0.02f);
+        dw[k] = to_device(hw[k]);
+        lw.weight[k] = dw[k];
+    }
+    const LinearId qkv{0, LIN_QKV};
+    const int OC = 3 * C;
+    std::vector<floatX> x = randn((size_t)N * C, 1.0f), x8x(x.size());
+    for (size_t i = 0; i < x.size(); i++) x8x[i] = f2bf(8.0f * bf2f(x[i]));
+    floatX *dx = to_device(x), *dx8 = to_device(x8x), *dout;
+    cudaCheck(cudaMalloc(&dout, (size_t)N * OC * 2));
+    // current scaling
+    {
+        RecipeOptions opt;
+        opt.scaling = "current";
+        opt.scale_margin = 1;
+        Recipe r;
+        recipe_init(r, opt, shape, B, T);
+        recipe_weights_changed(r, lw, 0);
+        const int tx = fp8_tensor(r, qkv, FP8_X);
+        bool all = true;
+        for (const std::vector<floatX>* in : {&x, &x8x}) {
+            linear_forward(r, qkv, dout, in == &x ? dx : dx8, dw[LIN_QKV], nullptr, N, C, OC, true, 0);
+            const float s = to_host(r.scale + tx, 1)[0], want = llmc::fp8_delayed_scale(amax_of(*in), 448.0f, 1, 1.0f);
+            std::vector<uint8_t> codes = to_host(r.x8, (size_t)N * C);
+            long long bad = 0;
+            for (size_t i = 0; i < codes.size(); i++) bad += codes[i] != llmc::fp8e4m3_encode(bf2f((*in)[i]) * want, Overflow::Saturate);
+            all = all && s == want && bad == 0;
+            check(s == want && bad == 0, "recipe -fs current: the input's scale is its own amax's at once (%g = %g), codes = codec (%lld bad)",
+                  s, want, bad);
+        }
+        (void)all;
+        const std::string d = recipe_describe(r);
+        check(d.find("current scaling") != std::string::npos, "recipe -fs current: described as such (%s)", d.c_str());
+    }
+    // block scaling
+    for (bool e5m2 : {false, true}) {
+        RecipeOptions opt;
+        opt.scaling = "block";
+        opt.block_grad_format = e5m2 ? "e5m2" : "e4m3";
+        opt.pow2_scales = e5m2 ? 1 : 0;
+        Recipe r;
+        recipe_init(r, opt, shape, B, T);
+        recipe_weights_changed(r, lw, 0);
+        const bool pow2 = opt.pow2_scales != 0;
+        // the weights: 128 x 128 blocks, W and W^T
+        std::vector<float> fw = as_floats(hw[LIN_QKV]);
+        std::vector<uint8_t> qw(fw.size()), qwt(fw.size());
+        std::vector<float> iw(llmc::fp8_blk128_scale_count(OC, C), 0.0f), iwt(llmc::fp8_blk128_scale_count(C, OC), 0.0f);
+        llmc::fp8_quantize_128x128_ref(fw.data(), OC, C, false, pow2, qw.data(), qwt.data(), iw.data(), iwt.data());
+        const bool w_same = to_host(fp8_weight(r, qkv), qw.size()) == qw && to_host(fp8_weight_t(r, qkv), qwt.size()) == qwt &&
+                            to_host(fp8_weight_inv(r, qkv), iw.size()) == iw && to_host(fp8_weight_t_inv(r, qkv), iwt.size()) == iwt;
+        check(w_same, "recipe -fs block%s: W and W^T codes and 128x128 factors = CPU reference", pow2 ? " -fp2 1" : "");
+        // forward: x's 1x128 blocks along C, x^T's along the tokens (saved), y against float64
+        std::vector<floatX> bias = randn(OC, 0.1f);
+        floatX* dbias = to_device(bias);
+        linear_forward(r, qkv, dout, dx, dw[LIN_QKV], dbias, N, C, OC, true, 0);
+        std::vector<float> fx = as_floats(x);
+        std::vector<uint8_t> qx(fx.size()), qxt(fx.size());
+        std::vector<float> ix(llmc::fp8_vec128_scale_count(N, C)), ixt(llmc::fp8_vec128_scale_count(C, N));
+        llmc::fp8_quantize_1x128_ref(fx.data(), N, C, false, pow2, qx.data(), ix.data());
+        llmc::fp8_quantize_1x128_t_ref(fx.data(), N, C, false, pow2, qxt.data(), ixt.data());
+        const bool x_same = to_host(r.x8, qx.size()) == qx && to_host(r.x_inv, ix.size()) == ix &&
+                            to_host(fp8_saved_xt(r, qkv), qxt.size()) == qxt && to_host(fp8_saved_xt_inv(r, qkv), ixt.size()) == ixt;
+        check(x_same, "recipe -fs block: x (1x128 along C) and the saved x^T (1x128 along the tokens) = CPU reference");
+        {
+            std::vector<floatX> y = to_host(dout, (size_t)N * OC);
+            std::vector<double> got(y.size()), want(y.size());
+            for (int i = 0; i < N; i++)
+                for (int o = 0; o < OC; o++) {
+                    double acc = bf2f(bias[o]);
+                    for (int c = 0; c < C; c++)
+                        acc += (double)llmc::fp8e4m3_decode(qw[(size_t)o * C + c]) * iw[llmc::fp8_blk128_scale_index(o / 128, c / 128, C)] *
+                               llmc::fp8e4m3_decode(qx[(size_t)i * C + c]) * ix[llmc::fp8_vec128_scale_index(i, c / 128, N)];
+                    want[(size_t)i * OC + o] = acc;
+                    got[(size_t)i * OC + o] = bf2f(y[(size_t)i * OC + o]);
+                }
+            const double e = rel_l2(got, want);
+            check(e < 5e-3, "recipe -fs block: forward vs float64 of the dequantized operands rel L2 %.2e (tol 5e-3)", e);
+        }
+        // backward: dy (1x128 along OC) and dy^T (along the tokens); dx and dW against float64
+        std::vector<floatX> dy = randn((size_t)N * OC, 0.01f);
+        floatX* ddy = to_device(dy);
+        floatX* ddx;
+        float *ddw, *ddb;
+        cudaCheck(cudaMalloc(&ddx, (size_t)N * C * 2));
+        cudaCheck(cudaMalloc(&ddw, (size_t)OC * C * 4)); cudaCheck(cudaMalloc(&ddb, OC * 4));
+        cudaCheck(cudaMemset(ddw, 0, (size_t)OC * C * 4)); cudaCheck(cudaMemset(ddb, 0, OC * 4));
+        linear_backward(r, qkv, ddx, ddw, ddb, ddy, dx, dw[LIN_QKV], nullptr, N, C, OC, 0);
+        std::vector<float> fdy = as_floats(dy);
+        std::vector<uint8_t> qdy(fdy.size()), qdyt(fdy.size());
+        std::vector<float> idy(llmc::fp8_vec128_scale_count(N, OC)), idyt(llmc::fp8_vec128_scale_count(OC, N));
+        llmc::fp8_quantize_1x128_ref(fdy.data(), N, OC, e5m2, pow2, qdy.data(), idy.data());
+        llmc::fp8_quantize_1x128_t_ref(fdy.data(), N, OC, e5m2, pow2, qdyt.data(), idyt.data());
+        const bool dy_same = to_host(r.dy8, qdy.size()) == qdy && to_host(r.dy_inv, idy.size()) == idy &&
+                             to_host(r.dyt8, qdyt.size()) == qdyt && to_host(r.dyt_inv, idyt.size()) == idyt;
+        check(dy_same, "recipe -fs block -fbg %s: dy (1x128 along OC) and dy^T (along the tokens) = CPU reference", e5m2 ? "e5m2" : "e4m3");
+        auto gdec = [&](uint8_t q) { return e5m2 ? (double)llmc::fp8e5m2_decode(q) : (double)llmc::fp8e4m3_decode(q); };
+        {
+            std::vector<floatX> g = to_host(ddx, (size_t)N * C);
+            std::vector<double> got(g.size()), want(g.size());
+            for (int i = 0; i < N; i++)
+                for (int c = 0; c < C; c++) {
+                    double acc = 0;
+                    for (int o = 0; o < OC; o++)
+                        acc += gdec(qdy[(size_t)i * OC + o]) * idy[llmc::fp8_vec128_scale_index(i, o / 128, N)] *
+                               (double)llmc::fp8e4m3_decode(qw[(size_t)o * C + c]) * iw[llmc::fp8_blk128_scale_index(o / 128, c / 128, C)];
+                    want[(size_t)i * C + c] = acc;
+                    got[(size_t)i * C + c] = bf2f(g[(size_t)i * C + c]);
+                }
+            const double e = rel_l2(got, want);
+            check(e < 5e-3, "recipe -fs block: dgrad vs float64 of the dequantized operands rel L2 %.2e (tol 5e-3)", e);
+        }
+        {
+            std::vector<float> g = to_host(ddw, (size_t)OC * C);
+            std::vector<double> got(g.size()), want(g.size());
+            for (int o = 0; o < OC; o++)
+                for (int c = 0; c < C; c++) {
+                    double acc = 0;
+                    for (int i = 0; i < N; i++)
+                        acc += gdec(qdyt[(size_t)o * N + i]) * idyt[llmc::fp8_vec128_scale_index(o, i / 128, OC)] *
+                               (double)llmc::fp8e4m3_decode(qxt[(size_t)c * N + i]) * ixt[llmc::fp8_vec128_scale_index(c, i / 128, C)];
+                    want[(size_t)o * C + c] = acc;
+                    got[(size_t)o * C + c] = g[(size_t)o * C + c];
+                }
+            // (through BF16 where cuBLASLt has no FP32 output for it: Recipe::wgrad_bf16, one BF16 rounding)
+            const double e = rel_l2(got, want), tol = r.wgrad_bf16 ? 5e-3 : 5e-4;
+            check(e < tol, "recipe -fs block: wgrad (%s) vs float64 of the dequantized operands rel L2 %.2e (tol %.0e)",
+                  r.wgrad_bf16 ? "BF16 product added to FP32" : "FP32", e, tol);
+        }
+        {
+            std::vector<float> g = to_host(ddb, OC);
+            double num = 0, den = 0;
+            for (int o = 0; o < OC; o++) {
+                double s = 0;
+                for (int i = 0; i < N; i++) s += bf2f(dy[(size_t)i * OC + o]);
+                num += (g[o] - s) * (g[o] - s); den += s * s;
+            }
+            check(std::sqrt(num / den) < 1e-5, "recipe -fs block: bias gradient rel L2 %.2e (tol 1e-5)", std::sqrt(num / den));
+        }
+        cudaFree(dbias); cudaFree(ddy); cudaFree(ddx); cudaFree(ddw); cudaFree(ddb);
+    }
+    cudaFree(dx); cudaFree(dx8); cudaFree(dout);
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) cudaFree(dw[k]);
+}
+
 int main() {
     if (!gpu_present()) return 77;
     matmul_init();
@@ -1040,6 +1366,24 @@ int main() {
     test_fused_fc_dy(65536, 3072, 768, true);
     test_fused_fc_dy(16384, 6400, 1600, true);
     test_recipe();
+    // block scaling: the quantizers (tail blocks: 300 = 2 x 128 + 44, 100, widths not multiples of 8)
+    for (bool pow2 : {false, true}) {
+        test_block_quantize<Fp8Kind::E4M3>(256, 384, false, pow2);
+        test_block_quantize<Fp8Kind::E4M3>(300, 200, false, pow2);
+        test_block_quantize<Fp8Kind::E5M2>(256, 768, false, pow2);
+        test_block_quantize<Fp8Kind::E5M2>(100, 36, false, pow2);
+        test_block_quantize<Fp8Kind::E4M3>(384, 256, true, pow2);
+        test_block_quantize<Fp8Kind::E4M3>(300, 130, true, pow2);
+        test_block_quantize<Fp8Kind::E4M3>(77, 1030, true, pow2);
+    }
+    // the block-scaled GEMMs: forward / dgrad (A 128x128, B 1x128), wgrad (both 1x128, FP32 +=), and TCFP-12's pair
+    test_block_gemm("block gemm forward A128x128 x B1x128 E4M3", MATMUL_BLOCKS_A128x128_B1x128, Fp8Kind::E4M3, false, 384, 256, 768, 5e-3);
+    test_block_gemm("block gemm dgrad A128x128 x B1x128 E4M3xE5M2", MATMUL_BLOCKS_A128x128_B1x128, Fp8Kind::E5M2, false, 256, 128, 512, 5e-3);
+    test_block_gemm("block gemm dgrad A128x128 x B1x128 (m = 640: 5 row blocks)", MATMUL_BLOCKS_A128x128_B1x128, Fp8Kind::E4M3, false, 640, 256, 640, 5e-3);
+    test_block_gemm("block gemm wgrad A1x128 x B1x128 FP32 +=", MATMUL_BLOCKS_A1x128_B1x128, Fp8Kind::E4M3, true, 256, 384, 1024, 5e-4);
+    test_block_gemm("block gemm wgrad A1x128 x B1x128 E4M3xE5M2 FP32 +=", MATMUL_BLOCKS_A1x128_B1x128, Fp8Kind::E5M2, true, 128, 256, 512, 5e-4);
+    test_block_gemm("block gemm A1x128 x B128x128 (TCFP-12's pair)", MATMUL_BLOCKS_A1x128_B128x128, Fp8Kind::E4M3, false, 256, 384, 640, 5e-3);
+    test_recipe_modes();
     matmul_free();
     printf("fp8 tests: %d passed, %d failed\n", g_passed, g_failed);
     return g_failed == 0 ? 0 : 1;

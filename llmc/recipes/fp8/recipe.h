@@ -30,6 +30,7 @@
 #include "llmc/recipe_api.h"
 #include "options.h"
 #include "llmc/formats/fp8_quantize.cuh"
+#include "llmc/formats/fp8_block_quantize.cuh"
 #include "fp8_gemm.cuh"
 #include "llmc/gelu.cuh"
 #include "llmc/profiler.h"
@@ -115,7 +116,31 @@ struct Recipe {
     // dgrad writes the fc layer's output gradient, E5M2 codes of d(gelu output) bf16(gelu'(pre)) in both layouts
     // with its bias sums, each from its epilogue, instead of cuBLASLt's GEMM and a pass. LLMC_FP8_FUSED_GEMM=0 turns them off (A/B runs).
     bool fused_gemm = true;
+    // -fs (options.h): FP8_SCALING_DELAYED, _CURRENT or _BLOCK
+    int mode = FP8_SCALING_DELAYED;
+    // Current scaling: the amax of an input ([0]) or an output gradient ([1]) that the kernel which wrote the
+    // tensor recorded (recipe_site_output, an amax-only target), and the linear whose next call takes it in
+    // place of an amax pass of its own
+    uint32_t* given_amax = nullptr;
+    LinearId x_amax_given{-1, LIN_QKV}, dy_amax_given{-1, LIN_QKV};
+    // Block scaling: the dequantization factors of the codes above (formats/fp8_block_scaling.h's layouts)
+    float* weight_inv = nullptr;              // per linear: W's (128 x 128 blocks of OC x C), then W^T's (of C x OC)
+    std::vector<size_t> weight_inv_offset;    // floats, per linear, into weight_inv
+    float* saved_xt_inv = nullptr;            // per linear: x^T's (1 x 128 blocks of C x N, along the tokens)
+    std::vector<size_t> saved_xt_inv_offset;  // floats, per linear
+    float *x_inv = nullptr, *dy_inv = nullptr, *dyt_inv = nullptr; // scratch: x's, dy's (along K), dy^T's (along N)
+    uint32_t* scale_hist = nullptr;           // (num_tensors x 256) telemetry: counts of floor(log2 s) + 128
+    // (where cuBLASLt has no block-scaled GEMM with an FP32 output: the wgrad's BF16 product, added to the
+    // FP32 gradient by a kernel of ours; allocated on that first need)
+    floatX* wgrad_bf16 = nullptr;
 };
+static const int FP8_SCALE_HIST_BINS = 256;
+
+// Whether tensor t's scale is known before the tensor exists: delayed scaling, once the tensor has a history.
+// Only then can a kernel write its codes as it produces it (the LayerNorm and attention sites, the fused MLP
+// GEMMs, the GELU applied in a later pass); current scaling needs the finished tensor's amax first, and
+// block scaling has recipes/fp8/block.h's own passes.
+inline bool fp8_scale_known(const Recipe& r, int t) { return r.mode == FP8_SCALING_DELAYED && r.calibrated[t]; }
 
 inline int fp8_tensor(const Recipe& r, LinearId id, Fp8Role role) {
     return role * r.num_linears + id.layer * NUM_LINEAR_KINDS + id.kind;
@@ -126,6 +151,7 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
                         const RecipeContext& = RecipeContext()) {
     r.options = o;
     resolve_fp8_defaults(r.options);
+    r.mode = fp8_scaling_mode(o);
     r.L = shape.num_layers; r.C = shape.channels; r.B = B; r.T = T;
     linear_scratch_init(r.scratch, r.C);
     r.num_linears = r.L * NUM_LINEAR_KINDS;
@@ -158,11 +184,36 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
     r.dyt8 = (uint8_t*)cuda_malloc_or_die(widest, "fp8 gradients");
     r.eval_scale = (float*)cuda_malloc_or_die(2 * FP8_INV_STRIDE * sizeof(float), "fp8 scales");
     r.eval_amax = (uint32_t*)cuda_malloc_or_die(sizeof(uint32_t), "fp8 amax");
+    r.given_amax = (uint32_t*)cuda_malloc_or_die(2 * sizeof(uint32_t), "fp8 amax");
+    cudaCheck(cudaMemset(r.given_amax, 0, 2 * sizeof(uint32_t)));
     r.col_partials = (float*)cuda_malloc_or_die((size_t)ceil_div((long long)B * T, FP8_TILE) * 4 * r.C * sizeof(float),
                                                 "bias gradient scratch");
     if (const char* e = getenv("LLMC_FP8_FUSED_GEMM")) {
         if (strcmp(e, "0") && strcmp(e, "1")) input_error("LLMC_FP8_FUSED_GEMM must be 0 (cuBLASLt and the passes) or 1 (the fused MLP GEMMs), got '%s'", e);
         r.fused_gemm = e[0] == '1';
+    }
+    if (r.mode != FP8_SCALING_DELAYED) r.fused_gemm = false; // (its epilogues quantize with a scale known in advance)
+    if (r.mode == FP8_SCALING_BLOCK) {
+        using namespace llmc;
+        const size_t N = (size_t)B * T;
+        const size_t winv = quantized_linears_layout(r.options, r.L, r.C, r.weight_inv_offset, [&](int K, int OC) {
+            return fp8_blk128_scale_count(OC, K) + fp8_blk128_scale_count(K, OC);
+        });
+        const size_t xtinv = quantized_linears_layout(r.options, r.L, r.C, r.saved_xt_inv_offset,
+                                                      [&](int K, int) { return fp8_vec128_scale_count(K, (int)N); });
+        const size_t widest = std::max(fp8_vec128_scale_count((int)N, 4 * r.C), fp8_vec128_scale_count(4 * r.C, (int)N));
+        auto alloc = [&](size_t floats) {
+            float* p = (float*)cuda_malloc_or_die(std::max<size_t>(floats, 4) * sizeof(float), "fp8 block scales");
+            cudaCheck(cudaMemset(p, 0, std::max<size_t>(floats, 4) * sizeof(float))); // (the layouts' padding stays 0)
+            return p;
+        };
+        r.weight_inv = alloc(winv);
+        r.saved_xt_inv = alloc(xtinv);
+        r.x_inv = alloc(widest);
+        r.dy_inv = alloc(widest);
+        r.dyt_inv = alloc(widest);
+        r.scale_hist = (uint32_t*)cuda_malloc_or_die(nt * FP8_SCALE_HIST_BINS * sizeof(uint32_t), "fp8 telemetry");
+        cudaCheck(cudaMemset(r.scale_hist, 0, nt * FP8_SCALE_HIST_BINS * sizeof(uint32_t)));
     }
 }
 
@@ -170,9 +221,15 @@ inline std::string recipe_describe(const Recipe& r) {
     const RecipeOptions& o = r.options;
     int q0 = o.skip_first, q1 = r.L - o.skip_last;
     std::string layers = q1 > q0 ? strfmt("layers %d-%d in FP8", q0, q1 - 1) : std::string("no layer in FP8");
-    return strfmt("fp8: E4M3 forward / E5M2 backward, delayed scaling (history %d, margin %d), %s, -sqf %d -sql %d, "
-                  "GELU' rounded to BF16%s",
-                  o.amax_history, o.scale_margin, layers.c_str(), o.skip_first, o.skip_last,
+    std::string scaling = strfmt("E4M3 forward / E5M2 backward, delayed scaling (history %d, margin %d)", o.amax_history,
+                                 o.scale_margin);
+    if (r.mode == FP8_SCALING_CURRENT)
+        scaling = strfmt("E4M3 forward / E5M2 backward, current scaling (margin %d)", o.scale_margin);
+    if (r.mode == FP8_SCALING_BLOCK)
+        scaling = strfmt("E4M3 forward / %s backward, block scaling (1x128 activations and gradients, 128x128 weights%s)",
+                         fp8_block_grads_e5m2(o) ? "E5M2" : "E4M3", o.pow2_scales ? ", power-of-two scales" : "");
+    return strfmt("fp8: %s, %s, -sqf %d -sql %d, GELU' rounded to BF16%s", scaling.c_str(), layers.c_str(), o.skip_first,
+                  o.skip_last,
                   r.fused_gemm && gemm_wgmma::available() ? "; the MLP's FP8 operands from the fc GEMM's and the fc projection dgrad's epilogues" : "");
 }
 
@@ -200,15 +257,24 @@ inline float* fp8_inv(const Recipe& r, int t) { return r.inv_scale + (size_t)t *
 // data-parallel run the training calibration takes process 0's amax (its first slice), the one a
 // single process with every micro-step would have used, so that all processes quantize the step's
 // slices with the same scales, those of one process.
-inline Fp8ScalePtrs fp8_scale_for(Recipe& r, int t, const floatX* x, long long n, bool training, cudaStream_t st) {
-    if (r.calibrated[t]) return {r.scale + t, fp8_inv(r, t)};
+// Current scaling calibrates every time, the same way, from the amax of the tensor about to be quantized:
+// amax_given when the kernel that wrote it recorded that (recipe_site_output), else from a pass of its
+// own over x. Each process scales its own slice (the weights, alike on every process, get alike scales).
+inline Fp8ScalePtrs fp8_scale_for(Recipe& r, int t, const floatX* x, long long n, bool training, cudaStream_t st,
+                                  const uint32_t* amax_given = nullptr) {
+    if (r.mode == FP8_SCALING_DELAYED && r.calibrated[t]) return {r.scale + t, fp8_inv(r, t)};
     float* s = training ? r.scale + t : r.eval_scale;
     float* inv = training ? fp8_inv(r, t) : r.eval_scale + FP8_INV_STRIDE;
-    cudaCheck(cudaMemsetAsync(r.eval_amax, 0, sizeof(uint32_t), st));
-    tensor_amax(r.eval_amax, x, n, st);
-    if (training && g_cross_process.active()) g_cross_process.broadcast_u32(g_cross_process.ctx, r.eval_amax, 1, st);
+    const uint32_t* amax = amax_given;
+    if (!amax) {
+        cudaCheck(cudaMemsetAsync(r.eval_amax, 0, sizeof(uint32_t), st));
+        tensor_amax(r.eval_amax, x, n, st);
+        if (training && r.mode == FP8_SCALING_DELAYED && g_cross_process.active())
+            g_cross_process.broadcast_u32(g_cross_process.ctx, r.eval_amax, 1, st);
+        amax = r.eval_amax;
+    }
     const float fp8_max = t / r.num_linears == FP8_DY ? llmc::FP8_E5M2_MAX : llmc::FP8_E4M3_MAX;
-    fp8_scale_from_amax_kernel<<<1, 1, 0, st>>>(s, inv, r.eval_amax, fp8_max, r.options.scale_margin);
+    fp8_scale_from_amax_kernel<<<1, 1, 0, st>>>(s, inv, amax, fp8_max, r.options.scale_margin);
     cudaCheckLaunch();
     if (training) r.calibrated[t] = 1;
     return {s, inv};
@@ -222,9 +288,37 @@ inline uint8_t* fp8_weight_t(const Recipe& r, LinearId id) {
 }
 
 // FP8 GEMMs need every leading dimension to be a multiple of 16 bytes; other shapes (and the
-// layers kept in BF16) take the plain linear
+// layers kept in BF16) take the plain linear. Block scaling also needs each of its GEMMs' K (C, OC and
+// the tokens N) to be a multiple of 128, cuBLASLt's block-scaled GEMMs' condition: a linear of another
+// shape runs in BF16 (the quantizers themselves define a shorter last block: fp8_block_scaling.h).
 inline bool fp8_applies(const Recipe& r, LinearId id, int N, int C, int OC) {
+    if (r.mode == FP8_SCALING_BLOCK && (N % llmc::FP8_BLOCK != 0 || C % llmc::FP8_BLOCK != 0 || OC % llmc::FP8_BLOCK != 0))
+        return false;
     return layer_is_quantized(r.options, id.layer, r.L) && N % 16 == 0 && C % 16 == 0 && OC % 16 == 0;
+}
+
+// ---- block scaling (-fs block) ------------------------------------------------------------------
+// Which GEMMs and which blocks (doc/recipes/fp8.md):
+//   forward  y  = x W^T   A = W   (OC x C),  128 x 128 blocks    B = x  (N x C),  1 x 128 along C
+//   dgrad    dx = dy W    A = W^T (C x OC),  128 x 128 blocks    B = dy (N x OC), 1 x 128 along OC
+//                         (W's blocks transposed: the same scales, another layout of them)
+//   wgrad    dW += dy^T x A = x^T (C x N),   1 x 128 along N     B = dy^T (OC x N), 1 x 128 along N
+// A GEMM's blocks lie along its own K, so the wgrad's operands are not the transposed codes of x and dy
+// (whose blocks lie along C and OC) but their own quantization, by columns, from the same read of the BF16
+// tensor (fp8_block_quantize's cols layout): x^T in the forward pass (saved for the backward), dy^T with dy.
+// E4M3 for the weights and activations, E4M3 (or E5M2, -fbg e5m2) for the gradients; FP32 accumulation,
+// promoted every 128 values of K (no fast accumulation).
+inline float* fp8_weight_inv(const Recipe& r, LinearId id) { return r.weight_inv + r.weight_inv_offset[fp8_linear_index(id)]; }
+inline float* fp8_weight_t_inv(const Recipe& r, LinearId id) {
+    const int C = linear_in_features(id.kind, r.C), OC = linear_out_features(id.kind, r.C);
+    return fp8_weight_inv(r, id) + llmc::fp8_blk128_scale_count(OC, C);
+}
+inline float* fp8_saved_xt_inv(const Recipe& r, LinearId id) { return r.saved_xt_inv + r.saved_xt_inv_offset[fp8_linear_index(id)]; }
+inline uint32_t* fp8_scale_hist(const Recipe& r, int t) { return r.scale_hist + (size_t)t * FP8_SCALE_HIST_BINS; }
+[[noreturn]] inline void fp8_no_block_gemm(const char* what, int m, int n, int k) {
+    fprintf(stderr, "error: cuBLASLt has no block-scaled FP8 GEMM for the %s (m=%d n=%d k=%d; -fs block needs CUDA 12.9+ "
+                    "and Hopper)\n", what, m, n, k);
+    exit(1);
 }
 
 // ---- the API ------------------------------------------------------------------------------------
@@ -240,6 +334,15 @@ inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream
             const int C = linear_in_features(id.kind, r.C), OC = linear_out_features(id.kind, r.C);
             const floatX* W = w.weight[k] + (size_t)l * OC * C;
             const int t = fp8_tensor(r, id, FP8_W);
+            if (r.mode == FP8_SCALING_BLOCK) { // W and W^T with their 128 x 128 block scales, from one read
+                Fp8BlockOutput o;
+                o.rows = fp8_weight(r, id);
+                o.rows_inv = fp8_weight_inv(r, id);
+                o.cols = fp8_weight_t(r, id);
+                o.cols_inv = fp8_weight_t_inv(r, id);
+                fp8_block_quantize<Fp8Kind::E4M3>(W, OC, C, true, r.options.pow2_scales != 0, o, r.amax_now + t, fp8_stats_of(r, t), st);
+                continue;
+            }
             Fp8ScalePtrs s = fp8_scale_for(r, t, W, (long long)OC * C, true, st);
             fp8_quantize_transpose<Fp8Kind::E4M3>(fp8_weight(r, id), fp8_weight_t(r, id), W, OC, C, s.scale,
                                                   r.amax_now + t, fp8_stats_of(r, t), st);
@@ -268,6 +371,8 @@ inline void recipe_step_end(Recipe& r, cudaStream_t st) {
     // the activations' and gradients' counts start again (the weights' are reset with the weights)
     const int nl = r.num_linears;
     cudaCheck(cudaMemsetAsync(r.stats + (size_t)FP8_X * nl * 3, 0, (size_t)2 * nl * 3 * sizeof(unsigned long long), st));
+    if (r.scale_hist)
+        cudaCheck(cudaMemsetAsync(fp8_scale_hist(r, FP8_X * nl), 0, (size_t)2 * nl * FP8_SCALE_HIST_BINS * sizeof(uint32_t), st));
 }
 
 // A skipped update (recipe_api.h): the step's activation and gradient amaxes (NaN, where a NaN went
@@ -295,7 +400,7 @@ inline void fp8_write_gelu_out(Recipe& r, cudaStream_t st) { r.pending_gelu_out.
 inline Fp8Target fp8_input_target(Recipe& r, LinearId id, int N, int C, bool training) {
     Fp8Target t;
     const int t_x = fp8_tensor(r, id, FP8_X);
-    if (!fp8_applies(r, id, N, C, linear_out_features(id.kind, r.C)) || !r.calibrated[t_x] || r.count_stats) return t;
+    if (!fp8_applies(r, id, N, C, linear_out_features(id.kind, r.C)) || !fp8_scale_known(r, t_x) || r.count_stats) return t;
     t.rows = r.x8;
     t.scale = r.scale + t_x;
     t.amax = training ? r.amax_now + t_x : nullptr; // evaluation records nothing
@@ -331,7 +436,8 @@ inline const float* fp8_quantize_input(Recipe& r, LinearId id, const floatX* inp
         r.x_given_with_t = false;
         return fp8_inv(r, t);
     }
-    Fp8ScalePtrs s = fp8_scale_for(r, t, inp, (long long)N * C, training, st);
+    const bool amax_given = fp8_take_given(r.x_amax_given, id, "input amax");
+    Fp8ScalePtrs s = fp8_scale_for(r, t, inp, (long long)N * C, training, st, amax_given ? r.given_amax : nullptr);
     if (training) {
         fp8_quantize_transpose<Fp8Kind::E4M3>(r.x8, fp8_saved_xt(r, id), inp, N, C, s.scale, r.amax_now + t,
                                               r.count_stats ? fp8_stats_of(r, t) : Fp8Stats(), st, nullptr, nullptr,
@@ -351,12 +457,35 @@ inline bool recipe_needs_input_in_backward(const Recipe& r, LinearId id, int N) 
     return !fp8_applies(r, id, N, linear_in_features(id.kind, r.C), linear_out_features(id.kind, r.C));
 }
 
+// The forward GEMM under block scaling: x with its 1 x 128 blocks along C (and, in training, x^T with its blocks
+// along the tokens, for the backward's wgrad) from one read of x, then the GEMM against W's 128 x 128 blocks.
+inline void fp8_block_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* bias, int N, int C, int OC,
+                              bool training, cudaStream_t st) {
+    const int t_x = fp8_tensor(r, id, FP8_X);
+    PHASE("fp8: block-quantize x");
+    Fp8BlockOutput o;
+    o.rows = r.x8;
+    o.rows_inv = r.x_inv;
+    if (training) {
+        o.cols = fp8_saved_xt(r, id);
+        o.cols_inv = fp8_saved_xt_inv(r, id);
+    }
+    const bool counted = training && r.count_stats;
+    fp8_block_quantize<Fp8Kind::E4M3>(inp, N, C, false, r.options.pow2_scales != 0, o, training ? r.amax_now + t_x : nullptr,
+                                      counted ? fp8_stats_of(r, t_x) : Fp8Stats(), st);
+    if (counted) fp8_scale_log2_histogram(r.x_inv, (long long)llmc::fp8_vec128_scale_count(N, C), fp8_scale_hist(r, t_x), st);
+    PHASE("fp8: gemm forward");
+    if (!matmul_fp8_block_scaled(out, fp8_weight(r, id), CUDA_R_8F_E4M3, fp8_weight_inv(r, id), r.x8, CUDA_R_8F_E4M3, r.x_inv,
+                                 bias, OC, N, C, st, EPI_NONE, nullptr, MATMUL_BLOCKS_A128x128_B1x128))
+        fp8_no_block_gemm("forward pass", OC, N, C);
+}
+
 inline void recipe_linear_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* weight,
                                   const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
     (void)weight;
     // the fc projection reads its input, the GELU output that the fc layer left unwritten, from the
     // pre-activation (once its scale exists: a first calibration reads the GELU output itself)
-    const bool gelu_of_input = r.pending_gelu_out.is_for(id, inp) && (r.calibrated[fp8_tensor(r, id, FP8_X)] != 0);
+    const bool gelu_of_input = r.pending_gelu_out.is_for(id, inp) && fp8_scale_known(r, fp8_tensor(r, id, FP8_X));
     const floatX* x_source = inp;
     if (gelu_of_input) {
         if (r.pending_gelu_out.pre_is_derivative && !same_linear(r.x_given, id)) {
@@ -367,6 +496,10 @@ inline void recipe_linear_forward(Recipe& r, LinearId id, floatX* out, const flo
         x_source = r.pending_gelu_out.take();
     } else {
         fp8_write_gelu_out(r, st);
+    }
+    if (r.mode == FP8_SCALING_BLOCK) {
+        fp8_block_forward(r, id, out, x_source, bias, N, C, OC, training, st);
+        return;
     }
     PHASE("fp8: quantize x");
     const float* x_inv = fp8_quantize_input(r, id, x_source, N, C, training, st, gelu_of_input);
@@ -385,10 +518,15 @@ inline void recipe_linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out,
     (void)weight;
     fp8_write_gelu_out(r, st);
     r.fc_keeps_gelu_factor[id.layer] = 0;
+    if (r.mode == FP8_SCALING_BLOCK) { // (the GELU as in the unfused path below: left to the fc projection's forward)
+        fp8_block_forward(r, id, pre_gelu, inp, bias, N, C, OC, training, st);
+        r.pending_gelu_out.leave(gelu_out, pre_gelu, (long long)N * OC, id.layer);
+        return;
+    }
     Fp8Operand a{fp8_weight(r, id), CUDA_R_8F_E4M3, fp8_inv(r, fp8_tensor(r, id, FP8_W))};
     const LinearId fcp{id.layer, LIN_FCPROJ};
     const int t_xp = fp8_tensor(r, fcp, FP8_X);
-    const bool fused = training && r.fused_gemm && !r.count_stats && fp8_applies(r, fcp, N, OC, C) && r.calibrated[t_xp] &&
+    const bool fused = training && r.fused_gemm && !r.count_stats && fp8_applies(r, fcp, N, OC, C) && fp8_scale_known(r, t_xp) &&
                        fp8_gemm::supported(N, OC, C, {pre_gelu, r.x8, r.dy8, a.data, fp8_saved_xt(r, fcp), bias});
     // x's codes from the LayerNorm (no quantize pass, which would write x^T too): the fused GEMM, which loads
     // every tile of x anyway, writes x^T, instead of a transpose pass over x
@@ -432,7 +570,7 @@ inline void recipe_linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out,
 inline Fp8Target fp8_gradient_target(Recipe& r, LinearId id, int N, int OC, bool rows_only) {
     Fp8Target t;
     const int t_dy = fp8_tensor(r, id, FP8_DY);
-    if (!fp8_applies(r, id, N, linear_in_features(id.kind, r.C), OC) || !r.calibrated[t_dy]) return t;
+    if (!fp8_applies(r, id, N, linear_in_features(id.kind, r.C), OC) || !fp8_scale_known(r, t_dy)) return t;
     if (rows_only && r.count_stats) return t;
     t.rows = r.dy8;
     t.cols = rows_only ? nullptr : r.dyt8;
@@ -446,7 +584,25 @@ inline Fp8Target fp8_gradient_target(Recipe& r, LinearId id, int N, int OC, bool
 
 // The sites of recipe_api.h: the LayerNorm and attention outputs as the next linear's E4M3 input, the
 // LayerNorm backward's output and the attention backward's dqkv as E5M2 output gradients (above)
-inline Fp8Target recipe_site_output(Recipe& r, RecipeSite site, LinearId id, int rows, int cols, bool training, cudaStream_t) {
+// Current scaling: the LayerNorm forward and backward and the attention backward write their BF16 output as
+// usual and record its amax (an amax-only target), so that the linear next in line scales it without an amax
+// pass of its own (its quantize pass still reads the BF16 tensor: the scale must exist before the codes). The
+// same amax, bit for bit, as the pass over the stored BF16 values would find.
+inline Fp8Target fp8_current_amax_target(Recipe& r, RecipeSite site, LinearId id, int rows, int cols, cudaStream_t st) {
+    Fp8Target t;
+    const bool input = site == SITE_LAYERNORM_OUTPUT;
+    if (!input && site != SITE_LAYERNORM_BACKWARD_OUTPUT && site != SITE_ATTENTION_BACKWARD_DQKV) return t;
+    const int K = input ? cols : linear_in_features(id.kind, r.C), OC = input ? linear_out_features(id.kind, r.C) : cols;
+    if (!fp8_applies(r, id, rows, K, OC)) return t;
+    t.amax = r.given_amax + (input ? 0 : 1);
+    cudaCheck(cudaMemsetAsync(t.amax, 0, sizeof(uint32_t), st));
+    (input ? r.x_amax_given : r.dy_amax_given) = id;
+    return t;
+}
+
+inline Fp8Target recipe_site_output(Recipe& r, RecipeSite site, LinearId id, int rows, int cols, bool training, cudaStream_t st) {
+    if (r.mode == FP8_SCALING_CURRENT) return fp8_current_amax_target(r, site, id, rows, cols, st);
+    if (r.mode == FP8_SCALING_BLOCK) return Fp8Target();
     switch (site) {
     case SITE_LAYERNORM_OUTPUT: return fp8_input_target(r, id, rows, cols, training);
     case SITE_ATTENTION_OUTPUT: return fp8_attention_output_target(r, id, rows, cols, training);
@@ -462,6 +618,7 @@ inline Fp8Target recipe_site_output(Recipe& r, RecipeSite site, LinearId id, int
 // = that gradient; applied as a separate pass otherwise)
 struct Fp8BackwardStart {
     bool dy_given = false;
+    bool dy_amax_given = false; // (current scaling: the amax of dout, in r.given_amax[1])
     bool bias_partials = false;
     const floatX* gelu_pre = nullptr;
     GeluFactor gelu_factor = GeluFactor::ROUNDED;
@@ -471,6 +628,7 @@ inline Fp8BackwardStart fp8_backward_start(Recipe& r, LinearId id, float* dbias,
     Fp8BackwardStart b;
     fp8_write_gelu_out(r, st);
     b.dy_given = fp8_take_given(r.dy_given, id, "E5M2 output gradient");
+    b.dy_amax_given = fp8_take_given(r.dy_amax_given, id, "output gradient amax");
     b.bias_partials = b.dy_given && r.dy_given_bias_partials;
     r.dy_given_bias_partials = false;
     if (b.dy_given && ((dbias && !b.bias_partials) || r.pending_gelu.grad)) {
@@ -503,11 +661,73 @@ inline void recipe_before_plain_linear(Recipe& r, LinearId id, LinearPass pass, 
     if (pass == PASS_FORWARD_GELU) r.fc_keeps_gelu_factor[id.layer] = 0;
 }
 
+// dst[i] += src[i] (the block-scaled wgrad's fallback through BF16)
+__global__ void fp8_add_bf16_to_fp32_kernel(float* dst, const floatX* src, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        dst[i] += (float)src[i];
+}
+inline void fp8_add_bf16_to_fp32(float* dst, const floatX* src, long long n, cudaStream_t st) {
+    fp8_add_bf16_to_fp32_kernel<<<fp8_grid_size(n, 256), 256, 0, st>>>(dst, src, n);
+    cudaCheckLaunch();
+}
+
+// The backward GEMMs under block scaling: the bias gradient (column sums of dout, as the delayed path sums them),
+// dy (1 x 128 along OC) and dy^T (1 x 128 along the tokens) from one read of dout, the wgrad (x^T saved by the
+// forward against dy^T, FP32 accumulated into dweight) and the dgrad (W^T's 128 x 128 blocks against dy), then
+// the GELU derivative as its own pass where the fc projection's input gradient needs it.
+inline void fp8_block_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
+                               const floatX* pre_gelu, int N, int C, int OC, cudaStream_t st) {
+    const int t_dy = fp8_tensor(r, id, FP8_DY);
+    const bool e5m2 = fp8_block_grads_e5m2(r.options), pow2 = r.options.pow2_scales != 0;
+    const cudaDataType_t grad_type = e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+    PHASE("fp8: bias grad");
+    if (dbias) // (no codes written: the quantize-transpose pass's column sums alone; the scale it reads makes no code)
+        fp8_quantize_transpose<Fp8Kind::E5M2>(nullptr, nullptr, dout, N, OC, r.scale, nullptr, Fp8Stats(), st, dbias,
+                                              r.col_partials);
+    PHASE("fp8: block-quantize dy");
+    Fp8BlockOutput o;
+    o.rows = r.dy8;
+    o.rows_inv = r.dy_inv;
+    o.cols = r.dyt8;
+    o.cols_inv = r.dyt_inv;
+    const Fp8Stats stats = r.count_stats ? fp8_stats_of(r, t_dy) : Fp8Stats();
+    if (e5m2) fp8_block_quantize<Fp8Kind::E5M2>(dout, N, OC, false, pow2, o, r.amax_now + t_dy, stats, st);
+    else fp8_block_quantize<Fp8Kind::E4M3>(dout, N, OC, false, pow2, o, r.amax_now + t_dy, stats, st);
+    if (r.count_stats) fp8_scale_log2_histogram(r.dy_inv, (long long)llmc::fp8_vec128_scale_count(N, OC), fp8_scale_hist(r, t_dy), st);
+    PHASE("fp8: gemm wgrad");
+    if (!matmul_fp8_block_scaled(dweight, fp8_saved_xt(r, id), CUDA_R_8F_E4M3, fp8_saved_xt_inv(r, id), r.dyt8, grad_type,
+                                 r.dyt_inv, nullptr, C, OC, N, st, EPI_NONE, nullptr, MATMUL_BLOCKS_A1x128_B1x128, true, 1.0f)) {
+        // no FP32 output for this GEMM: its product in BF16, then added to the FP32 gradient (one BF16 rounding
+        // of each micro-step's dW, relative 2^-9, far below the FP8 operands' error)
+        if (!r.wgrad_bf16) {
+            r.wgrad_bf16 = (floatX*)cuda_malloc_or_die((size_t)4 * r.C * r.C * sizeof(floatX), "fp8 weight gradient scratch");
+            fprintf(stderr, "note: fp8: cuBLASLt has no block-scaled FP8 GEMM with an FP32 output here; the weight "
+                            "gradients go through BF16 before their FP32 accumulation\n");
+        }
+        if (!matmul_fp8_block_scaled(r.wgrad_bf16, fp8_saved_xt(r, id), CUDA_R_8F_E4M3, fp8_saved_xt_inv(r, id), r.dyt8,
+                                     grad_type, r.dyt_inv, nullptr, C, OC, N, st, EPI_NONE, nullptr, MATMUL_BLOCKS_A1x128_B1x128))
+            fp8_no_block_gemm("weight gradient", C, OC, N);
+        fp8_add_bf16_to_fp32(dweight, r.wgrad_bf16, (long long)C * OC, st);
+    }
+    PHASE("fp8: gemm dgrad");
+    if (!matmul_fp8_block_scaled(dinp, fp8_weight_t(r, id), CUDA_R_8F_E4M3, fp8_weight_t_inv(r, id), r.dy8, grad_type, r.dy_inv,
+                                 nullptr, C, N, OC, st, EPI_NONE, nullptr, MATMUL_BLOCKS_A128x128_B1x128))
+        fp8_no_block_gemm("input gradient", C, N, OC);
+    if (!pre_gelu) return;
+    PHASE("fp8: gelu backward");
+    gelu_backward(dinp, pre_gelu, (long long)N * C, st,
+                  r.fc_keeps_gelu_factor[id.layer] ? GeluFactor::GIVEN : GeluFactor::ROUNDED);
+}
+
 inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
                                    const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
                                    cudaStream_t st) {
     (void)weight;
     const Fp8BackwardStart start = fp8_backward_start(r, id, dbias, dout, true, st);
+    if (r.mode == FP8_SCALING_BLOCK) {
+        fp8_block_backward(r, id, dinp, dweight, dbias, dout, pre_gelu, N, C, OC, st);
+        return;
+    }
     const bool dy_given = start.dy_given;
     const bool bias_partials = start.bias_partials;
     // a GELU derivative left for this layer's dy pass (see Recipe::pending_gelu)
@@ -525,14 +745,14 @@ inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* 
     const LinearId fc{id.layer, LIN_FC};
     const int t_dyf = fp8_tensor(r, fc, FP8_DY);
     const bool fused_dy = pre_gelu && id.kind == LIN_FCPROJ && r.fused_gemm && !r.count_stats && fp8_applies(r, fc, N, OC, C) &&
-                          r.calibrated[t_dyf] && fp8_gemm::supported(N, C, OC, {r.x8, r.dyt8, r.dy8, wt.data, pre_gelu});
+                          fp8_scale_known(r, t_dyf) && fp8_gemm::supported(N, C, OC, {r.x8, r.dyt8, r.dy8, wt.data, pre_gelu});
     const bool dyt_in_dgrad = fused_dy && dy_given && r.dy_given_rows_only && fp8_gemm::fc_dy_writes_dy_t_pays(C, OC);
     // dy and dy^T in E5M2, and the bias gradient (column sums of the BF16 dy), from one read of dy
     // (unless the kernel that wrote dy gave them: recipe_site_output)
     PHASE("fp8: quantize dy + bias grad");
     Fp8ScalePtrs sdy{r.scale + t_dy, fp8_inv(r, t_dy)};
     if (!dy_given) {
-        sdy = fp8_scale_for(r, t_dy, dout, (long long)N * OC, true, st);
+        sdy = fp8_scale_for(r, t_dy, dout, (long long)N * OC, true, st, start.dy_amax_given ? r.given_amax + 1 : nullptr);
         fp8_quantize_transpose<Fp8Kind::E5M2>(r.dy8, r.dyt8, dout, N, OC, sdy.scale, r.amax_now + t_dy,
                                               r.count_stats ? fp8_stats_of(r, t_dy) : Fp8Stats(), st, dbias,
                                               dbias ? r.col_partials : nullptr, gelu_pre, false, nullptr, gelu_factor);
@@ -581,7 +801,7 @@ inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* 
     if (!pre_gelu) return;
     // the fc layer of this block quantizes dinp next: leave the derivative to its dy pass, once its dy
     // scale exists (the calibrating first pass reads dy's amax from the finished tensor)
-    if (id.kind == LIN_FCPROJ && fp8_applies(r, fc, N, OC, C) && r.calibrated[t_dyf]) {
+    if (id.kind == LIN_FCPROJ && fp8_applies(r, fc, N, OC, C) && fp8_scale_known(r, t_dyf)) {
         r.pending_gelu.grad = dinp;
         r.pending_gelu.pre = pre_gelu;
         r.pending_gelu.n = (long long)N * C;
@@ -605,6 +825,11 @@ inline void recipe_save(const Recipe& r, StateWriter& w) {
     int32_t opts[4] = {r.options.amax_history, r.options.scale_margin, r.options.skip_first, r.options.skip_last};
     int64_t steps = r.steps_pushed;
     w.add_copy("fp8_options", opts, sizeof(opts));
+    if (fp8_records_scaling(r.options)) { // (delayed scaling's checkpoints have no such section: options.h)
+        int32_t scaling[3];
+        fp8_scaling_record(r.options, scaling);
+        w.add_copy("fp8_scaling", scaling, sizeof(scaling));
+    }
     w.add_copy("fp8_steps", &steps, sizeof(steps));
     w.add_copy("fp8_scale", scale.data(), nt * sizeof(float));
     w.add_copy("fp8_inv_scale", inv.data(), nt * sizeof(float));
@@ -642,14 +867,59 @@ inline bool recipe_begin_step(Recipe& r, int step) {
     return r.count_stats;
 }
 
+// The spread of a tensor's block scales from its histogram of floor(log2 s) (fp8_scale_log2_histogram): the
+// smallest, the median (the lower one of an even count) and the largest bin, as " log2s:MIN/MEDIAN/MAX"
+// ("" for a tensor with no blocks counted)
+inline std::string fp8_log2_scale_spread(const uint32_t* hist) {
+    unsigned long long total = 0;
+    int lo = -1, hi = -1;
+    for (int b = 0; b < FP8_SCALE_HIST_BINS; b++) {
+        if (!hist[b]) continue;
+        total += hist[b];
+        if (lo < 0) lo = b;
+        hi = b;
+    }
+    if (total == 0) return "";
+    unsigned long long seen = 0;
+    int median = lo;
+    for (int b = lo; b <= hi; b++) {
+        seen += hist[b];
+        if (2 * seen >= total) { median = b; break; }
+    }
+    return strfmt(" log2s:%d/%d/%d", lo - 128, median - 128, hi - 128);
+}
+
 // One line per quantized tensor, for the optimizer step that just ran its backward pass:
 //   s:STEP lq:l3.fc.dy amax:... scale:... sat:... ftz:...
+// scale: the tensor's scale (delayed and current scaling: the one it was last quantized with). Under block
+// scaling there is no one scale; the line ends with the spread of its block scales instead,
+//   s:STEP lq:l3.fc.dy amax:... sat:... ftz:... log2s:MIN/MEDIAN/MAX
+// (floor(log2 s) over the blocks: the weights' 128 x 128 blocks now in use; the activations' and gradients'
+// 1 x 128 blocks along K over the step's micro-steps), and sat / ftz count the codes of both layouts.
 inline void recipe_log_telemetry(Recipe& r, FILE* log, int step) {
     const size_t nt = r.num_tensors;
     std::vector<float> scale(nt);
     std::vector<uint32_t> amax(nt);
     std::vector<unsigned long long> stats(nt * 3);
+    std::vector<uint32_t> hist;
+    if (r.mode == FP8_SCALING_BLOCK) {
+        // the weights' block scales, as they are now (the activations' and gradients' were counted as they were made)
+        const int nl = r.num_linears;
+        cudaCheck(cudaMemset(fp8_scale_hist(r, FP8_W * nl), 0, (size_t)nl * FP8_SCALE_HIST_BINS * sizeof(uint32_t)));
+        for (int l = 0; l < r.L; l++) {
+            if (!layer_is_quantized(r.options, l, r.L)) continue;
+            for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+                const LinearId id{l, (LinearKind)k};
+                const int C = linear_in_features(id.kind, r.C), OC = linear_out_features(id.kind, r.C);
+                fp8_scale_log2_histogram(fp8_weight_inv(r, id), (long long)llmc::fp8_blk128_scale_count(OC, C),
+                                         fp8_scale_hist(r, fp8_tensor(r, id, FP8_W)), 0);
+            }
+        }
+        hist.resize(nt * FP8_SCALE_HIST_BINS);
+    }
     cudaCheck(cudaDeviceSynchronize());
+    if (!hist.empty())
+        cudaCheck(cudaMemcpy(hist.data(), r.scale_hist, hist.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemcpy(scale.data(), r.scale, nt * sizeof(float), cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemcpy(amax.data(), r.amax_now, nt * sizeof(uint32_t), cudaMemcpyDeviceToHost));
     cudaCheck(cudaMemcpy(stats.data(), r.stats, nt * 3 * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
@@ -662,6 +932,12 @@ inline void recipe_log_telemetry(Recipe& r, FILE* log, int step) {
                 const double n = c[0] ? (double)c[0] : 1.0;
                 float a;
                 memcpy(&a, &amax[t], 4);
+                if (r.mode == FP8_SCALING_BLOCK) {
+                    fprintf(log, "s:%d lq:l%d.%s.%s amax:%.6e sat:%.6e ftz:%.6e%s\n", step, l, LINEAR_NAMES[k],
+                            FP8_ROLE_NAMES[role], a, c[1] / n, c[2] / n,
+                            fp8_log2_scale_spread(&hist[(size_t)t * FP8_SCALE_HIST_BINS]).c_str());
+                    continue;
+                }
                 fprintf(log, "s:%d lq:l%d.%s.%s amax:%.6e scale:%.6e sat:%.6e ftz:%.6e\n", step, l, LINEAR_NAMES[k],
                         FP8_ROLE_NAMES[role], a, scale[t], c[1] / n, c[2] / n);
             }
