@@ -19,7 +19,8 @@
 // Processes. The batches are the same whatever the number of processes; process r scores batches
 // r, r + P, r + 2P, ... and the counts of correct answers are summed over the processes. An example's losses
 // depend only on its batch (a recipe may scale a tensor by the whole batch's amax), so every example gets the
-// same losses and the same choice under any number of processes.
+// same losses and the same choice under any number of processes (given the same GEMM algorithms: -ga 0, or
+// the ones -ga 1 timed alike on every GPU).
 #pragma once
 #include <algorithm>
 #include <cstdint>
