@@ -7,7 +7,8 @@
 //
 // The reference (float64 on the CPU, a seeded d12 with perturbed norms and biases, B=4, T=64) gives the
 // parameters, one batch, its logits, loss, every parameter gradient, and the losses of 10 AdamW steps, each on a
-// fresh batch. This test loads the same parameters into one model and runs the checks below (main's CHECKS), each
+// fresh batch; and a small multiple-choice eval file with the mean loss of each of its endings (HellaSwag's
+// scoring). This test loads the same parameters into one model and runs the checks below (main's CHECKS), each
 // a function named check_<name>. Relative L2 errors ||ours - ref|| / ||ref|| and absolute loss differences are
 // bounded by the recipe's tolerances, llmc/recipes/<recipe>/test_tolerances.h (the FP32 build uses the BF16
 // recipe's, under ENABLE_FP32), each with the error model that justifies it.
@@ -805,10 +806,128 @@ static void check_skip(TestContext& c) {
           "a state file without the spike windows loads with empty windows");
 }
 
+// The reference's multiple-choice examples (ref_hellaswag.bin, llm.c's eval file format) and the float64 mean loss
+// of each ending at the reference's parameters, and each example's choice (ref_hellaswag_scores.bin; both written
+// by gpt_reference.py). Returns an empty string, or what is wrong.
+struct EvalReference {
+    std::vector<EvalExample> examples;
+    std::vector<std::vector<double>> losses;  // per example, per ending
+    std::vector<int> choices;
+};
+static std::string load_eval_reference(const std::string& dir, int V, int T, EvalReference* er) {
+    const std::string hint = "; rewrite the reference with dev/reference/gpt_reference.py --write-reference";
+    try { er->examples = read_eval_file(dir + "/ref_hellaswag.bin", V, T); }
+    catch (const InputError& e) { return e.what() + hint; }
+    const std::string path = dir + "/ref_hellaswag_scores.bin";
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) return "cannot open " + path + hint;
+    int header[256] = {0};
+    size_t endings = 0;
+    for (const EvalExample& ex : er->examples) endings += ex.endings.size();
+    std::vector<double> losses(endings);
+    er->choices.assign(er->examples.size(), -1);
+    const bool ok = fread(header, 4, 256, f) == 256 && header[0] == 20241124 && header[1] == 1 &&
+                    header[2] == (int)er->examples.size() && header[3] == (int)endings &&
+                    header[4] == EXPECTED_REFERENCE_BOUNDARIES && fread(losses.data(), 8, endings, f) == endings &&
+                    fread(er->choices.data(), 4, er->choices.size(), f) == er->choices.size() && fgetc(f) == EOF;
+    fclose(f);
+    if (!ok) return path + " is not the scores of ref_hellaswag.bin under this build's boundaries" + hint;
+    size_t k = 0;
+    for (const EvalExample& ex : er->examples) {
+        er->losses.emplace_back(losses.begin() + k, losses.begin() + k + ex.endings.size());
+        k += ex.endings.size();
+    }
+    return "";
+}
+
+// hellaswag: the trainer's HellaSwag scoring (llmc/hellaswag.h on gpt_forward_token_losses) of the reference's
+// examples at the reference's parameters. Every ending's mean loss within TOL_LOSS of the float64 one, and the
+// same choice wherever the reference's best ending leads the second by more than 2 TOL_LOSS (where each of the two
+// may be off by TOL_LOSS the order may flip); the correct count is that of the choices. Then the same examples
+// split over three processes: each scored once, with the same losses bit for bit (an example's batch does not
+// depend on the number of processes); and in batches of 10 rows (two examples of four endings and padding, or
+// other mixes) on a model of that size: within TOL_LOSS again.
+static void check_hellaswag(TestContext& c) {
+    gpt_set_params(&c.model, c.init_params);
+    EvalReference er;
+    const std::string why = load_eval_reference(c.dir, c.info.shape.vocab_size, c.T, &er);
+    if (!why.empty()) { check(false, "hellaswag: " + why); return; }
+    const size_t N = er.examples.size();
+    auto compare_with_reference = [&](const std::vector<EvalScore>& scores, const EvalCounts& counts, int B) {
+        double worst = 0.0, sum_diff = 0.0;
+        size_t endings = 0, decisive = 0, same_decisive = 0, same_all = 0;
+        int64_t correct = 0;
+        for (size_t i = 0; i < N; i++) {
+            const std::vector<double>& want = er.losses[i];
+            if (scores[i].ending_loss.size() != want.size()) { worst = INFINITY; continue; }
+            for (size_t e = 0; e < want.size(); e++) {
+                const double d = std::fabs(scores[i].ending_loss[e] - want[e]);
+                worst = std::max(worst, std::isfinite(d) ? d : INFINITY);
+                sum_diff += d;
+                endings++;
+            }
+            std::vector<double> sorted = want;
+            std::sort(sorted.begin(), sorted.end());
+            const bool is_decisive = sorted[1] - sorted[0] > 2.0 * TOL_LOSS;
+            decisive += is_decisive;
+            same_decisive += is_decisive && scores[i].choice == er.choices[i];
+            same_all += scores[i].choice == er.choices[i];
+            correct += scores[i].choice == er.examples[i].label;
+        }
+        check(worst <= TOL_LOSS, strfmt("hellaswag (B=%d): %zu endings' mean losses within %.0e of the reference: max |diff| "
+                                        "%.3e, mean %.3e", B, endings, TOL_LOSS, worst, sum_diff / std::max<size_t>(endings, 1)));
+        check(decisive > 0 && same_decisive == decisive,
+              strfmt("hellaswag (B=%d): the reference's choice in %zu of the %zu examples whose best ending leads by more than "
+                     "%.0e (%zu of all %zu)", B, same_decisive, decisive, 2.0 * TOL_LOSS, same_all, N));
+        check(counts.examples == (int64_t)N && counts.correct == correct,
+              strfmt("hellaswag (B=%d): %lld of %lld examples correct, as the choices say (%lld)", B, (long long)counts.correct,
+                     (long long)counts.examples, (long long)correct));
+    };
+    auto forward_of = [](GPT* m, int B, int T) {
+        return [m, B, T](const int* in, const int* tg, float* losses) { gpt_forward_token_losses(m, in, tg, B, T, losses); };
+    };
+    // one process, the test's batches of B = 4 rows
+    const std::vector<EvalBatch> batches = pack_eval_batches(er.examples, c.B);
+    std::vector<EvalScore> scores;
+    const EvalCounts counts = score_eval_examples(er.examples, batches, c.B, c.T, 0, 1, forward_of(&c.model, c.B, c.T), &scores);
+    compare_with_reference(scores, counts, c.B);
+    // three processes, each its share
+    std::vector<int> times_scored(N, 0);
+    bool same_bits_as_one = true;
+    EvalCounts sum;
+    for (int rank = 0; rank < 3; rank++) {
+        std::vector<EvalScore> mine;
+        const EvalCounts part = score_eval_examples(er.examples, batches, c.B, c.T, rank, 3, forward_of(&c.model, c.B, c.T), &mine);
+        sum.correct += part.correct;
+        sum.examples += part.examples;
+        for (size_t i = 0; i < N; i++) {
+            if (mine[i].ending_loss.empty()) continue;
+            times_scored[i]++;
+            same_bits_as_one = same_bits_as_one && mine[i].ending_loss == scores[i].ending_loss && mine[i].choice == scores[i].choice;
+        }
+    }
+    const bool once = std::all_of(times_scored.begin(), times_scored.end(), [](int n) { return n == 1; });
+    check(once && same_bits_as_one && sum.correct == counts.correct && sum.examples == counts.examples,
+          strfmt("hellaswag: split over 3 processes, every example is scored once with the losses of one process bit for bit "
+                 "(%lld of %lld correct, summed)", (long long)sum.correct, (long long)sum.examples));
+    // batches of 10 rows
+    const int B10 = 10;
+    GPT wide;
+    gpt_build(&wide, c.info.shape);
+    gpt_allocate(&wide, B10, c.T, 1);
+    gpt_set_params(&wide, c.init_params);
+    std::vector<EvalScore> scores10;
+    const EvalCounts counts10 = score_eval_examples(er.examples, pack_eval_batches(er.examples, B10), B10, c.T, 0, 1,
+                                                    forward_of(&wide, B10, c.T), &scores10);
+    compare_with_reference(scores10, counts10, B10);
+    gpt_free(&wide);
+}
+
 // The checks in the order they run (see the top of the file)
 struct NamedCheck { const char* name; void (*run)(TestContext&); };
 static const NamedCheck CHECKS[] = {
     {"forward", check_forward},
+    {"hellaswag", check_hellaswag},
 #if defined(ENABLE_Q115)
     {"q115_boundaries", check_q115_boundaries},
 #endif

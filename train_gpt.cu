@@ -26,6 +26,7 @@
 #include "llmc/cli.h"
 #include "llmc/rand.h"
 #include "llmc/dataloader.h"
+#include "llmc/hellaswag.h"
 #include "llmc/tokenizer.h"
 #include "llmc/schedulers.h"
 #include "llmc/spike_guard.h"
@@ -606,6 +607,13 @@ inline float gpt_forward_loss(GPT* model, const int* inputs, const int* targets,
     return gpt_read_loss(model, (long long)B * T);
 }
 
+// forward + the loss of every position, copied to losses[B*T] on the host (HellaSwag: llmc/hellaswag.h)
+inline void gpt_forward_token_losses(GPT* model, const int* inputs, const int* targets, int B, int T, float* losses) {
+    gpt_forward_loss(model, inputs, targets, B, T); // (synchronizes, and leaves the loss counter at zero)
+    cudaCheck(cudaMemcpyAsync(losses, model->acts.losses, (size_t)B * T * sizeof(float), cudaMemcpyDeviceToHost, model->stream));
+    cudaCheck(cudaStreamSynchronize(model->stream));
+}
+
 // ----------------------------------------------------------------------------------------------
 // Data parallelism: the gradient blocks of layer l (l >= 0: one block of every per-layer tensor) or
 // of the tensors outside the layers (l = -1), summed over the processes on the NCCL stream while
@@ -1160,6 +1168,8 @@ int main(int argc, char** argv) {
     bool from_checkpoint_file = false;
     ModelFileInfo init_info;
     std::unique_ptr<DataLoader> train_loader, val_loader;
+    std::vector<EvalExample> hellaswag_examples; // -h 1: the eval file's examples, packed into batches of -b rows
+    std::vector<EvalBatch> hellaswag_batches;
     Tokenizer tokenizer;
     int resume_step = -1;
     bool take_recipe_state = true; // (check_checkpoint's answer)
@@ -1216,6 +1226,9 @@ int main(int argc, char** argv) {
         // threads); larger data is checked shard by shard as training reaches it
         train_loader->check_all_tokens(1ll << 30, 8);
         if (val_loader) val_loader->check_all_tokens(1ll << 30, 8);
+        // -h 1: the HellaSwag file, read whole and checked (every token id, every example within -t, -b rows)
+        if (cfg.hellaswag)
+            hellaswag_examples = load_hellaswag(cfg.hellaswag_path, shape.vocab_size, cfg.T, cfg.B, &hellaswag_batches);
         // ZeRO-1 cuts every parameter block into one piece per process (zero.h)
         const bool sharded = cfg.num_processes > 1 && cfg.zero_stage == 1;
         if (sharded && shape.channels % cfg.num_processes != 0)
@@ -1429,6 +1442,20 @@ int main(int argc, char** argv) {
             float val_loss = (float)multi_gpu_mean(&mg, sum / batches, model.stream, "the validation loss");
             if (master_process) printf("val loss %.6f (step %d, %lld batches)\n", val_loss, step, (long long)batches * mg.world);
             if (logfile) fprintf(logfile, "s:%d tel:%.6f\n", step, val_loss);
+            if (!log_written()) return 1;
+        }
+        // HellaSwag (-h 1) at the validation steps: each process scores its share of the batches, the counts are
+        // summed (the same whatever the number of processes: llmc/hellaswag.h)
+        if (cfg.hellaswag && (step % cfg.val_every == 0 || last_step)) {
+            const EvalCounts mine = score_eval_examples(hellaswag_examples, hellaswag_batches, B, T, cfg.process_rank,
+                cfg.num_processes, [&](const int* in, const int* tg, float* losses) {
+                    gpt_forward_token_losses(&model, in, tg, B, T, losses);
+                });
+            double counts[2] = {(double)mine.correct, (double)mine.examples};
+            multi_gpu_sum_host(&mg, counts, 2, model.stream, "the HellaSwag counts");
+            const double accuracy = counts[0] / counts[1];
+            if (master_process) printf("HellaSwag: %.0f/%.0f = %.4f (step %d)\n", counts[0], counts[1], accuracy, step);
+            if (logfile) fprintf(logfile, "s:%d eval:%.6f\n", step, accuracy);
             if (!log_written()) return 1;
         }
         // sample

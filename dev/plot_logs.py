@@ -10,6 +10,10 @@ figure's ratio to the first run (the baseline, e.g. BF16). Draws every run's tra
 curves on one PNG (--out). main.log lines: "s:STEP trl:LOSS ..." (train) and "s:STEP tel:LOSS" (val);
 lines starting with '#' are metadata ("# recipe:bf16 ...").
 
+HellaSwag (a run trained with -h 1): "s:STEP eval:ACC", the accuracy at each validation step. When any run has
+such lines the table gets a column of the accuracy at the last step and the highest, and the PNG a second
+panel of the accuracy over steps.
+
 FP8 quantization telemetry: a run trained with -lq N has, every N steps, one line per quantized tensor,
 "s:STEP lq:l3.fc.dy amax:A scale:S sat:F ftz:F" (layer 3, linear qkv|attproj|fc|fcproj, role w|x|dy:
 weight and activation in E4M3, output gradient in E5M2; sat = fraction of values that saturated to the
@@ -71,6 +75,31 @@ def parse_main_log(path):
             if "tel" in fields:
                 val[step] = float(fields["tel"])
     return train, val, meta
+
+
+def parse_eval(path):
+    """The HellaSwag accuracy of a main.log as {step: accuracy}, from lines "s:STEP eval:ACC" (the trainer's -h 1,
+    llm.c's format); a step logged twice (a resumed run appends) keeps the last line; {} when none."""
+    acc = {}
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#"):
+                continue
+            fields = dict(item.split(":", 1) for item in line.split() if ":" in item)
+            if "s" in fields and "eval" in fields:
+                try:
+                    acc[int(fields["s"])] = float(fields["eval"])
+                except ValueError:
+                    continue
+    return acc
+
+
+def summarize_eval(acc):
+    """{"last_eval", "last_eval_step", "max_eval", "max_eval_step"} of a run's HellaSwag accuracy ({} without)."""
+    if not acc:
+        return {}
+    last, best = max(acc), max(acc, key=lambda s: (acc[s], -s))
+    return {"last_eval": acc[last], "last_eval_step": last, "max_eval": acc[best], "max_eval_step": best}
 
 
 # FP8 telemetry: the order of the roles (plot rows) and linears (line styles) as the trainer logs them
@@ -330,9 +359,11 @@ def fmt(x, nd=4):
 def report(runs):
     """runs: list of (label, summary). Returns markdown lines."""
     base = runs[0][1]
+    with_eval = any("last_eval" in s for _, s in runs)
     lines = ["| run | lowest val loss (step) | train loss 301-350 | train loss last 50 | val loss at end (step) |"
-             + (" val vs first | train 301-350 vs first |" if len(runs) > 1 else ""),
-             "| --- | --- | --- | --- | --- |" + (" --- | --- |" if len(runs) > 1 else "")]
+             + (" val vs first | train 301-350 vs first |" if len(runs) > 1 else "")
+             + (" HellaSwag at end (step) | highest HellaSwag (step) |" if with_eval else ""),
+             "| --- | --- | --- | --- | --- |" + (" --- | --- |" if len(runs) > 1 else "") + (" --- | --- |" if with_eval else "")]
     for label, s in runs:
         row = (f"| {label} | {fmt(s.get('min_val'))} ({s.get('min_val_step', 'n/a')}) | {fmt(s.get('train_301_350'))} | "
                f"{fmt(s.get('train_last50'))} | {fmt(s.get('last_val'))} ({s.get('last_val_step', 'n/a')}) |")
@@ -341,6 +372,9 @@ def report(runs):
                 a, b = s.get(k), base.get(k)
                 return "n/a" if a is None or not b else f"{a / b:.4f}"
             row += f" {ratio('min_val')} | {ratio('train_301_350')} |"
+        if with_eval:
+            row += (f" {fmt(s.get('last_eval'))} ({s.get('last_eval_step', 'n/a')}) |"
+                    f" {fmt(s.get('max_eval'))} ({s.get('max_eval_step', 'n/a')}) |")
         lines.append(row)
     return lines
 
@@ -525,6 +559,21 @@ def plot_seed_curves(png, curves):
     plt.close(fig)
 
 
+def plot_eval(ax, evals):
+    """The HellaSwag accuracy of every run with some, over steps, on ax (a run keeps its color of the loss panel),
+    with chance (0.25, four endings) as a line."""
+    for k, (label, acc) in enumerate(evals):
+        if acc:
+            steps = sorted(acc)
+            ax.plot(steps, [acc[s] for s in steps], color=f"C{k % 10}", marker="o", ms=3, lw=1.6, label=label)
+    ax.axhline(0.25, color="k", lw=0.8, ls="--", label="chance (4 endings)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("HellaSwag accuracy (acc_norm)")
+    ax.set_title("HellaSwag (main.log eval:)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="run directories (with main.log) or main.log files; the first is the baseline")
@@ -539,7 +588,7 @@ def main(argv=None):
     labels = args.labels.split(",") if args.labels else []
     if labels and len(labels) != len(args.runs):
         ap.error(f"--labels has {len(labels)} names for {len(args.runs)} runs")
-    runs, curves, telemetry, seeded = [], [], [], []
+    runs, curves, telemetry, seeded, evals = [], [], [], [], []
     for i, r in enumerate(args.runs):
         path = os.path.join(r, "main.log") if os.path.isdir(r) else r
         if not os.path.isfile(path):
@@ -550,9 +599,11 @@ def main(argv=None):
             print(f"error: {path} has no 's:STEP trl:' or 's:STEP tel:' lines", file=sys.stderr)
             return 1
         label = labels[i] if labels else meta.get("recipe", r)
-        runs.append((label, summarize(train, val)))
+        acc = parse_eval(path)
+        runs.append((label, dict(summarize(train, val), **summarize_eval(acc))))
         seeded.append(split_seed(label, meta) + (runs[-1][1],))
         curves.append((label, train, val))
+        evals.append((label, acc))
         tel = parse_telemetry(path)
         if tel:
             telemetry.append((i + 1, label, path, tel))
@@ -584,7 +635,12 @@ def main(argv=None):
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(9, 5.5))
+        with_eval = any(acc for _, acc in evals)
+        if with_eval:
+            fig, (ax, ax_eval) = plt.subplots(1, 2, figsize=(16, 5.5))
+            plot_eval(ax_eval, evals)
+        else:
+            fig, ax = plt.subplots(figsize=(9, 5.5))
         for k, (label, train, val) in enumerate(curves):
             color = f"C{k % 10}"
             st = sorted(train)

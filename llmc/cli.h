@@ -82,6 +82,8 @@ struct TrainConfig {
     // evaluation, sampling, logging
     int val_every = 50;                   // -v: validate every N steps (0 = never)
     int val_max_steps = -1;               // -m: batches per validation (-1 = the whole split)
+    int hellaswag = 0;                    // -h: 1 = HellaSwag accuracy at every validation step (a bare -h prints the help)
+    std::string hellaswag_path = "dev/data/hellaswag/hellaswag_val.bin"; // -hf: its eval file (dev/data/hellaswag.py)
     int sample_every = 200;               // -s: sample every N steps (0 = never)
     int gen_tokens = 64;                  // -g: tokens per sample
     // memory
@@ -117,10 +119,11 @@ struct RecipeFlags {
 };
 
 // ---- implemented below ----
-// parse_args: fills a TrainConfig, and the recipe's options through its rows, from argv. "-h"/"--help"
-// prints usage(recipe) to stdout and exits 0 (before any value is parsed, so the rows still hold the
-// defaults). An unknown flag (another recipe's too), a flag without a value, or a value that does not
-// parse throws InputError naming the flag.
+// parse_args: fills a TrainConfig, and the recipe's options through its rows, from argv. "--help", and a
+// bare "-h" (the last argument, or one not followed by an integer), print usage(recipe) to stdout and exit 0
+// (before any value is parsed, so the rows still hold the defaults); "-h 1" turns HellaSwag on, as llm.c's
+// -h does. An unknown flag (another recipe's too), a flag without a value, or a value that does not parse
+// throws InputError naming the flag.
 // validate_config: range checks that need no files (B>0, T>0, -k known, -d divisible by B*T*processes, ...);
 // fills grad_accum_steps. Throws InputError. (The recipe checks its own flags: check_recipe_options in
 // its options.h, which the trainer calls next.)
@@ -168,6 +171,8 @@ inline std::vector<Flag> flag_table(TrainConfig& c) {
         {"-sd", K::U64, &c.seed, "random seed for init, data shuffling and stochastic rounding"},
         {"-v", K::Int, &c.val_every, "validate every N steps (0 = never)"},
         {"-m", K::Int, &c.val_max_steps, "batches per validation (-1 = the whole split)"},
+        {"-h", K::Int, &c.hellaswag, "1 = HellaSwag accuracy (acc_norm) at every validation step, from -hf (needs -v > 0, -b >= 4); a bare -h prints this help"},
+        {"-hf", K::Str, &c.hellaswag_path, "HellaSwag eval file for -h 1 (dev/data/hellaswag.py writes it)"},
         {"-s", K::Int, &c.sample_every, "generate a sample every N steps (0 = never)"},
         {"-g", K::Int, &c.gen_tokens, "tokens per sample"},
         {"-r", K::Int, &c.recompute, "recompute in backward to save memory: -1 auto (0 when it fits, else 1), 0 none, 1 GELU, 2 GELU + LayerNorm"},
@@ -345,9 +350,18 @@ inline std::string with_commas(unsigned long long v) {
 
 inline TrainConfig parse_args(int argc, char** argv, const RecipeFlags& recipe) {
     TrainConfig cfg;
-    // Help wins over everything else on the line, so "-b 4x -h" still shows the help.
+    // Help wins over everything else on the line, so "-b 4x -h" still shows the help. -h is also llm.c's
+    // HellaSwag switch: followed by an integer ("-h 1", "-h 0") it is that flag, parsed below.
+    auto is_integer = [](const char* s) {
+        size_t i = (s[0] == '-' || s[0] == '+') ? 1 : 0;
+        if (s[i] == '\0') return false;
+        for (; s[i] != '\0'; i++)
+            if (!std::isdigit((unsigned char)s[i])) return false;
+        return true;
+    };
     for (int i = 1; i < argc; i++) {
-        if (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0) {
+        const bool bare_h = std::strcmp(argv[i], "-h") == 0 && (i + 1 >= argc || !is_integer(argv[i + 1]));
+        if (bare_h || std::strcmp(argv[i], "--help") == 0) {
             std::fputs(usage(recipe).c_str(), stdout);
             std::fflush(stdout);
             std::exit(0);
@@ -460,6 +474,10 @@ inline void validate_config(TrainConfig& cfg) {
     if (cfg.val_every < 0) input_error("-v %d: must be >= 0 (0 = never validate)", cfg.val_every);
     if (cfg.val_max_steps != -1 && cfg.val_max_steps < 1)
         input_error("-m %d: validation batches must be at least 1, or -1 for the whole split", cfg.val_max_steps);
+    if (cfg.hellaswag != 0 && cfg.hellaswag != 1) input_error("-h %d: HellaSwag is 0 (off) or 1 (on)", cfg.hellaswag);
+    if (cfg.hellaswag == 1 && cfg.val_every == 0)
+        input_error("-h 1: HellaSwag is scored at the validation steps, and -v 0 has none; pass -v N");
+    if (cfg.hellaswag == 1 && cfg.hellaswag_path.empty()) input_error("-h 1: -hf names no eval file");
     if (cfg.sample_every < 0) input_error("-s %d: must be >= 0 (0 = never sample)", cfg.sample_every);
     if (cfg.gen_tokens < 0) input_error("-g %d: tokens per sample must be >= 0", cfg.gen_tokens);
     if (cfg.recompute < -1 || cfg.recompute > 2)
@@ -527,7 +545,8 @@ inline std::string usage(const RecipeFlags& recipe_defaults) {
         }
         return out;
     };
-    std::string out = "usage: <trainer binary> [-flag value ...]   (every flag takes exactly one value)\n  -h, --help       print this help\n";
+    std::string out = "usage: <trainer binary> [-flag value ...]   (every flag takes exactly one value)\n"
+                      "  --help, -h       print this help (-h without a value; -h 1 is HellaSwag, below)\n";
     out += rows(cli_detail::flag_table(defaults));
     if (!recipe_defaults.recipe.empty()) {
         const char* name = recipe_defaults.recipe.c_str();

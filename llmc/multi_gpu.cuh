@@ -297,6 +297,18 @@ inline double multi_gpu_mean(MultiGpu* mg, double x, cudaStream_t compute, const
     return v / mg->world;
 }
 
+// the sum over the processes of n host doubles (n <= 2: they travel through the scratch), in place (synchronizes);
+// integers up to 2^53 add exactly
+inline void multi_gpu_sum_host(MultiGpu* mg, double* x, size_t n, cudaStream_t compute, const char* what) {
+    if (!mg->active || n == 0) return;
+    if (n > 4 * sizeof(float) / sizeof(double)) { fprintf(stderr, "error: multi_gpu_sum_host: %zu values, at most 2\n", n); exit(1); }
+    double* dev = reinterpret_cast<double*>(mg->scratch);
+    cudaCheck(cudaMemcpyAsync(dev, x, n * sizeof(double), cudaMemcpyHostToDevice, compute));
+    multi_gpu_all_reduce_sum_f64(mg, dev, n, compute, what);
+    cudaCheck(cudaMemcpyAsync(x, dev, n * sizeof(double), cudaMemcpyDeviceToHost, compute));
+    cudaCheck(cudaStreamSynchronize(compute));
+}
+
 // every process reaches this point before any leaves it (synchronizes); timeout_s: how long the
 // others may take to get here (a checkpoint being written, say)
 inline void multi_gpu_barrier(MultiGpu* mg, cudaStream_t compute, const char* what, double timeout_s) {

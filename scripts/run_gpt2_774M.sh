@@ -17,8 +17,10 @@ OUT_DIR=${OUT_DIR:-log_gpt2_774M_$RECIPE}
 NPROC=${NPROC:-1}
 make -j"$(nproc)" "train_gpt_$RECIPE"
 launch=(); [[ "$NPROC" -gt 1 ]] && launch=(bash scripts/launch.sh "$NPROC")
+# HellaSwag at every validation step (-h 1) when its eval file is there (python3 dev/data/hellaswag.py)
+hellaswag=(); [[ -f dev/data/hellaswag/hellaswag_val.bin ]] && hellaswag=(-h 1)
 exec bash scripts/resume_loop.sh "${launch[@]}" "./train_gpt_$RECIPE" \
     -i "dev/data/fineweb100B/fineweb_train_*.bin" -j "dev/data/fineweb100B/fineweb_val_*.bin" \
     -o "$OUT_DIR" -e d36 -b 32 -t 1024 -d 524288 -r 1 \
     -l 0.00025 -u 700 -k cosine -q 0.0 -c 0.1 -gc 1.0 -x 286102 \
-    -v 250 -m 20 -s 300000 -g 144 -n 4000 -nk 2 "$@"
+    -v 250 -m 20 -s 300000 -g 144 -n 4000 -nk 2 "${hellaswag[@]}" "$@"

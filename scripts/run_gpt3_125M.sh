@@ -25,8 +25,10 @@ else
     make -j"$(nproc)" "$TRAINER"
 fi
 OUT_DIR=${OUT_DIR:-log_gpt3_125M_${RECIPE:-q115}}
+# HellaSwag at every validation step (-h 1) when its eval file is there (python3 dev/data/hellaswag.py)
+hellaswag=(); [[ -f dev/data/hellaswag/hellaswag_val.bin ]] && hellaswag=(-h 1)
 exec bash scripts/resume_loop.sh "./$TRAINER" "${CHECK[@]}" \
     -i "dev/data/fineweb10B/fineweb_train_*.bin" -j "dev/data/fineweb10B/fineweb_val_*.bin" \
     -o "$OUT_DIR" -e gpt3:c768 -b 32 -t 2048 -d 524288 -r 1 \
     -l 0.0006 -u 715 -k cosine -q 0.1 -c 0.1 -gc 1.0 -x 572204 \
-    -v 250 -m 20 -s 20000 -g 144 -n 5000 -nk 2 "$@"
+    -v 250 -m 20 -s 20000 -g 144 -n 5000 -nk 2 "${hellaswag[@]}" "$@"

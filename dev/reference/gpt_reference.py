@@ -19,6 +19,11 @@ Three things live here:
      trainer's q115 recipe (llmc/recipes/q115/recipe.h, SF16): every forward boundary through
      simulate_q115 (GEMM outputs through simulate_q131 first), straight-through in backward.
 
+  5. With `--write-reference`, also a small multiple-choice eval file (ref_hellaswag.bin, the format
+     dev/data/hellaswag.py writes) of random examples, and the float64 mean loss of each ending at the
+     initial parameters and each example's choice (ref_hellaswag_scores.bin), for the trainer's HellaSwag
+     scoring (test_gpt.cu, check hellaswag).
+
 Usage:
   python3 dev/reference/gpt_reference.py --write-reference --out DIR [--model d12 --B 4 --T 64 --steps 10 --seed 0]
   python3 dev/reference/gpt_reference.py --write-reference --boundaries q115 --out DIR_Q115
@@ -39,6 +44,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
+import hellaswag  # noqa: E402  (dev/data/hellaswag.py: the eval file's writer)
+
 VOCAB_SIZE = 50257
 PADDED_VOCAB_SIZE = 50304  # 50257 rounded up to a multiple of 128
 
@@ -47,6 +55,9 @@ MODEL_VERSION_FP32 = 3   # parameters stored as float32
 MODEL_VERSION_BF16 = 5   # parameters stored as bfloat16 (read-only support)
 STATE_MAGIC = 20241123   # ref_state.bin
 STATE_VERSION = 2  # 2: the per-step batches of the trajectory follow the gradient norms
+EVAL_SCORES_MAGIC = 20241124  # ref_hellaswag_scores.bin
+EVAL_SCORES_VERSION = 1
+EVAL_EXAMPLES = 48            # examples in ref_hellaswag.bin
 HEADER_INTS = 256
 NUM_HPARAMS = 16
 
@@ -243,6 +254,14 @@ class GPT(nn.Module):
             z = logits[..., :V] if bd.logit_scale == 1.0 else bd.logit_scale * logits[..., :V]
             loss = F.cross_entropy(z.reshape(-1, V), targets.reshape(-1))
         return (logits if return_logits else None), loss
+
+    def token_losses(self, idx, targets):
+        """(B, T) cross-entropy of every position, read from the logits as forward's loss reads them (the
+        trainer's per-position losses, acts.losses)."""
+        logits, _ = self(idx)
+        V = self.cfg.vocab_size
+        z = logits[..., :V] if self.bd.logit_scale == 1.0 else self.bd.logit_scale * logits[..., :V]
+        return F.cross_entropy(z.reshape(-1, V), targets.reshape(-1), reduction="none").view(targets.shape)
 
     @torch.no_grad()
     def init_weights(self, seed=0):
@@ -631,6 +650,80 @@ def compute_reference(cfg, B, T, nsteps, seed, opt=OptConfig(), verify_adamw=Tru
     return out
 
 
+def make_eval_examples(cfg, T, seed, count=EVAL_EXAMPLES):
+    """`count` multiple-choice examples for the trainer's HellaSwag scoring, from their own generator (seed + 3, so
+    nothing else the reference draws changes): contexts of 1 to 40 tokens, endings of 3 to 24 (each context and
+    ending within T), tokens as make_tokens draws them; four endings, but two and three in every eighth
+    example (so several examples share a batch of 4 rows in other ways than HellaSwag's); a random label.
+    Returns (context, [endings], label) triples of int lists."""
+    gen = torch.Generator().manual_seed(seed + 3)
+
+    def draw(lo, hi):  # an integer in [lo, hi]
+        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+    out = []
+    for i in range(count):
+        num_endings = 4 if i % 8 else (2 if i % 16 == 0 else 3)
+        ctx_len = draw(1, min(40, T - 3))
+        ctx = make_tokens(ctx_len, cfg.vocab_size, gen).tolist()
+        endings = [make_tokens(draw(3, min(24, T - ctx_len)), cfg.vocab_size, gen).tolist() for _ in range(num_endings)]
+        out.append((ctx, endings, draw(0, num_endings - 1)))
+    return out
+
+
+@torch.no_grad()
+def compute_eval_reference(ref, T, seed, log=print):
+    """The eval examples (make_eval_examples) and, in float64 at the reference's initial parameters (ref["params"],
+    the ones ref_model.bin holds) and boundaries, the mean cross-entropy of each ending's tokens given the context
+    (position len(context) + i - 1 predicts ending token i) and each example's choice, the ending of the lowest
+    mean loss (the first of equal ones). Adds eval_examples, eval_losses (float64 per ending, in file order) and
+    eval_choices to ref."""
+    t0 = time.time()
+    cfg = ref["cfg"]
+    with torch.device("meta"):
+        model = GPT(cfg, use_sdpa=False, boundaries=ref["boundaries"])
+    model = model.to_empty(device="cpu")
+    flat_to_params(model, ref["params"])
+    model = model.double().eval()
+    examples = make_eval_examples(cfg, T, seed)
+    losses, choices = [], []
+    for ctx, endings, _ in examples:
+        # (the rows end at the example's longest: the model is causal, so what the trainer's rows hold beyond
+        # that, up to T, changes nothing at the positions scored)
+        length = len(ctx) + max(len(e) for e in endings)
+        x = torch.zeros(len(endings), length, dtype=torch.int64)
+        y = torch.zeros(len(endings), length, dtype=torch.int64)
+        for r, e in enumerate(endings):
+            row = torch.tensor(ctx + e, dtype=torch.int64)
+            x[r, :len(row)] = row
+            y[r, :len(row) - 1] = row[1:]
+        per_position = model.token_losses(x, y)
+        means = [float(per_position[r, len(ctx) - 1:len(ctx) - 1 + len(e)].mean()) for r, e in enumerate(endings)]
+        losses += means
+        choices.append(min(range(len(means)), key=lambda k: (means[k], k)))
+    ref.update(eval_examples=examples, eval_losses=np.array(losses, dtype="<f8"),
+               eval_choices=np.array(choices, dtype="<i4"))
+    margins, k = [], 0
+    for _, endings, _ in examples:
+        best, second = sorted(losses[k:k + len(endings)])[:2]
+        margins.append(second - best)
+        k += len(endings)
+    log(f"eval examples: {len(examples)} ({len(losses)} endings) in {time.time() - t0:.2f}s; margin between the best "
+        f"and the second ending: min {min(margins):.4f}, median {float(np.median(margins)):.4f}")
+
+
+def write_eval_reference(ref, out_dir):
+    """ref_hellaswag.bin: the eval examples in llm.c's eval file format (dev/data/hellaswag.py's writer).
+    ref_hellaswag_scores.bin: int32[256] header (20241124, 1, examples, endings in all, boundaries, 0...),
+                      float64[endings] the mean loss of each ending (examples in order, their endings in order),
+                      int32[examples] each example's choice. Little-endian, no padding."""
+    hellaswag.write_eval_file(os.path.join(out_dir, "ref_hellaswag.bin"), ref["eval_examples"])
+    hdr = np.zeros(HEADER_INTS, dtype="<i4")
+    hdr[:5] = [EVAL_SCORES_MAGIC, EVAL_SCORES_VERSION, len(ref["eval_examples"]), ref["eval_losses"].size,
+               ref["boundaries"].code]
+    atomic_write(os.path.join(out_dir, "ref_hellaswag_scores.bin"), [hdr, ref["eval_losses"], ref["eval_choices"]])
+
+
 def hparams_array(opt):
     hp = np.zeros(NUM_HPARAMS, dtype="<f4")
     hp[:6] = [opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, opt.grad_clip]
@@ -832,10 +925,13 @@ def main(argv=None):
         ap.error("--check verifies the plain reference; use it without --boundaries")
     ref = compute_reference(cfg, args.B, args.T, args.steps, args.seed,
                             verify_adamw=not args.no_verify_adamw, boundaries=args.boundaries)
+    compute_eval_reference(ref, args.T, args.seed)
     t1 = time.time()
     write_reference(ref, out_dir)
+    write_eval_reference(ref, out_dir)
     t2 = time.time()
-    print(f"wrote {os.path.join(out_dir, 'ref_model.bin')} and ref_state.bin in {t2 - t1:.2f}s")
+    print(f"wrote {os.path.join(out_dir, 'ref_model.bin')}, ref_state.bin, ref_hellaswag.bin and "
+          f"ref_hellaswag_scores.bin in {t2 - t1:.2f}s")
     print_summary(ref)
     print(f"compute: {t1 - t0:.2f}s, total: {time.time() - t0:.2f}s")
     ok = True

@@ -128,10 +128,12 @@ fi
 # default 2) while make runs on the others: OpenMP threads that share a core with a compiler stall at every
 # barrier, so the two are kept apart rather than both given every core.
 REF_THREADS=${REF_THREADS:-2}
-reference_stamp() { echo "$(cat dev/reference/*.py | sha256sum | cut -d' ' -f1) $*"; }
+# (the eval file in the reference is written by dev/data/hellaswag.py's writer: its scripts count too)
+reference_stamp() { echo "$(cat dev/reference/*.py dev/data/hellaswag.py dev/data/data_common.py | sha256sum | cut -d' ' -f1) $*"; }
 reference_current() { # $1 = directory, $2... = extra arguments
     local dir=$1; shift
-    [[ -f "$dir/ref_state.bin" && -f "$dir/ref_model.bin" && "$(cat "$dir/.stamp" 2>/dev/null)" == "$(reference_stamp "$@")" ]]
+    [[ -f "$dir/ref_state.bin" && -f "$dir/ref_model.bin" && -f "$dir/ref_hellaswag_scores.bin" &&
+       "$(cat "$dir/.stamp" 2>/dev/null)" == "$(reference_stamp "$@")" ]]
 }
 write_reference() { # $1 = directory, $2... = extra arguments
     local dir=$1; shift

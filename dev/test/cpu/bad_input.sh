@@ -129,6 +129,50 @@ expect_error "truncated shard" "truncated" -i "$work/truncated.bin" -j "$good" -
 expect_error "token id >= vocab" "vocab size" -i "$work/badtoken.bin" -j "$good" -b 2 -t 64
 expect_error "bad validation shard" "badmagic.bin" -i "$good" -j "$work/badmagic.bin" -b 2 -t 64
 expect_error "shard smaller than one batch" "fewer than one batch" -i "$work/tiny.bin" -j "$good" -b 2 -t 64
+# HellaSwag (-h 1): the eval file is read whole and checked before the GPU
+# write_eval FILE [KIND]: three examples of four endings in llm.c's eval-file format (dev/data/hellaswag.py);
+# KIND badmagic | truncated | badtoken (an id >= 50257) | long (a context of 70 tokens, for -t 64)
+write_eval() {
+    python3 - "$@" <<'PY'
+import struct, sys
+path, kind = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "good"
+runs = []
+for i in range(3):
+    ctx = [10 + i] * (70 if kind == "long" and i == 1 else 5)
+    ends = [[20 + e] * (1 + e) for e in range(4)]
+    if kind == "badtoken" and i == 2: ends[3][0] = 60000
+    body = [i % 4, 4, len(ctx), *ctx]
+    for e in ends: body += [len(e), *e]
+    runs.append([65535, 2 * (3 + len(body)), i, *body])
+header = [20240522 if kind != "badmagic" else 12345, 1, 3, max(2 * len(r) for r in runs)] + [0] * 252
+data = struct.pack("<256i", *header) + b"".join(struct.pack("<%dH" % len(r), *r) for r in runs)
+with open(path, "wb") as f: f.write(data[:-2] if kind == "truncated" else data)
+PY
+}
+write_eval "$work/hs_good.bin"
+for kind in badmagic truncated badtoken long; do write_eval "$work/hs_$kind.bin" "$kind"; done
+hs=(-i "$good" -j "$good" -b 4 -t 64 -x 1 -s 0 -h 1)
+expect_error "-h 1 without the eval file" "-h 1: cannot open eval file $work/hs_missing.bin" "${hs[@]}" -hf "$work/hs_missing.bin"
+expect_error "-h 1: eval file of another magic" "-h 1: $work/hs_badmagic.bin is not an eval file (magic 12345" "${hs[@]}" -hf "$work/hs_badmagic.bin"
+expect_error "-h 1: truncated eval file" "-h 1: eval file $work/hs_truncated.bin, example 2" "${hs[@]}" -hf "$work/hs_truncated.bin"
+expect_error "-h 1: eval token id >= vocab" "example 2: token id 60000 in its ending is >= vocab size 50257" "${hs[@]}" -hf "$work/hs_badtoken.bin"
+expect_error "-h 1: an example longer than -t" "example 1: its context and ending 0 are 71 tokens, longer than -t 64" "${hs[@]}" -hf "$work/hs_long.bin"
+expect_error "-h 1 with fewer rows than endings" "has 4 endings, one row each, but a batch has -b 2 rows; use -b 4 or more" \
+    "${hs[@]}" -hf "$work/hs_good.bin" -b 2
+expect_error "-h 1 -v 0" "-h 1: HellaSwag is scored at the validation steps" "${hs[@]}" -hf "$work/hs_good.bin" -v 0
+expect_error "-h 2" "-h 2: HellaSwag is 0 (off) or 1 (on)" "${base[@]}" -h 2
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    expect_error "-h 1 with a good eval file passes every check before the GPU" "no CUDA device" "${hs[@]}" -hf "$work/hs_good.bin"
+fi
+# a bare -h (and --help) is the help: exit 0, the usage on stdout; -h followed by a flag is bare too
+for help in "-h" "--help" "-h -b 4"; do
+    out=$("$TRAINER" $help 2>/dev/null); rc=$?
+    if [[ $rc -eq 0 ]] && grep -q "^usage:" <<<"$out" && grep -q -- "-h 1 is HellaSwag" <<<"$out"; then
+        echo "[PASS] '$help' prints the usage and exits 0"; passed=$((passed + 1))
+    else
+        echo "[FAIL] '$help': exit $rc, $(head -n 1 <<<"$out")"; failed=$((failed + 1))
+    fi
+done
 # checkpoints and output
 head -c 4096 /dev/urandom > "$work/garbage.bin"
 expect_error "-e file that is not a model" "not an llm.c model file" "${base[@]}" -e "$work/garbage.bin"

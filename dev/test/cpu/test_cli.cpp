@@ -430,7 +430,7 @@ TEST_CASE("cli: usage lists every flag with its default") {
         std::string line = u.substr(at + 1, u.find('\n', at + 1) - at - 1);
         CHECK(contains(line, "(default "));
     }
-    CHECK(contains(u, "-h, --help"));
+    CHECK(contains(u, "--help, -h"));
     for (const char* env : {"LLMC_PROFILE=", "LLMC_TCFP12_CONCAT=", "LLMC_FP8_FUSED_GEMM=", "LLMC_NVFP4_EMULATE=", "LLMC_CUDNN_DETERMINISTIC="})
         CHECK(contains(u, env));   // the environment variables the trainers read
     CHECK(contains(u, "(default 8)"));        // -b
@@ -459,7 +459,12 @@ TEST_CASE("cli: usage lists the recipe's flags under a heading naming it, with t
 }
 
 TEST_CASE("cli: -h and --help print the usage and exit 0") {
-    for (const char* h : {"-h", "--help"}) {
+    // help wins even over a bad value; -h is the help where no integer follows it (-h 1 is HellaSwag)
+    const std::vector<std::vector<std::string>> lines = {{"-b", "4x", "-h"}, {"-b", "4x", "--help"},
+                                                         {"-h", "-b", "4"}, {"-h", "on"}, {"-h", "1", "--help"}};
+    for (const std::vector<std::string>& line : lines) {
+        std::string h;
+        for (const std::string& arg : line) h += arg + " ";
         CAPTURE(h);
         int fds[2];
         REQUIRE(pipe(fds) == 0);
@@ -470,7 +475,7 @@ TEST_CASE("cli: -h and --help print the usage and exit 0") {
             dup2(fds[1], 1);
             close(fds[0]);
             close(fds[1]);
-            parse({"-b", "4x", h});  // help wins even over a bad value
+            parse(line);
             _exit(99);
         }
         close(fds[1]);
@@ -684,4 +689,27 @@ TEST_CASE("cli: check_seq_len") {
           "-t 2048 is longer than the model's maximum sequence length 1024");
     CHECK_NOTHROW(llmc::check_seq_len(c, c768));
     CHECK_NOTHROW(llmc::check_seq_len(parse({"-t", "1024"}), d12));
+}
+
+TEST_CASE("cli: -h 1 turns HellaSwag on, -hf names its file; checked against -v") {
+    const TrainConfig d = parse({});
+    CHECK(d.hellaswag == 0);
+    CHECK(d.hellaswag_path == "dev/data/hellaswag/hellaswag_val.bin");  // where dev/data/hellaswag.py writes it
+    const TrainConfig c = parse({"-b", "4", "-h", "1", "-hf", "eval/hs.bin"});
+    CHECK(c.hellaswag == 1);
+    CHECK(c.hellaswag_path == "eval/hs.bin");
+    CHECK(parse({"-h", "0"}).hellaswag == 0);
+    CHECK_NOTHROW(validated({"-h", "1", "-v", "250"}));
+    CHECK_NOTHROW(validated({"-h", "0", "-v", "0"}));
+    CHECK(contains(error_of([] { validated({"-h", "2"}); }), "-h 2: HellaSwag is 0 (off) or 1 (on)"));
+    CHECK(contains(error_of([] { validated({"-h", "-1"}); }), "-h -1: HellaSwag is 0 (off) or 1 (on)"));
+    CHECK(contains(error_of([] { validated({"-h", "1", "-v", "0"}); }), "-h 1: HellaSwag is scored at the validation steps"));
+    CHECK(contains(error_of([] { validated({"-h", "1", "-hf", ""}); }), "-h 1: -hf names no eval file"));
+    CHECK(contains(error_of([] { parse({"-hf"}); }), "-hf: missing value"));
+    // both rows are in the usage with their defaults, and the top line says where the help went
+    const std::string u = llmc::usage();
+    CHECK(contains(u, "\n  -h <int>  "));
+    CHECK(contains(u, "(default 0)\n  -hf <str>"));
+    CHECK(contains(u, "(default \"dev/data/hellaswag/hellaswag_val.bin\")"));
+    CHECK(contains(u, "  --help, -h       print this help (-h without a value; -h 1 is HellaSwag, below)"));
 }

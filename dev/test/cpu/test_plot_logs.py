@@ -91,6 +91,34 @@ class PlotLogsTest(unittest.TestCase):
         self.assertIn("| fp8 | 5.5000 (300)", lines[3])
         self.assertTrue(lines[3].endswith(" 1.1000 | 1.1000 |"), lines[3])
 
+    def test_hellaswag_accuracy(self):
+        # "s:STEP eval:ACC" (-h 1): parsed beside the losses, which it leaves alone; a resumed step keeps the last
+        lines = ["# recipe:bf16", "s:0 tel:11.0", "s:0 eval:0.250100", "s:0 trl:10.5 lr:1e-4 norm:1.0",
+                 "s:100 tel:6.0", "s:100 eval:0.270000", "s:200 tel:5.5", "s:200 eval:0.300000", "s:200 eval:0.310000",
+                 "s:300 tel:5.4", "s:300 eval:0.290000"]
+        path = write_log(lines)
+        self.assertEqual(plot_logs.parse_eval(path), {0: 0.2501, 100: 0.27, 200: 0.31, 300: 0.29})
+        train, val, _ = plot_logs.parse_main_log(path)
+        self.assertEqual((train, val), ({0: 10.5}, {0: 11.0, 100: 6.0, 200: 5.5, 300: 5.4}))
+        self.assertEqual(plot_logs.parse_eval(write_log(["s:0 tel:5.0"])), {})
+        s = plot_logs.summarize_eval(plot_logs.parse_eval(path))
+        self.assertEqual((s["last_eval"], s["last_eval_step"], s["max_eval"], s["max_eval_step"]), (0.29, 300, 0.31, 200))
+        # the table: the two columns only when a run has the accuracy
+        a = dict(plot_logs.summarize(train, val), **s)
+        lines = plot_logs.report([("bf16", a), ("fp8", plot_logs.summarize(train, val))])
+        self.assertIn("HellaSwag at end (step) | highest HellaSwag (step) |", lines[0])
+        self.assertTrue(lines[2].endswith("| 0.2900 (300) | 0.3100 (200) |"), lines[2])
+        self.assertTrue(lines[3].endswith("| n/a (n/a) | n/a (n/a) |"), lines[3])
+        self.assertNotIn("HellaSwag", plot_logs.report([("bf16", plot_logs.summarize(train, val))])[0])
+        # the CLI: the table and a PNG with the accuracy's panel
+        with tempfile.TemporaryDirectory() as d:
+            png = os.path.join(d, "curves.png")
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                self.assertEqual(plot_logs.main([path, "--out", png]), 0)
+            self.assertIn("| 0.2900 (300) | 0.3100 (200) |", out.getvalue())
+            self.assertGreater(os.path.getsize(png), 10000)
+
     def test_split_seed(self):
         self.assertEqual(plot_logs.split_seed("bf16 sd0", {}), ("bf16", 0))
         self.assertEqual(plot_logs.split_seed("tcfp12_fast_sd12", {"seed": "3"}), ("tcfp12_fast", 12))

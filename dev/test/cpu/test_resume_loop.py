@@ -133,6 +133,9 @@ class ResumeLoop(unittest.TestCase):
             self.assertNotIn(" -y 1", text.split("exec bash scripts/resume_loop.sh", 1)[1], s)  # the loop adds it
             for flag in (" -o ", " -n ", " -nk "):
                 self.assertIn(flag, text, f"{s}: {flag.strip()}")
+            # HellaSwag (-h 1) where its eval file is, passed before the caller's flags (which may say -h 0)
+            self.assertIn('[[ -f dev/data/hellaswag/hellaswag_val.bin ]] && hellaswag=(-h 1)', text, s)
+            self.assertIn(' "${hellaswag[@]}" "$@"', text, s)
             r = subprocess.run(["bash", "-n", s], capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, f"{s}: {r.stderr}")
 

@@ -3,7 +3,9 @@
 #   bash dev/test/gpu/multi_gpu.sh [RECIPES]      (default "bf16"; e.g. "bf16 fp8 nvfp4 vcast tcfp12 q115")
 # On any GPU machine (one GPU is enough):
 #   - a one-process run through NCCL (-pn 1 -pf DIR, -z 1 and -z 0) trains exactly like the plain run;
-#   - the fs and tcp id exchanges reach NCCL; a rank that never comes is a clear error within -pt.
+#   - the fs and tcp id exchanges reach NCCL; a rank that never comes is a clear error within -pt;
+#   - HellaSwag (-h 1, a generated eval file): "HellaSwag: C/N = ACC" at every validation step and
+#     s:STEP eval:ACC in main.log, the same through NCCL with one process (the counts' all-reduce).
 # With NPROC (default 2) or more GPUs, for each recipe:
 #   - NPROC processes (scripts/launch.sh, -z 1 and -z 0) with -d D give the losses of 1 process with
 #     the same -d (D = 2048 NPROC: one micro-step per process, NPROC on the single process): step 1
@@ -15,6 +17,7 @@
 #     error (bf16, and tcfp12 when it is among RECIPES);
 #   - NaNs injected into process 0's loss and backward pass (LLMC_TEST_NAN_AT) are skipped by every
 #     process alike, under -z 1 and -z 0 (bf16);
+#   - HellaSwag with NPROC processes, each scoring its share: the step-0 accuracy of one process exactly;
 #   - killing process 1 (SIGKILL) ends the others with a clear error within 60 s, with and without
 #     the launcher.
 #   NPROC=4 bash dev/test/gpu/multi_gpu.sh "bf16 fp8"   runs them with 4 processes (C = 768 must divide).
@@ -69,6 +72,38 @@ if [[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "rank 0 did not publish" <<<"$out";
     pass "a missing rank 0 is a clear error after $((SECONDS - start)) s (exit $rc)"
 else
     fail "a missing rank 0: exit $rc after $((SECONDS - start)) s: $(tail -n 2 <<<"$out")"
+fi
+
+# HellaSwag (-h 1) on a generated eval file: 61 examples of four endings (random tokens), 31 batches of -b 8
+python3 - "$work/hs.bin" <<'PY'
+import random, struct, sys
+rng, runs = random.Random(3), []
+for i in range(61):
+    ctx = [rng.randrange(50257) for _ in range(rng.randint(1, 60))]
+    ends = [[rng.randrange(50257) for _ in range(rng.randint(1, 30))] for _ in range(4)]
+    body = [rng.randrange(4), 4, len(ctx), *ctx]
+    for e in ends: body += [len(e), *e]
+    runs.append([65535, 2 * (3 + len(body)), i, *body])
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240522, 1, len(runs), max(2 * len(r) for r in runs), *([0] * 252)))
+    for r in runs: f.write(struct.pack("<%dH" % len(r), *r))
+PY
+HS=(-h 1 -hf "$work/hs.bin" -x 4 -v 2)
+evals() { grep -E '^s:[0-9]+ eval:' "$1/main.log"; }
+./train_gpt_$r "${COMMON[@]}" "${HS[@]}" -o "$work/hs_plain" > "$work/hs_plain.out" 2>&1; rc=$?
+printed=$(grep -cE '^HellaSwag: [0-9]+/61 = [0-9.]+ \(step [024]\)$' "$work/hs_plain.out")
+if [[ $rc -eq 0 && $printed -eq 3 ]] && [[ "$(evals "$work/hs_plain" | cut -d' ' -f1 | tr '\n' ' ')" == "s:0 s:2 s:4 " ]] &&
+   evals "$work/hs_plain" | awk -F'eval:' '{ if ($2 < 0 || $2 > 1) exit 1 }'; then
+    pass "-h 1: HellaSwag at steps 0, 2 and 4 (the last), printed and in main.log ($(evals "$work/hs_plain" | tr '\n' ' '))"
+else
+    fail "-h 1: exit $rc, $printed HellaSwag lines printed, main.log: $(evals "$work/hs_plain" | tr '\n' ' ') $(tail -n 2 "$work/hs_plain.out")"
+fi
+mkdir -p "$work/hs_id"
+./train_gpt_$r "${COMMON[@]}" "${HS[@]}" -o "$work/hs_nccl" -pn 1 -pf "$work/hs_id" > "$work/hs_nccl.out" 2>&1; rc=$?
+if [[ $rc -eq 0 ]] && [[ -n "$(evals "$work/hs_plain")" && "$(evals "$work/hs_plain")" == "$(evals "$work/hs_nccl")" ]]; then
+    pass "-h 1 through NCCL with one process: the same accuracies (the counts summed over the processes)"
+else
+    fail "-h 1 through NCCL: exit $rc, $(evals "$work/hs_nccl" | tr '\n' ' ') vs $(evals "$work/hs_plain" | tr '\n' ' ')"
 fi
 
 # ---- NPROC GPUs ---------------------------------------------------------------------------------
@@ -162,6 +197,16 @@ make -s train_gpt_bf16 && {
         fi
     done
 }
+# HellaSwag with P processes: each scores every P-th batch, the counts are summed; the batches, and so
+# every example's losses, are the ones of one process: the step-0 accuracy (before any update) is exact
+make -s train_gpt_bf16 && bash scripts/launch.sh $P ./train_gpt_bf16 "${COMMON[@]}" "${HS[@]}" -x 2 -d $D -o "$work/hs_$P" > "$work/hs_$P.out" 2>&1
+rc=$?
+one=$(evals "$work/hs_plain" | head -n 1); many=$(evals "$work/hs_$P" | head -n 1)
+if [[ $rc -eq 0 && -n "$one" && "$one" == "$many" ]] && grep -q "^$(grep -m1 '^HellaSwag: ' "$work/hs_plain.out" | cut -d' ' -f1-4)" "$work/hs_$P.out"; then
+    pass "-h 1 with $P processes: step 0's HellaSwag is one process's exactly ($many)"
+else
+    fail "-h 1 with $P processes: exit $rc, '$many' vs one process's '$one': $(tail -n 2 "$work/hs_$P.out")"
+fi
 
 # faults: kill process 1 in the middle of a run
 kill_test() { # $1 = with launcher (1) or not (0)
