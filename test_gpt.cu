@@ -31,9 +31,9 @@
 #include <set>
 #include <sstream>
 
-// the recipe's tolerances (TOL_LOGITS, TOL_LOSS, TOL_GRAD, TOL_LOSSES, TOL_NORM, TOL_KEPT_VS_RECOMPUTED), beside
-// the recipe: the Makefile names llmc/recipes/<name>/test_tolerances.h (the FP32 build: the BF16 recipe's, whose
-// header holds the FP32 bounds under ENABLE_FP32)
+// the recipe's tolerances (TOL_LOGITS, TOL_LOSS, TOL_GRAD, TOL_LOSSES, TOL_NORM, TOL_ENDING_LOSS,
+// TOL_KEPT_VS_RECOMPUTED), beside the recipe: the Makefile names llmc/recipes/<name>/test_tolerances.h (the FP32
+// build: the BF16 recipe's, whose header holds the FP32 bounds under ENABLE_FP32)
 #ifndef RECIPE_TOLERANCES
 #error "build with make test_gpt_<recipe>, which names the recipe's test_tolerances.h in RECIPE_TOLERANCES"
 #endif
@@ -841,12 +841,13 @@ static std::string load_eval_reference(const std::string& dir, int V, int T, Eva
 }
 
 // hellaswag: the trainer's HellaSwag scoring (llmc/hellaswag.h on gpt_forward_token_losses) of the reference's
-// examples at the reference's parameters. Every ending's mean loss within TOL_LOSS of the float64 one, and the
-// same choice wherever the reference's best ending leads the second by more than 2 TOL_LOSS (where each of the two
-// may be off by TOL_LOSS the order may flip); the correct count is that of the choices. Then the same examples
-// split over three processes: each scored once, with the same losses bit for bit (an example's batch does not
-// depend on the number of processes); and in batches of 10 rows (two examples of four endings and padding, or
-// other mixes) on a model of that size: within TOL_LOSS again.
+// examples at the reference's parameters. Every ending's mean loss within TOL_ENDING_LOSS of the float64 one, and
+// the same choice wherever the reference's best ending leads the second by more than 2 TOL_ENDING_LOSS (where each
+// of the two may be off by TOL_ENDING_LOSS the order may flip; a recipe whose bound is wider than every lead says
+// so, and its choices are not compared); the correct count is that of the choices. Then the same examples split
+// over three processes: each scored once, with the same losses bit for bit (an example's batch does not depend on
+// the number of processes); and in batches of 10 rows (two examples of four endings and padding, or other mixes)
+// on a model of that size: within TOL_ENDING_LOSS again.
 static void check_hellaswag(TestContext& c) {
     gpt_set_params(&c.model, c.init_params);
     EvalReference er;
@@ -868,17 +869,22 @@ static void check_hellaswag(TestContext& c) {
             }
             std::vector<double> sorted = want;
             std::sort(sorted.begin(), sorted.end());
-            const bool is_decisive = sorted[1] - sorted[0] > 2.0 * TOL_LOSS;
+            const bool is_decisive = sorted[1] - sorted[0] > 2.0 * TOL_ENDING_LOSS;
             decisive += is_decisive;
             same_decisive += is_decisive && scores[i].choice == er.choices[i];
             same_all += scores[i].choice == er.choices[i];
             correct += scores[i].choice == er.examples[i].label;
         }
-        check(worst <= TOL_LOSS, strfmt("hellaswag (B=%d): %zu endings' mean losses within %.0e of the reference: max |diff| "
-                                        "%.3e, mean %.3e", B, endings, TOL_LOSS, worst, sum_diff / std::max<size_t>(endings, 1)));
-        check(decisive > 0 && same_decisive == decisive,
-              strfmt("hellaswag (B=%d): the reference's choice in %zu of the %zu examples whose best ending leads by more than "
-                     "%.0e (%zu of all %zu)", B, same_decisive, decisive, 2.0 * TOL_LOSS, same_all, N));
+        check(worst <= TOL_ENDING_LOSS, strfmt("hellaswag (B=%d): %zu endings' mean losses within %.1e of the reference: max "
+                                               "|diff| %.3e, mean %.3e", B, endings, TOL_ENDING_LOSS, worst,
+                                               sum_diff / std::max<size_t>(endings, 1)));
+        if (decisive > 0)
+            check(same_decisive == decisive,
+                  strfmt("hellaswag (B=%d): the reference's choice in %zu of the %zu examples whose best ending leads by more "
+                         "than %.1e (%zu of all %zu)", B, same_decisive, decisive, 2.0 * TOL_ENDING_LOSS, same_all, N));
+        else
+            printf("[NOTE] hellaswag (B=%d): no example's best ending leads by more than %.1e (2 TOL_ENDING_LOSS), so this "
+                   "recipe's choices are not compared (the reference's in %zu of %zu)\n", B, 2.0 * TOL_ENDING_LOSS, same_all, N);
         check(counts.examples == (int64_t)N && counts.correct == correct,
               strfmt("hellaswag (B=%d): %lld of %lld examples correct, as the choices say (%lld)", B, (long long)counts.correct,
                      (long long)counts.examples, (long long)correct));

@@ -51,7 +51,7 @@ for mode in "current" "block" "block -fbg e5m2 -fp2 1"; do
     if [[ $mode != current ]]; then
         # block scales fit each block: at most a block's largest value lands past FP8_MAX, by the rounding of
         # s = FP8_MAX / amax (under 1% of the values; a misplaced scale saturates far more)
-        awk '/ lq:/ { split($4, e, ":"); if (!(e[2] < 0.01)) bad++ } END { exit bad > 0 }' "$d.t/main.log" \
+        awk '/ lq:/ { split($4, e, ":"); if (!(e[2] + 0 < 0.01)) bad++ } END { exit bad > 0 }' "$d.t/main.log" \
             && ok "-fs $mode: under 1% of the values saturate under block scales" || bad "-fs $mode: saturated values: $(grep ' lq:' "$d.t/main.log" | head -n 2)"
     fi
 done

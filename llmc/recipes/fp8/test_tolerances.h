@@ -18,6 +18,10 @@ static const float TOL_LOSS = 5e-2f;    // absolute
 static const float TOL_GRAD = 2.5e-1f;  // relative L2, each of the 16 tensors
 static const float TOL_LOSSES = 5e-2f;  // absolute, each of the 10 steps
 static const float TOL_NORM = 1e-1f;    // relative, each step's gradient norm
+// One multiple-choice ending's mean loss over its 3-24 tokens (test_gpt.cu, check hellaswag), absolute: 3x
+// TOL_LOSS: short endings weigh single E4M3/E5M2 roundings more than the batch loss does, still far below the
+// order-1 error of a wrong position or mask.
+static const float TOL_ENDING_LOSS = 1.5e-1f;
 
 // -r 0 against -r 1 after resuming the same checkpoint, absolute, each step: the fc GEMM epilogue's GELU and the
 // GELU kernel differ in the last bits of a few outputs; that stays at a BF16 rounding of the loss over 3 steps.
