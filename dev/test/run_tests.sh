@@ -214,14 +214,20 @@ run_suite() { # $1 = id
         echo "python tools: $p passed, $f failed" ;;
     build_flags) build_flag_checks ;;
     bad_input)
+        # (the trainers side by side: each case is a short process start, and the cases of one trainer follow
+        # each other)
         p=0; f=0
         for r in "${MAKE_RECIPES[@]}"; do
-            bash dev/test/cpu/bad_input.sh "./train_gpt_$r" > "$tmp/bad_one.log" 2>&1; rc=$?
-            line=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$tmp/bad_one.log" | tail -n 1)
+            ( bash dev/test/cpu/bad_input.sh "./train_gpt_$r" > "$tmp/bad_$r.log" 2>&1; echo $? > "$tmp/bad_$r.rc" ) &
+        done
+        wait
+        for r in "${MAKE_RECIPES[@]}"; do
+            rc=$(cat "$tmp/bad_$r.rc")
+            line=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$tmp/bad_$r.log" | tail -n 1)
             n=$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<<"$line"); m=$(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<<"$line")
             [[ -z "$line" || ( $rc -ne 0 && "${m:-0}" -eq 0 ) ]] && m=$(( ${m:-0} + 1 ))
             if [[ "${m:-1}" -eq 0 ]]; then echo "[PASS] train_gpt_$r: ${n:-0} bad inputs refused"
-            else grep -E '^\[FAIL' "$tmp/bad_one.log"; echo "[FAIL] train_gpt_$r: ${m} bad-input cases failed"; fi
+            else grep -E '^\[FAIL' "$tmp/bad_$r.log"; echo "[FAIL] train_gpt_$r: ${m} bad-input cases failed"; fi
             p=$((p + ${n:-0})); f=$((f + ${m:-0}))
         done
         echo "bad-input tests: $p passed, $f failed" ;;
