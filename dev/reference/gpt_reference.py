@@ -57,7 +57,7 @@ STATE_MAGIC = 20241123   # ref_state.bin
 STATE_VERSION = 2  # 2: the per-step batches of the trajectory follow the gradient norms
 EVAL_SCORES_MAGIC = 20241124  # ref_hellaswag_scores.bin
 EVAL_SCORES_VERSION = 1
-EVAL_EXAMPLES = 48            # examples in ref_hellaswag.bin
+EVAL_EXAMPLES = 32            # examples in ref_hellaswag.bin
 HEADER_INTS = 256
 NUM_HPARAMS = 16
 

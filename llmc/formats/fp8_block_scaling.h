@@ -8,6 +8,7 @@
 //
 // A block's scale s maps its largest magnitude onto the format's largest finite value:
 //     s = FP8_MAX / amax(block),   q = fp8(x * s)   (round to nearest even, saturating)
+// (s one float lower where the rounded quotient would carry amax * s past FP8_MAX, so that nothing saturates)
 // and the GEMM multiplies each block's partial products by 1/s (the dequantization factor, what cuBLASLt
 // reads). With -fp2 1 the scale is rounded down to a power of two (its mantissa bits cleared), so that
 // 1/s is exact and x * s is exact in FP32 before the rounding to FP8; the block's amax then maps to
@@ -57,6 +58,10 @@ LLMC_HD inline float fp8_block_scale(float amax, float fp8_max, bool pow2) {
     if (!(amax > 0.0f) || !(amax <= 3.4028235e38f)) return 1.0f; // zeros, inf, NaN
     float s = rn_div(fp8_max, amax);
     if (!(s <= 3.4028235e38f)) return bits_float(0x7F000000u); // 2^127
+    // (the quotient rounded to nearest can be one ulp high, and amax * s then lands one ulp past fp8_max: the
+    // block's largest values would saturate. One float lower maps amax to fp8_max or just below, so no value
+    // of the block saturates; x * s rounds monotonically, |x| <= amax keeps |x * s| <= amax * s.)
+    if (amax * s > fp8_max) s = bits_float(float_bits(s) - 1u);
     if (pow2) s = bits_float(float_bits(s) & 0xFF800000u);    // (s is a normal float: fp8_max / amax >= 2^-119)
     return s;
 }

@@ -94,6 +94,24 @@ TEST_CASE("fp8 block scaling: the scale of a block, and its edge cases") {
         CHECK(amax * s <= 448.0f);
         CHECK(amax * s > 224.0f);
     }
+    // every positive normal BF16 amax whose quotient fits (a block of BF16 values has a BF16 amax), E4M3 and E5M2:
+    // amax * s never passes FP8_MAX, and s is the rounded quotient or the float just below it, the largest with
+    // that property
+    int past_max = 0, lowered = 0;
+    for (float fp8_max : {448.0f, 57344.0f}) {
+        for (uint32_t b = 0x0080; b < 0x7F80; b++) {
+            const float amax = llmc::bits_float(b << 16);
+            const float q = fp8_max / amax;
+            if (!(q <= 3.4028235e38f)) continue;
+            const float s = fp8_block_scale(amax, fp8_max, false);
+            past_max += amax * s > fp8_max;
+            const bool is_lower = s != q;
+            lowered += is_lower;
+            if (is_lower && (llmc::float_bits(s) + 1u != llmc::float_bits(q) || !(amax * q > fp8_max))) past_max++;
+        }
+    }
+    CHECK(past_max == 0);
+    MESSAGE("quotients lowered by one float so that the block's amax does not saturate: " << lowered);
     // zeros, inf and NaN blocks: scale 1; an overflowing quotient: 2^127
     CHECK(fp8_block_scale(0.0f, 448.0f, false) == 1.0f);
     CHECK(fp8_block_scale(std::numeric_limits<float>::infinity(), 448.0f, false) == 1.0f);
