@@ -5,7 +5,7 @@
 #   DIR/test.log                  make test
 #   DIR/loss_<name>.log           main.log of each loss protocol run (LOSS_STEPS > 0), its stdout in DIR/logs/
 #   DIR/profile.log               LLMC_PROFILE=1 per-phase table of each recipe, d12 B=64 T=1024
-#   DIR/bench_<size>.md           dev/bench tables (BENCH_SIZES), against the torch.compile peer
+#   DIR/bench_<size>.md           dev/bench tables (BENCH_SIZES), against the PyTorch peers (BF16, torchao FP8)
 # Variables: RECIPES (default "bf16 fp8 nvfp4"), LOSS_STEPS (default 0 = no loss runs; the protocol's
 # is 1000), LOSS_RUNS (default: one run per recipe; else "name:recipe:flags;name:recipe:flags..."),
 # LQ (the quantized runs' -lq, default 100), BENCH_SIZES (default d12; "" = none), TESTS=0 skips make
@@ -51,7 +51,7 @@ fi
     sed -n '/per-phase/,$p' "$LOGS/profile_$r.log" | tee -a "$DIR/profile.log" | grep -E "total|average"
 done
 for size in $BENCH_SIZES; do
-    echo "== bench: $size against the torch.compile peer"
-    timeout 400 python3 dev/bench/bench.py --sizes "$size" --no-build --out "$DIR/bench_$size.md" > "$LOGS/bench_$size.out" 2>&1
+    echo "== bench: $size against the PyTorch peers"
+    timeout 900 python3 dev/bench/bench.py --sizes "$size" --no-build --out "$DIR/bench_$size.md" > "$LOGS/bench_$size.out" 2>&1
     grep -E "^\| $size" "$LOGS/bench_$size.out" || tail -5 "$LOGS/bench_$size.out"
 done
