@@ -13,7 +13,7 @@
 # done: the CPU suites in the background throughout; first, one at a time with the GPU to themselves, the
 # suites whose assertions compare kernel times (the attention, LayerNorm and Q1.15 attention kernel tests,
 # cuDNN's) and the out-of-memory check (which fills the GPU); then the other GPU suites, up to GPU_JOBS
-# (default 6) at a time, longest first.
+# (default 8) at a time, longest first.
 # Without a CUDA device the GPU suites say "skipped: no CUDA device".
 # The last line is "tests: N passed, N failed, N skipped"; the exit status is non-zero on any failure.
 # Environment: ONLY, JOBS (cores for make and the reference, default nproc), GPU_JOBS, REF_THREADS, REF_DIR,
@@ -24,7 +24,7 @@ SECONDS=0  # (the "(... at N s)" lines: time since the start)
 JOBS=${JOBS:-$(nproc)}
 # (a d12 test_gpt holds about 16 GB of GPU memory and a few GB of host memory and /dev/shm; six leave an H200's
 # 141 GB with room for the -r -1 check, which wants 1/16 of the GPU free. Most of a suite's time is host work.)
-GPU_JOBS=${GPU_JOBS:-6}
+GPU_JOBS=${GPU_JOBS:-8}
 REF=${REF_DIR:-dev/reference/out}
 REF_Q115=${REF_DIR_Q115:-dev/reference/out_q115}
 MULTI_GPU_RECIPES=${MULTI_GPU_RECIPES:-bf16 fp8 tcfp12}
@@ -397,10 +397,16 @@ for id in "${order[@]}"; do
     [[ ${serial[$id]} == 1 ]] || continue
     start_suite "$id"; wait $!
 done
-# 2c. the GPU suites, up to GPU_JOBS at once, longest first (the multi-GPU, FP8 kernel and TCFP-12 resume tests,
-# then the other resume scripts, then the model tests, then the rest), so that no long one starts last
+# 2c. the GPU suites, up to GPU_JOBS at once, longest first (the multi-GPU, FP8 kernel, FP8 scaling-mode and
+# TCFP-12 resume tests, then the other scripts that train, then the model tests, then the rest), so that no long
+# one starts last
 rank_of() {
-    case $1 in multi_gpu | kernel_fp8 | resume_tcfp12) echo 0 ;; resume_* | fp8_modes) echo 1 ;; gpt_*) echo 2 ;; *) echo 3 ;; esac
+    case $1 in
+        multi_gpu | kernel_fp8 | fp8_modes | resume_tcfp12) echo 0 ;;
+        resume_* | nan_skip_* | export_hf) echo 1 ;;
+        gpt_*) echo 2 ;;
+        *) echo 3 ;;
+    esac
 }
 start_order=()
 for rank in 0 1 2 3; do
