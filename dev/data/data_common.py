@@ -112,6 +112,34 @@ def atomic_write(path, chunks):
             os.remove(tmp)
 
 
+# GPT-2's BPE files, where tiktoken's "gpt2" encoding downloads them from
+GPT2_BPE_URLS = {
+    "encoder.json": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+    "vocab.bpe": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+}
+
+
+def user_cache_dir(name):
+    """$XDG_CACHE_HOME/llmc/<name>, else ~/.cache/llmc/<name>."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "llmc", name)
+
+
+def download_gpt2_bpe(dest_dir):
+    """encoder.json and vocab.bpe in dest_dir, fetched where missing through tiktoken's download cache (so a
+    machine that has tokenized with tiktoken's "gpt2" before fetches nothing). Returns (encoder.json, vocab.bpe);
+    raises whatever the download raises when offline."""
+    import tiktoken.load
+
+    paths = []
+    for name in ("encoder.json", "vocab.bpe"):
+        path = os.path.join(dest_dir, name)
+        if not os.path.isfile(path):
+            atomic_write(path, [tiktoken.load.read_file_cached(GPT2_BPE_URLS[name])])
+        paths.append(path)
+    return tuple(paths)
+
+
 def write_datafile(path, tokens):
     """Write a token shard. tokens: any int sequence / array with values in [0, 65535]."""
     toks = np.asarray(tokens)

@@ -185,13 +185,21 @@ def hf_config(shape, dtype):
 
 
 def find_tokenizer(data_dir):
+    """GPT-2's encoder.json and vocab.bpe: local copies (--data-dir, $LLMC_SHARED_DATA, a shared/data folder beside
+    the checkout), else downloaded into ~/.cache/llmc/gpt2_bpe (not with LLMC_NO_DOWNLOAD=1)."""
     enc_json = dc.find_local_file("encoder.json", data_dir)
     vocab_bpe = dc.find_local_file("vocab.bpe", data_dir)
-    if enc_json is None or vocab_bpe is None:
-        where = ", ".join(dc.candidate_dirs(data_dir))
-        raise ExportError(f"GPT-2's encoder.json and vocab.bpe not found (looked in {where}); "
-                          "pass --data-dir DIR or --no-tokenizer")
-    return enc_json, vocab_bpe
+    if enc_json is not None and vocab_bpe is not None:
+        return enc_json, vocab_bpe
+    where = ", ".join(dc.candidate_dirs(data_dir))
+    why = ""
+    if os.environ.get("LLMC_NO_DOWNLOAD") != "1":
+        try:
+            return dc.download_gpt2_bpe(dc.user_cache_dir("gpt2_bpe"))
+        except Exception as e:  # noqa: BLE001 - offline shows as any of several exception types
+            why = f"; downloading them failed ({type(e).__name__})"
+    raise ExportError(f"GPT-2's encoder.json and vocab.bpe not found (looked in {where}){why}; "
+                      "pass --data-dir DIR or --no-tokenizer")
 
 
 def write_tokenizer_files(outdir, enc_json, vocab_bpe, maxT):
@@ -246,7 +254,8 @@ def main():
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                     help="parameter type written (default: the model file's, bf16 for version 5, fp32 for 3)")
     ap.add_argument("--data-dir", default=None,
-                    help="directory with encoder.json and vocab.bpe (else $LLMC_SHARED_DATA, or a shared/data folder beside the checkout)")
+                    help="directory with encoder.json and vocab.bpe (else $LLMC_SHARED_DATA, a shared/data folder beside the "
+                         "checkout, or a download into ~/.cache/llmc/gpt2_bpe)")
     ap.add_argument("--no-tokenizer", action="store_true", help="write only config.json and model.safetensors")
     ap.add_argument("--force", action="store_true", help="replace an existing OUTDIR")
     args = ap.parse_args()

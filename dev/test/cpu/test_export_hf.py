@@ -385,13 +385,80 @@ class ExportHF(unittest.TestCase):
         empty = os.path.join(self.tmp, "empty")
         os.makedirs(empty, exist_ok=True)
         out = os.path.join(self.tmp, "out_notokfiles")
+        # (and no download: LLMC_NO_DOWNLOAD=1; the download itself is test_tokenizer_download below)
         env = {k: v for k, v in os.environ.items() if k != "LLMC_SHARED_DATA"}
+        env["LLMC_NO_DOWNLOAD"] = "1"
         r = subprocess.run([sys.executable, os.path.join(fake, "dev", "eval", "export_hf.py"), self.fp32_path, out,
                             "--data-dir", empty], capture_output=True, text=True, env=env)
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertRegex(r.stderr, r"^error: .*encoder.json.*--data-dir.*\n$")
         self.assertFalse(os.path.exists(out))
         self.assertEqual([n for n in os.listdir(self.tmp) if n.startswith("out_notokfiles")], [])
+
+    def test_tokenizer_download(self):
+        # no local copy: find_tokenizer downloads into the user's cache (here a stand-in download), or says why not
+        sys.path.insert(0, os.path.dirname(EXPORT))
+        import export_hf
+        empty = os.path.join(self.tmp, "empty_dl")
+        os.makedirs(empty, exist_ok=True)
+        saved = (export_hf.dc.find_local_file, export_hf.dc.download_gpt2_bpe, os.environ.get("LLMC_NO_DOWNLOAD"))
+        asked = []
+
+        def fetched(dest):
+            asked.append(dest)
+            return os.path.join(dest, "encoder.json"), os.path.join(dest, "vocab.bpe")
+
+        def offline(dest):
+            raise OSError("no network")
+        try:
+            export_hf.dc.find_local_file = lambda name, data_dir=None: None
+            os.environ.pop("LLMC_NO_DOWNLOAD", None)
+            export_hf.dc.download_gpt2_bpe = fetched
+            enc, bpe = export_hf.find_tokenizer(empty)
+            self.assertEqual(asked, [export_hf.dc.user_cache_dir("gpt2_bpe")])
+            self.assertEqual(os.path.basename(enc), "encoder.json")
+            self.assertEqual(os.path.basename(bpe), "vocab.bpe")
+            export_hf.dc.download_gpt2_bpe = offline
+            with self.assertRaisesRegex(export_hf.ExportError, r"downloading them failed \(OSError\).*--data-dir"):
+                export_hf.find_tokenizer(empty)
+            os.environ["LLMC_NO_DOWNLOAD"] = "1"
+            asked.clear()
+            export_hf.dc.download_gpt2_bpe = fetched
+            with self.assertRaisesRegex(export_hf.ExportError, r"not found \(looked in [^)]*\); pass --data-dir"):
+                export_hf.find_tokenizer(empty)
+            self.assertEqual(asked, [])
+        finally:
+            export_hf.dc.find_local_file, export_hf.dc.download_gpt2_bpe = saved[0], saved[1]
+            if saved[2] is None:
+                os.environ.pop("LLMC_NO_DOWNLOAD", None)
+            else:
+                os.environ["LLMC_NO_DOWNLOAD"] = saved[2]
+
+    def test_download_gpt2_bpe_writes_once(self):
+        # the two files from tiktoken's download cache (a stand-in for it here), written once, then read from disk
+        import tiktoken.load
+        sys.path.insert(0, os.path.dirname(EXPORT))
+        import export_hf
+        dest = os.path.join(self.tmp, "bpe_cache")
+        urls = []
+
+        def read_file_cached(url, expected_hash=None):
+            urls.append(url)
+            return b"contents of " + url.rsplit("/", 1)[1].encode()
+        saved = tiktoken.load.read_file_cached
+        try:
+            tiktoken.load.read_file_cached = read_file_cached
+            enc, bpe = export_hf.dc.download_gpt2_bpe(dest)
+            again = export_hf.dc.download_gpt2_bpe(dest)
+        finally:
+            tiktoken.load.read_file_cached = saved
+        self.assertEqual((enc, bpe), again)
+        self.assertEqual(urls, [export_hf.dc.GPT2_BPE_URLS["encoder.json"], export_hf.dc.GPT2_BPE_URLS["vocab.bpe"]])
+        with open(enc, "rb") as f:
+            self.assertEqual(f.read(), b"contents of encoder.json")
+        with open(bpe, "rb") as f:
+            self.assertEqual(f.read(), b"contents of vocab.bpe")
+        self.assertEqual(sorted(os.listdir(dest)), ["encoder.json", "vocab.bpe"])
 
     def test_existing_outdir_refused_and_force_replaces(self):
         out = os.path.join(self.tmp, "out_exists")
