@@ -8,15 +8,10 @@
 # A checkpoint every 5,000 steps (the newest 2 kept); scripts/resume_loop.sh reruns the trainer with -y 1
 # after a crash (MAX_RESTARTS, default 20), so the run continues from its newest checkpoint.
 # Make the data first: python3 dev/data/fineweb.py
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/setup_run.sh"   # launch (NPROC), hellaswag (-h 1); runs from the checkout
 RECIPE=${RECIPE:-bf16}
 OUT_DIR=${OUT_DIR:-log_gpt2_124M_$RECIPE}
-NPROC=${NPROC:-1}
 make -j"$(nproc)" "train_gpt_$RECIPE"
-launch=(); [[ "$NPROC" -gt 1 ]] && launch=(bash scripts/launch.sh "$NPROC")
-# HellaSwag at every validation step (-h 1) when its eval file is there (python3 dev/data/hellaswag.py)
-hellaswag=(); [[ -f dev/data/hellaswag/hellaswag_val.bin ]] && hellaswag=(-h 1)
 exec bash scripts/resume_loop.sh "${launch[@]}" "./train_gpt_$RECIPE" \
     -i "dev/data/fineweb10B/fineweb_train_*.bin" -j "dev/data/fineweb10B/fineweb_val_*.bin" \
     -o "$OUT_DIR" -e d12 -b 64 -t 1024 -d 524288 -r 1 \

@@ -9,15 +9,10 @@
 # A checkpoint every 2,000 steps (the newest 2 kept); scripts/resume_loop.sh reruns the trainer with -y 1
 # after a crash (MAX_RESTARTS, default 20), so the run continues from its newest checkpoint.
 # Make the data first (30B tokens need more than the 10B sample): python3 dev/data/fineweb.py --name sample-100BT
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/setup_run.sh"   # launch (NPROC), hellaswag (-h 1); runs from the checkout
 RECIPE=${RECIPE:-bf16}
 OUT_DIR=${OUT_DIR:-log_gpt2_350M_$RECIPE}
-NPROC=${NPROC:-1}
 make -j"$(nproc)" "train_gpt_$RECIPE"
-launch=(); [[ "$NPROC" -gt 1 ]] && launch=(bash scripts/launch.sh "$NPROC")
-# HellaSwag at every validation step (-h 1) when its eval file is there (python3 dev/data/hellaswag.py)
-hellaswag=(); [[ -f dev/data/hellaswag/hellaswag_val.bin ]] && hellaswag=(-h 1)
 exec bash scripts/resume_loop.sh "${launch[@]}" "./train_gpt_$RECIPE" \
     -i "dev/data/fineweb100B/fineweb_train_*.bin" -j "dev/data/fineweb100B/fineweb_val_*.bin" \
     -o "$OUT_DIR" -e d24 -b 64 -t 1024 -d 524288 -r 1 \

@@ -10,10 +10,9 @@
 # activations are clamped to +-1); RECIPE=bf16 is the baseline.
 # A checkpoint every 5,000 steps (the newest 2 kept); scripts/resume_loop.sh reruns the trainer with -y 1
 # after a crash (MAX_RESTARTS, default 20), so the run continues from its newest checkpoint.
-# Usage: [RECIPE=bf16] bash scripts/run_gpt3_125M.sh [extra trainer flags, which override these]
+# Usage: [RECIPE=bf16] [NPROC=8] bash scripts/run_gpt3_125M.sh [extra trainer flags, which override these]
 # Make the data first: python3 dev/data/fineweb.py
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/setup_run.sh"   # launch (NPROC), hellaswag (-h 1); runs from the checkout
 RECIPE=${RECIPE:-}
 if [[ -z "$RECIPE" ]]; then
     TRAINER=train_gpt3q115cu
@@ -25,9 +24,7 @@ else
     make -j"$(nproc)" "$TRAINER"
 fi
 OUT_DIR=${OUT_DIR:-log_gpt3_125M_${RECIPE:-q115}}
-# HellaSwag at every validation step (-h 1) when its eval file is there (python3 dev/data/hellaswag.py)
-hellaswag=(); [[ -f dev/data/hellaswag/hellaswag_val.bin ]] && hellaswag=(-h 1)
-exec bash scripts/resume_loop.sh "./$TRAINER" "${CHECK[@]}" \
+exec bash scripts/resume_loop.sh "${launch[@]}" "./$TRAINER" "${CHECK[@]}" \
     -i "dev/data/fineweb10B/fineweb_train_*.bin" -j "dev/data/fineweb10B/fineweb_val_*.bin" \
     -o "$OUT_DIR" -e gpt3:c768 -b 32 -t 2048 -d 524288 -r 1 \
     -l 0.0006 -u 715 -k cosine -q 0.1 -c 0.1 -gc 1.0 -x 572204 \

@@ -133,11 +133,36 @@ class ResumeLoop(unittest.TestCase):
             self.assertNotIn(" -y 1", text.split("exec bash scripts/resume_loop.sh", 1)[1], s)  # the loop adds it
             for flag in (" -o ", " -n ", " -nk "):
                 self.assertIn(flag, text, f"{s}: {flag.strip()}")
-            # HellaSwag (-h 1) where its eval file is, passed before the caller's flags (which may say -h 0)
-            self.assertIn('[[ -f dev/data/hellaswag/hellaswag_val.bin ]] && hellaswag=(-h 1)', text, s)
+            # scripts/setup_run.sh's launcher and HellaSwag (-h 1), passed before the caller's flags (which may
+            # say -h 0)
+            self.assertIn('source "$(dirname "$0")/setup_run.sh"', text, s)
+            self.assertIn('exec bash scripts/resume_loop.sh "${launch[@]}" ', text, s)
             self.assertIn(' "${hellaswag[@]}" "$@"', text, s)
             r = subprocess.run(["bash", "-n", s], capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, f"{s}: {r.stderr}")
+
+    def test_setup_run(self):
+        # sourced from a script in a stand-in checkout: it moves to the checkout's root, and sets launch from NPROC
+        # and hellaswag from the eval file's presence
+        root = os.path.join(self.tmp, "checkout")
+        os.makedirs(os.path.join(root, "scripts"))
+        shutil.copy(os.path.join(REPO, "scripts", "setup_run.sh"), os.path.join(root, "scripts", "setup_run.sh"))
+        with open(os.path.join(root, "scripts", "show.sh"), "w") as f:
+            f.write('source "$(dirname "$0")/setup_run.sh"\n'
+                    'echo "$PWD|${launch[*]}|${hellaswag[*]}"\n')
+
+        def show(**env):
+            r = subprocess.run(["bash", os.path.join(root, "scripts", "show.sh")], capture_output=True, text=True,
+                               cwd=self.tmp, env={**{k: v for k, v in os.environ.items() if k != "NPROC"}, **env})
+            self.assertEqual(r.returncode, 0, r.stderr)
+            return r.stdout.strip().split("|")
+        here, launch, hs = show()
+        self.assertEqual(os.path.realpath(here), os.path.realpath(root))
+        self.assertEqual((launch, hs), ("", ""))
+        os.makedirs(os.path.join(root, "dev", "data", "hellaswag"))
+        open(os.path.join(root, "dev", "data", "hellaswag", "hellaswag_val.bin"), "wb").close()
+        _, launch, hs = show(NPROC="4")
+        self.assertEqual((launch, hs), ("bash scripts/launch.sh 4", "-h 1"))
 
 
 if __name__ == "__main__":
