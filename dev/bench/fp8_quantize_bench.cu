@@ -1,6 +1,7 @@
 // fp8_quantize_bench.cu: times the FP8 quantize kernels of llmc/formats/fp8_quantize.cuh at the shapes of one
 // micro-step (default d12's: B = 64, T = 1024, so 65536 rows, and C = 768: widths C, 3C, 4C), the way
-// recipes/fp8/recipe.h calls them, and a device-to-device copy of the same input as the bandwidth yardstick.
+// recipes/fp8/recipe.h calls them, the block quantizer of -fs block (formats/fp8_block_quantize.cuh), and a
+// device-to-device copy of the same input as the bandwidth yardstick.
 // Prints ms per call and the effective bandwidth (bytes read + written / time).
 //
 //   make build/fp8_quantize_bench && ./build/fp8_quantize_bench [rows] [C]
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <vector>
 #include "llmc/formats/fp8_quantize.cuh"
+#include "llmc/formats/fp8_block_quantize.cuh"
 #include "dev/bench/bench_timer.h"
 
 int main(int argc, char** argv) {
@@ -40,6 +42,9 @@ int main(int argc, char** argv) {
     cudaCheck(cudaMalloc(&sums, max_cols * sizeof(float)));
     cudaCheck(cudaMalloc(&partials, (size_t)ceil_div(rows, FP8_TILE) * max_cols * sizeof(float)));
     cudaCheck(cudaMalloc(&amax, sizeof(uint32_t)));
+    float *block_inv, *block_inv_t; // (the 1 x 128 factors of the widest tensor in either layout)
+    cudaCheck(cudaMalloc(&block_inv, llmc::fp8_vec128_scale_count(rows, max_cols) * sizeof(float)));
+    cudaCheck(cudaMalloc(&block_inv_t, llmc::fp8_vec128_scale_count(max_cols, rows) * sizeof(float)));
     cudaCheck(cudaMalloc(&counts, 3 * sizeof(unsigned long long)));
     cudaCheck(cudaMemcpy(x, h.data(), n_max * sizeof(floatX), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(pre, h.data() + 1, (n_max - 1) * sizeof(floatX), cudaMemcpyHostToDevice));
@@ -80,6 +85,15 @@ int main(int argc, char** argv) {
                                                          pre);
                }));
         report("codes transpose (fp8_transpose)", 2 * n, time_it([&] { fp8_transpose(qt, q, rows, cols, 0); }));
+        // -fs block: 1 x 128 blocks along the rows and, transposed, along the columns, from one read
+        Fp8BlockOutput both;
+        both.rows = q; both.rows_inv = block_inv; both.cols = qt; both.cols_inv = block_inv_t;
+        report("block: x E4M3, rows + transposed (1 x 128)", 4 * n, time_it([&] {
+                   fp8_block_quantize<Fp8Kind::E4M3>(x, rows, cols, false, false, both, amax, Fp8Stats(), 0);
+               }));
+        report("block: dy E5M2, rows + transposed (1 x 128)", 4 * n, time_it([&] {
+                   fp8_block_quantize<Fp8Kind::E5M2>(x, rows, cols, false, false, both, amax, Fp8Stats(), 0);
+               }));
     }
     return 0;
 }

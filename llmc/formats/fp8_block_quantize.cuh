@@ -10,18 +10,32 @@
 //                                       column (K = rows: the weight gradient's reduction over tokens)
 //   weight (weight = true)       one scale per 128 x 128 block, the same codes in both layouts (W and W^T),
 //                                and the factors in the 128 x 128 layout of each
-// Either layout may be skipped (null). A tile lies in shared memory as BF16 (128 x 136: 16 bytes of padding
-// a row); each warp then owns 16 rows (rows pass) or 16 columns (cols pass), one at a time, a lane holding 4
-// consecutive values of it: the block's amax is a warp's max reduction, and the lane writes its 4 codes as
-// one 32-bit word. Values past the tensor's edge load as zeros and are neither stored nor part of a block's
-// amax beyond what zeros add (nothing), which is the reference's tail-block rule.
+// Either layout may be skipped (null). The values quantized may be a function of the tensor read, applied to
+// each value as it is staged and rounded to BF16 as the separate pass would store it (Fp8BlockInput): the GELU
+// of a pre-activation (the fc projection's input, which the fc layer then need not write), or the product with
+// the GELU derivative of a pre-activation (the fc layer's output gradient, from the fc projection's input
+// gradient). The cols pass can also leave each column's sum over the tile's 128 rows (the bias gradient's
+// partial sums, of the values quantized). Values past the tensor's edge load as zeros and are neither stored nor
+// part of a block's amax beyond what zeros add (nothing), which is the reference's tail-block rule.
+//
+// Shared-memory layout. A tile lies in shared memory as BF16 pairs, one 32-bit word holding two neighbouring
+// values of a row, 65 words a row (64 for the 128 values, 1 of padding). With an odd row stride, word w of row
+// r sits in bank (r + w) mod 32, so both passes read without bank conflicts:
+//   rows pass  a warp takes a row; lane l holds words l and l + 32 (values 2l, 2l + 1, 64 + 2l, 65 + 2l), so a
+//              read touches 32 consecutive words; the row's codes go out as two 64-byte stores
+//   cols pass  a warp takes two neighbouring columns (one word of each row); lane l holds rows l, l + 32,
+//              l + 64, l + 96, whose words lie in banks (l + w) mod 32: one bank a lane
+// (A row stride that is a multiple of 4 words, which 16-byte stores need, would put the 32 rows a column
+// read touches into a few banks, and the cols pass would serialize many times over.) The 128-value block
+// of a row or column is one warp's: its amax is a warp's max reduction.
 #pragma once
 #include <cuda_fp8.h>
 #include "llmc/cuda_common.h"
 #include "fp8_block_scaling.h"
 #include "fp8_quantize.cuh"
 
-#define FP8_BLOCK_TILE_STRIDE 136 // floatX per row of the staged tile (128 + 8: 16-byte aligned rows)
+#define FP8_BLOCK_THREADS 256   // 8 warps; a tile's 2048 chunks of 8 values are 8 a thread
+#define FP8_BLOCK_ROW_WORDS 65  // 32-bit words per staged row (odd: see above)
 
 // where a block quantization writes (any field may be null; a layout is written when its codes are given)
 struct Fp8BlockOutput {
@@ -31,49 +45,111 @@ struct Fp8BlockOutput {
     float* cols_inv = nullptr;   // their factors: 1 x 128 layout of (cols x rows), or 128 x 128 for a weight
 };
 
+// what a block quantization reads besides the tensor (all optional)
+struct Fp8BlockInput {
+    bool gelu_of_input = false;              // quantize gelu(x), as gelu_forward stores it
+    const floatX* gelu_pre = nullptr;        // quantize x * gelu'(pre), as gelu_backward stores it (same shape as x)
+    GeluFactor gelu_factor = GeluFactor::EXACT; // (how gelu_pre gives the derivative: gelu.cuh)
+    float* col_partials = nullptr;           // (ceil(rows / 128) x cols) the column sums of each 128-row tile;
+                                             // needs the cols layout
+};
+
 template <Fp8Kind K>
 __device__ __forceinline__ uint8_t fp8_block_code(float v) { return (uint8_t)(fp8_pack2<K>(v, 0.0f) & 0xFF); }
 
+__device__ __forceinline__ float bf16_low(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_high(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+
+// 8 staged values after the input's function (Fp8BlockInput), each rounded to BF16
+__device__ __forceinline__ uint4 fp8_block_transform(uint4 v, uint4 pre, const Fp8BlockInput& fn) {
+    floatX x[8], p[8];
+    memcpy(x, &v, 16);
+    memcpy(p, &pre, 16);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        if (fn.gelu_of_input) x[j] = (floatX)gelu_value((float)x[j]);
+        if (fn.gelu_pre) x[j] = (floatX)((float)x[j] * gelu_backward_factor(fn.gelu_factor, (float)p[j]));
+    }
+    memcpy(&v, x, 16);
+    return v;
+}
+
+// the warp's max of a (the block's amax) and the scale it gives
+__device__ __forceinline__ float fp8_block_warp_scale(uint32_t a, float fp8_max, bool pow2) {
+    for (int sh = 16; sh > 0; sh >>= 1) a = max(a, __shfl_xor_sync(0xffffffffu, a, sh));
+    return llmc::fp8_block_scale(__uint_as_float(a), fp8_max, pow2);
+}
+
 template <Fp8Kind K, bool COUNT>
-__global__ void __launch_bounds__(256) fp8_block_quantize_kernel(const floatX* __restrict__ in, int rows, int cols, bool weight,
-                                                                 bool pow2, Fp8BlockOutput o, uint32_t* amax_out, Fp8Stats stats) {
-    __shared__ __align__(16) floatX tile[llmc::FP8_BLOCK * FP8_BLOCK_TILE_STRIDE];
-    __shared__ uint32_t warp_amax[8];
+__global__ void __launch_bounds__(FP8_BLOCK_THREADS) fp8_block_quantize_kernel(const floatX* __restrict__ in, int rows, int cols,
+                                                                                bool weight, bool pow2, Fp8BlockOutput o,
+                                                                                uint32_t* amax_out, Fp8Stats stats, Fp8BlockInput fn) {
+    static_assert(sizeof(floatX) == 2, "the staged tile holds BF16 pairs");
+    __shared__ uint32_t tile[llmc::FP8_BLOCK * FP8_BLOCK_ROW_WORDS];
+    __shared__ uint32_t warp_amax[FP8_BLOCK_THREADS / 32];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int tiles_x = llmc::fp8_blocks(cols), tiles_y = llmc::fp8_blocks(rows);
     const long long num_tiles = (long long)tiles_x * tiles_y;
-    const bool vec_in = cols % 8 == 0 && (uintptr_t)in % 16 == 0;
+    const bool vec_in = cols % 8 == 0 && (uintptr_t)in % 16 == 0 && (uintptr_t)fn.gelu_pre % 16 == 0;
+    const bool transform = fn.gelu_of_input || fn.gelu_pre;
+    const bool rows_u16 = cols % 2 == 0 && (uintptr_t)o.rows % 2 == 0; // (2-byte stores of a row's code pairs)
     const float fp8_max = fp8_max_value<K>();
     uint32_t amax_all = 0, sat = 0, ftz = 0, count = 0;
+    // one value's telemetry
+    auto account = [&](float v, float s, uint8_t q) {
+        if (COUNT) {
+            uint32_t unused = 0;
+            fp8_account<K, true>(v, s, q, unused, sat, ftz);
+            count += 1;
+        }
+    };
     for (long long tile_id = blockIdx.x; tile_id < num_tiles; tile_id += gridDim.x) {
         const int rb = (int)(tile_id / tiles_x), kb = (int)(tile_id % tiles_x);
         const int r0 = rb * llmc::FP8_BLOCK, c0 = kb * llmc::FP8_BLOCK;
-        // stage the tile: 128 rows of 16 chunks of 8 values
-        uint32_t tile_amax = 0;
-        for (int i = tid; i < llmc::FP8_BLOCK * 16; i += blockDim.x) {
-            const int r = i / 16, c = (i % 16) * 8;
+        // stage the tile: 128 rows of 16 chunks of 8 values, every load issued before the first store
+        // (8 values of a row from src, zeros past the tensor's edge)
+        auto load8 = [&](const floatX* src, int r, int c) {
             uint4 v = make_uint4(0, 0, 0, 0);
             if (r0 + r < rows) {
                 if (vec_in && c0 + c + 8 <= cols) {
-                    v = *reinterpret_cast<const uint4*>(in + (size_t)(r0 + r) * cols + c0 + c);
+                    v = *reinterpret_cast<const uint4*>(src + (size_t)(r0 + r) * cols + c0 + c);
                 } else {
                     floatX x[8];
                     for (int j = 0; j < 8; j++) x[j] = (floatX)0.0f;
-                    for (int j = 0; j < 8 && c0 + c + j < cols; j++) x[j] = in[(size_t)(r0 + r) * cols + c0 + c + j];
+                    for (int j = 0; j < 8 && c0 + c + j < cols; j++) x[j] = src[(size_t)(r0 + r) * cols + c0 + c + j];
                     memcpy(&v, x, 16);
                 }
             }
-            *reinterpret_cast<uint4*>(tile + r * FP8_BLOCK_TILE_STRIDE + c) = v;
-            const floatX* x = reinterpret_cast<const floatX*>(&v);
+            return v;
+        };
+        uint4 chunk[8], pre[8];
 #pragma unroll
-            for (int j = 0; j < 8; j++) tile_amax = max(tile_amax, llmc::amax_bits((float)x[j]));
+        for (int i = 0; i < 8; i++) {
+            const int id = tid + i * FP8_BLOCK_THREADS;
+            chunk[i] = load8(in, id / 16, (id % 16) * 8);
+            pre[i] = fn.gelu_pre ? load8(fn.gelu_pre, id / 16, (id % 16) * 8) : make_uint4(0, 0, 0, 0);
+        }
+        if (transform) { // (past the edge: gelu(0) = 0, and 0 times any derivative is 0)
+#pragma unroll
+            for (int i = 0; i < 8; i++) chunk[i] = fp8_block_transform(chunk[i], pre[i], fn);
+        }
+        uint32_t tile_amax = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int id = tid + i * FP8_BLOCK_THREADS, r = id / 16, w = (id % 16) * 4;
+            const uint32_t words[4] = {chunk[i].x, chunk[i].y, chunk[i].z, chunk[i].w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                tile[r * FP8_BLOCK_ROW_WORDS + w + k] = words[k];
+                tile_amax = max(tile_amax, max(llmc::amax_bits(bf16_low(words[k])), llmc::amax_bits(bf16_high(words[k]))));
+            }
         }
         // the tile's amax (a weight's block scale); also the tensor's
         for (int s = 16; s > 0; s >>= 1) tile_amax = max(tile_amax, __shfl_xor_sync(0xffffffffu, tile_amax, s));
         if (lane == 0) warp_amax[warp] = tile_amax;
         __syncthreads();
         tile_amax = 0;
-        for (int w = 0; w < 8; w++) tile_amax = max(tile_amax, warp_amax[w]);
+        for (int w = 0; w < FP8_BLOCK_THREADS / 32; w++) tile_amax = max(tile_amax, warp_amax[w]);
         amax_all = max(amax_all, tile_amax);
         const float s_tile = llmc::fp8_block_scale(__uint_as_float(tile_amax), fp8_max, pow2);
         if (weight && tid == 0) {
@@ -82,80 +158,82 @@ __global__ void __launch_bounds__(256) fp8_block_quantize_kernel(const floatX* _
         }
         // rows pass: row r's 128 values of this tile are one block (or the weight's tile scale)
         if (o.rows) {
-            for (int rr = 0; rr < 16; rr++) {
-                const int r = warp * 16 + rr;
+            for (int rr = 0; rr < llmc::FP8_BLOCK / (FP8_BLOCK_THREADS / 32); rr++) {
+                const int r = warp * (llmc::FP8_BLOCK / (FP8_BLOCK_THREADS / 32)) + rr;
                 if (r0 + r >= rows) break; // (the same for the whole warp)
-                float v[4];
-                uint32_t a = 0;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    v[j] = (float)tile[r * FP8_BLOCK_TILE_STRIDE + lane * 4 + j];
-                    a = max(a, llmc::amax_bits(v[j]));
-                }
+                const uint32_t wa = tile[r * FP8_BLOCK_ROW_WORDS + lane], wb = tile[r * FP8_BLOCK_ROW_WORDS + 32 + lane];
+                const float v[4] = {bf16_low(wa), bf16_high(wa), bf16_low(wb), bf16_high(wb)};
                 float s = s_tile;
                 if (!weight) {
-                    for (int sh = 16; sh > 0; sh >>= 1) a = max(a, __shfl_xor_sync(0xffffffffu, a, sh));
-                    s = llmc::fp8_block_scale(__uint_as_float(a), fp8_max, pow2);
+                    uint32_t a = 0;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) a = max(a, llmc::amax_bits(v[j]));
+                    s = fp8_block_warp_scale(a, fp8_max, pow2);
                     if (lane == 0 && o.rows_inv) o.rows_inv[llmc::fp8_vec128_scale_index(r0 + r, kb, rows)] = llmc::fp8_inverse(s);
                 }
-                uint32_t word = 0;
+                uint8_t q[4];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const uint8_t q = fp8_block_code<K>(v[j] * s);
-                    word |= (uint32_t)q << (8 * j);
-                    if (COUNT && c0 + lane * 4 + j < cols) {
-                        uint32_t unused = 0;
-                        fp8_account<K, true>(v[j], s, q, unused, sat, ftz);
-                        count += 1;
+                for (int j = 0; j < 4; j++) q[j] = fp8_block_code<K>(v[j] * s);
+                uint8_t* dst = o.rows + (size_t)(r0 + r) * cols;
+#pragma unroll
+                for (int half = 0; half < 2; half++) { // values c, c + 1 at c = c0 + 64 half + 2 lane
+                    const int c = c0 + 64 * half + 2 * lane;
+                    const uint8_t q0 = q[2 * half], q1 = q[2 * half + 1];
+                    if (rows_u16 && c + 2 <= cols) {
+                        *reinterpret_cast<uint16_t*>(dst + c) = (uint16_t)(q0 | (q1 << 8));
+                    } else {
+                        if (c < cols) dst[c] = q0;
+                        if (c + 1 < cols) dst[c + 1] = q1;
                     }
-                }
-                const int c = c0 + lane * 4;
-                uint8_t* dst = o.rows + (size_t)(r0 + r) * cols + c;
-                if (c + 4 <= cols && cols % 4 == 0 && (uintptr_t)o.rows % 4 == 0) {
-                    *reinterpret_cast<uint32_t*>(dst) = word;
-                } else {
-                    for (int j = 0; j < 4; j++)
-                        if (c + j < cols) dst[j] = (uint8_t)(word >> (8 * j));
+                    if (COUNT) {
+                        if (c < cols) account(v[2 * half], s, q0);
+                        if (c + 1 < cols) account(v[2 * half + 1], s, q1);
+                    }
                 }
             }
         }
-        // cols pass: column c's 128 values of this tile (rows r0 ..) are one block of the transpose's row c
+        // cols pass: column c's 128 values of this tile (rows r0 ..) are one block of the transpose's row c;
+        // a warp takes the column pairs (2p, 2p + 1), one word of each row
         if (o.cols) {
             const bool count_here = COUNT && (!weight || !o.rows); // (a weight's codes are the same in both layouts)
-            for (int cc = 0; cc < 16; cc++) {
-                const int c = warp * 16 + cc;
-                if (c0 + c >= cols) break;
-                float v[4];
-                uint32_t a = 0;
+            const int pairs_per_warp = llmc::FP8_BLOCK / 2 / (FP8_BLOCK_THREADS / 32);
+            for (int pp = 0; pp < pairs_per_warp; pp++) {
+                const int p = warp * pairs_per_warp + pp;
+                if (c0 + 2 * p >= cols) break;
+                uint32_t w[4];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    v[j] = (float)tile[(lane * 4 + j) * FP8_BLOCK_TILE_STRIDE + c];
-                    a = max(a, llmc::amax_bits(v[j]));
-                }
-                float s = s_tile;
-                if (!weight) {
-                    for (int sh = 16; sh > 0; sh >>= 1) a = max(a, __shfl_xor_sync(0xffffffffu, a, sh));
-                    s = llmc::fp8_block_scale(__uint_as_float(a), fp8_max, pow2);
-                    if (lane == 0 && o.cols_inv) o.cols_inv[llmc::fp8_vec128_scale_index(c0 + c, rb, cols)] = llmc::fp8_inverse(s);
-                }
-                uint32_t word = 0;
+                for (int j = 0; j < 4; j++) w[j] = tile[(lane + 32 * j) * FP8_BLOCK_ROW_WORDS + p];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const uint8_t q = fp8_block_code<K>(v[j] * s);
-                    word |= (uint32_t)q << (8 * j);
-                    if (count_here && r0 + lane * 4 + j < rows) {
-                        uint32_t unused = 0;
-                        fp8_account<K, true>(v[j], s, q, unused, sat, ftz);
-                        count += 1;
+                for (int half = 0; half < 2; half++) {
+                    const int c = c0 + 2 * p + half;
+                    if (c >= cols) break;
+                    float v[4];
+                    uint32_t a = 0;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        v[j] = half ? bf16_high(w[j]) : bf16_low(w[j]);
+                        a = max(a, llmc::amax_bits(v[j]));
                     }
-                }
-                const int r = r0 + lane * 4;
-                uint8_t* dst = o.cols + (size_t)(c0 + c) * rows + r;
-                if (r + 4 <= rows && rows % 4 == 0 && (uintptr_t)o.cols % 4 == 0) {
-                    *reinterpret_cast<uint32_t*>(dst) = word;
-                } else {
-                    for (int j = 0; j < 4; j++)
-                        if (r + j < rows) dst[j] = (uint8_t)(word >> (8 * j));
+                    float s = s_tile;
+                    if (!weight) {
+                        s = fp8_block_warp_scale(a, fp8_max, pow2);
+                        if (lane == 0 && o.cols_inv) o.cols_inv[llmc::fp8_vec128_scale_index(c, rb, cols)] = llmc::fp8_inverse(s);
+                    }
+                    if (fn.col_partials) { // (rows l, l + 32, l + 64, l + 96, then the lanes in a fixed tree)
+                        float sum = (v[0] + v[1]) + (v[2] + v[3]);
+                        for (int sh = 16; sh > 0; sh >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, sh);
+                        if (lane == 0) fn.col_partials[(size_t)rb * cols + c] = sum;
+                    }
+                    uint8_t* dst = o.cols + (size_t)c * rows;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const int r = r0 + lane + 32 * j;
+                        const uint8_t q = fp8_block_code<K>(v[j] * s);
+                        if (r < rows) {
+                            dst[r] = q;
+                            if (count_here) account(v[j], s, q);
+                        }
+                    }
                 }
             }
         }
@@ -167,15 +245,23 @@ __global__ void __launch_bounds__(256) fp8_block_quantize_kernel(const floatX* _
 // The block quantization of in (rows x cols): activation blocks (1 x 128 along the rows for o.rows, along the
 // columns for o.cols) or, with weight, 128 x 128 blocks. amax_out (may be null): the tensor's amax (atomicMax
 // on the bits); stats (when counting, -lq): values, saturated, flushed to zero, over the codes written (both
-// layouts of an activation, so its values count twice).
+// layouts of an activation, so its values count twice), of the values quantized (after fn's function). fn: what
+// else it reads and writes (Fp8BlockInput); with fn.col_partials and col_sums, col_sums[c] += the column sums
+// (bias_backward_reduce over the tiles' partial sums, in a fixed order).
 template <Fp8Kind K>
 inline void fp8_block_quantize(const floatX* in, int rows, int cols, bool weight, bool pow2, Fp8BlockOutput o, uint32_t* amax_out,
-                               Fp8Stats stats, cudaStream_t stream) {
+                               Fp8Stats stats, cudaStream_t stream, const Fp8BlockInput& fn = Fp8BlockInput(),
+                               float* col_sums = nullptr) {
+    if ((fn.col_partials || col_sums) && (!o.cols || weight || !fn.col_partials)) {
+        fprintf(stderr, "error: fp8_block_quantize: column sums need the cols layout of an activation and a partials buffer\n");
+        exit(1);
+    }
     const long long tiles = (long long)llmc::fp8_blocks(rows) * llmc::fp8_blocks(cols);
     auto kernel = stats.counts ? fp8_block_quantize_kernel<K, true> : fp8_block_quantize_kernel<K, false>;
-    const int grid = (int)std::max<long long>(1, std::min<long long>(tiles, resident_blocks(kernel, 256)));
-    kernel<<<grid, 256, 0, stream>>>(in, rows, cols, weight, pow2, o, amax_out, stats);
+    const int grid = (int)std::max<long long>(1, std::min<long long>(tiles, resident_blocks(kernel, FP8_BLOCK_THREADS)));
+    kernel<<<grid, FP8_BLOCK_THREADS, 0, stream>>>(in, rows, cols, weight, pow2, o, amax_out, stats, fn);
     cudaCheckLaunch();
+    if (col_sums) bias_backward_reduce(col_sums, fn.col_partials, cols, llmc::fp8_blocks(rows), stream);
 }
 
 // Telemetry of block scales: a histogram of floor(log2 s) over the n dequantization factors 1/s in inv, into

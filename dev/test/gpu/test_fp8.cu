@@ -1078,6 +1078,74 @@ static void test_block_quantize(int rows, int cols, bool weight, bool pow2) {
     cudaFree(d_in); cudaFree(o.rows); cudaFree(o.cols); cudaFree(o.rows_inv); cudaFree(o.cols_inv); cudaFree(d_amax); cudaFree(d_counts);
 }
 
+// The block quantizer's fused inputs (Fp8BlockInput) against the separate passes they replace, bit for bit:
+// gelu(pre) (the fc projection's input) against gelu_forward then the quantizer, and dy * gelu'(pre) (the fc
+// layer's output gradient) against gelu_backward then the quantizer; the column sums of the values quantized
+// (the bias gradient) against a float64 sum of the separate pass's BF16 output, and repeatable bit for bit.
+template <Fp8Kind K>
+static void test_block_fused_inputs(int rows, int cols) {
+    const size_t n = (size_t)rows * cols;
+    std::vector<floatX> pre = block_test_values(rows, cols, 31 + rows), dy = block_test_values(rows, cols, 32 + cols);
+    for (auto& v : pre) v = f2bf(std::max(-8.0f, std::min(8.0f, bf2f(v)))); // (pre-activations of a usual range)
+    floatX *d_pre = to_device(pre), *d_dy = to_device(dy), *d_tmp;
+    cudaCheck(cudaMalloc(&d_tmp, n * sizeof(floatX)));
+    const size_t n_inv = llmc::fp8_vec128_scale_count(rows, cols), n_inv_t = llmc::fp8_vec128_scale_count(cols, rows);
+    auto alloc_out = [&]() {
+        Fp8BlockOutput o;
+        cudaCheck(cudaMalloc(&o.rows, n)); cudaCheck(cudaMalloc(&o.cols, n));
+        cudaCheck(cudaMalloc(&o.rows_inv, n_inv * 4)); cudaCheck(cudaMalloc(&o.cols_inv, n_inv_t * 4));
+        cudaCheck(cudaMemset(o.rows_inv, 0, n_inv * 4)); cudaCheck(cudaMemset(o.cols_inv, 0, n_inv_t * 4));
+        return o;
+    };
+    auto same_out = [&](const Fp8BlockOutput& a, const Fp8BlockOutput& b) {
+        return to_host(a.rows, n) == to_host(b.rows, n) && to_host(a.cols, n) == to_host(b.cols, n) &&
+               to_host(a.rows_inv, n_inv) == to_host(b.rows_inv, n_inv) && to_host(a.cols_inv, n_inv_t) == to_host(b.cols_inv, n_inv_t);
+    };
+    Fp8BlockOutput sep = alloc_out(), fused = alloc_out();
+    uint32_t* d_amax;
+    cudaCheck(cudaMalloc(&d_amax, 8));
+    cudaCheck(cudaMemset(d_amax, 0, 8));
+    // the GELU of the input
+    gelu_forward(d_tmp, d_pre, (long long)n, 0);
+    fp8_block_quantize<K>(d_tmp, rows, cols, false, false, sep, d_amax, Fp8Stats(), 0);
+    Fp8BlockInput gelu_in;
+    gelu_in.gelu_of_input = true;
+    fp8_block_quantize<K>(d_pre, rows, cols, false, false, fused, d_amax + 1, Fp8Stats(), 0, gelu_in);
+    std::vector<uint32_t> am = to_host(d_amax, 2);
+    check(same_out(sep, fused) && am[0] == am[1] && am[0] != 0,
+          "block quantize %d x %d: gelu(pre) fused = gelu_forward, then the quantizer (codes, factors, amax), bit for bit", rows, cols);
+    // the GELU derivative and the column sums
+    cudaCheck(cudaMemcpy(d_tmp, d_dy, n * sizeof(floatX), cudaMemcpyDeviceToDevice));
+    gelu_backward(d_tmp, d_pre, (long long)n, 0, GeluFactor::ROUNDED);
+    fp8_block_quantize<K>(d_tmp, rows, cols, false, false, sep, nullptr, Fp8Stats(), 0);
+    const std::vector<floatX> want = to_host(d_tmp, n);
+    float *d_partials, *d_sums;
+    cudaCheck(cudaMalloc(&d_partials, (size_t)llmc::fp8_blocks(rows) * cols * 4));
+    cudaCheck(cudaMalloc(&d_sums, (size_t)cols * 4));
+    Fp8BlockInput grad_in;
+    grad_in.gelu_pre = d_pre;
+    grad_in.gelu_factor = GeluFactor::ROUNDED;
+    grad_in.col_partials = d_partials;
+    std::vector<std::vector<float>> sums;
+    for (int run = 0; run < 2; run++) {
+        cudaCheck(cudaMemset(d_sums, 0, (size_t)cols * 4));
+        fp8_block_quantize<K>(d_dy, rows, cols, false, false, fused, nullptr, Fp8Stats(), 0, grad_in, d_sums);
+        sums.push_back(to_host(d_sums, cols));
+    }
+    double worst = 0.0;
+    for (int c = 0; c < cols; c++) {
+        double sum = 0.0, mag = 0.0;
+        for (int r = 0; r < rows; r++) { sum += bf2f(want[(size_t)r * cols + c]); mag += std::fabs(bf2f(want[(size_t)r * cols + c])); }
+        worst = std::max(worst, std::fabs(sums[0][c] - sum) / std::max(mag, 1e-30));
+    }
+    check(same_out(sep, fused), "block quantize %d x %d: dy * gelu'(pre) fused = gelu_backward, then the quantizer, bit for bit", rows, cols);
+    check(worst <= 1e-5 && memcmp(sums[0].data(), sums[1].data(), cols * sizeof(float)) == 0,
+          "block quantize %d x %d: column sums vs float64 of the separate pass's values (worst %.1e of the column's sum of |.|, "
+          "bound 1e-5), the same bits twice", rows, cols, worst);
+    for (Fp8BlockOutput* o : {&sep, &fused}) { cudaFree(o->rows); cudaFree(o->cols); cudaFree(o->rows_inv); cudaFree(o->cols_inv); }
+    cudaFree(d_pre); cudaFree(d_dy); cudaFree(d_tmp); cudaFree(d_amax); cudaFree(d_partials); cudaFree(d_sums);
+}
+
 // cuBLASLt's block-scaled FP8 GEMM in the pairs of block kinds the recipe uses (D (n x m) = B A^T, A (m x k), B
 // (n x k)) against a float64 product of the dequantized operands: each value its code times its block's factor,
 // with the factors laid out as formats/fp8_block_scaling.h says. A wrong layout reads another block's factor:
@@ -1376,6 +1444,10 @@ int main() {
         test_block_quantize<Fp8Kind::E4M3>(300, 130, true, pow2);
         test_block_quantize<Fp8Kind::E4M3>(77, 1030, true, pow2);
     }
+    test_block_quantize<Fp8Kind::E5M2>(8192, 2560, false, false); // more tiles than resident blocks: each walks several
+    test_block_fused_inputs<Fp8Kind::E4M3>(384, 512);
+    test_block_fused_inputs<Fp8Kind::E5M2>(300, 200);   // tail blocks both ways, widths not multiples of 8
+    test_block_fused_inputs<Fp8Kind::E5M2>(8192, 3072); // more tiles than resident blocks
     // the block-scaled GEMMs: forward / dgrad (A 128x128, B 1x128), wgrad (both 1x128, FP32 +=), and TCFP-12's pair
     test_block_gemm("block gemm forward A128x128 x B1x128 E4M3", MATMUL_BLOCKS_A128x128_B1x128, Fp8Kind::E4M3, false, 384, 256, 768, 5e-3);
     test_block_gemm("block gemm dgrad A128x128 x B1x128 E4M3xE5M2", MATMUL_BLOCKS_A128x128_B1x128, Fp8Kind::E5M2, false, 256, 128, 512, 5e-3);

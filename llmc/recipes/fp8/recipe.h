@@ -459,8 +459,10 @@ inline bool recipe_needs_input_in_backward(const Recipe& r, LinearId id, int N) 
 
 // The forward GEMM under block scaling: x with its 1 x 128 blocks along C (and, in training, x^T with its blocks
 // along the tokens, for the backward's wgrad) from one read of x, then the GEMM against W's 128 x 128 blocks.
+// gelu_of_input: inp is the fc layer's pre-activation and x = gelu(inp), its GELU output left unwritten
+// (Recipe::pending_gelu_out): the block scales need no amax before the pass, so this holds on every step.
 inline void fp8_block_forward(Recipe& r, LinearId id, floatX* out, const floatX* inp, const floatX* bias, int N, int C, int OC,
-                              bool training, cudaStream_t st) {
+                              bool training, cudaStream_t st, bool gelu_of_input = false) {
     const int t_x = fp8_tensor(r, id, FP8_X);
     PHASE("fp8: block-quantize x");
     Fp8BlockOutput o;
@@ -471,8 +473,10 @@ inline void fp8_block_forward(Recipe& r, LinearId id, floatX* out, const floatX*
         o.cols_inv = fp8_saved_xt_inv(r, id);
     }
     const bool counted = training && r.count_stats;
+    Fp8BlockInput fn;
+    fn.gelu_of_input = gelu_of_input;
     fp8_block_quantize<Fp8Kind::E4M3>(inp, N, C, false, r.options.pow2_scales != 0, o, training ? r.amax_now + t_x : nullptr,
-                                      counted ? fp8_stats_of(r, t_x) : Fp8Stats(), st);
+                                      counted ? fp8_stats_of(r, t_x) : Fp8Stats(), st, fn);
     if (counted) fp8_scale_log2_histogram(r.x_inv, (long long)llmc::fp8_vec128_scale_count(N, C), fp8_scale_hist(r, t_x), st);
     PHASE("fp8: gemm forward");
     if (!matmul_fp8_block_scaled(out, fp8_weight(r, id), CUDA_R_8F_E4M3, fp8_weight_inv(r, id), r.x8, CUDA_R_8F_E4M3, r.x_inv,
@@ -484,8 +488,10 @@ inline void recipe_linear_forward(Recipe& r, LinearId id, floatX* out, const flo
                                   const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
     (void)weight;
     // the fc projection reads its input, the GELU output that the fc layer left unwritten, from the
-    // pre-activation (once its scale exists: a first calibration reads the GELU output itself)
-    const bool gelu_of_input = r.pending_gelu_out.is_for(id, inp) && fp8_scale_known(r, fp8_tensor(r, id, FP8_X));
+    // pre-activation (once its scale exists: a first calibration reads the GELU output itself; block scaling
+    // needs none ahead)
+    const bool gelu_of_input = r.pending_gelu_out.is_for(id, inp) &&
+                               (fp8_scale_known(r, fp8_tensor(r, id, FP8_X)) || r.mode == FP8_SCALING_BLOCK);
     const floatX* x_source = inp;
     if (gelu_of_input) {
         if (r.pending_gelu_out.pre_is_derivative && !same_linear(r.x_given, id)) {
@@ -498,7 +504,7 @@ inline void recipe_linear_forward(Recipe& r, LinearId id, floatX* out, const flo
         fp8_write_gelu_out(r, st);
     }
     if (r.mode == FP8_SCALING_BLOCK) {
-        fp8_block_forward(r, id, out, x_source, bias, N, C, OC, training, st);
+        fp8_block_forward(r, id, out, x_source, bias, N, C, OC, training, st, gelu_of_input);
         return;
     }
     PHASE("fp8: quantize x");
@@ -518,7 +524,7 @@ inline void recipe_linear_forward_gelu(Recipe& r, LinearId id, floatX* gelu_out,
     (void)weight;
     fp8_write_gelu_out(r, st);
     r.fc_keeps_gelu_factor[id.layer] = 0;
-    if (r.mode == FP8_SCALING_BLOCK) { // (the GELU as in the unfused path below: left to the fc projection's forward)
+    if (r.mode == FP8_SCALING_BLOCK) { // (the GELU left to the fc projection's block quantization)
         fp8_block_forward(r, id, pre_gelu, inp, bias, N, C, OC, training, st);
         r.pending_gelu_out.leave(gelu_out, pre_gelu, (long long)N * OC, id.layer);
         return;
@@ -671,28 +677,31 @@ inline void fp8_add_bf16_to_fp32(float* dst, const floatX* src, long long n, cud
     cudaCheckLaunch();
 }
 
-// The backward GEMMs under block scaling: the bias gradient (column sums of dout, as the delayed path sums them),
-// dy (1 x 128 along OC) and dy^T (1 x 128 along the tokens) from one read of dout, the wgrad (x^T saved by the
-// forward against dy^T, FP32 accumulated into dweight) and the dgrad (W^T's 128 x 128 blocks against dy), then
-// the GELU derivative as its own pass where the fc projection's input gradient needs it.
+// The backward GEMMs under block scaling: dy (1 x 128 along OC) and dy^T (1 x 128 along the tokens), and the
+// bias gradient (the column sums of the values quantized), from one read of dout; the wgrad (x^T saved by the
+// forward against dy^T, FP32 accumulated into dweight) and the dgrad (W^T's 128 x 128 blocks against dy).
+// gelu_pre: dout is the fc projection's input gradient, still to be multiplied by the GELU derivative of
+// gelu_pre (Recipe::pending_gelu), which the quantization applies as it reads. The fc projection leaves that
+// derivative to the fc layer's quantization the same way when that layer is in FP8, else applies it itself.
 inline void fp8_block_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
-                               const floatX* pre_gelu, int N, int C, int OC, cudaStream_t st) {
+                               const floatX* pre_gelu, int N, int C, int OC, cudaStream_t st, const floatX* gelu_pre,
+                               GeluFactor gelu_factor) {
     const int t_dy = fp8_tensor(r, id, FP8_DY);
     const bool e5m2 = fp8_block_grads_e5m2(r.options), pow2 = r.options.pow2_scales != 0;
     const cudaDataType_t grad_type = e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
-    PHASE("fp8: bias grad");
-    if (dbias) // (no codes written: the quantize-transpose pass's column sums alone; the scale it reads makes no code)
-        fp8_quantize_transpose<Fp8Kind::E5M2>(nullptr, nullptr, dout, N, OC, r.scale, nullptr, Fp8Stats(), st, dbias,
-                                              r.col_partials);
-    PHASE("fp8: block-quantize dy");
+    PHASE("fp8: block-quantize dy + bias grad");
+    Fp8BlockInput fn;
+    fn.gelu_pre = gelu_pre;
+    fn.gelu_factor = gelu_factor;
+    fn.col_partials = dbias ? r.col_partials : nullptr; // (ceil(N / 128) x OC floats: within its ceil(N / 64) x 4C)
     Fp8BlockOutput o;
     o.rows = r.dy8;
     o.rows_inv = r.dy_inv;
     o.cols = r.dyt8;
     o.cols_inv = r.dyt_inv;
     const Fp8Stats stats = r.count_stats ? fp8_stats_of(r, t_dy) : Fp8Stats();
-    if (e5m2) fp8_block_quantize<Fp8Kind::E5M2>(dout, N, OC, false, pow2, o, r.amax_now + t_dy, stats, st);
-    else fp8_block_quantize<Fp8Kind::E4M3>(dout, N, OC, false, pow2, o, r.amax_now + t_dy, stats, st);
+    if (e5m2) fp8_block_quantize<Fp8Kind::E5M2>(dout, N, OC, false, pow2, o, r.amax_now + t_dy, stats, st, fn, dbias);
+    else fp8_block_quantize<Fp8Kind::E4M3>(dout, N, OC, false, pow2, o, r.amax_now + t_dy, stats, st, fn, dbias);
     if (r.count_stats) fp8_scale_log2_histogram(r.dy_inv, (long long)llmc::fp8_vec128_scale_count(N, OC), fp8_scale_hist(r, t_dy), st);
     PHASE("fp8: gemm wgrad");
     if (!matmul_fp8_block_scaled(dweight, fp8_saved_xt(r, id), CUDA_R_8F_E4M3, fp8_saved_xt_inv(r, id), r.dyt8, grad_type,
@@ -714,6 +723,14 @@ inline void fp8_block_backward(Recipe& r, LinearId id, floatX* dinp, float* dwei
                                  nullptr, C, N, OC, st, EPI_NONE, nullptr, MATMUL_BLOCKS_A128x128_B1x128))
         fp8_no_block_gemm("input gradient", C, N, OC);
     if (!pre_gelu) return;
+    const LinearId fc{id.layer, LIN_FC};
+    if (id.kind == LIN_FCPROJ && fp8_applies(r, fc, N, OC, C)) { // (the fc layer's backward, next, applies it)
+        r.pending_gelu.grad = dinp;
+        r.pending_gelu.pre = pre_gelu;
+        r.pending_gelu.n = (long long)N * C;
+        r.pending_gelu.layer = id.layer;
+        return;
+    }
     PHASE("fp8: gelu backward");
     gelu_backward(dinp, pre_gelu, (long long)N * C, st,
                   r.fc_keeps_gelu_factor[id.layer] ? GeluFactor::GIVEN : GeluFactor::ROUNDED);
@@ -725,7 +742,7 @@ inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* 
     (void)weight;
     const Fp8BackwardStart start = fp8_backward_start(r, id, dbias, dout, true, st);
     if (r.mode == FP8_SCALING_BLOCK) {
-        fp8_block_backward(r, id, dinp, dweight, dbias, dout, pre_gelu, N, C, OC, st);
+        fp8_block_backward(r, id, dinp, dweight, dbias, dout, pre_gelu, N, C, OC, st, start.gelu_pre, start.gelu_factor);
         return;
     }
     const bool dy_given = start.dy_given;
