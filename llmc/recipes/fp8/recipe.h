@@ -139,8 +139,9 @@ static const int FP8_SCALE_HIST_BINS = 256;
 
 // Whether tensor t's scale is known before the tensor exists: delayed scaling, once the tensor has a history.
 // Only then can a kernel write its codes as it produces it (the LayerNorm and attention sites, the fused MLP
-// GEMMs, the GELU applied in a later pass); current scaling needs the finished tensor's amax first, and
-// block scaling has recipes/fp8/block.h's own passes.
+// GEMMs, the GELU derivative applied in the fc layer's dy pass); current scaling needs the finished tensor's amax
+// first (which those producers record instead: fp8_current_amax_target, fp8_gelu_grad_amax_target), and block
+// scaling has its own passes (fp8_block_forward, fp8_block_backward).
 inline bool fp8_scale_known(const Recipe& r, int t) { return r.mode == FP8_SCALING_DELAYED && r.calibrated[t]; }
 
 inline int fp8_tensor(const Recipe& r, LinearId id, Fp8Role role) {
