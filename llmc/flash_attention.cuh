@@ -242,6 +242,8 @@ inline bool flash_attention_forward_gives_fp8(int HS) { return flash_detail::wgm
 // transposed into out8.cols (C x (B*T)), with out's amax into *out8.amax (when given) and the telemetry
 // counts (when asked), by tiles_to_fp8: the attention projection's input, which the recipe then need not
 // quantize. The codes are those fp8_quantize_transpose makes of out, bit for bit (build/test_attention).
+// With its amax alone (Fp8Target::amax_only, the FP8 recipe's current scaling): out written as usual and its
+// amax recorded (tiles_amax), the max of |out| over the stored BF16 values.
 template <class Bd = IdentityBoundaries>
 inline void flash_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int HS,
                                     cudaStream_t stream, floatX* probs = nullptr, Fp8Target out8 = Fp8Target()) {
@@ -251,8 +253,8 @@ inline void flash_attention_forward(floatX* out, float* lse, const floatX* qkv, 
         fprintf(stderr, "error: flash_attention_forward: probs is only written under active boundaries\n");
         exit(1);
     }
-    if (out8.amax_only()) {
-        fprintf(stderr, "error: flash_attention_forward: an amax-only FP8 target is not supported (give rows)\n");
+    if (out8.amax_only() && !flash_attention_forward_gives_fp8(HS)) {
+        fprintf(stderr, "error: flash_attention_forward: no amax output at head size %d on this build / GPU\n", HS);
         exit(1);
     }
     if (out8.active() && (!flash_attention_forward_gives_fp8(HS) || (NH * HS) % 16 != 0 || (uintptr_t)out8.rows % 16 != 0 ||

@@ -346,9 +346,11 @@ struct Fp8EpilogueInputs {
     }
 };
 
-// The amax alone of NT staged 64-row tiles (the backward's dqkv under Fp8Target::amax_only, TCFP-12's fresh
-// scales), where the kernel stores the BF16 tiles as usual: one atomic per CTA, where it would raise the
-// tensor's (fp8_commit). By the 128 threads, after a barrier.
+// The amax alone of NT staged tiles of 64 columns (Fp8Target::amax_only: the backward's dqkv, 64-row tiles, for
+// TCFP-12's fresh scales and the FP8 recipe's current scaling; the forward's output, one 128-row tile, for the
+// latter), where the kernel stores the BF16 tiles as usual: one atomic per CTA, where it would raise the
+// tensor's (fp8_commit). By the CTA's threads, two a row (128 for 64 rows, 256 for 128), after a barrier;
+// rows from nvalid on are skipped.
 template <int NT>
 __device__ __forceinline__ void tiles_amax(const Fp8Target& t, const Fp8EpilogueInputs& in, const bf16* const (&tiles)[NT],
                                            int nvalid, int tid) {

@@ -345,15 +345,18 @@ flash_fwd_wgmma_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf
     }
     __syncwarp();
     tile_rows_to_global<16, HS>(out + ((long long)b * T + w_lo) * C + (long long)h * HS, C, rows16, T - w_lo, lane);
-    if (out8.rows != nullptr) {
-        // the FP8 recipe's input of the attention projection: E4M3 codes of the output in both layouts, from
-        // the CTA's 128 staged rows (written by every warp: hence the barrier)
+    if (out8.rows != nullptr || out8.amax_only()) {
+        // the FP8 recipe's input of the attention projection: E4M3 codes of the output in both layouts, or its
+        // amax alone (current scaling), from the CTA's 128 staged rows (written by every warp: hence the barrier)
         cp_async_wait<0>();
         __syncthreads();
         const bf16* tiles[1] = {sQ};
         const int col0[1] = {h * HS};
-        tiles_to_fp8<Fp8Kind::E4M3, 1, FWG_QR>(out8, fp8_in, tiles, col0, (long long)b * T + q0,
-                                               min(FWG_QR, T - q0), (long long)(gridDim.y / NH) * T, C, tid);
+        if (out8.rows != nullptr)
+            tiles_to_fp8<Fp8Kind::E4M3, 1, FWG_QR>(out8, fp8_in, tiles, col0, (long long)b * T + q0,
+                                                   min(FWG_QR, T - q0), (long long)(gridDim.y / NH) * T, C, tid);
+        else
+            tiles_amax<1>(out8, fp8_in, tiles, min(FWG_QR, T - q0), tid);
     }
 #else
     __trap();

@@ -4,6 +4,7 @@
 #pragma once
 #include "cuda_common.h"
 #include "boundaries.h"
+#include "formats/fp8_scaling.h" // llmc::amax_bits
 
 #define GELU_SQRT_2_OVER_PI 0.7978845608028654f
 // sqrt(2/pi) 0.044715 and 3 sqrt(2/pi) 0.044715, rounded to float
@@ -129,9 +130,78 @@ inline void gelu_backward_launch(floatX* dinout, const floatX* src, long long n,
     }
     cudaCheckLaunch();
 }
-// dinout *= the GELU factor of src (GeluFactor; EXACT: src is the pre-activation, gelu' in FP32)
+
+// The same product, recording the amax of what it stores as well: max |dinout| over the values after their
+// rounding to floatX, as the bits of a non-negative float (llmc::amax_bits) combined into *amax_out with
+// atomicMax (the caller zeroes it first), the value a tensor_amax pass over the stored result would find.
+// For the FP8 recipe's current scaling, whose next quantize pass needs that amax before it can scale the
+// tensor: recording it here saves that pass its own read of the tensor. Each block strides over the tensor
+// (gelu_backward_amax_grid), reduces its maximum through its warps, and makes one atomic.
+__device__ __forceinline__ void gelu_block_amax_commit(uint32_t amax, uint32_t* amax_out) {
+    __shared__ uint32_t warp_max[32];
+    for (int o = 16; o > 0; o >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = amax;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)blockDim.x / 32; w++) amax = max(amax, warp_max[w]);
+        if (amax) atomicMax(amax_out, amax);
+    }
+}
+template <GeluFactor F>
+__global__ void gelu_backward_amax_kernel(floatX* dinout, const floatX* src, long long n, uint32_t* amax_out) {
+    uint32_t amax = 0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const floatX d = (floatX)((float)dinout[i] * gelu_backward_factor<F>((float)src[i]));
+        dinout[i] = d;
+        amax = max(amax, llmc::amax_bits((float)d));
+    }
+    gelu_block_amax_commit(amax, amax_out);
+}
+template <GeluFactor F>
+__global__ void gelu_backward_amax_vec_kernel(floatX* dinout, const floatX* src, long long n_vec, uint32_t* amax_out) {
+    constexpr int PER = 16 / sizeof(floatX);
+    uint32_t amax = 0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x) {
+        uint4 d = reinterpret_cast<const uint4*>(dinout)[i];
+        uint4 x = reinterpret_cast<const uint4*>(src)[i];
+        floatX* dv = reinterpret_cast<floatX*>(&d);
+        const floatX* xv = reinterpret_cast<const floatX*>(&x);
+#pragma unroll
+        for (int j = 0; j < PER; j++) {
+            dv[j] = (floatX)((float)dv[j] * gelu_backward_factor<F>((float)xv[j]));
+            amax = max(amax, llmc::amax_bits((float)dv[j]));
+        }
+        reinterpret_cast<uint4*>(dinout)[i] = d;
+    }
+    gelu_block_amax_commit(amax, amax_out);
+}
+// enough blocks to fill the GPU (8 per SM: 2048 threads an SM, each block strides over the rest), and so
+// few that their atomics on the one address stay rare
+inline int gelu_backward_amax_grid(long long work) {
+    const long long blocks = (work + 255) / 256, cap = 8LL * device_sm_count();
+    return (int)(blocks < 1 ? 1 : blocks < cap ? blocks : cap);
+}
+template <GeluFactor F>
+inline void gelu_backward_amax_launch(floatX* dinout, const floatX* src, long long n, uint32_t* amax_out, cudaStream_t stream) {
+    constexpr int PER = 16 / sizeof(floatX);
+    if (n % PER == 0 && ((uintptr_t)dinout % 16) == 0 && ((uintptr_t)src % 16) == 0) {
+        gelu_backward_amax_vec_kernel<F><<<gelu_backward_amax_grid(n / PER), 256, 0, stream>>>(dinout, src, n / PER, amax_out);
+    } else {
+        gelu_backward_amax_kernel<F><<<gelu_backward_amax_grid(n), 256, 0, stream>>>(dinout, src, n, amax_out);
+    }
+    cudaCheckLaunch();
+}
+
+// dinout *= the GELU factor of src (GeluFactor; EXACT: src is the pre-activation, gelu' in FP32); with amax_out,
+// also max |result| into *amax_out (gelu_backward_amax_kernel; the products are the same either way)
 inline void gelu_backward(floatX* dinout, const floatX* src, long long n, cudaStream_t stream,
-                          GeluFactor factor = GeluFactor::EXACT) {
+                          GeluFactor factor = GeluFactor::EXACT, uint32_t* amax_out = nullptr) {
+    if (amax_out) {
+        if (factor == GeluFactor::GIVEN) gelu_backward_amax_launch<GeluFactor::GIVEN>(dinout, src, n, amax_out, stream);
+        else if (factor == GeluFactor::ROUNDED) gelu_backward_amax_launch<GeluFactor::ROUNDED>(dinout, src, n, amax_out, stream);
+        else gelu_backward_amax_launch<GeluFactor::EXACT>(dinout, src, n, amax_out, stream);
+        return;
+    }
     if (factor == GeluFactor::GIVEN) gelu_backward_launch<GeluFactor::GIVEN>(dinout, src, n, stream);
     else if (factor == GeluFactor::ROUNDED) gelu_backward_launch<GeluFactor::ROUNDED>(dinout, src, n, stream);
     else gelu_backward_launch<GeluFactor::EXACT>(dinout, src, n, stream);

@@ -310,6 +310,29 @@ static void test_case(int B, int NH, int T, int HS, uint32_t seed, bool compare_
         check(to_host(f.rows, n_btc) == want_rows && cols_written == 0 && to_host(f.amax, 1)[0] == 0u,
               "%s forward with the row-major E4M3 codes alone (evaluation): rows = the quantize pass's, no transposed "
               "code written (%zu), no amax recorded", tag, cols_written);
+        // the amax alone (Fp8Target::amax_only, the FP8 recipe's current scaling): out and lse written as the plain
+        // run wrote them, bit for bit, and max |out| over those stored values recorded; no code written
+        Fp8Target ta;
+        ta.amax = f.amax;
+        cudaCheck(cudaMemset(f.rows, 0xAA, n_btc));
+        cudaCheck(cudaMemset(f.amax, 0, 8));
+        cudaCheck(cudaMemset(d_out, 0xFF, n_btc * 2));
+        cudaCheck(cudaMemset(d_lse, 0xFF, n_lse * 4));
+        flash_attention_forward(d_out, d_lse, d_qkv, B, T, NH, HS, 0, nullptr, ta);
+        cudaCheck(cudaDeviceSynchronize());
+        const std::vector<uint16_t> out4 = to_host(reinterpret_cast<uint16_t*>(d_out), n_btc);
+        const std::vector<float> lse4 = to_host(d_lse, n_lse);
+        size_t rows_written = 0;
+        for (uint8_t v : to_host(f.rows, n_btc)) rows_written += v != 0xAA;
+        uint32_t plain_amax_bits;
+        memcpy(&plain_amax_bits, &f.plain_amax, 4);
+        const uint32_t got_amax_bits = to_host(f.amax, 1)[0];
+        float got_amax;
+        memcpy(&got_amax, &got_amax_bits, 4);
+        check(out4 == out1 && memcmp(lse4.data(), lse1.data(), n_lse * 4) == 0 && got_amax_bits == plain_amax_bits &&
+                  rows_written == 0,
+              "%s forward with the amax alone: out and lse = the plain run's, bit for bit; amax %g = max |out| %g; no "
+              "code written (%zu)", tag, (double)got_amax, (double)f.plain_amax, rows_written);
     }
 
     // backward twice, from the first forward's out/lse (the second forward is bitwise the same)

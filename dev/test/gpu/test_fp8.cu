@@ -1,7 +1,8 @@
 // test_fp8.cu: the FP8-hybrid recipe's GPU pieces against CPU references.
 //   1. The quantize kernels (row-major and transposing) against the CPU codec of formats/number_formats.h,
 //      bit for bit, over every BF16 value and several scales, E4M3 and E5M2; amax and the telemetry
-//      counts against the CPU's; partial tiles; the GELU' applied in the pass = gelu_backward first.
+//      counts against the CPU's; partial tiles; the GELU' applied in the pass = gelu_backward first;
+//      gelu_backward's and tensor_amax's GELU amaxes = the CPU's over the stored BF16 values.
 //   2. cuBLASLt's FP8 GEMMs in the three forms the recipe uses (forward E4M3 x E4M3 with fast
 //      accumulation, dgrad E5M2 x E4M3, wgrad accumulating into FP32) against a float64 product of
 //      the dequantized operands (tight) and against the unquantized product (the FP8 error bound).
@@ -13,7 +14,8 @@
 //   4. Block and current scaling (-fs block, -fs current): the block quantize kernel against the CPU reference
 //      of formats/fp8_block_scaling.h bit for bit (tail blocks, zero and spiky blocks, power-of-two scales);
 //      cuBLASLt's block-scaled GEMMs against float64 of the dequantized operands (which checks the scale
-//      layouts); the recipe's current-scaling quantization bit for bit and its block-scaled linear.
+//      layouts); the recipe's current-scaling quantization bit for bit (through the MLP too: its amaxes taken
+//      from gelu(pre) and from gelu_backward = the passes over the written tensors) and its block-scaled linear.
 //
 //   make build/test_fp8 && ./build/test_fp8
 // Prints [PASS]/[FAIL] lines and "fp8 tests: N passed, N failed"; exit 0 iff all pass. Without a
@@ -190,6 +192,27 @@ static void test_quantize_shapes(const char* name) {
                 check(same && as_rounded, "%s %d x %d: the dy pass with GELU' (gelu_pre, factor %s) = gelu_backward + the "
                       "plain pass, bit for bit%s", name, rows, cols, factor_names[f],
                       factors[f] == GeluFactor::GIVEN ? "; the same codes as ROUNDED" : "");
+                if (K == Fp8Kind::E5M2) { // (the GELU alone: once per shape)
+                    // gelu_backward recording the amax of what it stores (current scaling's fc dy): the same
+                    // products as without, and the amax = the CPU's max |x| over them and tensor_amax's
+                    floatX* d_ga = to_device(in);
+                    uint32_t *d_ga_amax = to_device(std::vector<uint32_t>{0}), *d_pass_amax = to_device(std::vector<uint32_t>{0});
+                    gelu_backward(d_ga, src, (long long)rows * cols, 0, factors[f], d_ga_amax);
+                    tensor_amax(d_pass_amax, d_g, (long long)rows * cols, 0);
+                    const std::vector<floatX> g_plain = to_host(d_g, in.size()), g_amax = to_host(d_ga, in.size());
+                    const uint32_t got = to_host(d_ga_amax, 1)[0], pass = to_host(d_pass_amax, 1)[0];
+                    const float want = amax_of(g_plain);
+                    uint32_t want_bits;
+                    memcpy(&want_bits, &want, 4);
+                    float got_f;
+                    memcpy(&got_f, &got, 4);
+                    check(memcmp(g_plain.data(), g_amax.data(), in.size() * sizeof(floatX)) == 0 && got == want_bits &&
+                              pass == want_bits,
+                          "%d x %d: gelu_backward with its amax (factor %s) stores the same products, bit for bit; amax %g "
+                          "= the CPU's max |x| over them %g = tensor_amax's", rows, cols, factor_names[f], (double)got_f,
+                          (double)want);
+                    cudaFree(d_ga); cudaFree(d_ga_amax); cudaFree(d_pass_amax);
+                }
                 cudaFree(d_g); cudaFree(d_s1); cudaFree(d_s2); cudaFree(d_a1); cudaFree(d_a2);
             }
             cudaFree(d_deriv);
@@ -206,6 +229,20 @@ static void test_quantize_shapes(const char* name) {
                                   to_host(d_a1, 1) == to_host(d_a2, 1);
             check(same_fwd, "%s %d x %d: quantizing gelu(input) (gelu_of_input) = gelu_forward + the plain pass, bit for bit",
                   name, rows, cols);
+            if (K == Fp8Kind::E4M3) { // (the GELU alone: once per shape)
+                // tensor_amax of gelu(input) (gelu_of_input: current scaling's amax of the fc projection's unwritten
+                // input) = tensor_amax over gelu_forward's stored output = the CPU's max |x| over that output
+                cudaCheck(cudaMemset(d_a1, 0, 4)); cudaCheck(cudaMemset(d_a2, 0, 4));
+                tensor_amax(d_a1, d_pre, (long long)rows * cols, 0, true);
+                tensor_amax(d_a2, d_gelu, (long long)rows * cols, 0);
+                const uint32_t of_pre = to_host(d_a1, 1)[0], of_gelu = to_host(d_a2, 1)[0];
+                const float want = amax_of(to_host(d_gelu, in.size()));
+                uint32_t want_bits;
+                memcpy(&want_bits, &want, 4);
+                check(of_pre == want_bits && of_gelu == want_bits,
+                      "%d x %d: tensor_amax with gelu_of_input over the pre-activation = over gelu_forward's output = the "
+                      "CPU's max |gelu| (%g)", rows, cols, (double)want);
+            }
             cudaFree(d_gelu);
             cudaFree(d_pre); cudaFree(d_part); cudaFree(d_a1); cudaFree(d_a2);
         }
@@ -1237,6 +1274,95 @@ static void test_block_gemm(const char* name, MatmulBlockScaling blocks, Fp8Kind
     cudaFree(dA); cudaFree(dB); cudaFree(dia); cudaFree(dib); cudaFree(dD);
 }
 
+// Current scaling through the MLP (layer 0 of r, quantized): the fc projection's input, the GELU output the fc
+// layer leaves unwritten, scaled by an amax pass that takes the GELU itself (fp8_scale_for's gelu_of_input), and
+// the fc layer's output gradient scaled by the amax that gelu_backward records (fp8_gelu_grad_amax_target): the
+// scales, codes (both layouts), amaxes, outputs and gradients bit for bit those of writing the GELU output first
+// and of an amax pass over the stored gradient. The forward also in evaluation's form.
+static void test_current_mlp(Recipe& r, floatX* const (&dw)[NUM_LINEAR_KINDS], int N, int C) {
+    const int K = 4 * C;
+    const LinearId fc{0, LIN_FC}, fcp{0, LIN_FCPROJ};
+    std::mt19937 rng(11);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    auto randn = [&](size_t n, float sd) { std::vector<floatX> v(n); for (auto& x : v) x = f2bf(sd * nd(rng)); return v; };
+    const std::vector<floatX> x = randn((size_t)N * C, 1.0f), fcb = randn(K, 0.1f), dout = randn((size_t)N * C, 1e-3f);
+    floatX *dx = to_device(x), *dfcb = to_device(fcb), *ddout = to_device(dout);
+    floatX *gelu, *pre, *y, *dpre, *dxin;
+    float *dw_fc, *dw_fcp, *db_fc;
+    cudaCheck(cudaMalloc(&gelu, (size_t)N * K * 2)); cudaCheck(cudaMalloc(&pre, (size_t)N * K * 2));
+    cudaCheck(cudaMalloc(&y, (size_t)N * C * 2)); cudaCheck(cudaMalloc(&dpre, (size_t)N * K * 2));
+    cudaCheck(cudaMalloc(&dxin, (size_t)N * C * 2));
+    cudaCheck(cudaMalloc(&dw_fc, (size_t)K * C * 4)); cudaCheck(cudaMalloc(&dw_fcp, (size_t)K * C * 4));
+    cudaCheck(cudaMalloc(&db_fc, (size_t)K * 4));
+    const int tx = fp8_tensor(r, fcp, FP8_X), tdy = fp8_tensor(r, fc, FP8_DY);
+    struct Seen {
+        std::vector<uint8_t> x8, xt8, dy8, dyt8;
+        std::vector<float> scale, inv;
+        std::vector<uint32_t> amax;
+        std::vector<floatX> y, dxin;
+        std::vector<float> dw_fc, dw_fcp, db_fc;
+        bool gelu_unwritten = false, amax_from_gelu = false;
+        bool operator==(const Seen& o) const {
+            return x8 == o.x8 && xt8 == o.xt8 && dy8 == o.dy8 && dyt8 == o.dyt8 && scale == o.scale && inv == o.inv &&
+                   amax == o.amax && memcmp(y.data(), o.y.data(), y.size() * 2) == 0 &&
+                   memcmp(dxin.data(), o.dxin.data(), dxin.size() * 2) == 0 && dw_fc == o.dw_fc && dw_fcp == o.dw_fcp &&
+                   db_fc == o.db_fc;
+        }
+    };
+    // reference: the GELU output written before the fc projection reads it, and the fc layer's own amax pass
+    auto run = [&](bool reference, bool training) {
+        Seen s;
+        cudaCheck(cudaMemset(r.amax_now, 0, (size_t)r.num_tensors * 4));
+        cudaCheck(cudaMemset(gelu, 0xFF, (size_t)N * K * 2)); // NaN: a read of an unwritten GELU output shows
+        for (float* p : {dw_fc, dw_fcp}) cudaCheck(cudaMemset(p, 0, (size_t)K * C * 4));
+        cudaCheck(cudaMemset(db_fc, 0, (size_t)K * 4));
+        linear_forward_gelu(r, fc, gelu, pre, dx, dw[LIN_FC], dfcb, N, C, K, training, 0);
+        if (reference) fp8_write_gelu_out(r, 0);
+        linear_forward(r, fcp, y, gelu, dw[LIN_FCPROJ], nullptr, N, K, C, training, 0);
+        size_t written = 0;
+        for (floatX v : to_host(gelu, (size_t)N * K)) written += bf2f(v) == bf2f(v); // (not NaN: written)
+        s.gelu_unwritten = written == 0 && r.pending_gelu_out.out == nullptr;
+        s.x8 = to_host(r.x8, (size_t)N * K);
+        s.y = to_host(y, (size_t)N * C);
+        if (training) {
+            s.xt8 = to_host(fp8_saved_xt(r, fcp), (size_t)N * K);
+            linear_backward(r, fcp, dpre, dw_fcp, nullptr, ddout, gelu, dw[LIN_FCPROJ], pre, N, K, C, 0);
+            s.amax_from_gelu = same_linear(r.dy_amax_given, fc);
+            if (reference) r.dy_amax_given = LinearId{-1, LIN_QKV};
+            linear_backward(r, fc, dxin, dw_fc, db_fc, dpre, dx, dw[LIN_FC], nullptr, N, C, K, 0);
+            s.dy8 = to_host(r.dy8, (size_t)N * K);
+            s.dyt8 = to_host(r.dyt8, (size_t)N * K);
+            s.dxin = to_host(dxin, (size_t)N * C);
+            s.dw_fc = to_host(dw_fc, (size_t)K * C);
+            s.dw_fcp = to_host(dw_fcp, (size_t)K * C);
+            s.db_fc = to_host(db_fc, (size_t)K);
+            s.scale = {to_host(r.scale + tx, 1)[0], to_host(r.scale + tdy, 1)[0]};
+            s.inv = {to_host(fp8_inv(r, tx), 1)[0], to_host(fp8_inv(r, tdy), 1)[0]};
+        } else {
+            s.scale = {to_host(r.eval_scale, 1)[0]};
+            s.inv = {to_host(r.eval_scale + FP8_INV_STRIDE, 1)[0]};
+        }
+        s.amax = to_host(r.amax_now, (size_t)r.num_tensors);
+        cudaCheck(cudaDeviceSynchronize());
+        return s;
+    };
+    for (bool training : {true, false}) {
+        const Seen fused = run(false, training), ref = run(true, training);
+        const char* form = training ? "training" : "evaluation";
+        check(fused.gelu_unwritten, "recipe -fs current (%s): the fc layer's GELU output left unwritten, taken by the fc "
+              "projection", form);
+        check(fused == ref, "recipe -fs current (%s): the fc projection's input scaled from gelu(pre) (scale, codes%s, "
+              "output) = writing the GELU output first, bit for bit", form,
+              training ? ", x^T, amaxes; the fc layer's dy scale and codes from gelu_backward's amax, dx, dW, dbias" : "");
+        if (training)
+            check(fused.amax_from_gelu, "recipe -fs current: gelu_backward gives the fc layer's output gradient amax "
+                  "(dy_amax_given)");
+    }
+    for (void* p : {(void*)dx, (void*)dfcb, (void*)ddout, (void*)gelu, (void*)pre, (void*)y, (void*)dpre, (void*)dxin,
+                    (void*)dw_fc, (void*)dw_fcp, (void*)db_fc})
+        cudaFree(p);
+}
+
 // The recipe under -fs current and -fs block on a small model: current scaling quantizes each tensor with
 // the scale of its own amax at once (a tensor 8x larger gets a scale 8x smaller in the same step), bit for bit
 // as the codec; block scaling's weights, activations and gradients = the CPU reference, and its linear
@@ -1286,6 +1412,7 @@ static void test_recipe_modes() {
         (void)all;
         const std::string d = recipe_describe(r);
         check(d.find("current scaling") != std::string::npos, "recipe -fs current: described as such (%s)", d.c_str());
+        test_current_mlp(r, dw, N, C);
     }
     // block scaling
     for (bool e5m2 : {false, true}) {

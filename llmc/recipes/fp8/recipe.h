@@ -119,8 +119,9 @@ struct Recipe {
     // -fs (options.h): FP8_SCALING_DELAYED, _CURRENT or _BLOCK
     int mode = FP8_SCALING_DELAYED;
     // Current scaling: the amax of an input ([0]) or an output gradient ([1]) that the kernel which wrote the
-    // tensor recorded (recipe_site_output, an amax-only target), and the linear whose next call takes it in
-    // place of an amax pass of its own
+    // tensor recorded (recipe_site_output, an amax-only target; gelu_backward for the fc layer's output
+    // gradient: fp8_gelu_grad_amax_target), and the linear whose next call takes it in place of an amax pass of
+    // its own
     uint32_t* given_amax = nullptr;
     LinearId x_amax_given{-1, LIN_QKV}, dy_amax_given{-1, LIN_QKV};
     // Block scaling: the dequantization factors of the codes above (formats/fp8_block_scaling.h's layouts)
@@ -138,8 +139,9 @@ static const int FP8_SCALE_HIST_BINS = 256;
 
 // Whether tensor t's scale is known before the tensor exists: delayed scaling, once the tensor has a history.
 // Only then can a kernel write its codes as it produces it (the LayerNorm and attention sites, the fused MLP
-// GEMMs, the GELU applied in a later pass); current scaling needs the finished tensor's amax first, and
-// block scaling has recipes/fp8/block.h's own passes.
+// GEMMs, the GELU derivative applied in the fc layer's dy pass); current scaling needs the finished tensor's amax
+// first (which those producers record instead: fp8_current_amax_target, fp8_gelu_grad_amax_target), and block
+// scaling has its own passes (fp8_block_forward, fp8_block_backward).
 inline bool fp8_scale_known(const Recipe& r, int t) { return r.mode == FP8_SCALING_DELAYED && r.calibrated[t]; }
 
 inline int fp8_tensor(const Recipe& r, LinearId id, Fp8Role role) {
@@ -258,17 +260,19 @@ inline float* fp8_inv(const Recipe& r, int t) { return r.inv_scale + (size_t)t *
 // single process with every micro-step would have used, so that all processes quantize the step's
 // slices with the same scales, those of one process.
 // Current scaling calibrates every time, the same way, from the amax of the tensor about to be quantized:
-// amax_given when the kernel that wrote it recorded that (recipe_site_output), else from a pass of its
-// own over x. Each process scales its own slice (the weights, alike on every process, get alike scales).
+// amax_given when the kernel that wrote it recorded that (recipe_site_output, gelu_backward), else from a pass
+// of its own over x. Each process scales its own slice (the weights, alike on every process, get alike scales).
+// gelu_of_input: x is a GELU's input and the tensor is gelu(x) as gelu_forward stores it (the fc projection's
+// input, left unwritten: Recipe::pending_gelu_out); the amax pass takes the GELU of each value itself.
 inline Fp8ScalePtrs fp8_scale_for(Recipe& r, int t, const floatX* x, long long n, bool training, cudaStream_t st,
-                                  const uint32_t* amax_given = nullptr) {
+                                  const uint32_t* amax_given = nullptr, bool gelu_of_input = false) {
     if (r.mode == FP8_SCALING_DELAYED && r.calibrated[t]) return {r.scale + t, fp8_inv(r, t)};
     float* s = training ? r.scale + t : r.eval_scale;
     float* inv = training ? fp8_inv(r, t) : r.eval_scale + FP8_INV_STRIDE;
     const uint32_t* amax = amax_given;
     if (!amax) {
         cudaCheck(cudaMemsetAsync(r.eval_amax, 0, sizeof(uint32_t), st));
-        tensor_amax(r.eval_amax, x, n, st);
+        tensor_amax(r.eval_amax, x, n, st, gelu_of_input);
         if (training && r.mode == FP8_SCALING_DELAYED && g_cross_process.active())
             g_cross_process.broadcast_u32(g_cross_process.ctx, r.eval_amax, 1, st);
         amax = r.eval_amax;
@@ -425,8 +429,9 @@ inline Fp8Target fp8_attention_output_target(Recipe& r, LinearId id, int N, int 
 inline bool fp8_take_given(LinearId& slot, LinearId id, const char* what) { return take_given_for(slot, id, "fp8", what); }
 
 // x (N x C) -> r.x8 with x's scale, and in training also x^T for the backward pass (one read of x);
-// returns the dequantization factor. With gelu_of_input, `inp` is a GELU's input and x = gelu(inp)
-// (x's scale must exist already: a first calibration reads x itself).
+// returns the dequantization factor. With gelu_of_input, `inp` is a GELU's input and x = gelu(inp) (x's
+// scale must exist already, or be current scaling's, whose amax pass takes the GELU too: delayed scaling's
+// first calibration reads x itself).
 // xt_elsewhere: when the codes were given, x^T is left to the caller's GEMM (fc_gelu_ws writes it).
 inline const float* fp8_quantize_input(Recipe& r, LinearId id, const floatX* inp, int N, int C, bool training, cudaStream_t st,
                                        bool gelu_of_input = false, bool xt_elsewhere = false) {
@@ -437,7 +442,7 @@ inline const float* fp8_quantize_input(Recipe& r, LinearId id, const floatX* inp
         return fp8_inv(r, t);
     }
     const bool amax_given = fp8_take_given(r.x_amax_given, id, "input amax");
-    Fp8ScalePtrs s = fp8_scale_for(r, t, inp, (long long)N * C, training, st, amax_given ? r.given_amax : nullptr);
+    Fp8ScalePtrs s = fp8_scale_for(r, t, inp, (long long)N * C, training, st, amax_given ? r.given_amax : nullptr, gelu_of_input);
     if (training) {
         fp8_quantize_transpose<Fp8Kind::E4M3>(r.x8, fp8_saved_xt(r, id), inp, N, C, s.scale, r.amax_now + t,
                                               r.count_stats ? fp8_stats_of(r, t) : Fp8Stats(), st, nullptr, nullptr,
@@ -488,10 +493,12 @@ inline void recipe_linear_forward(Recipe& r, LinearId id, floatX* out, const flo
                                   const floatX* bias, int N, int C, int OC, bool training, cudaStream_t st) {
     (void)weight;
     // the fc projection reads its input, the GELU output that the fc layer left unwritten, from the
-    // pre-activation (once its scale exists: a first calibration reads the GELU output itself; block scaling
-    // needs none ahead)
+    // pre-activation: once its scale exists (delayed scaling: a first calibration reads the GELU output
+    // itself), under current scaling, whose amax pass before the quantize pass reads the pre-activation too
+    // (fp8_scale_for's gelu_of_input): 2 + 2 bytes a value fewer than writing the GELU output first, and under
+    // block scaling, whose scales need nothing ahead of the pass
     const bool gelu_of_input = r.pending_gelu_out.is_for(id, inp) &&
-                               (fp8_scale_known(r, fp8_tensor(r, id, FP8_X)) || r.mode == FP8_SCALING_BLOCK);
+                               (r.mode != FP8_SCALING_DELAYED || fp8_scale_known(r, fp8_tensor(r, id, FP8_X)));
     const floatX* x_source = inp;
     if (gelu_of_input) {
         if (r.pending_gelu_out.pre_is_derivative && !same_linear(r.x_given, id)) {
@@ -590,13 +597,13 @@ inline Fp8Target fp8_gradient_target(Recipe& r, LinearId id, int N, int OC, bool
 
 // The sites of recipe_api.h: the LayerNorm and attention outputs as the next linear's E4M3 input, the
 // LayerNorm backward's output and the attention backward's dqkv as E5M2 output gradients (above)
-// Current scaling: the LayerNorm forward and backward and the attention backward write their BF16 output as
-// usual and record its amax (an amax-only target), so that the linear next in line scales it without an amax
-// pass of its own (its quantize pass still reads the BF16 tensor: the scale must exist before the codes). The
-// same amax, bit for bit, as the pass over the stored BF16 values would find.
+// Current scaling: the LayerNorm forward and backward and the attention forward and backward write their BF16
+// output as usual and record its amax (an amax-only target), so that the linear next in line scales it without
+// an amax pass of its own (its quantize pass still reads the BF16 tensor: the scale must exist before the
+// codes). The same amax, bit for bit, as the pass over the stored BF16 values would find.
 inline Fp8Target fp8_current_amax_target(Recipe& r, RecipeSite site, LinearId id, int rows, int cols, cudaStream_t st) {
     Fp8Target t;
-    const bool input = site == SITE_LAYERNORM_OUTPUT;
+    const bool input = site == SITE_LAYERNORM_OUTPUT || site == SITE_ATTENTION_OUTPUT;
     if (!input && site != SITE_LAYERNORM_BACKWARD_OUTPUT && site != SITE_ATTENTION_BACKWARD_DQKV) return t;
     const int K = input ? cols : linear_in_features(id.kind, r.C), OC = input ? linear_out_features(id.kind, r.C) : cols;
     if (!fp8_applies(r, id, rows, K, OC)) return t;
@@ -736,6 +743,19 @@ inline void fp8_block_backward(Recipe& r, LinearId id, floatX* dinp, float* dwei
                   r.fc_keeps_gelu_factor[id.layer] ? GeluFactor::GIVEN : GeluFactor::ROUNDED);
 }
 
+// Current scaling: the fc layer's output gradient is what gelu_backward makes of the fc projection's input
+// gradient, and the fc layer's backward, next, quantizes it; gelu_backward records the amax of the BF16 values
+// it stores (its amax_out) into given_amax[1], which that backward takes in place of an amax pass over them
+// (Recipe::dy_amax_given): one read of 2 bytes a value fewer, the same amax bit for bit. fc (N tokens, K
+// inputs, OC outputs): the fc layer; null where that layer is not quantized or the scaling not current.
+inline uint32_t* fp8_gelu_grad_amax_target(Recipe& r, LinearId fc, int N, int K, int OC, cudaStream_t st) {
+    if (r.mode != FP8_SCALING_CURRENT || !fp8_applies(r, fc, N, K, OC)) return nullptr;
+    uint32_t* amax = r.given_amax + 1;
+    cudaCheck(cudaMemsetAsync(amax, 0, sizeof(uint32_t), st));
+    r.dy_amax_given = fc;
+    return amax;
+}
+
 inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* dweight, float* dbias, const floatX* dout,
                                    const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
                                    cudaStream_t st) {
@@ -826,7 +846,7 @@ inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* 
         return;
     }
     PHASE("fp8: gelu backward");
-    gelu_backward(dinp, pre_gelu, (long long)N * C, st, pre_factor);
+    gelu_backward(dinp, pre_gelu, (long long)N * C, st, pre_factor, fp8_gelu_grad_amax_target(r, fc, N, OC, C, st));
 }
 
 // ---- checkpoint state -----------------------------------------------------------------------------
