@@ -18,16 +18,14 @@
 // partial sums, of the values quantized). Values past the tensor's edge load as zeros and are neither stored nor
 // part of a block's amax beyond what zeros add (nothing), which is the reference's tail-block rule.
 //
-// Shared-memory layout. A tile lies in shared memory as BF16 pairs, one 32-bit word holding two neighbouring
-// values of a row, 65 words a row (64 for the 128 values, 1 of padding). With an odd row stride, word w of row
-// r sits in bank (r + w) mod 32, so both passes read without bank conflicts:
-//   rows pass  a warp takes a row; lane l holds words l and l + 32 (values 2l, 2l + 1, 64 + 2l, 65 + 2l), so a
-//              read touches 32 consecutive words; the row's codes go out as two 64-byte stores
-//   cols pass  a warp takes two neighbouring columns (one word of each row); lane l holds rows l, l + 32,
-//              l + 64, l + 96, whose words lie in banks (l + w) mod 32: one bank a lane
-// (A row stride that is a multiple of 4 words, which 16-byte stores need, would put the 32 rows a column
-// read touches into a few banks, and the cols pass would serialize many times over.) The 128-value block
-// of a row or column is one warp's: its amax is a warp's max reduction.
+// Work layout. A tile lies in shared memory as BF16 pairs, one 32-bit word holding two neighbouring values of a
+// row, 65 words a row (64 for the 128 values, 1 of padding): word w of row r sits in bank (r + w) mod 32. Each
+// 128-value block (a row's or a column's) belongs to a group of 8 lanes, 16 values a lane: a warp works on 4
+// blocks at once, the block's amax is 3 shuffles within the group, and the scale's divisions are computed once
+// for the 4 blocks. Which words a lane reads is chosen so that the warp's 32 reads of one instruction fall into
+// 32 different banks (the rows and cols passes below say how). The costs that matter are those per block (a
+// reduction and two IEEE divisions), not per value: a whole warp to each block, one block after another, would
+// spend its time on those, far from the memory's speed.
 #pragma once
 #include <cuda_fp8.h>
 #include "llmc/cuda_common.h"
@@ -36,6 +34,8 @@
 
 #define FP8_BLOCK_THREADS 256   // 8 warps; a tile's 2048 chunks of 8 values are 8 a thread
 #define FP8_BLOCK_ROW_WORDS 65  // 32-bit words per staged row (odd: see above)
+#define FP8_BLOCK_ROWS_PER_WARP (128 / (FP8_BLOCK_THREADS / 32))   // the rows pass's rows of a warp
+#define FP8_BLOCK_PAIRS_PER_WARP (64 / (FP8_BLOCK_THREADS / 32))   // the cols pass's column pairs of a warp
 
 // where a block quantization writes (any field may be null; a layout is written when its codes are given)
 struct Fp8BlockOutput {
@@ -74,25 +74,26 @@ __device__ __forceinline__ uint4 fp8_block_transform(uint4 v, uint4 pre, const F
     return v;
 }
 
-// the warp's max of a (the block's amax) and the scale it gives
-__device__ __forceinline__ float fp8_block_warp_scale(uint32_t a, float fp8_max, bool pow2) {
-    for (int sh = 16; sh > 0; sh >>= 1) a = max(a, __shfl_xor_sync(0xffffffffu, a, sh));
+// the max of a over a group of 8 lanes (the block's amax) and the scale it gives
+__device__ __forceinline__ float fp8_block_group_scale(uint32_t a, float fp8_max, bool pow2) {
+    for (int sh = 1; sh < 8; sh <<= 1) a = max(a, __shfl_xor_sync(0xffffffffu, a, sh));
     return llmc::fp8_block_scale(__uint_as_float(a), fp8_max, pow2);
 }
 
 template <Fp8Kind K, bool COUNT>
-__global__ void __launch_bounds__(FP8_BLOCK_THREADS) fp8_block_quantize_kernel(const floatX* __restrict__ in, int rows, int cols,
+__global__ void __launch_bounds__(FP8_BLOCK_THREADS, 3) fp8_block_quantize_kernel(const floatX* __restrict__ in, int rows, int cols,
                                                                                 bool weight, bool pow2, Fp8BlockOutput o,
                                                                                 uint32_t* amax_out, Fp8Stats stats, Fp8BlockInput fn) {
     static_assert(sizeof(floatX) == 2, "the staged tile holds BF16 pairs");
     __shared__ uint32_t tile[llmc::FP8_BLOCK * FP8_BLOCK_ROW_WORDS];
     __shared__ uint32_t warp_amax[FP8_BLOCK_THREADS / 32];
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, group = lane / 8, sub = lane % 8;
     const int tiles_x = llmc::fp8_blocks(cols), tiles_y = llmc::fp8_blocks(rows);
     const long long num_tiles = (long long)tiles_x * tiles_y;
     const bool vec_in = cols % 8 == 0 && (uintptr_t)in % 16 == 0 && (uintptr_t)fn.gelu_pre % 16 == 0;
     const bool transform = fn.gelu_of_input || fn.gelu_pre;
-    const bool rows_u16 = cols % 2 == 0 && (uintptr_t)o.rows % 2 == 0; // (2-byte stores of a row's code pairs)
+    const bool rows_u64 = cols % 8 == 0 && (uintptr_t)o.rows % 8 == 0; // (8-byte stores of a row's codes)
+    const bool cols_u32 = rows % 4 == 0 && (uintptr_t)o.cols % 4 == 0; // (4-byte stores of the transpose's)
     const float fp8_max = fp8_max_value<K>();
     uint32_t amax_all = 0, sat = 0, ftz = 0, count = 0;
     // one value's telemetry
@@ -122,26 +123,29 @@ __global__ void __launch_bounds__(FP8_BLOCK_THREADS) fp8_block_quantize_kernel(c
             }
             return v;
         };
-        uint4 chunk[8], pre[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int id = tid + i * FP8_BLOCK_THREADS;
-            chunk[i] = load8(in, id / 16, (id % 16) * 8);
-            pre[i] = fn.gelu_pre ? load8(fn.gelu_pre, id / 16, (id % 16) * 8) : make_uint4(0, 0, 0, 0);
-        }
-        if (transform) { // (past the edge: gelu(0) = 0, and 0 times any derivative is 0)
-#pragma unroll
-            for (int i = 0; i < 8; i++) chunk[i] = fp8_block_transform(chunk[i], pre[i], fn);
-        }
+        // (two rounds of 4 chunks a thread: 4 loads in flight, or 8 with gelu_pre, in few enough registers for 3
+        // blocks an SM)
         uint32_t tile_amax = 0;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int id = tid + i * FP8_BLOCK_THREADS, r = id / 16, w = (id % 16) * 4;
-            const uint32_t words[4] = {chunk[i].x, chunk[i].y, chunk[i].z, chunk[i].w};
+        for (int round = 0; round < 2; round++) {
+            uint4 chunk[4], pre[4];
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                tile[r * FP8_BLOCK_ROW_WORDS + w + k] = words[k];
-                tile_amax = max(tile_amax, max(llmc::amax_bits(bf16_low(words[k])), llmc::amax_bits(bf16_high(words[k]))));
+            for (int i = 0; i < 4; i++) {
+                const int id = tid + (4 * round + i) * FP8_BLOCK_THREADS;
+                chunk[i] = load8(in, id / 16, (id % 16) * 8);
+                pre[i] = fn.gelu_pre ? load8(fn.gelu_pre, id / 16, (id % 16) * 8) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                if (transform) chunk[i] = fp8_block_transform(chunk[i], pre[i], fn); // (past the edge: gelu(0) = 0,
+                                                                                    // and 0 times any derivative is 0)
+                const int id = tid + (4 * round + i) * FP8_BLOCK_THREADS, r = id / 16, w = (id % 16) * 4;
+                const uint32_t words[4] = {chunk[i].x, chunk[i].y, chunk[i].z, chunk[i].w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    tile[r * FP8_BLOCK_ROW_WORDS + w + k] = words[k];
+                    tile_amax = max(tile_amax, max(llmc::amax_bits(bf16_low(words[k])), llmc::amax_bits(bf16_high(words[k]))));
+                }
             }
         }
         // the tile's amax (a weight's block scale); also the tensor's
@@ -156,82 +160,104 @@ __global__ void __launch_bounds__(FP8_BLOCK_THREADS) fp8_block_quantize_kernel(c
             if (o.rows_inv) o.rows_inv[llmc::fp8_blk128_scale_index(rb, kb, cols)] = llmc::fp8_inverse(s_tile);
             if (o.cols_inv) o.cols_inv[llmc::fp8_blk128_scale_index(kb, rb, rows)] = llmc::fp8_inverse(s_tile);
         }
-        // rows pass: row r's 128 values of this tile are one block (or the weight's tile scale)
+        // rows pass: row r's 128 values of this tile are one block (or the weight's tile scale). A warp takes
+        // 4 rows at a time, 8 lanes a row: lane sub of the group holds words 4 sub .. 4 sub + 3 and 32 + 4 sub ..
+        // 32 + 4 sub + 3 (values 8 sub .. 8 sub + 7 and 64 + 8 sub .. 64 + 8 sub + 7), in banks (row + 4 sub + j)
+        // mod 32: distinct over the warp's 4 rows and 8 subs. The block's amax is then 3 shuffles within the
+        // group, and its scale is computed once for 4 blocks.
         if (o.rows) {
-            for (int rr = 0; rr < llmc::FP8_BLOCK / (FP8_BLOCK_THREADS / 32); rr++) {
-                const int r = warp * (llmc::FP8_BLOCK / (FP8_BLOCK_THREADS / 32)) + rr;
-                if (r0 + r >= rows) break; // (the same for the whole warp)
-                const uint32_t wa = tile[r * FP8_BLOCK_ROW_WORDS + lane], wb = tile[r * FP8_BLOCK_ROW_WORDS + 32 + lane];
-                const float v[4] = {bf16_low(wa), bf16_high(wa), bf16_low(wb), bf16_high(wb)};
+            for (int it = 0; it < FP8_BLOCK_ROWS_PER_WARP / 4; it++) {
+                const int r = warp * FP8_BLOCK_ROWS_PER_WARP + it * 4 + group;
+                const bool row_in = r0 + r < rows; // (rows past the edge are zeros: they go through, unstored)
+                float v[16];
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const uint32_t w = tile[r * FP8_BLOCK_ROW_WORDS + 32 * h + 4 * sub + j];
+                        v[8 * h + 2 * j] = bf16_low(w);
+                        v[8 * h + 2 * j + 1] = bf16_high(w);
+                    }
                 float s = s_tile;
                 if (!weight) {
                     uint32_t a = 0;
 #pragma unroll
-                    for (int j = 0; j < 4; j++) a = max(a, llmc::amax_bits(v[j]));
-                    s = fp8_block_warp_scale(a, fp8_max, pow2);
-                    if (lane == 0 && o.rows_inv) o.rows_inv[llmc::fp8_vec128_scale_index(r0 + r, kb, rows)] = llmc::fp8_inverse(s);
+                    for (int j = 0; j < 16; j++) a = max(a, llmc::amax_bits(v[j]));
+                    s = fp8_block_group_scale(a, fp8_max, pow2);
+                    if (sub == 0 && row_in && o.rows_inv) o.rows_inv[llmc::fp8_vec128_scale_index(r0 + r, kb, rows)] = llmc::fp8_inverse(s);
                 }
-                uint8_t q[4];
-#pragma unroll
-                for (int j = 0; j < 4; j++) q[j] = fp8_block_code<K>(v[j] * s);
                 uint8_t* dst = o.rows + (size_t)(r0 + r) * cols;
 #pragma unroll
-                for (int half = 0; half < 2; half++) { // values c, c + 1 at c = c0 + 64 half + 2 lane
-                    const int c = c0 + 64 * half + 2 * lane;
-                    const uint8_t q0 = q[2 * half], q1 = q[2 * half + 1];
-                    if (rows_u16 && c + 2 <= cols) {
-                        *reinterpret_cast<uint16_t*>(dst + c) = (uint16_t)(q0 | (q1 << 8));
+                for (int h = 0; h < 2; h++) {
+                    const int c = c0 + 64 * h + 8 * sub;
+                    uint32_t word[2];
+#pragma unroll
+                    for (int k = 0; k < 2; k++) {
+                        const float* x = v + 8 * h + 4 * k;
+                        word[k] = fp8_pack2<K>(x[0] * s, x[1] * s) | ((uint32_t)fp8_pack2<K>(x[2] * s, x[3] * s) << 16);
+                    }
+                    if (!row_in) continue;
+                    if (rows_u64 && c + 8 <= cols) {
+                        *reinterpret_cast<uint2*>(dst + c) = make_uint2(word[0], word[1]);
                     } else {
-                        if (c < cols) dst[c] = q0;
-                        if (c + 1 < cols) dst[c + 1] = q1;
+                        for (int j = 0; j < 8 && c + j < cols; j++) dst[c + j] = (uint8_t)(word[j / 4] >> (8 * (j % 4)));
                     }
                     if (COUNT) {
-                        if (c < cols) account(v[2 * half], s, q0);
-                        if (c + 1 < cols) account(v[2 * half + 1], s, q1);
+                        for (int j = 0; j < 8 && c + j < cols; j++) account(v[8 * h + j], s, (uint8_t)(word[j / 4] >> (8 * (j % 4))));
                     }
                 }
             }
         }
-        // cols pass: column c's 128 values of this tile (rows r0 ..) are one block of the transpose's row c;
-        // a warp takes the column pairs (2p, 2p + 1), one word of each row
+        // cols pass: column c's 128 values of this tile (rows r0 ..) are one block of the transpose's row c. A warp
+        // takes 4 column pairs (2p, 2p + 1) at a time, 8 lanes a pair: lane sub of the group holds the pair's word
+        // of rows 32 h + 4 sub + j (h, j = 0 .. 3), in banks (4 sub + j + p) mod 32: distinct over the warp's 4
+        // pairs and 8 subs. Each lane then writes 4 consecutive codes of the transpose's row as one word.
         if (o.cols) {
             const bool count_here = COUNT && (!weight || !o.rows); // (a weight's codes are the same in both layouts)
-            const int pairs_per_warp = llmc::FP8_BLOCK / 2 / (FP8_BLOCK_THREADS / 32);
-            for (int pp = 0; pp < pairs_per_warp; pp++) {
-                const int p = warp * pairs_per_warp + pp;
-                if (c0 + 2 * p >= cols) break;
-                uint32_t w[4];
+            for (int it = 0; it < FP8_BLOCK_PAIRS_PER_WARP / 4; it++) {
+                const int p = warp * FP8_BLOCK_PAIRS_PER_WARP + it * 4 + group;
+                uint32_t w[16];
 #pragma unroll
-                for (int j = 0; j < 4; j++) w[j] = tile[(lane + 32 * j) * FP8_BLOCK_ROW_WORDS + p];
+                for (int h = 0; h < 4; h++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) w[4 * h + j] = tile[(32 * h + 4 * sub + j) * FP8_BLOCK_ROW_WORDS + p];
 #pragma unroll
                 for (int half = 0; half < 2; half++) {
                     const int c = c0 + 2 * p + half;
-                    if (c >= cols) break;
-                    float v[4];
+                    const bool col_in = c < cols;
+                    float v[16];
                     uint32_t a = 0;
 #pragma unroll
-                    for (int j = 0; j < 4; j++) {
+                    for (int j = 0; j < 16; j++) {
                         v[j] = half ? bf16_high(w[j]) : bf16_low(w[j]);
                         a = max(a, llmc::amax_bits(v[j]));
                     }
                     float s = s_tile;
                     if (!weight) {
-                        s = fp8_block_warp_scale(a, fp8_max, pow2);
-                        if (lane == 0 && o.cols_inv) o.cols_inv[llmc::fp8_vec128_scale_index(c, rb, cols)] = llmc::fp8_inverse(s);
+                        s = fp8_block_group_scale(a, fp8_max, pow2);
+                        if (sub == 0 && col_in && o.cols_inv) o.cols_inv[llmc::fp8_vec128_scale_index(c, rb, cols)] = llmc::fp8_inverse(s);
                     }
-                    if (fn.col_partials) { // (rows l, l + 32, l + 64, l + 96, then the lanes in a fixed tree)
-                        float sum = (v[0] + v[1]) + (v[2] + v[3]);
-                        for (int sh = 16; sh > 0; sh >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, sh);
-                        if (lane == 0) fn.col_partials[(size_t)rb * cols + c] = sum;
+                    if (fn.col_partials) { // (the lane's 16 rows in order, then the group's 8 lanes in a fixed tree)
+                        float sum = 0.0f;
+#pragma unroll
+                        for (int j = 0; j < 16; j++) sum += v[j];
+                        for (int sh = 1; sh < 8; sh <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, sh);
+                        if (sub == 0 && col_in) fn.col_partials[(size_t)rb * cols + c] = sum;
                     }
+                    if (!col_in) continue;
                     uint8_t* dst = o.cols + (size_t)c * rows;
 #pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        const int r = r0 + lane + 32 * j;
-                        const uint8_t q = fp8_block_code<K>(v[j] * s);
-                        if (r < rows) {
-                            dst[r] = q;
-                            if (count_here) account(v[j], s, q);
+                    for (int h = 0; h < 4; h++) {
+                        const float* x = v + 4 * h;
+                        const uint32_t word = fp8_pack2<K>(x[0] * s, x[1] * s) | ((uint32_t)fp8_pack2<K>(x[2] * s, x[3] * s) << 16);
+                        const int r = r0 + 32 * h + 4 * sub;
+                        if (cols_u32 && r + 4 <= rows) {
+                            *reinterpret_cast<uint32_t*>(dst + r) = word;
+                        } else {
+                            for (int j = 0; j < 4 && r + j < rows; j++) dst[r + j] = (uint8_t)(word >> (8 * j));
+                        }
+                        if (count_here) {
+                            for (int j = 0; j < 4 && r + j < rows; j++) account(x[j], s, (uint8_t)(word >> (8 * j)));
                         }
                     }
                 }
