@@ -155,6 +155,20 @@ __device__ __forceinline__ float block_max(float v) {
     return warp_max(v);
 }
 
+// The block's largest v combined into *out by atomicMax, one atomic per block (none for 0): the amax kernels,
+// whose v are the bits of non-negative floats (ordered as the floats are). Every thread of the block calls it
+// (it has a barrier); blockDim.x % 32 == 0.
+__device__ __forceinline__ void block_max_atomic(uint32_t v, uint32_t* out) {
+    __shared__ uint32_t partial[32];
+    for (int off = 16; off > 0; off >>= 1) v = max(v, __shfl_xor_sync(0xffffffff, v, off));
+    if (threadIdx.x % WARP_SIZE == 0) partial[threadIdx.x / WARP_SIZE] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)blockDim.x / WARP_SIZE; w++) v = max(v, partial[w]);
+        if (v) atomicMax(out, v);
+    }
+}
+
 // Stateless 32-bit hash of (seed, index): the random bits for stochastic rounding. Being a pure
 // function of its inputs makes every rounding decision reproducible (and a resumed run identical).
 __host__ __device__ __forceinline__ uint32_t hash_u32(uint32_t seed, uint32_t index) {

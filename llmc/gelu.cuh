@@ -136,17 +136,7 @@ inline void gelu_backward_launch(floatX* dinout, const floatX* src, long long n,
 // atomicMax (the caller zeroes it first), the value a tensor_amax pass over the stored result would find.
 // For the FP8 recipe's current scaling, whose next quantize pass needs that amax before it can scale the
 // tensor: recording it here saves that pass its own read of the tensor. Each block strides over the tensor
-// (gelu_backward_amax_grid), reduces its maximum through its warps, and makes one atomic.
-__device__ __forceinline__ void gelu_block_amax_commit(uint32_t amax, uint32_t* amax_out) {
-    __shared__ uint32_t warp_max[32];
-    for (int o = 16; o > 0; o >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = amax;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)blockDim.x / 32; w++) amax = max(amax, warp_max[w]);
-        if (amax) atomicMax(amax_out, amax);
-    }
-}
+// (gelu_backward_amax_grid), reduces its maximum through its warps, and makes one atomic (block_max_atomic).
 template <GeluFactor F>
 __global__ void gelu_backward_amax_kernel(floatX* dinout, const floatX* src, long long n, uint32_t* amax_out) {
     uint32_t amax = 0;
@@ -155,7 +145,7 @@ __global__ void gelu_backward_amax_kernel(floatX* dinout, const floatX* src, lon
         dinout[i] = d;
         amax = max(amax, llmc::amax_bits((float)d));
     }
-    gelu_block_amax_commit(amax, amax_out);
+    block_max_atomic(amax, amax_out);
 }
 template <GeluFactor F>
 __global__ void gelu_backward_amax_vec_kernel(floatX* dinout, const floatX* src, long long n_vec, uint32_t* amax_out) {
@@ -173,7 +163,7 @@ __global__ void gelu_backward_amax_vec_kernel(floatX* dinout, const floatX* src,
         }
         reinterpret_cast<uint4*>(dinout)[i] = d;
     }
-    gelu_block_amax_commit(amax, amax_out);
+    block_max_atomic(amax, amax_out);
 }
 // enough blocks to fill the GPU (8 per SM: 2048 threads an SM, each block strides over the rest), and so
 // few that their atomics on the one address stay rare

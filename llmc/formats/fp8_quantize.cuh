@@ -554,7 +554,6 @@ inline void fp8_transpose(uint8_t* out_t, const uint8_t* in, int rows, int cols,
 // gelu_of_input: the amax of gelu(in) rounded to floatX, as gelu_forward stores it (TCFP-12's fc
 // projection input, which the fc layer leaves unwritten; fp8_quantize_transpose's gelu_of_input).
 __global__ void __launch_bounds__(256) amax_vec_kernel(uint32_t* amax_out, const floatX* in, long long n8, bool gelu_of_input) {
-    __shared__ uint32_t warp_max[8];
     uint32_t amax = 0;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (long long)gridDim.x * blockDim.x) {
         uint4 packed = reinterpret_cast<const uint4*>(in)[i];
@@ -567,13 +566,7 @@ __global__ void __launch_bounds__(256) amax_vec_kernel(uint32_t* amax_out, const
             for (int j = 0; j < 8; j++) amax = max(amax, llmc::amax_bits((float)v[j]));
         }
     }
-    for (int o = 16; o > 0; o >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = amax;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)blockDim.x / 32; w++) amax = max(amax, warp_max[w]);
-        if (amax) atomicMax(amax_out, amax);
-    }
+    block_max_atomic(amax, amax_out);
 }
 
 inline void tensor_amax(uint32_t* amax_out, const floatX* in, long long n, cudaStream_t stream, bool gelu_of_input = false) {
