@@ -1282,7 +1282,7 @@ int main(int argc, char** argv) {
     // 2. The GPU.
     int device_count = 0;
     if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
-        fprintf(stderr, "error: no CUDA device found; the trainer needs an NVIDIA GPU (the tests run on the CPU with make test)\n");
+        fprintf(stderr, "error: no CUDA device found; the trainer needs an NVIDIA GPU (without one, make test runs the CPU tests)\n");
         return 1;
     }
     int gpu = 0;

@@ -74,6 +74,8 @@ case "$recipe" in
         expect_error "-fh out of range" "-fh 0: the amax history" "${base[@]}" -fh 0
         expect_error "-fs not a mode" "-fs tensor: the scaling must be delayed, current or block" "${base[@]}" -fs tensor
         expect_error "-fbg without -fs block" "-fbg and -fp2 are block scaling's" "${base[@]}" -fbg e5m2
+        expect_error "-fh without -fs delayed" "-fh 16: the amax history is delayed scaling's" "${base[@]}" -fs current -fh 16
+        expect_error "-fm with -fs block" "-fm 2: the scale margin is delayed and current scaling's" "${base[@]}" -fs block -fm 2
         expect_error "-fp2 not 0/1" "-fp2 2: must be 0 or 1" "${base[@]}" -fs block -fp2 2
         expect_error "-lq without -o" "-lq 10: the telemetry goes to main.log" "${base[@]}" -lq 10 ;;
     nvfp4) expect_error "-rht not 0/1" "-rht 2: must be 0 or 1" "${base[@]}" -rht 2 ;;

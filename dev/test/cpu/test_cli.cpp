@@ -263,7 +263,7 @@ TEST_CASE("cli: the fp8 flags parse into Fp8Options and are range-checked by the
     CHECK(layer_is_quantized(o, 9, 12) == false); // -sql 3: layers 9, 10, 11
 }
 
-TEST_CASE("cli: the fp8 scaling flags: -fs delayed by default, -fbg and -fp2 only with -fs block") {
+TEST_CASE("cli: the fp8 scaling flags: -fs delayed by default, -fbg and -fp2 only with -fs block, -fh only with delayed, -fm not with block") {
     Fp8Options d;
     CHECK(d.scaling == "delayed");
     CHECK(fp8_scaling_mode(d) == FP8_SCALING_DELAYED);
@@ -279,10 +279,17 @@ TEST_CASE("cli: the fp8 scaling flags: -fs delayed by default, -fbg and -fp2 onl
     CHECK(b.pow2_scales == 1);
     for (auto bad : std::vector<std::pair<std::vector<std::string>, std::string>>{
              {{"-fs", "tensor"}, "-fs tensor"}, {{"-fs", "block", "-fbg", "e3m4"}, "-fbg e3m4"},
-             {{"-fs", "block", "-fp2", "2"}, "-fp2 2"}, {{"-fbg", "e5m2"}, "-fs block"}, {{"-fs", "current", "-fp2", "1"}, "-fs block"}}) {
+             {{"-fs", "block", "-fp2", "2"}, "-fp2 2"}, {{"-fbg", "e5m2"}, "-fs block"}, {{"-fs", "current", "-fp2", "1"}, "-fs block"},
+             {{"-fs", "current", "-fh", "16"}, "-fh 16: the amax history is delayed scaling's"},
+             {{"-fs", "block", "-fh", "16"}, "this run has -fs block"}, {{"-fs", "block", "-fm", "2"}, "-fm 2: the scale margin"}}) {
         const std::string msg = recipe_error<Fp8Options>("fp8", bad.first);
         CHECK_MESSAGE(contains(msg, bad.second), msg);
     }
+    // what each mode does read
+    Fp8Options m;
+    CHECK_NOTHROW(checked_recipe("fp8", m, {"-fs", "current", "-fm", "2"}));
+    Fp8Options h;
+    CHECK_NOTHROW(checked_recipe("fp8", h, {"-fs", "delayed", "-fh", "16", "-fm", "1"}));
 }
 
 TEST_CASE("cli: the nvfp4 flags: RHT, stochastic rounding and Four Over Six on by default, switches") {

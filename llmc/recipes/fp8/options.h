@@ -33,9 +33,9 @@ inline bool fp8_block_grads_e5m2(const Fp8Options& o) { return o.block_grad_form
 
 inline void append_recipe_flags(llmc::FlagTable& t, Fp8Options& o) {
     using K = llmc::FlagKind;
-    t.push_back({"-fs", K::Str, &o.scaling, "scaling: delayed (amax history), current (the tensor's own amax) or block (1x128 / 128x128)"});
-    t.push_back({"-fh", K::Int, &o.amax_history, "amax history length of delayed scaling, in steps"});
-    t.push_back({"-fm", K::Int, &o.scale_margin, "scale margin: scale = FP8_MAX / amax / 2^margin"});
+    t.push_back({"-fs", K::Str, &o.scaling, "scaling: delayed (amax history), current (the tensor's own amax) or block (1x128 / 128x128; Hopper, CUDA 12.9+)"});
+    t.push_back({"-fh", K::Int, &o.amax_history, "-fs delayed: the amax history length, in steps"});
+    t.push_back({"-fm", K::Int, &o.scale_margin, "-fs delayed, current: scale margin, scale = FP8_MAX / amax / 2^margin"});
     t.push_back({"-fbg", K::Str, &o.block_grad_format, "-fs block: the gradients' format, e4m3 or e5m2"});
     t.push_back({"-fp2", K::Int, &o.pow2_scales, "-fs block: 1 = scales rounded down to powers of two"});
     append_bf16_layer_flags(t, o);
@@ -50,6 +50,13 @@ inline void check_recipe_options(const Fp8Options& o, bool has_output_dir) {
     check_switch("-fp2", o.pow2_scales);
     if (fp8_scaling_mode(o) != FP8_SCALING_BLOCK && (o.block_grad_format != "e4m3" || o.pow2_scales != 0))
         llmc::input_error("-fbg and -fp2 are block scaling's (-fs block); this run has -fs %s", o.scaling.c_str());
+    // (a flag a mode does not read is refused, not ignored: a run asking for it would not get what it asked)
+    if (fp8_scaling_mode(o) != FP8_SCALING_DELAYED && o.amax_history != Fp8Options().amax_history)
+        llmc::input_error("-fh %d: the amax history is delayed scaling's (-fs delayed); this run has -fs %s", o.amax_history,
+                          o.scaling.c_str());
+    if (fp8_scaling_mode(o) == FP8_SCALING_BLOCK && o.scale_margin != 0)
+        llmc::input_error("-fm %d: the scale margin is delayed and current scaling's; block scales map each block's "
+                          "amax to FP8_MAX (this run has -fs block)", o.scale_margin);
     if (o.amax_history < 1 || o.amax_history > 65536)
         llmc::input_error("-fh %d: the amax history length must be between 1 and 65536 steps", o.amax_history);
     if (o.scale_margin < 0 || o.scale_margin > 32)
