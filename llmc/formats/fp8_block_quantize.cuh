@@ -54,9 +54,6 @@ struct Fp8BlockInput {
                                              // needs the cols layout
 };
 
-template <Fp8Kind K>
-__device__ __forceinline__ uint8_t fp8_block_code(float v) { return (uint8_t)(fp8_pack2<K>(v, 0.0f) & 0xFF); }
-
 __device__ __forceinline__ float bf16_low(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_high(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
 
