@@ -662,6 +662,20 @@ static double gelu_f(double x) {
     return 0.5 * x * (1 + std::tanh(k * (x + 0.044715 * x * x * x)));
 }
 
+// Every linear kind's weights of an L-layer model, drawn by randn(n, 0.02) in kind order, on the host (hw) and
+// the device (dw); returns the LinearWeights that point at the device copies
+template <typename Randn>
+static LinearWeights random_linear_weights(Randn& randn, int L, int C, std::vector<floatX> (&hw)[NUM_LINEAR_KINDS],
+                                           floatX* (&dw)[NUM_LINEAR_KINDS]) {
+    LinearWeights lw;
+    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+        hw[k] = randn((size_t)L * linear_in_features((LinearKind)k, C) * linear_out_features((LinearKind)k, C), 0.02f);
+        dw[k] = to_device(hw[k]);
+        lw.weight[k] = dw[k];
+    }
+    return lw;
+}
+
 static void test_recipe() {
     ModelShape shape;
     shape.num_layers = 2; shape.channels = 128; shape.num_heads = 2; shape.max_seq_len = 64;
@@ -678,13 +692,7 @@ static void test_recipe() {
     auto randn = [&](size_t n, float sd) { std::vector<floatX> v(n); for (auto& x : v) x = f2bf(sd * nd(rng)); return v; };
     std::vector<floatX> hw[NUM_LINEAR_KINDS];
     floatX* dw[NUM_LINEAR_KINDS];
-    LinearWeights lw;
-    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
-        size_t n = (size_t)L * linear_in_features((LinearKind)k, C) * linear_out_features((LinearKind)k, C);
-        hw[k] = randn(n, 0.02f);
-        dw[k] = to_device(hw[k]);
-        lw.weight[k] = dw[k];
-    }
+    LinearWeights lw = random_linear_weights(randn, L, C, hw, dw);
     recipe_weights_changed(r, lw, 0);
     cudaCheck(cudaDeviceSynchronize());
 
@@ -1377,12 +1385,7 @@ static void test_recipe_modes() {
     auto randn = [&](size_t n, float sd) { std::vector<floatX> v(n); for (auto& x : v) x = f2bf(sd * nd(rng)); return v; };
     std::vector<floatX> hw[NUM_LINEAR_KINDS];
     floatX* dw[NUM_LINEAR_KINDS];
-    LinearWeights lw;
-    for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
-        hw[k] = randn((size_t)linear_in_features((LinearKind)k, C) * linear_out_features((LinearKind)k, C), 0.02f);
-        dw[k] = to_device(hw[k]);
-        lw.weight[k] = dw[k];
-    }
+    LinearWeights lw = random_linear_weights(randn, 1, C, hw, dw);
     const LinearId qkv{0, LIN_QKV};
     const int OC = 3 * C;
     std::vector<floatX> x = randn((size_t)N * C, 1.0f), x8x(x.size());

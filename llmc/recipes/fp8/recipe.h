@@ -92,6 +92,9 @@ struct Recipe {
         const floatX* pre = nullptr; // the GELU's input (or its factor: see fc_keeps_gelu_factor)
         long long n = 0;
         int layer = -1;
+        void leave(floatX* d_gelu_out, const floatX* pre_gelu, long long count, int fc_layer) {
+            grad = d_gelu_out; pre = pre_gelu; n = count; layer = fc_layer;
+        }
     } pending_gelu;
     // The recipe's GELU backward multiplies by bf16(gelu'(pre)), the derivative rounded to BF16 (gelu.cuh,
     // GeluFactor::ROUNDED), on every path. The fused fc GEMM (below) stores that factor in place of the
@@ -732,10 +735,7 @@ inline void fp8_block_backward(Recipe& r, LinearId id, floatX* dinp, float* dwei
     if (!pre_gelu) return;
     const LinearId fc{id.layer, LIN_FC};
     if (id.kind == LIN_FCPROJ && fp8_applies(r, fc, N, OC, C)) { // (the fc layer's backward, next, applies it)
-        r.pending_gelu.grad = dinp;
-        r.pending_gelu.pre = pre_gelu;
-        r.pending_gelu.n = (long long)N * C;
-        r.pending_gelu.layer = id.layer;
+        r.pending_gelu.leave(dinp, pre_gelu, (long long)N * C, id.layer);
         return;
     }
     PHASE("fp8: gelu backward");
@@ -839,10 +839,7 @@ inline void recipe_linear_backward(Recipe& r, LinearId id, floatX* dinp, float* 
     // the fc layer of this block quantizes dinp next: leave the derivative to its dy pass, once its dy
     // scale exists (the calibrating first pass reads dy's amax from the finished tensor)
     if (id.kind == LIN_FCPROJ && fp8_applies(r, fc, N, OC, C) && fp8_scale_known(r, t_dyf)) {
-        r.pending_gelu.grad = dinp;
-        r.pending_gelu.pre = pre_gelu;
-        r.pending_gelu.n = (long long)N * C;
-        r.pending_gelu.layer = id.layer;
+        r.pending_gelu.leave(dinp, pre_gelu, (long long)N * C, id.layer);
         return;
     }
     PHASE("fp8: gelu backward");
