@@ -317,6 +317,7 @@ inline void gpt_allocate(GPT* model, int B, int T, int recompute, const RecipeOp
     a.ln_partials = alloc_n<float>(layernorm_backward_scratch_floats(C), "layernorm scratch");
     recipe_context.state_owner = model->shard.rank; // (the recipe may cut its own state like the optimizer's: zero.h)
     recipe_context.state_owners = model->shard.owners;
+    recipe_context.head_rows = model->classifier_chunk;
     recipe_init(model->recipe, recipe_options, s, B, T, recipe_context);
     // ln1 / ln2: a layer keeps its LayerNorm output only where its backward reads it: the BF16 weight gradient of
     // the qkv / fc layer, unless -r 2 recomputes it there. Where the backward reads something else (a recipe
@@ -396,6 +397,7 @@ inline LinearWeights gpt_linear_weights(const GPT* model) {
     w.weight[LIN_ATTPROJ] = model->params.t[P_ATTPROJW];
     w.weight[LIN_FC] = model->params.t[P_FCW];
     w.weight[LIN_FCPROJ] = model->params.t[P_FCPROJW];
+    w.head = model->params.t[P_WTE];
     return w;
 }
 
@@ -569,19 +571,25 @@ inline void gpt_forward(GPT* model, const int* inputs, const int* targets, int B
     // LM head, tied to the token embedding: logits = lnf wte^T over all Vp rows, one chunk of rows at a
     // time. In training the chunk's backward runs right away (the logits are not needed afterwards):
     //   dwte += dlogits^T lnf,   dlnf = dlogits wte   (dlnf into acts.dbtc, read by gpt_backward)
+    // Its GEMMs are the recipe's where it runs the head itself (recipe_api.h, the LM head).
     const int chunk = model->classifier_chunk;
     for (int r0 = 0; r0 < N; r0 += chunk) {
         const int rows = std::min(chunk, N - r0);
         const floatX* lnf_rows = a.lnf + (size_t)r0 * C;
         PHASE("lm head");
-        matmul(a.logits, p.t[P_WTE], lnf_rows, nullptr, Vp, rows, C, true, false, 1.0f, 0.0f, false, st);
+        lm_head_forward(model->recipe, a.logits, lnf_rows, p.t[P_WTE], rows, C, Vp, training, st);
         if (!targets) continue; // sampling: the logits of the (single) chunk stay in acts.logits
+        // (every dlogit is at most |dloss_scale| LOGIT_SCALE in magnitude: |softmax - one-hot| <= 1)
+        const HeadGradCodes codes = training ? lm_head_grad_codes(model->recipe, rows, C, Vp,
+                                                                  fabsf(dloss_scale) * Boundaries::LOGIT_SCALE, st)
+                                             : HeadGradCodes();
         PHASE("classifier");
-        fused_classifier<Boundaries>(a.logits, a.losses + r0, model->targets_dev + r0, dloss_scale, rows, V, Vp, training, st);
+        fused_classifier<Boundaries>(a.logits, a.losses + r0, model->targets_dev + r0, dloss_scale, rows, V, Vp, training, st,
+                                     ClassifierForm::AUTO, codes.rows, codes.scale);
         if (training) {
             PHASE("lm head");
-            matmul(model->grads.t[P_WTE], lnf_rows, a.logits, nullptr, C, Vp, rows, false, true, 1.0f, 1.0f, true, st);
-            matmul(a.dbtc + (size_t)r0 * C, p.t[P_WTE], a.logits, nullptr, C, rows, Vp, false, false, 1.0f, 0.0f, false, st);
+            lm_head_backward(model->recipe, model->grads.t[P_WTE], a.dbtc + (size_t)r0 * C, a.logits, lnf_rows, p.t[P_WTE],
+                             rows, C, Vp, st);
         }
     }
     if (!targets) return;

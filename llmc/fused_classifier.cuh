@@ -3,12 +3,18 @@
 //   lse = log sum_i exp(logit_i),  loss = lse - logit_y
 //   dlogit_i = (exp(logit_i - lse) - [i == y]) * dloss    for i < V,   0 for the padded columns
 // dlogits overwrite the logits in place (the buffer is not needed afterwards). One block per row.
+// On request (codes, for a recipe that runs the LM head's input-gradient GEMM in FP8: recipe_api.h's
+// HeadGradCodes) the kernel also writes each stored dlogit as an E5M2 code of dlogit * code_scale, rounded
+// to nearest even and saturating (cvt.rn.satfinite, as formats/fp8_quantize.cuh's quantizers), into a row-major
+// (rows x Vp) byte array: exactly what that quantizer makes of the stored BF16 dlogits, without a pass of
+// its own.
 // Boundaries (boundaries.h): the softmax reads z_i = Bd::LOGIT_SCALE * Bd::logits(logit_i) in place of
 // logit_i, and dlogit_i gets the factor LOGIT_SCALE (the hook itself is straight-through). Without
 // dlogits and with active boundaries, Bd::logits(logit_i) is written back, so that the stored logits
 // are the boundary's values (for evaluation, tests and sampling).
 #pragma once
 #include <type_traits>
+#include <cuda_fp8.h>
 #include "cuda_common.h"
 #include "boundaries.h"
 
@@ -33,10 +39,12 @@ __device__ __forceinline__ float classifier_logit(float x) {
 constexpr int CLASSIFIER_THREADS = 1024;
 constexpr int CLASSIFIER_STAGED_MAX_BYTES = 112 * 1024; // two CTAs of an SM's 228 KB (GPT-2's row: 100,608)
 
-template <class Bd, bool STAGED>
+template <class Bd, bool STAGED, bool CODES>
 __global__ void __launch_bounds__(CLASSIFIER_THREADS, 2)
-fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float dloss, int V, int Vp, bool write_dlogits) {
+fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float dloss, int V, int Vp, bool write_dlogits,
+                        uint8_t* codes, float code_scale) {
     constexpr int PER = 16 / sizeof(floatX);
+    static_assert(!CODES || PER == 8, "the E5M2 codes are written 8 bytes at a time: BF16 logits only");
     extern __shared__ uint4 staged_row[]; // (STAGED: the row's vectors)
     long long row = blockIdx.x;
     floatX* x = logits + row * Vp;
@@ -96,6 +104,18 @@ fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float
             v[k] = (floatX)g;
         }
         reinterpret_cast<uint4*>(x)[j] = packed;
+        if constexpr (CODES) {
+            uint32_t word[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(
+                    make_float2((float)v[4 * h] * code_scale, (float)v[4 * h + 1] * code_scale), __NV_SATFINITE, __NV_E5M2);
+                const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
+                    make_float2((float)v[4 * h + 2] * code_scale, (float)v[4 * h + 3] * code_scale), __NV_SATFINITE, __NV_E5M2);
+                word[h] = (uint32_t)lo | ((uint32_t)hi << 16);
+            }
+            reinterpret_cast<uint2*>(codes + row * Vp)[j] = make_uint2(word[0], word[1]);
+        }
     }
 }
 
@@ -103,10 +123,12 @@ fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float
 enum class ClassifierForm { AUTO, STAGED, UNSTAGED };
 inline bool classifier_row_fits_staged(int Vp) { return (size_t)Vp * sizeof(floatX) <= (size_t)CLASSIFIER_STAGED_MAX_BYTES; }
 
+// codes (may be null): the dlogits' E5M2 codes (rows BT x Vp, of dlogit * code_scale; written only with the
+// dlogits, in BF16 builds)
 template <class Bd = IdentityBoundaries>
 inline void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss,
                              int BT, int V, int Vp, bool write_dlogits, cudaStream_t stream,
-                             ClassifierForm form = ClassifierForm::AUTO) {
+                             ClassifierForm form = ClassifierForm::AUTO, uint8_t* codes = nullptr, float code_scale = 1.0f) {
     if (Vp % (16 / sizeof(floatX)) != 0) {
         fprintf(stderr, "error: the padded vocabulary %d must be a multiple of %d\n", Vp, (int)(16 / sizeof(floatX)));
         exit(1);
@@ -115,7 +137,8 @@ inline void fused_classifier(floatX* logits, float* losses, const int* targets, 
         // a counting policy counts only in a telemetry step; otherwise the kernel without the
         // counting code (boundaries.h, observing())
         if (!Bd::observing()) {
-            fused_classifier<typename Bd::Values>(logits, losses, targets, dloss, BT, V, Vp, write_dlogits, stream, form);
+            fused_classifier<typename Bd::Values>(logits, losses, targets, dloss, BT, V, Vp, write_dlogits, stream, form,
+                                                  codes, code_scale);
             return;
         }
     }
@@ -124,13 +147,23 @@ inline void fused_classifier(floatX* logits, float* losses, const int* targets, 
         fprintf(stderr, "error: the classifier's staged form holds rows of at most %d bytes (Vp = %d)\n", CLASSIFIER_STAGED_MAX_BYTES, Vp);
         exit(1);
     }
-    if (fits && form != ClassifierForm::UNSTAGED) {
-        allow_dynamic_smem<fused_classifier_kernel<Bd, true>>(CLASSIFIER_STAGED_MAX_BYTES);
-        fused_classifier_kernel<Bd, true><<<BT, CLASSIFIER_THREADS, (size_t)Vp * sizeof(floatX), stream>>>(
-            logits, losses, targets, dloss, V, Vp, write_dlogits);
-    } else {
-        fused_classifier_kernel<Bd, false><<<BT, CLASSIFIER_THREADS, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_dlogits);
+    if (!write_dlogits) codes = nullptr;
+    if (codes != nullptr && sizeof(floatX) != 2) {
+        fprintf(stderr, "error: the classifier writes dlogit codes in BF16 builds only\n");
+        exit(1);
     }
+    auto launch = [&](auto staged, auto with_codes) {
+        constexpr bool STAGED = decltype(staged)::value, CODES = decltype(with_codes)::value && sizeof(floatX) == 2;
+        auto kernel = fused_classifier_kernel<Bd, STAGED, CODES>;
+        if constexpr (STAGED) allow_dynamic_smem<fused_classifier_kernel<Bd, STAGED, CODES>>(CLASSIFIER_STAGED_MAX_BYTES);
+        kernel<<<BT, CLASSIFIER_THREADS, STAGED ? (size_t)Vp * sizeof(floatX) : 0, stream>>>(
+            logits, losses, targets, dloss, V, Vp, write_dlogits, codes, code_scale);
+    };
+    const bool staged = fits && form != ClassifierForm::UNSTAGED;
+    if (staged && codes) launch(std::true_type(), std::true_type());
+    else if (staged) launch(std::true_type(), std::false_type());
+    else if (codes) launch(std::false_type(), std::true_type());
+    else launch(std::false_type(), std::false_type());
     cudaCheckLaunch();
 }
 

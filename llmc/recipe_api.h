@@ -80,6 +80,20 @@
 //     quantizes nothing.
 //   recipe_needs_input_in_backward(r, id, N)    whether linear_backward reads `inp`; when not, the
 //                                               model skips recomputing it (-r 1 / -r 2); (default) true
+// The LM head. The model calls lm_head_forward, lm_head_grad_codes and lm_head_backward (below), one chunk
+// of rows at a time (RecipeContext::head_rows at most), which run the plain BF16 head unless the recipe
+// says otherwise:
+//   recipe_quantizes_head(r, rows, C, Vp)      whether the recipe runs the head's GEMMs itself; (default)
+//                                               false
+//   recipe_head_forward(r, logits, lnf, wte, rows, C, Vp, training, stream)
+//                                               logits (rows x Vp) = lnf (rows x C) wte^T
+//   recipe_head_grad_codes(r, rows, Vp, bound, stream)   asked before the classifier of a training chunk:
+//                                               where the classifier should also write the codes of its
+//                                               dlogits (HeadGradCodes), whose every value is at most
+//                                               `bound` in magnitude; (default) none
+//   recipe_head_backward(r, dwte, dlnf, dlogits, lnf, wte, rows, C, Vp, stream)
+//                                               dwte (FP32) += dlogits^T lnf, dlnf = dlogits wte; the next
+//                                               call after the classifier of the same chunk
 // The sites: kernels of the model other than the linears that can also write a linear operand in the
 // recipe's quantized form (codes, a scale, an amax), where the recipe asks for it. RecipeSite (below)
 // names each one: the operand, the kernel that makes it, and the linear that reads it. The model asks
@@ -241,9 +255,11 @@ struct PendingGeluOut {
 };
 
 // The weights of every linear: weight[k] points at layer 0's (OC x C) matrix of kind k; layer l's
-// follows at l * OC * C (the checkpoint's layout).
+// follows at l * OC * C (the checkpoint's layout). head: the LM head's (Vp x C), which is the token
+// embedding (tied).
 struct LinearWeights {
     const floatX* weight[NUM_LINEAR_KINDS];
+    const floatX* head = nullptr;
 };
 
 // Scratch every recipe's linear backward needs: the bias gradient's partial sums (bias_backward), and
@@ -465,6 +481,70 @@ template <class R>
 inline void recipe_linear_backward(const R&, LinearId id, floatX*, float*, float*, const floatX*, const floatX*, const floatX*,
                                    const floatX*, int, int, int, cudaStream_t) {
     recipe_has_no_quantized_path(id, "recipe_linear_backward");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The LM head (the top of the file): logits = lnf wte^T, the weight tied to the token embedding; after
+// the classifier has overwritten the logits with dlogits, dwte += dlogits^T lnf and dlnf = dlogits wte.
+
+// The plain head: BF16 GEMMs, FP32 accumulation, the weight gradient accumulated in FP32
+inline void plain_head_forward(floatX* logits, const floatX* lnf, const floatX* wte, int rows, int C, int Vp,
+                               cudaStream_t stream) {
+    matmul(logits, wte, lnf, nullptr, Vp, rows, C, true, false, 1.0f, 0.0f, false, stream);
+}
+inline void plain_head_backward_dw(float* dwte, const floatX* dlogits, const floatX* lnf, int rows, int C, int Vp,
+                                   cudaStream_t stream) {
+    matmul(dwte, lnf, dlogits, nullptr, C, Vp, rows, false, true, 1.0f, 1.0f, true, stream);
+}
+inline void plain_head_backward_dx(floatX* dlnf, const floatX* dlogits, const floatX* wte, int rows, int C, int Vp,
+                                   cudaStream_t stream) {
+    matmul(dlnf, wte, dlogits, nullptr, C, rows, Vp, false, false, 1.0f, 0.0f, false, stream);
+}
+inline void plain_head_backward(float* dwte, floatX* dlnf, const floatX* dlogits, const floatX* lnf, const floatX* wte,
+                                int rows, int C, int Vp, cudaStream_t stream) {
+    plain_head_backward_dw(dwte, dlogits, lnf, rows, C, Vp, stream);
+    plain_head_backward_dx(dlnf, dlogits, wte, rows, C, Vp, stream);
+}
+
+// Where the classifier writes its dlogits a second time, as E5M2 codes of dlogit * scale (row-major, rows
+// x Vp, the padded columns' codes 0): rows null = not wanted
+struct HeadGradCodes {
+    uint8_t* rows = nullptr;
+    float scale = 1.0f;
+};
+
+template <class R>
+inline bool recipe_quantizes_head(const R&, int, int, int) { return false; }
+template <class R>
+inline HeadGradCodes recipe_head_grad_codes(R&, int, int, float, cudaStream_t) { return HeadGradCodes(); }
+template <class R>
+inline void recipe_head_forward(R&, floatX*, const floatX*, const floatX*, int, int, int, bool, cudaStream_t) {
+    fprintf(stderr, "error: the recipe quantizes the LM head but defines no recipe_head_forward\n");
+    exit(1);
+}
+template <class R>
+inline void recipe_head_backward(R&, float*, floatX*, const floatX*, const floatX*, const floatX*, int, int, int,
+                                 cudaStream_t) {
+    fprintf(stderr, "error: the recipe quantizes the LM head but defines no recipe_head_backward\n");
+    exit(1);
+}
+
+template <class R>
+inline void lm_head_forward(R& r, floatX* logits, const floatX* lnf, const floatX* wte, int rows, int C, int Vp,
+                            bool training, cudaStream_t stream) {
+    if (recipe_quantizes_head(r, rows, C, Vp)) recipe_head_forward(r, logits, lnf, wte, rows, C, Vp, training, stream);
+    else plain_head_forward(logits, lnf, wte, rows, C, Vp, stream);
+}
+template <class R>
+inline HeadGradCodes lm_head_grad_codes(R& r, int rows, int C, int Vp, float bound, cudaStream_t stream) {
+    if (!recipe_quantizes_head(r, rows, C, Vp)) return HeadGradCodes();
+    return recipe_head_grad_codes(r, rows, Vp, bound, stream);
+}
+template <class R>
+inline void lm_head_backward(R& r, float* dwte, floatX* dlnf, const floatX* dlogits, const floatX* lnf,
+                             const floatX* wte, int rows, int C, int Vp, cudaStream_t stream) {
+    if (recipe_quantizes_head(r, rows, C, Vp)) recipe_head_backward(r, dwte, dlnf, dlogits, lnf, wte, rows, C, Vp, stream);
+    else plain_head_backward(dwte, dlnf, dlogits, lnf, wte, rows, C, Vp, stream);
 }
 
 // LLMC_PROFILE=2 names each GEMM of the plain linear (profiler.h)

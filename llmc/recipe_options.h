@@ -108,6 +108,8 @@ struct RecipeContext {
     // TCFP-12 cuts its EF buffer the same way.
     int state_owner = 0;
     int state_owners = 1;
+    // the most rows the model runs its LM head over at once (its classifier chunk; 0: not given)
+    int head_rows = 0;
 };
 
 // The context of a run with seed -sd and recipe check -Q ("" = none)

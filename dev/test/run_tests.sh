@@ -50,8 +50,9 @@ suite build_flags "cpu q115 nvfp4" 0 ""
 # (every recipe's trainer: the trainer's own checks, and each recipe's checks of its flags)
 suite bad_input "cpu" 0 "$(printf 'train_gpt_%s ' "${MAKE_RECIPES[@]}")"
 for r in "${RECIPES[@]}"; do suite "gpt_$r" "gpu gpt $r" 1 "test_gpt_$r"; done
-# (the FP8 recipe's other scaling modes: the same binary, reference and tolerances, test_gpt --recipe "-fs MODE")
-for m in current block; do suite "gpt_fp8_$m" "gpu gpt fp8" 1 "test_gpt_fp8"; done
+# (the FP8 recipe's other scaling modes: the same binary, reference and tolerances, test_gpt --recipe "-fs MODE";
+# and its FP8 LM head, test_gpt --recipe "-flh 1")
+for m in current block head; do suite "gpt_fp8_$m" "gpu gpt fp8" 1 "test_gpt_fp8"; done
 for k in "${KERNELS[@]}"; do suite "kernel_$k" "gpu kernels $k" 1 "build/test_$k"; done
 for r in "${RESUME_RECIPES[@]}"; do
     other=train_gpt_bf16; [[ $r == bf16 ]] && other=train_gpt_fp8  # (resume_cli.sh resumes under another recipe too)
@@ -242,6 +243,7 @@ run_suite() { # $1 = id
             tail -n 20 "$tmp/cudnn_build.log"; echo "gpt_bf16_cudnn: test_gpt_bf16_cudnn did not build"; echo "gpt_bf16_cudnn: 0 passed, 1 failed"
         fi ;;
     gpt_fp8_current | gpt_fp8_block) ./test_gpt_fp8 "$REF" --recipe "-fs ${id#gpt_fp8_}" ;;
+    gpt_fp8_head) ./test_gpt_fp8 "$REF" --recipe "-flh 1" ;;
     gpt_*)
         r=${id#gpt_}
         if [[ $r == q115 ]]; then ./test_gpt_q115 "$REF_Q115" "$REF"; else ./test_gpt_"$r" "$REF"; fi ;;

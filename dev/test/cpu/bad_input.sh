@@ -77,6 +77,7 @@ case "$recipe" in
         expect_error "-fh without -fs delayed" "-fh 16: the amax history is delayed scaling's" "${base[@]}" -fs current -fh 16
         expect_error "-fm with -fs block" "-fm 2: the scale margin is delayed and current scaling's" "${base[@]}" -fs block -fm 2
         expect_error "-fp2 not 0/1" "-fp2 2: must be 0 or 1" "${base[@]}" -fs block -fp2 2
+        expect_error "-flh not 0/1" "-flh 2: must be 0 or 1" "${base[@]}" -flh 2
         expect_error "-lq without -o" "-lq 10: the telemetry goes to main.log" "${base[@]}" -lq 10 ;;
     nvfp4) expect_error "-rht not 0/1" "-rht 2: must be 0 or 1" "${base[@]}" -rht 2 ;;
     vcast) expect_error "vcast: unknown datatype" "mxfp9e9" "${base[@]}" -qw mxfp9e9 ;;

@@ -292,6 +292,18 @@ TEST_CASE("cli: the fp8 scaling flags: -fs delayed by default, -fbg and -fp2 onl
     CHECK_NOTHROW(checked_recipe("fp8", h, {"-fs", "delayed", "-fh", "16", "-fm", "1"}));
 }
 
+TEST_CASE("cli: -flh, the FP8 LM head: off by default, a switch, with every scaling mode") {
+    Fp8Options d;
+    CHECK(d.head == 0);
+    for (const char* mode : {"delayed", "current", "block"}) {
+        Fp8Options o;
+        CHECK_NOTHROW(checked_recipe("fp8", o, {"-fs", mode, "-flh", "1"}));
+        CHECK(o.head == 1);
+    }
+    const std::string msg = recipe_error<Fp8Options>("fp8", {"-flh", "2"});
+    CHECK_MESSAGE(contains(msg, "-flh 2: must be 0 or 1"), msg);
+}
+
 TEST_CASE("cli: the nvfp4 flags: RHT, stochastic rounding and Four Over Six on by default, switches") {
     Nvfp4Options d;
     CHECK(d.fp4_rht == 1);

@@ -4,7 +4,8 @@
 # Per mode: main.log names the mode; a run with a checkpoint every 5 steps, its step-20 checkpoint deleted and
 # resumed (-y 1), logs steps 15-19 again bit for bit; resuming its checkpoint under the default mode is refused,
 # naming -fs and -cr 1, and -cr 1 continues it; -lq 2 logs every quantized tensor at steps 0 and 2 in the
-# mode's format (block scaling: no per-tensor scale, the spread of the block scales instead).
+# mode's format (block scaling: no per-tensor scale, the spread of the block scales instead). Then the FP8 LM
+# head (-flh 1) the same way, below.
 set -u
 TRAINER=${1:?usage: fp8_modes.sh path/to/train_gpt_fp8}
 passed=0; failed=0
@@ -55,5 +56,24 @@ for mode in "current" "block" "block -fbg e5m2 -fp2 1"; do
             && ok "-fs $mode: under 1% of the values saturate under block scales" || bad "-fs $mode: saturated values: $(grep ' lq:' "$d.t/main.log" | head -n 2)"
     fi
 done
+# The FP8 LM head (-flh 1): main.log says so; its losses are not the BF16 head's (the FP8 GEMMs ran) but stay
+# within FP8's reach of them; a resume from its step-15 checkpoint logs steps 15-19 again bit for bit.
+d="$work/head"
+"$TRAINER" "${args[@]}" -flh 1 -o "$d" -n 5 > "$d.out" 2>&1 || bad "-flh 1: run failed: $(tail -n 2 "$d.out")"
+grep -q "^# fp8: .*LM head's forward and input gradient in FP8" "$d/main.log" && ok "-flh 1: main.log names the FP8 LM head" \
+    || bad "-flh 1: main.log lacks the FP8 LM head: $(grep '^# fp8' "$d/main.log")"
+"$TRAINER" "${args[@]}" -o "$d.bf16head" > "$d.bf16head.out" 2>&1 || bad "-flh 0: run failed: $(tail -n 2 "$d.bf16head.out")"
+l8=$(grep -E '^s:19 trl' "$d/main.log" | sed -E 's/.*trl:([0-9.]+).*/\1/')
+l16=$(grep -E '^s:19 trl' "$d.bf16head/main.log" | sed -E 's/.*trl:([0-9.]+).*/\1/')
+awk -v a="${l8:-x}" -v b="${l16:-y}" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a + 0 > 0 && a != b && d < 0.05 * b) }' \
+    && ok "-flh 1: step 19's loss $l8 differs from the BF16 head's $l16, by under 5%" \
+    || bad "-flh 1: step 19's loss '$l8' against the BF16 head's '$l16' (want different, within 5%)"
+rm -f "$d/DONE_00000020" "$d/model_00000020.bin" "$d/state_00000020_00000.bin"
+"$TRAINER" "${args[@]}" -flh 1 -o "$d" -y 1 > "$d.resume.out" 2>&1 || bad "-flh 1: resume failed: $(tail -n 2 "$d.resume.out")"
+want=$(grep -E '^s:(1[5-9]) trl' "$d/main.log" | head -n 5)
+got=$(grep -E '^s:(1[5-9]) trl' "$d/main.log" | tail -n 5)
+if [[ $(grep -cE '^s:(1[5-9]) trl' "$d/main.log") -eq 10 && "$want" == "$got" ]]; then
+    ok "-flh 1: resumed steps 15-19 log the same losses, norms and lr as before the interruption"
+else bad "-flh 1: resumed losses differ:"$'\n'"$want"$'\n'"---"$'\n'"$got"; fi
 echo "fp8 scaling modes: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

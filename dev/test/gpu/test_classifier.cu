@@ -4,11 +4,14 @@
 // 1,000 to 70,000, GPT-2's padded one among them. Both forms of the kernel where the row fits the staged one:
 // each against float64, and the two bit for bit against each other. Then their time at one d12 micro-step chunk
 // (8192 rows of 50,304 logits), with the bandwidth they reach (each logit read once from DRAM and written once).
+// With dlogit codes asked for (the FP8 LM head's input gradient), the codes must be the CPU codec's E5M2
+// encoding of each stored BF16 dlogit times the scale, bit for bit, in both forms, and the rest unchanged.
 // (Holding the row in registers, one read of it instead of two, gives the same bits but needs 63 registers x
 // 1024 threads, which leaves one CTA an SM where the two-pass kernel has two; the staged form holds the row in
 // shared memory instead, two CTAs an SM.)
 #include "dev/test/gpu/gpu_check.h"
 #include "llmc/fused_classifier.cuh"
+#include "llmc/formats/number_formats.h"
 #include <cmath>
 
 // an active boundary on the logits: the softmax reads 4 * clamp(x, -2, 2)
@@ -89,6 +92,40 @@ static void test_shape(int BT, int V, int Vp, std::mt19937& rng, const char* bd_
         check(memcmp(x_staged.data(), x.data(), n * sizeof(floatX)) == 0 && memcmp(loss_staged.data(), loss.data(), BT * sizeof(float)) == 0,
               "%s: the staged form's losses and %s bit for bit the unstaged form's", what, write ? "dlogits" : "logits");
     }
+    // the dlogits' E5M2 codes as well: the scale a power of two with |dlogit| <= dloss LOGIT_SCALE below E5M2's
+    // largest value (as the FP8 recipe picks it), and one that saturates the largest dlogits
+    uint8_t* d_codes = nullptr;
+    cudaCheck(cudaMalloc(&d_codes, n));
+    const float bound = dloss * Bd::LOGIT_SCALE;
+    for (float code_scale : {std::ldexp(1.0f, (int)std::floor(std::log2(57344.0f / bound))), 4.0f * 57344.0f / bound}) {
+        for (ClassifierForm form : {ClassifierForm::UNSTAGED, ClassifierForm::STAGED}) {
+            if (form == ClassifierForm::STAGED && !staged) continue;
+            cudaCheck(cudaMemcpy(d_x, logits.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemset(d_codes, 0x7F, n));
+            fused_classifier<Bd>(d_x, d_loss, d_t, dloss, BT, V, Vp, true, 0, form, d_codes, code_scale);
+            const std::vector<floatX> x = to_host(d_x, n);
+            std::vector<uint8_t> codes(n);
+            cudaCheck(cudaMemcpy(codes.data(), d_codes, n, cudaMemcpyDeviceToHost));
+            size_t bad = 0, saturated = 0, first_bad = n;
+            for (size_t i = 0; i < n; i++) {
+                const float v = bf2f(x[i]) * code_scale;
+                const uint8_t want = llmc::fp8e5m2_encode(v, llmc::Overflow::Saturate);
+                saturated += std::fabs(v) > 57344.0f;
+                if (codes[i] != want) { bad++; first_bad = std::min(first_bad, i); }
+            }
+            // (without codes, the same run's dlogits: the unstaged form's, which the staged form matches bit for bit)
+            std::vector<floatX> x_plain;
+            std::vector<float> loss_plain;
+            cudaCheck(cudaMemcpy(d_x, logits.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
+            fused_classifier<Bd>(d_x, d_loss, d_t, dloss, BT, V, Vp, true, 0, form);
+            x_plain = to_host(d_x, n);
+            check(bad == 0 && memcmp(x_plain.data(), x.data(), n * sizeof(floatX)) == 0,
+                  "%s BT=%d V=%d Vp=%d %s, scale %g: E5M2 codes of the dlogits bit for bit the CPU codec's (%zu differ, first at %zu; "
+                  "%zu saturated), the dlogits themselves as without codes", bd_name, BT, V, Vp,
+                  form == ClassifierForm::STAGED ? "staged" : "unstaged", code_scale, bad, first_bad, saturated);
+        }
+    }
+    cudaCheck(cudaFree(d_codes));
     cudaCheck(cudaFree(d_x));
     cudaCheck(cudaFree(d_t));
     cudaCheck(cudaFree(d_loss));

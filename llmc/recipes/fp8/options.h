@@ -22,6 +22,7 @@ struct Fp8Options : LayersKeptInBf16, TelemetryInterval {
     int scale_margin = 0;    // -fm: scale = FP8_MAX / max(amax history) / 2^margin (delayed and current)
     std::string block_grad_format = "e4m3"; // -fbg: the gradients' format under block scaling (e4m3 or e5m2)
     int pow2_scales = 0;     // -fp2: 1 = block scales rounded down to powers of two
+    int head = 0;            // -flh: 1 = the LM head's forward and input-gradient GEMMs in FP8
 };
 
 // -fs as its enum (check_recipe_options has refused anything else)
@@ -38,6 +39,7 @@ inline void append_recipe_flags(llmc::FlagTable& t, Fp8Options& o) {
     t.push_back({"-fm", K::Int, &o.scale_margin, "-fs delayed, current: scale margin, scale = FP8_MAX / amax / 2^margin"});
     t.push_back({"-fbg", K::Str, &o.block_grad_format, "-fs block: the gradients' format, e4m3 or e5m2"});
     t.push_back({"-fp2", K::Int, &o.pow2_scales, "-fs block: 1 = scales rounded down to powers of two"});
+    t.push_back({"-flh", K::Int, &o.head, "1 = the LM head's forward and input-gradient GEMMs in FP8 (any -fs)"});
     append_bf16_layer_flags(t, o);
     append_telemetry_flag(t, o);
 }
@@ -48,6 +50,7 @@ inline void check_recipe_options(const Fp8Options& o, bool has_output_dir) {
     if (o.block_grad_format != "e4m3" && o.block_grad_format != "e5m2")
         llmc::input_error("-fbg %s: the gradients' format must be e4m3 or e5m2", o.block_grad_format.c_str());
     check_switch("-fp2", o.pow2_scales);
+    check_switch("-flh", o.head);
     if (fp8_scaling_mode(o) != FP8_SCALING_BLOCK && (o.block_grad_format != "e4m3" || o.pow2_scales != 0))
         llmc::input_error("-fbg and -fp2 are block scaling's (-fs block); this run has -fs %s", o.scaling.c_str());
     // (a flag a mode does not read is refused, not ignored: a run asking for it would not get what it asked)

@@ -3,8 +3,8 @@
 //
 // Which GEMMs. The four linears of every transformer layer (qkv, attention projection, fc, fc
 // projection) run on Hopper's FP8 tensor cores, except in the first -sqf and last -sql layers,
-// which run the plain BF16 linear. Embeddings, the LM head, attention and the norms stay BF16, and
-// so do the master weights (FP32) and AdamW. Per linear, with x the input, W the weight and dy the
+// which run the plain BF16 linear. Embeddings, attention and the norms stay BF16, and so do the master
+// weights (FP32) and AdamW; the LM head too, unless -flh 1 (its own section below). Per linear, with x the input, W the weight and dy the
 // gradient of the output (N rows = tokens):
 //   forward   y  = x W^T          E4M3 x E4M3, fast accumulation, bias in the epilogue (the fc layer's
 //                                 GELU is applied by the fc projection's quantize pass)
@@ -137,7 +137,23 @@ struct Recipe {
     // (where cuBLASLt has no block-scaled GEMM with an FP32 output: the wgrad's BF16 product, added to the
     // FP32 gradient by a kernel of ours; allocated on that first need)
     floatX* wgrad_bf16 = nullptr;
+    // The LM head in FP8 (-flh 1; the section "the LM head" below)
+    struct {
+        bool on = false;
+        int rows = 0, Vp = 0;          // the most rows of one call; the padded vocabulary
+        uint8_t* w = nullptr;          // wte's E4M3 codes (Vp x C), then their transpose (C x Vp) at wt
+        uint8_t* wt = nullptr;
+        bool w_ready = false;          // w and wt hold the weights now in use
+        uint8_t* x = nullptr;          // one chunk of lnf as E4M3 codes (rows x C)
+        uint8_t* grad = nullptr;       // the chunk's dlogits as E5M2 codes (rows x Vp), written by the classifier
+        float* scales = nullptr;       // device, FP8_INV_STRIDE floats apart: w's s, 1/s; x's s, 1/s; grad's 1/s
+        uint32_t* amax = nullptr;      // device: w's, x's, and a slot the quantizers' own amax goes to
+        float grad_scale = 0.0f;       // the scale of the grad codes (host; 0 before the first)
+        bool grad_given = false;       // the classifier wrote this chunk's grad codes
+    } head;
 };
+// the head's scale slots (Recipe::head.scales)
+enum Fp8HeadScale { HEAD_W_S = 0, HEAD_W_INV = 4, HEAD_X_S = 8, HEAD_X_INV = 12, HEAD_GRAD_INV = 16, HEAD_SCALE_FLOATS = 20 };
 static const int FP8_SCALE_HIST_BINS = 256;
 
 // Whether tensor t's scale is known before the tensor exists: delayed scaling, once the tensor has a history.
@@ -153,7 +169,7 @@ inline int fp8_tensor(const Recipe& r, LinearId id, Fp8Role role) {
 inline int fp8_linear_index(LinearId id) { return id.layer * NUM_LINEAR_KINDS + id.kind; }
 
 inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& shape, int B, int T,
-                        const RecipeContext& = RecipeContext()) {
+                        const RecipeContext& context = RecipeContext()) {
     r.options = o;
     resolve_fp8_defaults(r.options);
     r.mode = fp8_scaling_mode(o);
@@ -198,6 +214,21 @@ inline void recipe_init(Recipe& r, const RecipeOptions& o, const ModelShape& sha
         r.fused_gemm = e[0] == '1';
     }
     if (r.mode != FP8_SCALING_DELAYED) r.fused_gemm = false; // (its epilogues quantize with a scale known in advance)
+    if (o.head) {
+        auto& h = r.head;
+        h.on = true;
+        h.rows = context.head_rows > 0 ? context.head_rows : B * T;
+        h.Vp = shape.padded_vocab_size;
+        const size_t wbytes = (size_t)h.Vp * r.C;
+        h.w = (uint8_t*)cuda_malloc_or_die(2 * wbytes, "fp8 LM head weights");
+        h.wt = h.w + wbytes;
+        h.x = (uint8_t*)cuda_malloc_or_die((size_t)h.rows * r.C, "fp8 LM head activations");
+        h.grad = (uint8_t*)cuda_malloc_or_die((size_t)h.rows * h.Vp, "fp8 LM head gradients");
+        h.scales = (float*)cuda_malloc_or_die(HEAD_SCALE_FLOATS * sizeof(float), "fp8 scales");
+        h.amax = (uint32_t*)cuda_malloc_or_die(4 * sizeof(uint32_t), "fp8 amax");
+        cudaCheck(cudaMemset(h.scales, 0, HEAD_SCALE_FLOATS * sizeof(float)));
+        cudaCheck(cudaMemset(h.amax, 0, 4 * sizeof(uint32_t)));
+    }
     if (r.mode == FP8_SCALING_BLOCK) {
         using namespace llmc;
         const size_t N = (size_t)B * T;
@@ -233,6 +264,7 @@ inline std::string recipe_describe(const Recipe& r) {
     if (r.mode == FP8_SCALING_BLOCK)
         scaling = strfmt("E4M3 forward / %s backward, block scaling (1x128 activations and gradients, 128x128 weights%s)",
                          fp8_block_grads_e5m2(o) ? "E5M2" : "E4M3", o.pow2_scales ? ", power-of-two scales" : "");
+    if (r.head.on) layers += ", the LM head's forward and input gradient in FP8";
     return strfmt("fp8: %s, %s, -sqf %d -sql %d, GELU' rounded to BF16%s", scaling.c_str(), layers.c_str(), o.skip_first,
                   o.skip_last,
                   r.fused_gemm && gemm_wgmma::available() ? "; the MLP's FP8 operands from the fc GEMM's and the fc projection dgrad's epilogues" : "");
@@ -328,8 +360,104 @@ inline uint32_t* fp8_scale_hist(const Recipe& r, int t) { return r.scale_hist + 
     exit(1);
 }
 
+// ---- the LM head (-flh 1) ------------------------------------------------------------------------
+// logits = lnf wte^T (rows x Vp, K = C) and the input gradient dlnf = dlogits wte (rows x C, K = Vp) run on
+// the FP8 tensor cores; the weight gradient dwte += dlogits^T lnf stays a BF16 GEMM (in FP8 it would need
+// the dlogits' codes transposed as well, a second pass over rows x Vp bytes per chunk).
+//   forward  logits = lnf wte^T     E4M3 x E4M3, fast accumulation (K = C, as the linears' forward)
+//   dgrad    dlnf   = dlogits wte   E5M2 x E4M3 (wte^T kept as a second copy), FP32 accumulation
+// Scales. wte: its own amax, once per optimizer step, when its codes are made (recipe_weights_changed); lnf:
+// the chunk's own amax, an extra read of rows x C BF16 values (small beside the rows x Vp logits). Neither
+// keeps a history: the head has no state to save or resume. dlogits: a fixed scale, known before they
+// exist, from their bound: every dlogit is (softmax - one-hot) dloss with |softmax - one-hot| <= 1, so
+// |dlogit| <= |dloss|, and the scale is the largest power of two s with |dloss| s <= E5M2's largest value:
+// nothing saturates, 1 / s is exact, and the classifier writes the codes as it writes the dlogits
+// (fused_classifier.cuh), with no pass of its own. The smallest dlogits (probabilities below about 2^-16 /
+// (s |dloss|) of the largest) flush to zero, a loss the sum over the vocabulary hardly sees.
+__global__ void fp8_set_value_kernel(float* p, float v) { *p = v; }
+
+// wte's E4M3 codes and their transpose, with a scale from its amax (every process alike: the weights are)
+inline void fp8_head_quantize_weights(Recipe& r, const floatX* wte, cudaStream_t st) {
+    auto& h = r.head;
+    cudaCheck(cudaMemsetAsync(h.amax, 0, sizeof(uint32_t), st));
+    tensor_amax(h.amax, wte, (long long)h.Vp * r.C, st);
+    fp8_scale_from_amax_kernel<<<1, 1, 0, st>>>(h.scales + HEAD_W_S, h.scales + HEAD_W_INV, h.amax, llmc::FP8_E4M3_MAX, 0);
+    cudaCheckLaunch();
+    fp8_quantize_transpose<Fp8Kind::E4M3>(h.w, h.wt, wte, h.Vp, r.C, h.scales + HEAD_W_S, h.amax + 2, Fp8Stats(), st);
+    h.w_ready = true;
+}
+
+inline bool recipe_quantizes_head(const Recipe& r, int rows, int C, int Vp) {
+    // (FP8 GEMMs want 16-byte leading dimensions: C and Vp bytes of codes, C and Vp BF16 outputs)
+    return r.head.on && rows <= r.head.rows && C == r.C && Vp == r.head.Vp && C % 16 == 0 && Vp % 16 == 0;
+}
+
+inline void recipe_head_forward(Recipe& r, floatX* logits, const floatX* lnf, const floatX* wte, int rows, int C, int Vp,
+                                bool training, cudaStream_t st) {
+    (void)training; // (the head's scales are the tensors' own: evaluation quantizes as training does, and keeps nothing)
+    auto& h = r.head;
+    r.pending_gelu_out.write(st); // (fp8_write_gelu_out, below)
+    if (!h.w_ready) fp8_head_quantize_weights(r, wte, st);
+    PHASE("fp8: head quantize");
+    const long long n = (long long)rows * C;
+    cudaCheck(cudaMemsetAsync(h.amax + 1, 0, sizeof(uint32_t), st));
+    tensor_amax(h.amax + 1, lnf, n, st);
+    fp8_scale_from_amax_kernel<<<1, 1, 0, st>>>(h.scales + HEAD_X_S, h.scales + HEAD_X_INV, h.amax + 1, llmc::FP8_E4M3_MAX, 0);
+    cudaCheckLaunch();
+    fp8_quantize<Fp8Kind::E4M3>(h.x, lnf, n, h.scales + HEAD_X_S, h.amax + 2, Fp8Stats(), st);
+    PHASE("fp8: head gemm forward");
+    const Fp8Operand a{h.w, CUDA_R_8F_E4M3, h.scales + HEAD_W_INV};
+    const Fp8Operand b{h.x, CUDA_R_8F_E4M3, h.scales + HEAD_X_INV};
+    if (!matmul_fp8(logits, false, a, b, nullptr, Vp, rows, C, 0.0f, true, st)) {
+        fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the LM head's forward (m=%d n=%d k=%d)\n", Vp, rows, C);
+        exit(1);
+    }
+}
+
+// bound: the largest |dlogit| there can be (train_gpt.cu: |dloss| times the logit scale)
+inline HeadGradCodes recipe_head_grad_codes(Recipe& r, int rows, int Vp, float bound, cudaStream_t st) {
+    (void)rows; (void)Vp;
+    auto& h = r.head;
+    h.grad_given = false;
+    if (!(bound > 0.0f) || !std::isfinite(bound)) return HeadGradCodes(); // (the BF16 input gradient then)
+    int e = 0;
+    frexpf(llmc::FP8_E5M2_MAX / bound, &e); // E5M2_MAX / bound = m 2^e, m in [0.5, 1): s = 2^(e-1) <= it
+    const float s = ldexpf(1.0f, e - 1);
+    if (!std::isfinite(s) || s == 0.0f) return HeadGradCodes();
+    if (s != h.grad_scale) {
+        fp8_set_value_kernel<<<1, 1, 0, st>>>(h.scales + HEAD_GRAD_INV, 1.0f / s);
+        cudaCheckLaunch();
+        h.grad_scale = s;
+    }
+    h.grad_given = true;
+    HeadGradCodes codes;
+    codes.rows = h.grad;
+    codes.scale = s;
+    return codes;
+}
+
+inline void recipe_head_backward(Recipe& r, float* dwte, floatX* dlnf, const floatX* dlogits, const floatX* lnf,
+                                 const floatX* wte, int rows, int C, int Vp, cudaStream_t st) {
+    auto& h = r.head;
+    plain_head_backward_dw(dwte, dlogits, lnf, rows, C, Vp, st);
+    if (!h.grad_given) {
+        plain_head_backward_dx(dlnf, dlogits, wte, rows, C, Vp, st);
+        return;
+    }
+    h.grad_given = false;
+    PHASE("fp8: head gemm dgrad");
+    const Fp8Operand a{h.wt, CUDA_R_8F_E4M3, h.scales + HEAD_W_INV};
+    const Fp8Operand b{h.grad, CUDA_R_8F_E5M2, h.scales + HEAD_GRAD_INV};
+    if (!matmul_fp8(dlnf, false, a, b, nullptr, C, rows, Vp, 0.0f, false, st)) {
+        fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the LM head's input gradient (m=%d n=%d k=%d)\n", C, rows, Vp);
+        exit(1);
+    }
+}
+
 // ---- the API ------------------------------------------------------------------------------------
 inline void recipe_weights_changed(Recipe& r, const LinearWeights& w, cudaStream_t st) {
+    r.head.w_ready = false;
+    if (r.head.on && w.head) fp8_head_quantize_weights(r, w.head, st);
     const int nl = r.num_linears;
     // the weights' amax and counts describe the weights now in use
     cudaCheck(cudaMemsetAsync(r.amax_now + FP8_W * nl, 0, nl * sizeof(uint32_t), st));
