@@ -23,10 +23,11 @@ three-recipe study's GPU time; dev/baselines/ holds BF16's). That is sound only 
 not changed since and repeats bit for bit: BF16 does (its runs repeat bit for bit across studies); a recipe
 that times its choices under -ga 1 need not.
 
-Runs sharing a GPU leave BF16 and FP8-hybrid bit for bit as they are alone.
-Recipes that time a choice when a shape is first seen (cuBLASLt algorithms and TCFP-12's GEMM form under -ga 1,
-the default) may choose differently when the GPU is shared; the runs are then as valid, but not bit for bit
-those of a lone run. Give -ga 0 in a recipe's flags for runs that repeat bit for bit.
+Every recipe times a choice when a shape is first seen under -ga 1, the default (cuBLASLt's algorithms, and
+TCFP-12's GEMM form), so a run on a shared GPU may choose differently from a lone run: it is then as valid, but
+not bit for bit the lone run. BF16 and FP8-hybrid runs sharing the GPU only with each other have chosen as they
+do alone; beside other work (a test suite) a BF16 run has not. Give -ga 0 in a recipe's flags for runs that
+repeat bit for bit wherever they run.
 
 --gpus 0,1 spreads the runs over several GPUs of one machine: --jobs runs at a time on each, every run started with
 CUDA_VISIBLE_DEVICES set to the GPU of the slot it took (its status.json records it), so a two-GPU machine
