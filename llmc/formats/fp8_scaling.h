@@ -37,6 +37,18 @@ LLMC_HD inline float fp8_delayed_scale(float amax, float fp8_max, int margin, fl
     return s;
 }
 
+// A scale fixed in advance by a bound on the tensor's values (the FP8 LM head's dlogits: |dlogit| <= |dloss|):
+// the largest power of two s with bound * s <= fp8_max, so that nothing saturates and 1 / s is exact. 0 where
+// the bound is not a positive finite float or s would not be a normal float (then there is no such scale).
+LLMC_HD inline float fp8_bound_scale(float bound, float fp8_max) {
+    if (!(bound > 0.0f) || !(bound <= 3.4028235e38f)) return 0.0f;
+    const float q = rn_div(fp8_max, bound);
+    if (!(q >= 1.1754944e-38f) || !(q <= 3.4028235e38f)) return 0.0f; // (s would be subnormal or inf)
+    float s = bits_float(float_bits(q) & 0x7F800000u);                 // the power of two at or below q
+    if (s * bound > fp8_max) s *= 0.5f; // q rounded up past the true quotient (s * bound is exact: s is 2^k)
+    return s >= 1.1754944e-38f ? s : 0.0f;
+}
+
 // One tensor's history update at the end of an optimizer step: store this step's amax at slot
 // `step % H` of the ring buffer, reset the running amax, and derive the next scale from the max of
 // the whole window. `steps` is the number of steps pushed before this one. NaN amaxes are stored

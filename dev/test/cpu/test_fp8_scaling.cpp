@@ -32,6 +32,28 @@ TEST_CASE("fp8 scaling: scale = FP8_MAX / amax / 2^margin") {
     CHECK(fp8_delayed_scale(1e-40f, 448.0f, 0, prev) == prev);
 }
 
+TEST_CASE("fp8 scaling: a scale from a bound is the largest power of two that keeps bound * s <= FP8_MAX") {
+    using namespace llmc;
+    // dloss of the loss protocol's step (1 / 8192), of d12's B = 64 steps (1 / 524288), and others, both formats
+    for (float fp8_max : {FP8_E5M2_MAX, FP8_E4M3_MAX}) {
+        for (float bound : {1.0f / 8192, 1.0f / 524288, 1e-3f, 0.7f, 1.0f, 3.0f, 57344.0f, 1e6f, 1e-30f,
+                            1.75f * std::ldexp(1.0f, -15), 3.5f, 448.0f / 3.0f}) {
+            const float s = fp8_bound_scale(bound, fp8_max);
+            CAPTURE(bound);
+            CAPTURE(fp8_max);
+            REQUIRE(s > 0.0f);
+            CHECK((float_bits(s) & 0x007FFFFFu) == 0u);                     // a power of two
+            CHECK((double)s * bound <= fp8_max);                              // nothing saturates
+            CHECK(2.0 * s * bound > fp8_max);                                 // and no smaller than it needs to be
+            CHECK(fp8_inverse(s) * s == 1.0f);                                // 1 / s exact
+        }
+    }
+    CHECK(fp8_bound_scale(1.75f * std::ldexp(1.0f, -15), FP8_E5M2_MAX) == std::ldexp(1.0f, 30)); // bound * s = 57344 exactly
+    // no scale: a bound that is not positive and finite, or one so small that s would not be finite
+    for (float bad : {0.0f, -0.0f, -1.0f, INFINITY, -INFINITY, NAN, 1e-40f})
+        CHECK(fp8_bound_scale(bad, FP8_E5M2_MAX) == 0.0f);
+}
+
 TEST_CASE("fp8 scaling: the history is a ring buffer; the scale follows its maximum") {
     const int H = 3;
     std::vector<float> hist(H, 0.0f);

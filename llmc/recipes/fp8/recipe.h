@@ -372,8 +372,9 @@ inline uint32_t* fp8_scale_hist(const Recipe& r, int t) { return r.scale_hist + 
 // exist, from their bound: every dlogit is (softmax - one-hot) dloss with |softmax - one-hot| <= 1, so
 // |dlogit| <= |dloss|, and the scale is the largest power of two s with |dloss| s <= E5M2's largest value:
 // nothing saturates, 1 / s is exact, and the classifier writes the codes as it writes the dlogits
-// (fused_classifier.cuh), with no pass of its own. The smallest dlogits (probabilities below about 2^-16 /
-// (s |dloss|) of the largest) flush to zero, a loss the sum over the vocabulary hardly sees.
+// (fused_classifier.cuh), with no pass of its own. A dlogit with |dlogit| s below 2^-17 (half E5M2's smallest
+// subnormal) flushes to zero: probabilities below 2^-17 / (|dloss| s), at most 2.7e-10 (|dloss| s > 57344 / 2),
+// a loss the sum over the vocabulary hardly sees.
 __global__ void fp8_set_value_kernel(float* p, float v) { *p = v; }
 
 // wte's E4M3 codes and their transpose, with a scale from its amax (every process alike: the weights are)
@@ -419,11 +420,8 @@ inline HeadGradCodes recipe_head_grad_codes(Recipe& r, int rows, int Vp, float b
     (void)rows; (void)Vp;
     auto& h = r.head;
     h.grad_given = false;
-    if (!(bound > 0.0f) || !std::isfinite(bound)) return HeadGradCodes(); // (the BF16 input gradient then)
-    int e = 0;
-    frexpf(llmc::FP8_E5M2_MAX / bound, &e); // E5M2_MAX / bound = m 2^e, m in [0.5, 1): s = 2^(e-1) <= it
-    const float s = ldexpf(1.0f, e - 1);
-    if (!std::isfinite(s) || s == 0.0f) return HeadGradCodes();
+    const float s = llmc::fp8_bound_scale(bound, llmc::FP8_E5M2_MAX);
+    if (s == 0.0f) return HeadGradCodes(); // (no such scale: the BF16 input gradient then)
     if (s != h.grad_scale) {
         fp8_set_value_kernel<<<1, 1, 0, st>>>(h.scales + HEAD_GRAD_INV, 1.0f / s);
         cudaCheckLaunch();
