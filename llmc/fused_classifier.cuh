@@ -14,9 +14,9 @@
 // are the boundary's values (for evaluation, tests and sampling).
 #pragma once
 #include <type_traits>
-#include <cuda_fp8.h>
 #include "cuda_common.h"
 #include "boundaries.h"
+#include "formats/fp8_quantize.cuh" // fp8_pack2: the codes the quantize pass would make
 
 // Each thread reads 16 bytes (8 BF16 / 4 FP32 logits) at a time; Vp is a multiple of 128, so every
 // row starts 16-byte aligned. Columns >= V are padding: skipped in the softmax, given gradient 0.
@@ -108,11 +108,8 @@ fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float
             uint32_t word[2];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(
-                    make_float2((float)v[4 * h] * code_scale, (float)v[4 * h + 1] * code_scale), __NV_SATFINITE, __NV_E5M2);
-                const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
-                    make_float2((float)v[4 * h + 2] * code_scale, (float)v[4 * h + 3] * code_scale), __NV_SATFINITE, __NV_E5M2);
-                word[h] = (uint32_t)lo | ((uint32_t)hi << 16);
+                auto pack = [&](int k) { return (uint32_t)fp8_pack2<Fp8Kind::E5M2>((float)v[k] * code_scale, (float)v[k + 1] * code_scale); };
+                word[h] = pack(4 * h) | (pack(4 * h + 2) << 16);
             }
             reinterpret_cast<uint2*>(codes + row * Vp)[j] = make_uint2(word[0], word[1]);
         }

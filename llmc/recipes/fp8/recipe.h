@@ -377,6 +377,15 @@ inline uint32_t* fp8_scale_hist(const Recipe& r, int t) { return r.scale_hist + 
 // a loss the sum over the vocabulary hardly sees.
 __global__ void fp8_set_value_kernel(float* p, float v) { *p = v; }
 
+// d = a^T b (m x n, column-major) for one of the head's GEMMs, or a clear stop where cuBLASLt has none
+inline void fp8_head_gemm(void* d, bool d_fp32, Fp8Operand a, Fp8Operand b, int m, int n, int k, float beta, bool fast_accum,
+                          const char* what, cudaStream_t st) {
+    if (!matmul_fp8(d, d_fp32, a, b, nullptr, m, n, k, beta, fast_accum, st)) {
+        fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the LM head's %s (m=%d n=%d k=%d)\n", what, m, n, k);
+        exit(1);
+    }
+}
+
 // wte's E4M3 codes and their transpose, with a scale from its amax (every process alike: the weights are)
 inline void fp8_head_quantize_weights(Recipe& r, const floatX* wte, cudaStream_t st) {
     auto& h = r.head;
@@ -407,12 +416,8 @@ inline void recipe_head_forward(Recipe& r, floatX* logits, const floatX* lnf, co
     cudaCheckLaunch();
     fp8_quantize<Fp8Kind::E4M3>(h.x, lnf, n, h.scales + HEAD_X_S, h.amax + 2, Fp8Stats(), st);
     PHASE("fp8: head gemm forward");
-    const Fp8Operand a{h.w, CUDA_R_8F_E4M3, h.scales + HEAD_W_INV};
-    const Fp8Operand b{h.x, CUDA_R_8F_E4M3, h.scales + HEAD_X_INV};
-    if (!matmul_fp8(logits, false, a, b, nullptr, Vp, rows, C, 0.0f, true, st)) {
-        fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the LM head's forward (m=%d n=%d k=%d)\n", Vp, rows, C);
-        exit(1);
-    }
+    fp8_head_gemm(logits, false, {h.w, CUDA_R_8F_E4M3, h.scales + HEAD_W_INV}, {h.x, CUDA_R_8F_E4M3, h.scales + HEAD_X_INV},
+                  Vp, rows, C, 0.0f, true, "forward", st);
 }
 
 // bound: the largest |dlogit| there can be (train_gpt.cu: |dloss| times the logit scale)
@@ -444,12 +449,8 @@ inline void recipe_head_backward(Recipe& r, float* dwte, floatX* dlnf, const flo
     }
     h.grad_given = false;
     PHASE("fp8: head gemm dgrad");
-    const Fp8Operand a{h.wt, CUDA_R_8F_E4M3, h.scales + HEAD_W_INV};
-    const Fp8Operand b{h.grad, CUDA_R_8F_E5M2, h.scales + HEAD_GRAD_INV};
-    if (!matmul_fp8(dlnf, false, a, b, nullptr, C, rows, Vp, 0.0f, false, st)) {
-        fprintf(stderr, "error: cuBLASLt has no FP8 GEMM for the LM head's input gradient (m=%d n=%d k=%d)\n", C, rows, Vp);
-        exit(1);
-    }
+    fp8_head_gemm(dlnf, false, {h.wt, CUDA_R_8F_E4M3, h.scales + HEAD_W_INV}, {h.grad, CUDA_R_8F_E5M2, h.scales + HEAD_GRAD_INV},
+                  C, rows, Vp, 0.0f, false, "input gradient", st);
 }
 
 // ---- the API ------------------------------------------------------------------------------------
