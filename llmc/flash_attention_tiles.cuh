@@ -59,13 +59,6 @@ __device__ __forceinline__ void mma_16816_x2(float (&acc)[N][4], int n, const ui
     mma_16816(acc[n + 1], a, b[2], b[3]);
 }
 
-// 2^x, the same instruction in every build (fast-math or not); 2^-inf = 0
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
 // two floats -> bf16x2 (round to nearest even), lo in the low half
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

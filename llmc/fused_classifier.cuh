@@ -27,17 +27,24 @@ __device__ __forceinline__ float classifier_logit(float x) {
 }
 
 // Two forms of one kernel (one block of 1024 threads a row; thread t takes the row's 16-byte vectors t,
-// t + 1024, ...): the softmax pass reads the row, the gradient pass reads it again and overwrites it.
+// t + 1024, ...): three passes over the row, each in the same order: its maximum m, then
+// s = sum_i e^(z_i - m) and lse = m + ln s, then the gradient, which overwrites the row.
 //   STAGED:  each thread first copies its vectors into shared memory (cp.async, all of them in flight at
-//            once) and both passes read them from there: the row comes from DRAM once, and the first pass
-//            does not wait on one global load after another. Two CTAs an SM need 2 x (row + ~1 KB) of
-//            shared memory and at most 32 registers a thread (__launch_bounds__ below).
-//   unstaged: both passes read the row from global memory (the second mostly from L2), for rows too long
+//            once) and the passes read them from there: the row comes from DRAM once, and no pass waits on
+//            one global load after another. Two CTAs an SM need 2 x (row + ~1 KB) of shared memory and at
+//            most 32 registers a thread (__launch_bounds__ below).
+//   unstaged: the passes read the row from global memory (the later ones mostly from L2), for rows too long
 //            for that (CLASSIFIER_STAGED_MAX_BYTES).
 // The two compute the same values in the same order, so they agree bit for bit (build/test_classifier).
 // Every thread reads back only the vectors it copied itself, so the staged form needs no barrier for them.
+// The kernel is bound by its instructions as much as by its bytes (50,257 exponentials a row, twice), so
+// each exponential is e^(z - c) = 2^(z log2(e) - c log2(e)): one FMA and one MUFU.EX2 (fast_exp2). The
+// maximum is taken first, in a pass of its own, rather than online (which rescales the running sum, with
+// a branch, whenever the maximum grows). Only the vector holding column V - 1 and the padding vectors
+// after it test each column against V.
 constexpr int CLASSIFIER_THREADS = 1024;
 constexpr int CLASSIFIER_STAGED_MAX_BYTES = 112 * 1024; // two CTAs of an SM's 228 KB (GPT-2's row: 100,608)
+constexpr float CLASSIFIER_LOG2E = 1.4426950408889634f;
 
 template <class Bd, bool STAGED, bool CODES>
 __global__ void __launch_bounds__(CLASSIFIER_THREADS, 2)
@@ -49,6 +56,7 @@ fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float
     long long row = blockIdx.x;
     floatX* x = logits + row * Vp;
     const int num_vec = Vp / PER;
+    const int full_vec = V / PER; // vectors 0 .. full_vec - 1 hold real columns only
     const uint4* row_vec = reinterpret_cast<const uint4*>(x);
     if constexpr (STAGED) {
         for (int j = threadIdx.x; j < num_vec; j += blockDim.x) cp_async16(staged_row + j, row_vec + j, true);
@@ -59,23 +67,42 @@ fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float
         if constexpr (STAGED) return staged_row[j];
         else return row_vec[j];
     };
-    // pass 1: online max and sum of exponentials (each thread its own, then merged)
-    float m = -INFINITY, s = 0.0f;
-    for (int j = threadIdx.x; j < num_vec; j += blockDim.x) {
+    // the PER values z = classifier_logit(logit) of vector j
+    auto values = [&](int j, float (&z)[PER]) {
         uint4 packed = vec(j);
         const floatX* v = reinterpret_cast<const floatX*>(&packed);
 #pragma unroll
-        for (int k = 0; k < PER; k++) {
-            if (j * PER + k >= V) break;
-            float val = classifier_logit<Bd>((float)v[k]);
-            if (val > m) { s = s * expf(m - val) + 1.0f; m = val; }
-            else s += expf(val - m);
+        for (int k = 0; k < PER; k++) z[k] = classifier_logit<Bd>((float)v[k]);
+    };
+    // pass 1: the maximum over the real columns
+    // (each pass calls `each` with a compile-time flag: whether vector j needs its columns tested against V)
+    auto for_my_vectors = [&](auto each) {
+        for (int j = threadIdx.x; j < num_vec; j += blockDim.x) {
+            if (j < full_vec) each(j, std::false_type());
+            else each(j, std::true_type());
         }
-    }
-    float block_m = block_max(m);
-    s = (m == -INFINITY) ? 0.0f : s * expf(m - block_m);
-    float block_s = block_sum(s);
-    float lse = block_m + logf(block_s);
+    };
+    float m = -INFINITY;
+    for_my_vectors([&](int j, auto tested) {
+        float z[PER];
+        values(j, z);
+#pragma unroll
+        for (int k = 0; k < PER; k++)
+            if (!decltype(tested)::value || j * PER + k < V) m = fmaxf(m, z[k]);
+    });
+    const float block_m = block_max(m);
+    // pass 2: the sum of exponentials, in units of e^block_m (a row of -inf: s = 0, lse = -inf)
+    const float m_log2 = block_m == -INFINITY ? 0.0f : block_m * CLASSIFIER_LOG2E;
+    float s = 0.0f;
+    for_my_vectors([&](int j, auto tested) {
+        float z[PER];
+        values(j, z);
+#pragma unroll
+        for (int k = 0; k < PER; k++)
+            if (!decltype(tested)::value || j * PER + k < V) s += fast_exp2(fmaf(z[k], CLASSIFIER_LOG2E, -m_log2));
+    });
+    const float block_s = block_sum(s);
+    const float lse = block_m + logf(block_s);
     int y = targets[row];
     if (threadIdx.x == 0) losses[row] = lse - classifier_logit<Bd>((float)x[y]);
     if (!write_dlogits) {
@@ -92,15 +119,21 @@ fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float
         return;
     }
     __syncthreads(); // everyone has read x[y] before it is overwritten
-    // pass 2: gradient, written in place
-    for (int j = threadIdx.x; j < num_vec; j += blockDim.x) {
-        uint4 packed = vec(j);
+    // pass 3: gradient, written in place: (e^(z - lse) - [i == y]) * dloss * LOGIT_SCALE, 0 past V
+    const float lse_log2 = lse * CLASSIFIER_LOG2E;
+    const float grad_scale = dloss * Bd::LOGIT_SCALE;
+    const int y_vec = y / PER;
+    for_my_vectors([&](int j, auto tested) {
+        float z[PER];
+        values(j, z);
+        const int y_k = j == y_vec ? y - j * PER : -1; // the target's place in this vector, if here
+        uint4 packed;
         floatX* v = reinterpret_cast<floatX*>(&packed);
 #pragma unroll
         for (int k = 0; k < PER; k++) {
-            int i = j * PER + k;
             float g = 0.0f;
-            if (i < V) g = (expf(classifier_logit<Bd>((float)v[k]) - lse) - (i == y ? 1.0f : 0.0f)) * (dloss * Bd::LOGIT_SCALE);
+            if (!decltype(tested)::value || j * PER + k < V)
+                g = (fast_exp2(fmaf(z[k], CLASSIFIER_LOG2E, -lse_log2)) - (k == y_k ? 1.0f : 0.0f)) * grad_scale;
             v[k] = (floatX)g;
         }
         reinterpret_cast<uint4*>(x)[j] = packed;
@@ -113,7 +146,7 @@ fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float
             }
             reinterpret_cast<uint2*>(codes + row * Vp)[j] = make_uint2(word[0], word[1]);
         }
-    }
+    });
 }
 
 // Which form runs: the staged one where the row fits (AUTO), or either one (tests, timing)

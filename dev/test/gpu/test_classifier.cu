@@ -139,7 +139,7 @@ static void time_chunk(int BT, int V, int Vp, std::mt19937& rng) {
     int* d_t = to_device(targets);
     float* d_loss = to_device(std::vector<float>(BT, 0.0f));
     // (each run overwrites the logits with their gradient, which the next run reads as logits: same cost)
-    const double gb = 2.0 * n * sizeof(floatX) / 1e9; // read once from DRAM (the unstaged form's second pass mostly from L2), written once
+    const double gb = 2.0 * n * sizeof(floatX) / 1e9; // read once from DRAM (the unstaged form's later passes mostly from L2), written once
     for (ClassifierForm form : {ClassifierForm::UNSTAGED, ClassifierForm::STAGED}) {
         const double ms = median_ms([&] { fused_classifier(d_x, d_loss, d_t, 1.0f / BT, BT, V, Vp, true, 0, form); });
         printf("  timing BT=%d Vp=%d, %s: %.4f ms (%.0f GB/s)\n", BT, Vp, form == ClassifierForm::STAGED ? "staged" : "unstaged",
