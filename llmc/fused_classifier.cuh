@@ -38,13 +38,25 @@ __device__ __forceinline__ float classifier_logit(float x) {
 // The two compute the same values in the same order, so they agree bit for bit (build/test_classifier).
 // Every thread reads back only the vectors it copied itself, so the staged form needs no barrier for them.
 // The kernel is bound by its instructions as much as by its bytes (50,257 exponentials a row, twice), so
-// each exponential is e^(z - c) = 2^(z log2(e) - c log2(e)): one FMA and one MUFU.EX2 (fast_exp2). The
+// each exponential is e^(z - c) = 2^(z log2(e) - c log2(e)): one FMA and one MUFU.EX2 (classifier_exp). The
 // maximum is taken first, in a pass of its own, rather than online (which rescales the running sum, with
 // a branch, whenever the maximum grows). Only the vector holding column V - 1 and the padding vectors
 // after it test each column against V.
 constexpr int CLASSIFIER_THREADS = 1024;
 constexpr int CLASSIFIER_STAGED_MAX_BYTES = 112 * 1024; // two CTAs of an SM's 228 KB (GPT-2's row: 100,608)
 constexpr float CLASSIFIER_LOG2E = 1.4426950408889634f;
+
+// e^(z - c), c_log2 = c log2(e): one FMA and one MUFU.EX2. The FP32 reference build (ENABLE_FP32, compiled without
+// fast math) keeps expf's accuracy instead.
+__device__ __forceinline__ float classifier_exp(float z, float c, float c_log2) {
+#if defined(ENABLE_FP32)
+    (void)c_log2;
+    return expf(z - c);
+#else
+    (void)c;
+    return fast_exp2(fmaf(z, CLASSIFIER_LOG2E, -c_log2));
+#endif
+}
 
 template <class Bd, bool STAGED, bool CODES>
 __global__ void __launch_bounds__(CLASSIFIER_THREADS, 2)
@@ -92,14 +104,15 @@ fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float
     });
     const float block_m = block_max(m);
     // pass 2: the sum of exponentials, in units of e^block_m (a row of -inf: s = 0, lse = -inf)
-    const float m_log2 = block_m == -INFINITY ? 0.0f : block_m * CLASSIFIER_LOG2E;
+    const float m_safe = block_m == -INFINITY ? 0.0f : block_m;
+    const float m_log2 = m_safe * CLASSIFIER_LOG2E;
     float s = 0.0f;
     for_my_vectors([&](int j, auto tested) {
         float z[PER];
         values(j, z);
 #pragma unroll
         for (int k = 0; k < PER; k++)
-            if (!decltype(tested)::value || j * PER + k < V) s += fast_exp2(fmaf(z[k], CLASSIFIER_LOG2E, -m_log2));
+            if (!decltype(tested)::value || j * PER + k < V) s += classifier_exp(z[k], m_safe, m_log2);
     });
     const float block_s = block_sum(s);
     const float lse = block_m + logf(block_s);
@@ -133,7 +146,7 @@ fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float
         for (int k = 0; k < PER; k++) {
             float g = 0.0f;
             if (!decltype(tested)::value || j * PER + k < V)
-                g = (fast_exp2(fmaf(z[k], CLASSIFIER_LOG2E, -lse_log2)) - (k == y_k ? 1.0f : 0.0f)) * grad_scale;
+                g = (classifier_exp(z[k], lse, lse_log2) - (k == y_k ? 1.0f : 0.0f)) * grad_scale;
             v[k] = (floatX)g;
         }
         reinterpret_cast<uint4*>(x)[j] = packed;
