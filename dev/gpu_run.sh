@@ -20,7 +20,11 @@ RECIPES=${RECIPES:-bf16 fp8 nvfp4}
 LOSS_STEPS=${LOSS_STEPS:-0}
 LQ=${LQ:-100}
 BENCH_SIZES=${BENCH_SIZES-d12}
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader; date -u
+if ! nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null; then
+    echo "error: gpu_run.sh needs an NVIDIA GPU and its driver (nvidia-smi found none); without one, make test runs the CPU tests" >&2
+    exit 1
+fi
+date -u
 echo "== build"; time make -j"$(nproc)" ${BUILD_TARGETS:-all} > "$DIR/build.log" 2>&1 || { tail -30 "$DIR/build.log"; exit 1; }
 python3 dev/data/tinyshakespeare.py > "$DIR/data.log" 2>&1 || tail -3 "$DIR/data.log"
 if [[ "${TESTS:-1}" == 1 ]]; then

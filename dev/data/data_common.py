@@ -88,8 +88,14 @@ def get_gpt2_encoding(data_dir=None, quiet=False):
                 print(f"GPT-2 BPE from {d}")
             break
     else:
+        dirs = candidate_dirs(data_dir)
         print("encoder.json/vocab.bpe not found locally; asking tiktoken to download GPT-2's BPE")
-        enc = tiktoken.get_encoding("gpt2")
+        try:
+            enc = tiktoken.get_encoding("gpt2")
+        except Exception as e:  # offline: one line that says where to put the files, not a traceback
+            reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+            sys.exit(f"error: GPT-2's encoder.json and vocab.bpe are in none of {dirs}, and downloading them failed "
+                     f"({reason}); put them in a folder and pass --data-dir DIR or set LLMC_SHARED_DATA=DIR")
     if enc.n_vocab != GPT2_VOCAB or enc.eot_token != GPT2_EOT:
         sys.exit(f"error: unexpected GPT-2 encoding (vocab {enc.n_vocab}, eot {enc.eot_token})")
     return enc

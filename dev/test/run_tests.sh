@@ -206,7 +206,8 @@ run_suite() { # $1 = id
         for t in dev/bench/test_bench.py dev/test/cpu/test_plot_logs.py dev/test/cpu/test_loss_seeds.py \
                  dev/test/cpu/test_gpu_coredump.py dev/bench/test_sass_counts.py dev/bench/test_scaling_report.py \
                  dev/bench/test_kernel_table.py dev/bench/test_trace_gaps.py dev/test/cpu/test_export_hf.py \
-                 dev/test/cpu/test_fineweb_edu.py dev/test/cpu/test_resume_loop.py dev/test/cpu/test_hellaswag.py; do
+                 dev/test/cpu/test_fineweb_edu.py dev/test/cpu/test_resume_loop.py dev/test/cpu/test_hellaswag.py \
+                 dev/test/cpu/test_data_common.py; do
             python3 "$t" > "$tmp/py_one.log" 2>&1; rc=$?
             n=$(grep -oE '^Ran [0-9]+ test' "$tmp/py_one.log" | grep -oE '[0-9]+' || echo 0)
             if [[ $rc -eq 0 ]]; then echo "[PASS] $t: $n tests"; p=$((p + n))
