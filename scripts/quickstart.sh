@@ -6,6 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RECIPE=${RECIPE:-bf16}
+recipes=$(make -s print-recipes)
+if [[ " $recipes " != *" $RECIPE "* ]]; then
+    echo "error: RECIPE=$RECIPE is not a recipe; the recipes: $recipes" >&2
+    exit 1
+fi
 python3 -c "import numpy, tiktoken" 2>/dev/null || python3 -m pip install -q numpy tiktoken
 if [[ ! -f dev/data/tinyshakespeare/tiny_shakespeare_train.bin || ! -f dev/data/gpt2_tokenizer.bin ]]; then
     python3 dev/data/tinyshakespeare.py

@@ -3,7 +3,7 @@
 The fake trainer records its arguments, one line per run, and fails (exit 3) on its first FAILS runs, then
 exits 0. The loop must rerun it with -y 1 appended after a failure, exit 0 once it succeeds, give up with
 the trainer's status after MAX_RESTARTS restarts, and stop on SIGTERM without restarting. The run scripts
-must all go through the loop.
+must all go through the loop; scripts/quickstart.sh refuses an unknown RECIPE.
 """
 import glob
 import os
@@ -140,6 +140,18 @@ class ResumeLoop(unittest.TestCase):
             self.assertIn(' "${hellaswag[@]}" "$@"', text, s)
             r = subprocess.run(["bash", "-n", s], capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, f"{s}: {r.stderr}")
+
+    def test_quickstart_refuses_an_unknown_recipe(self):
+        # before installing, tokenizing or building anything: one line that lists the recipes
+        r = subprocess.run(["bash", os.path.join(REPO, "scripts", "quickstart.sh")], capture_output=True, text=True,
+                           env={**os.environ, "RECIPE": "bogus"}, timeout=60)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertTrue(lines[0].startswith("error: RECIPE=bogus is not a recipe; the recipes: "), lines[0])
+        for recipe in ("bf16", "fp8", "nvfp4"):
+            self.assertIn(f" {recipe}", lines[0])
+        self.assertEqual(r.stdout, "")
 
     def test_setup_run(self):
         # sourced from a script in a stand-in checkout: it moves to the checkout's root, and sets launch from NPROC
