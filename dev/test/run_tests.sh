@@ -315,6 +315,16 @@ build_flag_checks() {
     else
         echo "[FAIL] Q1.15 with cuDNN builds"; f=$((f + 1))
     fi
+    # the FP8 recipes stop a build for a GPU without FP8 tensor cores (before sm_89) with their #error
+    for t in fp8 tcfp12; do
+        out=$("$nvcc_bin" -E -x cu -I. -gencode arch=compute_80,code=sm_80 -DRECIPE_HEADER="\"llmc/recipes/$t/recipe.h\"" \
+              train_gpt.cu -o /dev/null 2>&1); rc=$?
+        if [[ $rc -ne 0 ]] && grep -q "the $t recipe needs an sm_89 or newer GPU" <<<"$out"; then
+            echo "[PASS] the $t recipe built for sm_80 stops with its #error"; p=$((p + 1))
+        else
+            echo "[FAIL] the $t recipe builds for sm_80"; f=$((f + 1))
+        fi
+    done
     echo "build flags: $p passed, $f failed"
 }
 

@@ -26,6 +26,11 @@
 // Telemetry (-lq N): every N steps, one main.log line per quantized tensor with the step's amax,
 // the scale it was quantized with, and the fractions of values saturated and flushed to zero.
 #pragma once
+// FP8 tensor-core GEMMs and the E4M3 / E5M2 conversions exist from sm_89 (Ada) on: a build for an older GPU stops
+// here, not at run time
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#error "the fp8 recipe needs an sm_89 or newer GPU: build with GPU_ARCH=sm_89, sm_90a (the default) or newer"
+#endif
 #include <vector>
 #include "llmc/recipe_api.h"
 #include "options.h"

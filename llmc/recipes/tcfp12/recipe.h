@@ -60,6 +60,11 @@
 // the fraction of zero W_lo codes, the relative split error ||EF'|| / ||W_eff||, saturation) and
 // for x and dy the amax, scale, saturated and flushed-to-zero fractions.
 #pragma once
+// FP8 tensor-core GEMMs and the E4M3 / E5M2 conversions exist from sm_89 (Ada) on: a build for an older GPU stops
+// here, not at run time
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#error "the tcfp12 recipe needs an sm_89 or newer GPU: build with GPU_ARCH=sm_89, sm_90a (the default) or newer"
+#endif
 #include <cmath>
 #include <vector>
 #include "llmc/recipe_api.h"
