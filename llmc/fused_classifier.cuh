@@ -86,14 +86,15 @@ fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float
 #pragma unroll
         for (int k = 0; k < PER; k++) z[k] = classifier_logit<Bd>((float)v[k]);
     };
-    // pass 1: the maximum over the real columns
-    // (each pass calls `each` with a compile-time flag: whether vector j needs its columns tested against V)
+    // each pass calls `each` on this thread's vectors, with a compile-time flag: whether vector j needs its
+    // columns tested against V
     auto for_my_vectors = [&](auto each) {
         for (int j = threadIdx.x; j < num_vec; j += blockDim.x) {
             if (j < full_vec) each(j, std::false_type());
             else each(j, std::true_type());
         }
     };
+    // pass 1: the maximum over the real columns
     float m = -INFINITY;
     for_my_vectors([&](int j, auto tested) {
         float z[PER];

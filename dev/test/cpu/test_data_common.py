@@ -70,12 +70,14 @@ class OfflineWithoutBpe(unittest.TestCase):
         self.check_one_line(r)
 
     def test_in_process(self):
-        saved_dirs, saved_get = dc.candidate_dirs, None
         import tiktoken
-        saved_get = tiktoken.get_encoding
+        saved_dirs, saved_get = dc.candidate_dirs, tiktoken.get_encoding
+
+        def unreachable(name):
+            raise OSError("unreachable")
         try:
             dc.candidate_dirs = lambda data_dir=None: [self.empty]
-            tiktoken.get_encoding = lambda name: (_ for _ in ()).throw(OSError("unreachable"))
+            tiktoken.get_encoding = unreachable
             with self.assertRaises(SystemExit) as cm:
                 dc.get_gpt2_encoding(quiet=True)
             self.assertIn("--data-dir DIR or set LLMC_SHARED_DATA=DIR", str(cm.exception.code))
