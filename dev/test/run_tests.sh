@@ -281,7 +281,7 @@ run_suite() { # $1 = id
 # the Q1.15 build as its seed specifies it: the make targets carry its defines, and cuDNN with Q1.15 is a
 # compile-time error (preprocessing is enough to see it); the NVFP4 binaries hold Blackwell code
 build_flag_checks() {
-    local p=0 f=0 t cmd out rc nvcc_bin
+    local p=0 f=0 t cmd out msg rc nvcc_bin
     if ! command -v nvcc > /dev/null && [[ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]]; then
         echo "skipped: no nvcc (the Q1.15 build checks)"; return
     fi
@@ -317,9 +317,9 @@ build_flag_checks() {
     fi
     # the FP8 recipes stop a build for a GPU without FP8 tensor cores (before sm_89) with their #error
     for t in fp8 tcfp12; do
-        out=$("$nvcc_bin" -E -x cu -I. -gencode arch=compute_80,code=sm_80 -DRECIPE_HEADER="\"llmc/recipes/$t/recipe.h\"" \
+        msg=$("$nvcc_bin" -E -x cu -I. -gencode arch=compute_80,code=sm_80 -DRECIPE_HEADER="\"llmc/recipes/$t/recipe.h\"" \
               train_gpt.cu -o /dev/null 2>&1); rc=$?
-        if [[ $rc -ne 0 ]] && grep -q "the $t recipe needs an sm_89 or newer GPU" <<<"$out"; then
+        if [[ $rc -ne 0 ]] && grep -q "the $t recipe needs an sm_89 or newer GPU" <<<"$msg"; then
             echo "[PASS] the $t recipe built for sm_80 stops with its #error"; p=$((p + 1))
         else
             echo "[FAIL] the $t recipe builds for sm_80"; f=$((f + 1))
